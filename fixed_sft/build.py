@@ -1,0 +1,301 @@
+"""The build: source -> order -> encode -> pack -> Parquet + manifest.
+
+Rows whose mask is all 0 are dropped (the stream goes on after them); the build stops
+after ``rows`` kept rows, or, with ``rows=None``, packs the whole source and drops the
+final partial row. Output is written to a temporary folder beside the target and
+renamed into place only after ``manifest.json``, written last, is complete.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+from tqdm import tqdm
+
+from . import __version__
+from .chat import MASK_TYPES
+from .encode import EncoderConfig, encode_in_order
+from .hashes import row_digest, rows_digest, sha256_file
+from .order import permutation
+from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter
+from .pack import Packer
+from .source import Source, bytes_per_row, open_source, read_band
+from .specs import ResolvedTokenizer, resolve_tokenizer
+
+FORMAT = "fixed-sft/1"
+ORDER_RULE = "splitmix64-key-v1"
+CHUNK_ROWS = 128
+BAND_BYTES = 256 << 20
+
+
+class UsageError(Exception):
+    """Bad parameters (exit code 2)."""
+
+
+class BuildError(Exception):
+    """The build cannot finish (exit code 1)."""
+
+
+@dataclass
+class BuildConfig:
+    name: str
+    source: str
+    source_revision: str | None = None
+    source_license: str | None = None
+    tokenizer: str = "kimi-k2.6"
+    tokenizer_revision: str | None = None
+    loss_mask_type: str = "kimi_k25"
+    rows: int | None = 6400  # None: pack the whole source
+    row_tokens: int = 8192
+    seed: int = 42
+    workers: int = 1
+    check_every: int = 32
+    skip_invalid: bool = False
+    allow_unpinned_tokenizer: bool = False
+    expected_tokenizer: str | None = None  # the spec a tokenizer folder must match
+    published: dict | None = field(default=None, repr=False)
+
+    def validate(self) -> None:
+        if self.row_tokens < 2:
+            raise UsageError(f"--row-tokens must be at least 2, got {self.row_tokens}")
+        if self.rows is not None and self.rows < 1:
+            raise UsageError(f"--rows must be a positive number or 'all', got {self.rows}")
+        if self.seed < 0:
+            raise UsageError(f"--seed must be non-negative, got {self.seed}")
+        if self.loss_mask_type not in MASK_TYPES:
+            raise UsageError(f"unknown --loss-mask-type {self.loss_mask_type!r} (known: {', '.join(MASK_TYPES)})")
+        if self.workers < 1:
+            raise UsageError(f"--workers must be at least 1, got {self.workers}")
+        if self.check_every < 0:
+            raise UsageError(f"--check-every must be non-negative, got {self.check_every}")
+
+
+def is_build(path: Path) -> bool:
+    return (path / MANIFEST_NAME).is_file()
+
+
+def check_target(out: Path) -> None:
+    """A target must be absent, an empty folder, or a previous build."""
+    if out.exists() and not (out.is_dir() and (is_build(out) or not any(out.iterdir()))):
+        raise UsageError(f"output {out} exists and is not a previous build; choose another --out")
+
+
+def code_version() -> dict:
+    version = {"fixed_sft": __version__, "format": FORMAT}
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(Path(__file__).parent), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+        if commit.returncode == 0:
+            version["git_commit"] = commit.stdout.strip()
+    except OSError:
+        pass
+    return version
+
+
+def _chunks(source: Source, rank: np.ndarray, band_rows: Callable[[], int]) -> Iterator[tuple[int, pa.Table]]:
+    """``(first position, rows)`` chunks in packing order, read a band at a time;
+    ``band_rows`` sizes each band when it is reached."""
+    lo = 0
+    while lo < source.num_rows:
+        hi = min(source.num_rows, lo + max(CHUNK_ROWS, band_rows()))
+        band = read_band(source, rank, lo, hi)
+        for k in range(0, band.num_rows, CHUNK_ROWS):
+            yield lo + k, band.slice(k, CHUNK_ROWS)
+        lo = hi
+
+
+class _Lock:
+    """An exclusive, non-blocking lock on building into ``out``."""
+
+    def __init__(self, out: Path):
+        self.path = out.parent / f".{out.name}.lock"
+
+    def __enter__(self) -> "_Lock":
+        self.file = self.path.open("w")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.close()
+            raise BuildError(f"another build is writing {self.path.parent / self.path.name[1:-5]}") from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()
+
+
+def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
+    """Build ``config`` into folder ``out``; return the manifest."""
+    config.validate()
+    out = Path(out).absolute()
+    check_target(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _Lock(out):
+        check_target(out)
+        for stale in out.parent.glob(f".{out.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        tmp.mkdir()
+        try:
+            manifest = _build_into(config, tmp, progress)
+            _publish(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Move the complete build ``tmp`` to ``out``, replacing a previous build."""
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
+    tokenizer = resolve_tokenizer(
+        config.tokenizer,
+        config.tokenizer_revision,
+        expected=config.expected_tokenizer,
+        allow_unpinned=config.allow_unpinned_tokenizer
+    )
+    source = open_source(config.source, config.source_revision, license=config.source_license)
+    order = permutation(config.seed, source.num_rows)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    hashing = ThreadPoolExecutor(1)
+    source_hashes = [hashing.submit(sha256_file, path) for path in source.files]
+
+    encoder_config = EncoderConfig(
+        tokenizer.directory, config.loss_mask_type, tokenizer.template_kwargs, config.check_every
+    )
+    encoder = encoder_config.load()
+    packer = Packer(config.row_tokens, encoder.tokenizer.eos_id)
+    writer = RowWriter(folder / PARQUET_NAME)
+    digests: list[bytes] = []
+    seen_ids: dict[str, int] = {}
+    segments_per_conversation: Counter = Counter()
+    skipped_invalid: list[dict] = []
+    stats = Counter()
+    bytes_row = bytes_per_row(source)
+
+    def band_rows() -> int:
+        cap = int(BAND_BYTES / max(bytes_row, 1.0))
+        if config.rows is None:
+            return cap
+        tokens_left = (config.rows - writer.rows) * config.row_tokens - packer.pending
+        per_conversation = stats["tokens"] / stats["conversations_encoded"] if stats["conversations_encoded"] else bytes_row / 4
+        return min(cap, int(1.2 * tokens_left / max(per_conversation, 1.0)) + CHUNK_ROWS)
+
+    bar = tqdm(total=config.rows, unit="row", disable=not progress, desc=config.name)
+    stream = encode_in_order(encoder_config, _chunks(source, rank, band_rows), config.workers, encoder)
+    tail_unconsumed = 0
+    try:
+        for item in stream:
+            reason = item.invalid
+            if reason is None and item.id is not None and item.id in seen_ids:
+                reason = f"duplicate id (first used by source row {seen_ids[item.id]})"
+            if reason is not None:
+                where = f"{source.file_of(item.index)}: row {item.index} (id {item.id})"
+                if not config.skip_invalid:
+                    raise BuildError(f"{where}: {reason} (--skip-invalid skips such rows and records them)")
+                skipped_invalid.append({"index": item.index, "id": item.id, "reason": reason})
+                continue
+            if item.id is not None:
+                seen_ids[item.id] = item.index
+            stats["conversations_encoded"] += 1
+            stats["tokens"] += len(item.ids) + 1
+            stats["template_checked"] += item.checked
+            for row in packer.add(item.index, item.id, item.ids, item.mask):
+                if not row.supervised:
+                    stats["rows_skipped"] += 1
+                    continue
+                writer.write(row)
+                digests.append(row_digest(row.ids, row.mask))
+                stats["supervised_tokens"] += row.supervised
+                segments_per_conversation.update(s.index for s in row.segments)
+                bar.update()
+                if writer.rows == config.rows:
+                    tail_unconsumed = len(item.ids) + 1 - row.segments[-1].end
+                    break
+            if writer.rows == config.rows:
+                break
+    finally:
+        stream.close()
+        bar.close()
+    writer.close()
+    if config.rows is not None and writer.rows < config.rows:
+        raise BuildError(
+            f"the source fills only {writer.rows} rows of {config.row_tokens} tokens with supervised tokens; "
+            f"asked for {config.rows}"
+        )
+
+    parquet = folder / PARQUET_NAME
+    total_tokens = writer.rows * config.row_tokens
+    root = source.files[0].parent if len(source.files) == 1 else Path(os.path.commonpath(source.files))
+    manifest = {
+        "format": FORMAT,
+        "name": config.name,
+        "code_version": code_version(),
+        "params": {
+            "rows": config.rows if config.rows is not None else "all",
+            "row_tokens": config.row_tokens,
+            "seed": config.seed,
+            "order": ORDER_RULE,
+            "loss_mask_type": config.loss_mask_type,
+            "skip_invalid": config.skip_invalid,
+        },
+        "source": {
+            "name": source.name,
+            "revision": source.revision,
+            "license": source.license,
+            "rows": source.num_rows,
+            "files": [
+                {"path": str(path.relative_to(root)), "bytes": path.stat().st_size, "sha256": digest.result()}
+                for path, digest in zip(source.files, source_hashes)
+            ],
+        },
+        "tokenizer": tokenizer.manifest(),
+        "loss_mask": {"type": config.loss_mask_type, "template_kwargs": tokenizer.template_kwargs},
+        "template_check": {"every": config.check_every, "checked": stats["template_checked"]},
+        "stats": {
+            "rows": writer.rows,
+            "tokens": total_tokens,
+            "supervised_tokens": stats["supervised_tokens"],
+            "supervised_token_ratio": stats["supervised_tokens"] / total_tokens if total_tokens else 0.0,
+            "padding_tokens": 0,
+            "conversations": len(segments_per_conversation),
+            "conversations_split": sum(1 for n in segments_per_conversation.values() if n > 1),
+            "rows_skipped": stats["rows_skipped"],
+            "tail_tokens_dropped": packer.pending + tail_unconsumed,
+            "invalid_rows_skipped": len(skipped_invalid),
+        },
+        "skipped_invalid": skipped_invalid,
+        "parquet": {"path": PARQUET_NAME, "bytes": parquet.stat().st_size, "sha256": sha256_file(parquet)},
+        "rows_sha256": rows_digest(digests),
+        "row_sha256": [d.hex() for d in digests],
+    }
+    hashing.shutdown()
+    _write_manifest(folder / MANIFEST_NAME, manifest)
+    return manifest
+
+
+def _write_manifest(path: Path, manifest: dict) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())

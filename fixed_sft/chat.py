@@ -1,0 +1,119 @@
+"""Conversation -> (token ids, loss mask), equal to rendering the chat template.
+
+Reference path (what the model's own tokenizer does): render ``chat_template.jinja``
+with transformers' Jinja renderer, then encode the text (``KimiTokenizer.encode``).
+
+Fast path: the template renders each message as ``prefix[role] + content +
+suffix[role]``, and both affixes are bounded by added tokens, so BPE never runs
+across a boundary. The affixes are read off the template once, by rendering a probe
+message per role, and a conversation's ids are the concatenation of its messages'
+``prefix ids + encode(content) + suffix ids``. ``check`` compares the two paths; the
+build runs it on a sample of its own conversations.
+
+Loss mask ``kimi_k25``: for an assistant message, its role header (``<|im_assistant|>``,
+the role name, ``<|im_middle|>``) is 0 and every later token the template emits for
+that message, through its closing ``<|im_end|>`` (``<think></think>``, content), is 1.
+Every token of system and user messages is 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from .tokenizer import KimiTokenizer
+
+ROLES = ("system", "user", "assistant")
+MASK_TYPES = ("kimi_k25",)
+TEMPLATE_KWARGS = {"thinking": True, "preserve_thinking": False}
+_PROBE = "\x00fixed-sft-probe\x00"
+
+
+class TemplateMismatch(Exception):
+    """The fast path and the rendered template disagree."""
+
+
+@dataclass(frozen=True)
+class Affix:
+    ids: tuple[int, ...]
+    mask: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RoleLayout:
+    prefix: Affix
+    suffix: Affix
+    content_mask: int
+
+
+def render(chat_template: str, messages: list[dict], add_generation_prompt: bool = False, **template_kwargs) -> str:
+    """The chat template rendered as transformers renders it for ``apply_chat_template``."""
+    rendered, _ = render_jinja_template(
+        conversations=[messages],
+        chat_template=chat_template,
+        add_generation_prompt=add_generation_prompt,
+        **template_kwargs,
+    )
+    return rendered[0]
+
+
+class ChatEncoder:
+    """Encodes conversations of ``{"role": system|user|assistant, "content": str}``."""
+
+    def __init__(
+        self, tokenizer: KimiTokenizer, loss_mask_type: str = "kimi_k25", template_kwargs: dict | None = None
+    ):
+        if loss_mask_type not in MASK_TYPES:
+            raise ValueError(f"unknown loss mask type {loss_mask_type!r} (known: {', '.join(MASK_TYPES)})")
+        self.tokenizer = tokenizer
+        self.loss_mask_type = loss_mask_type
+        self.template_kwargs = TEMPLATE_KWARGS if template_kwargs is None else template_kwargs
+        self._layouts = {role: self._read_layout(role) for role in ROLES}
+
+    def _read_layout(self, role: str) -> RoleLayout:
+        text = self.render([{"role": role, "content": _PROBE}])
+        before, probe, after = text.partition(_PROBE)
+        added = self.tokenizer.added
+        if not probe or not any(before.endswith(t) for t in added) or not any(after.startswith(t) for t in added):
+            raise TemplateMismatch(f"the chat template does not bound {role} content with added tokens")
+        prefix = self.tokenizer.encode(before)
+        suffix = self.tokenizer.encode(after)
+        if role != "assistant":
+            return RoleLayout(Affix(tuple(prefix), (0,) * len(prefix)), Affix(tuple(suffix), (0,) * len(suffix)), 0)
+        header_end = prefix.index(added["<|im_middle|>"]) + 1
+        prefix_mask = (0,) * header_end + (1,) * (len(prefix) - header_end)
+        return RoleLayout(Affix(tuple(prefix), prefix_mask), Affix(tuple(suffix), (1,) * len(suffix)), 1)
+
+    def encode(self, messages: list[dict]) -> tuple[list[int], list[int]]:
+        """Token ids and loss mask of one conversation (fast path)."""
+        ids: list[int] = []
+        mask: list[int] = []
+        for message in messages:
+            layout = self._layouts[message["role"]]
+            body = self.tokenizer.encode(message["content"])
+            ids += layout.prefix.ids
+            ids += body
+            ids += layout.suffix.ids
+            mask += layout.prefix.mask
+            mask += [layout.content_mask] * len(body)
+            mask += layout.suffix.mask
+        return ids, mask
+
+    def encode_arrays(self, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+        ids, mask = self.encode(messages)
+        return np.array(ids, dtype=np.uint32), np.array(mask, dtype=np.uint8)
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        return render(self.tokenizer.chat_template, messages, add_generation_prompt, **self.template_kwargs)
+
+    def reference_ids(self, messages: list[dict]) -> list[int]:
+        """Token ids by rendering the template and encoding the text."""
+        return self.tokenizer.encode(self.render(messages))
+
+    def check(self, messages: list[dict], ids: list[int] | np.ndarray) -> None:
+        """Raise ``TemplateMismatch`` unless ``ids`` equal the rendered template's ids."""
+        expected = self.reference_ids(messages)
+        if list(map(int, ids)) != expected:
+            raise TemplateMismatch("fast-path ids differ from the rendered chat template")

@@ -1,0 +1,146 @@
+"""A chunk of the packing order -> token ids and loss masks (the parallel stage).
+
+``encode_chunk`` is a pure function of the chunk (source rows, in packing order, with
+the packing position of the first one) and the tokenizer: workers may run chunks in
+any order or place, and the builder consumes the results in packing order.
+Conversations whose position is a multiple of ``check_every`` are also encoded through
+the rendered chat template; a difference stops the build.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Iterable, Iterator, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from .chat import ChatEncoder, TemplateMismatch
+from .source import InvalidRow, conversation, records
+from .tokenizer import KimiTokenizer
+
+
+class Encoded(NamedTuple):
+    """One conversation: its ids and mask, or the reason it is invalid."""
+
+    index: int
+    id: str | None
+    ids: np.ndarray | None
+    mask: np.ndarray | None
+    invalid: str | None = None
+    checked: bool = False
+
+
+@dataclass
+class EncodedChunk:
+    """A chunk's results packed for transfer between processes: per conversation its
+    index, id, length (-1 when invalid, reason in ``invalid``) and check flag; the
+    valid conversations' ids and masks back to back."""
+
+    indices: list[int]
+    ids: list[str | None]
+    lengths: np.ndarray
+    checked: np.ndarray
+    tokens: np.ndarray
+    mask: np.ndarray
+    invalid: dict[int, str]
+
+    def __iter__(self) -> Iterator[Encoded]:
+        offset = 0
+        for index, row_id, length, checked in zip(self.indices, self.ids, self.lengths.tolist(), self.checked.tolist()):
+            if length < 0:
+                yield Encoded(index, row_id, None, None, self.invalid[index])
+            else:
+                end = offset + length
+                yield Encoded(index, row_id, self.tokens[offset:end], self.mask[offset:end], None, checked)
+                offset = end
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    tokenizer_dir: Path
+    loss_mask_type: str
+    template_kwargs: dict
+    check_every: int
+
+    def load(self) -> ChatEncoder:
+        return ChatEncoder(KimiTokenizer(self.tokenizer_dir), self.loss_mask_type, self.template_kwargs)
+
+
+def encode_rows(encoder: ChatEncoder, chunk: pa.Table, first_position: int, check_every: int) -> Iterator[Encoded]:
+    """Encode a chunk's conversations one at a time, as they are asked for; raise
+    ``TemplateMismatch`` naming the row when a checked conversation differs."""
+    for offset, (index, record) in enumerate(records(chunk)):
+        try:
+            row_id, messages = conversation(record)
+        except InvalidRow as error:
+            yield Encoded(index, error.row_id, None, None, error.reason)
+            continue
+        ids, mask = encoder.encode(messages)
+        checked = bool(check_every) and (first_position + offset) % check_every == 0
+        if checked and ids != encoder.reference_ids(messages):
+            raise TemplateMismatch(f"source row {index} (id {row_id}): fast-path ids differ from the chat template")
+        yield Encoded(index, row_id, np.array(ids, dtype=np.int32), np.array(mask, dtype=np.uint8), None, checked)
+
+
+def encode_chunk(encoder: ChatEncoder, chunk: pa.Table, first_position: int, check_every: int) -> EncodedChunk:
+    """All of a chunk's conversations, packed for transfer (see ``EncodedChunk``)."""
+    items = list(encode_rows(encoder, chunk, first_position, check_every))
+    valid = [item for item in items if item.invalid is None]
+    return EncodedChunk(
+        indices=[item.index for item in items],
+        ids=[item.id for item in items],
+        lengths=np.array([-1 if item.invalid else len(item.ids) for item in items], dtype=np.int64),
+        checked=np.array([item.checked for item in items], dtype=bool),
+        tokens=np.concatenate([item.ids for item in valid]) if valid else np.zeros(0, np.int32),
+        mask=np.concatenate([item.mask for item in valid]) if valid else np.zeros(0, np.uint8),
+        invalid={item.index: item.invalid for item in items if item.invalid is not None},
+    )
+
+
+_worker_encoder: ChatEncoder | None = None
+_worker_check_every = 0
+
+
+def _init_worker(config: EncoderConfig) -> None:
+    global _worker_encoder, _worker_check_every
+    _worker_encoder = config.load()
+    _worker_check_every = config.check_every
+
+
+def _encode_in_worker(chunk: pa.Table, first_position: int) -> EncodedChunk:
+    return encode_chunk(_worker_encoder, chunk, first_position, _worker_check_every)
+
+
+def encode_in_order(
+    config: EncoderConfig,
+    chunks: Iterable[tuple[int, pa.Table]],
+    workers: int,
+    encoder: ChatEncoder | None = None,
+) -> Iterator[Encoded]:
+    """Encoded conversations in the order of ``chunks``. One worker encodes in this
+    process (with ``encoder``, if given), one conversation at a time, only when the
+    consumer asks; more workers keep ``2 * workers`` chunks in flight."""
+    if workers <= 1:
+        encoder = encoder or config.load()
+        for first_position, chunk in chunks:
+            yield from encode_rows(encoder, chunk, first_position, config.check_every)
+        return
+    context = get_context("forkserver" if os.name == "posix" else "spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(config,)) as pool:
+        pending: deque = deque()
+        try:
+            for first_position, chunk in chunks:
+                pending.append(pool.submit(_encode_in_worker, chunk, first_position))
+                if len(pending) >= 2 * workers:
+                    yield from pending.popleft().result()
+            while pending:
+                yield from pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()

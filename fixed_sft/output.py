@@ -1,0 +1,78 @@
+"""Rows -> one Parquet file, written a row group at a time (format: data/README.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .pack import Row
+
+PARQUET_NAME = "train.parquet"
+MANIFEST_NAME = "manifest.json"
+ROWS_PER_GROUP = 128
+
+SEGMENT = pa.struct(
+    [("source_index", pa.int64()), ("id", pa.string()), ("start", pa.int32()), ("end", pa.int32())]
+)
+SCHEMA = pa.schema(
+    [
+        ("messages", pa.struct([("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.uint8()))])),
+        ("metadata", pa.struct([("row", pa.int64()), ("segments", pa.list_(SEGMENT))])),
+    ]
+)
+
+
+class RowWriter:
+    """Appends rows to one Parquet file, a row group at a time."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._writer = pq.ParquetWriter(path, SCHEMA, compression="zstd", write_statistics=False)
+        self._pending: list[tuple[int, Row]] = []
+        self.rows = 0
+
+    def write(self, row: Row) -> None:
+        self._pending.append((self.rows, row))
+        self.rows += 1
+        if len(self._pending) == ROWS_PER_GROUP:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        rows = [row for _, row in self._pending]
+        width = len(rows[0].ids)
+        offsets = pa.array(np.arange(len(rows) + 1, dtype=np.int32) * width)
+        ids = pa.ListArray.from_arrays(offsets, pa.array(np.concatenate([r.ids for r in rows]), pa.int32()))
+        mask = pa.ListArray.from_arrays(offsets, pa.array(np.concatenate([r.mask for r in rows]), pa.uint8()))
+        messages = pa.StructArray.from_arrays([ids, mask], fields=list(SCHEMA.field("messages").type))
+        metadata = pa.array(
+            [
+                {"row": n, "segments": [s.__dict__ for s in row.segments]}
+                for n, row in self._pending
+            ],
+            SCHEMA.field("metadata").type,
+        )
+        self._writer.write_table(pa.Table.from_arrays([messages, metadata], schema=SCHEMA))
+        self._pending = []
+
+    def close(self) -> None:
+        self._flush()
+        self._writer.close()
+
+
+def read_rows(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(ids, mask, offsets)``: flat int32 ids and uint8 mask of every row, and row
+    offsets into them, read from a built Parquet file."""
+    messages = pq.read_table(path, columns=["messages"]).column("messages").combine_chunks()
+    ids = messages.field("input_ids")
+    mask = messages.field("loss_mask")
+    offsets = ids.offsets.to_numpy()
+    if not np.array_equal(offsets, mask.offsets.to_numpy()):
+        raise ValueError("input_ids and loss_mask rows differ in length")
+    flat_ids = ids.flatten().to_numpy(zero_copy_only=False)
+    flat_mask = mask.flatten().to_numpy(zero_copy_only=False)
+    return flat_ids, flat_mask, offsets - offsets[0]

@@ -1,0 +1,63 @@
+"""Encoded conversations, in packing order -> fixed-length rows.
+
+Rule: each conversation is followed by one ``[EOS]`` (mask 0), giving its *unit*;
+the stream is the units in packing order; rows are its consecutive cuts of exactly
+``row_tokens`` tokens, so a conversation may span rows and nothing is padded. A
+segment records which part of a unit a row holds: ``start``/``end`` index the
+conversation's tokens followed by its ``[EOS]`` (position ``len(tokens)`` is the
+``[EOS]``), and a row is the concatenation of its segments' slices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Segment:
+    index: int
+    id: str | None
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Row:
+    ids: np.ndarray  # int32[row_tokens]
+    mask: np.ndarray  # uint8[row_tokens]
+    segments: tuple[Segment, ...]
+
+    @property
+    def supervised(self) -> int:
+        return int(np.count_nonzero(self.mask))
+
+
+class Packer:
+    """Cuts the unit stream into rows of ``row_tokens``."""
+
+    def __init__(self, row_tokens: int, eos_id: int):
+        self.row_tokens = row_tokens
+        self.eos_id = eos_id
+        self._ids: list[np.ndarray] = []
+        self._mask: list[np.ndarray] = []
+        self._segments: list[Segment] = []
+        self.pending = 0  # tokens waiting for the next row
+
+    def add(self, index: int, row_id: str | None, ids: np.ndarray, mask: np.ndarray) -> Iterator[Row]:
+        """Append one conversation's unit; yield each row it completes."""
+        unit_ids = np.append(ids.astype(np.int32, copy=False), np.int32(self.eos_id))
+        unit_mask = np.append(mask.astype(np.uint8, copy=False), np.uint8(0))
+        start = 0
+        while start < len(unit_ids):
+            end = min(len(unit_ids), start + self.row_tokens - self.pending)
+            self._ids.append(unit_ids[start:end])
+            self._mask.append(unit_mask[start:end])
+            self._segments.append(Segment(index, row_id, start, end))
+            self.pending += end - start
+            start = end
+            if self.pending == self.row_tokens:
+                yield Row(np.concatenate(self._ids), np.concatenate(self._mask), tuple(self._segments))
+                self._ids, self._mask, self._segments, self.pending = [], [], [], 0

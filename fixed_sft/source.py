@@ -1,0 +1,242 @@
+"""Chat source -> conversations, read by global row index.
+
+A source is an ordered list of ``.parquet`` / ``.jsonl`` files in the Tulu schema
+(``id``, ``messages`` = [{``role``, ``content``}], ...). Row ``i`` is the i-th row of
+the files taken in order (a folder's files sorted by path). A Hugging Face dataset is
+downloaded at a pinned revision into the Hub cache first.
+
+Rows are read in *bands*: one pass over the files keeps just the rows whose packing
+position falls in ``[lo, hi)`` (as Arrow data), so memory holds one band, not the source.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SUFFIXES = (".parquet", ".jsonl")
+ROLES = ("system", "user", "assistant")
+
+
+class SourceError(Exception):
+    """The source cannot be read (missing, unreachable, or not in the expected format)."""
+
+
+class InvalidRow(Exception):
+    """A source row that is not a valid conversation."""
+
+    def __init__(self, reason: str, row_id: str | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.row_id = row_id
+
+
+@dataclass(frozen=True)
+class Source:
+    """Resolved source files and what the manifest says about them."""
+
+    name: str
+    revision: str | None
+    license: str | None
+    files: tuple[Path, ...]
+    row_counts: tuple[int, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.row_counts)
+
+    def file_of(self, index: int) -> Path:
+        """The file holding global row ``index``."""
+        ends = np.cumsum(self.row_counts)
+        return self.files[int(np.searchsorted(ends, index, side="right"))]
+
+
+def download(repo_id: str, revision: str) -> Path:
+    """Snapshot of a Hub dataset's data files at ``revision`` (cached; honours HF_HUB_OFFLINE)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(
+            snapshot_download(
+                repo_id, repo_type="dataset", revision=revision, allow_patterns=[f"*{s}" for s in SUFFIXES]
+            )
+        )
+    except Exception as error:  # network, offline mode, missing revision: all end the same way
+        raise SourceError(
+            f"cannot get dataset {repo_id}@{revision} from the Hugging Face Hub or its cache "
+            f"({type(error).__name__}: {error}). Without the Hub, download the files elsewhere and pass "
+            "--source PATH (a .parquet/.jsonl file or a folder of them) with --source-revision REV."
+        ) from None
+
+
+def open_source(
+    source: str, revision: str | None = None, name: str | None = None, license: str | None = None
+) -> Source:
+    """Resolve ``source`` (a local file/folder, else a Hub dataset id) and count its rows."""
+    path = Path(source)
+    if path.exists():
+        files = _data_files(path)
+    elif "/" in source and not source.startswith((".", "/")) and revision:
+        files = _data_files(download(source, revision))
+    else:
+        raise SourceError(f"source {source!r} is not a local file or folder, nor a Hub dataset id with a revision")
+    counts = tuple(_count_rows(f) for f in files)
+    return Source(name or source, revision, license, files, counts)
+
+
+def _data_files(path: Path) -> tuple[Path, ...]:
+    if path.is_file():
+        files = [path]
+    else:
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
+    if not files:
+        raise SourceError(f"no .parquet or .jsonl files in {path}")
+    for f in files:
+        if f.suffix not in SUFFIXES:
+            raise SourceError(f"{f}: not a .parquet or .jsonl file")
+    return tuple(files)
+
+
+def _count_rows(path: Path) -> int:
+    if path.suffix == ".parquet":
+        try:
+            return pq.ParquetFile(path).metadata.num_rows
+        except (pa.ArrowException, OSError) as error:
+            raise SourceError(f"{path}: not a readable Parquet file ({error})") from None
+    lines = 0
+    last = b"\n"
+    with path.open("rb") as f:
+        while block := f.read(1 << 24):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return lines + (last != b"\n")
+
+
+def bytes_per_row(source: Source) -> float:
+    """Uncompressed bytes per source row, from Parquet metadata or file sizes."""
+    total = 0
+    for path in source.files:
+        if path.suffix == ".parquet":
+            meta = pq.ParquetFile(path).metadata
+            total += sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
+        else:
+            total += path.stat().st_size
+    return total / max(source.num_rows, 1)
+
+
+def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> pa.Table:
+    """The rows whose packing position ``rank[i]`` is in ``[lo, hi)``, in packing order.
+
+    Columns: ``index`` (global row index), then ``id`` and ``messages`` for Parquet
+    sources, or ``line`` (the raw bytes) for JSONL sources; ``records`` decodes them."""
+    parts: list[pa.Table] = []
+    start = 0
+    for path, count in zip(source.files, source.row_counts):
+        positions = rank[start : start + count]
+        inside = (positions >= lo) & (positions < hi)
+        if inside.any():
+            reader = _read_parquet if path.suffix == ".parquet" else _read_jsonl
+            for local, table in reader(path, inside):
+                parts.append(
+                    table.append_column("index", pa.array(local + start, pa.int64())).append_column(
+                        "position", pa.array(positions[local], pa.int64())
+                    )
+                )
+        start += count
+    if not parts:
+        return pa.table({"index": pa.array([], pa.int64())})
+    kinds = {tuple(sorted(p.column_names)) for p in parts}
+    if len(kinds) > 1 and any("line" in kind for kind in kinds):
+        raise SourceError("a source mixes .parquet and .jsonl files; use one format")
+    band = pa.concat_tables(parts, promote_options="permissive")
+    band = band.take(pa.array(np.argsort(band.column("position").to_numpy(), kind="stable")))
+    return band.drop_columns(["position"])
+
+
+def _read_parquet(path: Path, inside: np.ndarray):
+    try:
+        file = pq.ParquetFile(path)
+        names = file.schema_arrow.names
+        if "messages" not in names:
+            raise SourceError(f"{path}: no 'messages' column")
+        columns = [c for c in ("id", "messages") if c in names]
+        first = 0
+        for group in range(file.num_row_groups):
+            size = file.metadata.row_group(group).num_rows
+            wanted = np.flatnonzero(inside[first : first + size])
+            if len(wanted):
+                table = file.read_row_group(group, columns=columns).take(pa.array(wanted))
+                yield first + wanted, table
+            first += size
+    except (pa.ArrowException, OSError) as error:
+        raise SourceError(f"{path}: cannot read Parquet ({error})") from None
+
+
+def _read_jsonl(path: Path, inside: np.ndarray):
+    local, lines = [], []
+    with path.open("rb") as f:
+        for n, line in enumerate(f):
+            if inside[n]:
+                local.append(n)
+                lines.append(line)
+    yield np.array(local, dtype=np.int64), pa.table({"line": pa.array(lines, pa.large_binary())})
+
+
+def records(chunk: pa.Table) -> list[tuple[int, object]]:
+    """``(row index, record)`` pairs of a band slice; a record is the row as a dict, or
+    an ``InvalidRow`` when the row cannot even be decoded."""
+    indices = chunk.column("index").to_pylist()
+    if "line" in chunk.column_names:
+        return [(i, _parse_json_line(line)) for i, line in zip(indices, chunk.column("line").to_pylist())]
+    return list(zip(indices, chunk.drop_columns(["index"]).to_pylist()))
+
+
+def _parse_json_line(line: bytes) -> object:
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        return InvalidRow(f"invalid UTF-8 at byte {error.start}")
+    except json.JSONDecodeError as error:
+        return InvalidRow(f"not JSON ({error.msg} at char {error.pos})")
+    return record if isinstance(record, dict) else InvalidRow("not a JSON object")
+
+
+def conversation(record: object) -> tuple[str | None, list[dict]]:
+    """``(id, messages)`` of a source record, messages reduced to ``{role, content}``.
+
+    Valid: ``messages`` is a non-empty list of objects whose ``role`` is system, user
+    or assistant and whose ``content`` is a string of valid Unicode."""
+    if isinstance(record, InvalidRow):
+        raise record
+    row_id = record.get("id")
+    row_id = None if row_id is None else str(row_id)
+    messages = record.get("messages")
+    if messages is None:
+        raise InvalidRow("'messages' is missing", row_id)
+    if not isinstance(messages, list):
+        raise InvalidRow(f"'messages' is a {type(messages).__name__}, not a list", row_id)
+    if not messages:
+        raise InvalidRow("'messages' is empty", row_id)
+    clean = []
+    for n, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidRow(f"message {n} is a {type(message).__name__}, not an object", row_id)
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            why = "has no role" if role is None else f"has unknown role {role!r}"
+            raise InvalidRow(f"message {n} {why}", row_id)
+        if not isinstance(content, str):
+            why = "has no content" if content is None else f"content is a {type(content).__name__}, not a string"
+            raise InvalidRow(f"message {n} {why}", row_id)
+        if not content.isascii():
+            try:
+                content.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidRow(f"message {n} content has a lone surrogate", row_id) from None
+        clean.append({"role": role, "content": content})
+    return row_id, clean

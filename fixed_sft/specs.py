@@ -1,0 +1,136 @@
+"""Named build specs (``data/builds/``) and pinned tokenizer specs (``tokenizers/``).
+
+A tokenizer is *pinned* when each of its files has the bytes and sha256 of a spec.
+Files that differ from the spec they should match are refused unless the caller
+allows unpinned tokenizers, in which case the difference is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .hashes import sha256_file
+from .tokenizer import FILES
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILDS = ROOT / "data" / "builds"
+TOKENIZERS = ROOT / "tokenizers"
+DEFAULT_BUILD = "kimi-k26-tulu3-fixed8192-v1"
+
+
+class SpecError(Exception):
+    """A spec is missing or a tokenizer does not match its pinned spec."""
+
+
+def _load(folder: Path, name: str, kind: str) -> dict:
+    path = folder / f"{name}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in folder.glob("*.json"))) or "none"
+        raise SpecError(f"no {kind} named {name!r} in {folder} (known: {known})")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def build_spec(name: str) -> dict:
+    return _load(BUILDS, name, "build spec")
+
+
+def tokenizer_spec(name: str) -> dict:
+    return _load(TOKENIZERS, name, "tokenizer spec")
+
+
+def tokenizer_specs() -> list[dict]:
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(TOKENIZERS.glob("*.json"))]
+
+
+@dataclass
+class ResolvedTokenizer:
+    """Local tokenizer files and what the manifest records about them."""
+
+    directory: Path
+    name: str | None
+    repo: str | None
+    revision: str | None
+    files: dict[str, dict]
+    template_kwargs: dict
+    pinned: bool
+    mismatches: list[str] = field(default_factory=list)
+
+    def manifest(self) -> dict:
+        return {
+            "name": self.name,
+            "repo": self.repo,
+            "revision": self.revision,
+            "files": self.files,
+            "pinned": self.pinned,
+            **({"mismatches": self.mismatches} if self.mismatches else {}),
+        }
+
+
+def _download(repo: str, revision: str) -> Path:
+    from huggingface_hub import hf_hub_download
+
+    try:
+        paths = [Path(hf_hub_download(repo, name, revision=revision)) for name in FILES]
+    except Exception as error:  # network, offline mode, missing revision: all end the same way
+        raise SpecError(
+            f"cannot get tokenizer {repo}@{revision} from the Hugging Face Hub or its cache "
+            f"({type(error).__name__}: {error}). Without the Hub, put {', '.join(FILES)} in a folder "
+            "and pass --tokenizer FOLDER."
+        ) from None
+    return paths[0].parent
+
+
+def resolve_tokenizer(
+    tokenizer: str, revision: str | None = None, expected: str | None = None, allow_unpinned: bool = False
+) -> ResolvedTokenizer:
+    """Find the tokenizer files and check them against their pinned spec.
+
+    ``tokenizer`` is a spec name, a local folder, or a Hub repo id. The spec the files
+    must match is the named one, else ``expected`` (e.g. the build spec's tokenizer),
+    else the spec of the same repo, else any spec whose hashes they match."""
+    specs = {spec["name"]: spec for spec in tokenizer_specs()}
+    spec = specs.get(tokenizer) or (specs.get(expected) if expected else None)
+    if tokenizer in specs:
+        directory = _download(spec["repo"], revision or spec["revision"])
+    elif Path(tokenizer).is_dir():
+        directory = Path(tokenizer)
+    elif "/" in tokenizer:
+        spec = spec or next((s for s in specs.values() if s["repo"] == tokenizer), None)
+        if not (revision or spec):
+            raise SpecError(f"tokenizer repo {tokenizer!r} needs --tokenizer-revision")
+        directory = _download(tokenizer, revision or spec["revision"])
+    else:
+        raise SpecError(f"tokenizer {tokenizer!r} is not a spec name ({', '.join(specs)}), folder, or Hub repo id")
+
+    missing = [name for name in FILES if not (directory / name).is_file()]
+    if missing:
+        raise SpecError(f"tokenizer folder {directory} lacks {', '.join(missing)}")
+    files = {name: {"bytes": (directory / name).stat().st_size, "sha256": sha256_file(directory / name)} for name in FILES}
+    if spec is None:
+        spec = next((s for s in specs.values() if all(s["files"][n] == files[n] for n in FILES)), None)
+    mismatches = [
+        f"{name}: expected sha256 {spec['files'][name]['sha256']} ({spec['files'][name]['bytes']} bytes), "
+        f"got {files[name]['sha256']} ({files[name]['bytes']} bytes)"
+        for name in FILES
+        if spec is not None and spec["files"][name] != files[name]
+    ]
+    if spec is None:
+        mismatches = [f"{directory}: matches no pinned spec in {TOKENIZERS}"]
+    if mismatches and not allow_unpinned:
+        raise SpecError(
+            f"tokenizer files differ from the pinned spec {spec['name'] if spec else ''}: "
+            + "; ".join(mismatches)
+            + " (--allow-unpinned-tokenizer builds anyway and records it)"
+        )
+    return ResolvedTokenizer(
+        directory=directory,
+        name=spec["name"] if spec else None,
+        repo=spec["repo"] if spec else (tokenizer if not Path(tokenizer).is_dir() else None),
+        revision=(revision or spec["revision"]) if spec else revision,
+        files=files,
+        template_kwargs=spec["template_kwargs"] if spec else {"thinking": True, "preserve_thinking": False},
+        pinned=not mismatches,
+        mismatches=mismatches,
+    )

@@ -1,0 +1,123 @@
+"""Text -> token ids, exactly as the Kimi tokenizer encodes text.
+
+Rules (the model's own tokenizer, restated):
+
+1. The text is split on the named added tokens of ``tokenizer_config.json``
+   (``added_tokens_decoder``); each becomes its id.
+2. Every other piece is cut into 400,000-character windows, and each window is cut
+   just before any character that would make a run of consecutive whitespace, or of
+   consecutive non-whitespace, characters (``str.isspace``) longer than 25,000; the
+   run restarts at 1 after a cut.
+3. Each part is BPE-encoded by tiktoken with every special token allowed, so a
+   ``<|reserved_token_N|>`` string in the text becomes id N.
+
+Special ids follow the ranks: ``num_ranks .. num_ranks + 255``, named from
+``added_tokens_decoder`` where listed, else ``<|reserved_token_{id}|>``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import tiktoken
+from tiktoken.load import load_tiktoken_bpe
+
+PATTERN = "|".join(
+    [
+        r"[\p{Han}]+",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"\p{N}{1,3}",
+        r" ?[^\s\p{L}\p{N}]+[\r\n]*",
+        r"\s*[\r\n]+",
+        r"\s+(?!\S)",
+        r"\s+",
+    ]
+)
+NUM_SPECIAL = 256
+WINDOW_CHARS = 400_000
+MAX_RUN = 25_000
+FILES = ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja")
+
+
+@functools.cache
+def _whitespace_codepoints() -> np.ndarray:
+    return np.array([c for c in range(0x110000) if chr(c).isspace()], dtype=np.uint32)
+
+
+def split_runs(text: str, max_run: int = MAX_RUN) -> list[str]:
+    """Cut ``text`` before each character that would extend a whitespace or
+    non-whitespace run past ``max_run`` characters (the run then restarts at 1)."""
+    if len(text) <= max_run:
+        return [text]
+    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+    space = np.isin(codes, _whitespace_codepoints())
+    change = np.flatnonzero(space[1:] != space[:-1]) + 1
+    starts = np.concatenate(([0], change))
+    ends = np.concatenate((change, [len(text)]))
+    cuts = [
+        cut
+        for k in np.flatnonzero(ends - starts > max_run)
+        for cut in range(int(starts[k]) + max_run, int(ends[k]), max_run)
+    ]
+    bounds = [0, *cuts, len(text)]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+class KimiTokenizer:
+    """The Kimi tokenizer read from a folder holding ``tiktoken.model`` and
+    ``tokenizer_config.json`` (and ``chat_template.jinja`` for the chat path)."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        ranks = load_tiktoken_bpe(str(self.directory / "tiktoken.model"))
+        config = json.loads((self.directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+        named = {int(i): entry["content"] for i, entry in config["added_tokens_decoder"].items()}
+        first = len(ranks)
+        specials = {named.get(i, f"<|reserved_token_{i}|>"): i for i in range(first, first + NUM_SPECIAL)}
+        self.encoding = tiktoken.Encoding(
+            name=f"kimi:{self.directory.name}", pat_str=PATTERN, mergeable_ranks=ranks, special_tokens=specials
+        )
+        self.added: dict[str, int] = {text: i for i, text in named.items()}
+        longest_first = sorted(self.added, key=len, reverse=True)
+        self._added_split = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")")
+        inline = [text for text in specials if text not in self.added]
+        self._inline_special = re.compile("|".join(map(re.escape, inline))) if inline else None
+        self.bos_id = self.added[config.get("bos_token", "[BOS]")]
+        self.eos_id = self.added[config.get("eos_token", "[EOS]")]
+        self.chat_template = (self.directory / "chat_template.jinja").read_text(encoding="utf-8")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.encoding.n_vocab
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (rules 1-3 of the module docstring)."""
+        ids: list[int] = []
+        for i, piece in enumerate(self._added_split.split(text)):
+            if i % 2:
+                ids.append(self.added[piece])
+            elif piece:
+                ids += self._encode_piece(piece)
+        return ids
+
+    def _encode_piece(self, piece: str) -> list[int]:
+        if len(piece) <= MAX_RUN:
+            return self._bpe(piece)
+        ids: list[int] = []
+        for start in range(0, len(piece), WINDOW_CHARS):
+            for part in split_runs(piece[start : start + WINDOW_CHARS]):
+                ids += self._bpe(part)
+        return ids
+
+    def _bpe(self, text: str) -> list[int]:
+        if self._inline_special is not None and "<|" in text and self._inline_special.search(text):
+            return self.encoding.encode(text, allowed_special="all")
+        return self.encoding.encode_ordinary(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.encoding.decode(ids)

@@ -1,0 +1,87 @@
+"""A built folder -> the list of ways it differs from its manifest (empty when it matches).
+
+Checks, in order: the manifest reads and its ``rows_sha256`` equals the hash of its own
+row hashes; the Parquet file exists with the recorded size and sha256; every row reads,
+has ``row_tokens`` ids and mask values, and hashes to its recorded row hash (the first
+bad row is named); the row count and supervised-token count match.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .hashes import row_digest, rows_digest, sha256_file
+from .output import MANIFEST_NAME, read_rows
+
+
+def verify(folder: Path) -> list[str]:
+    folder = Path(folder)
+    try:
+        manifest = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+        expected = [bytes.fromhex(h) for h in manifest["row_sha256"]]
+        rows_sha256 = manifest["rows_sha256"]
+        parquet_info = manifest["parquet"]
+        row_tokens = manifest["params"]["row_tokens"]
+        stats = manifest["stats"]
+    except FileNotFoundError:
+        return [f"{folder / MANIFEST_NAME}: missing"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return [f"{folder / MANIFEST_NAME}: unreadable ({type(error).__name__}: {error})"]
+
+    problems = []
+    if rows_digest(expected) != rows_sha256:
+        problems.append(f"{MANIFEST_NAME}: rows_sha256 does not match the hash of its row_sha256 list (edited manifest)")
+    if len(expected) != stats.get("rows"):
+        problems.append(f"{MANIFEST_NAME}: lists {len(expected)} row hashes but stats.rows is {stats.get('rows')}")
+
+    parquet = folder / parquet_info["path"]
+    if not parquet.is_file():
+        return problems + [f"{parquet}: missing"]
+    size = parquet.stat().st_size
+    if size != parquet_info["bytes"]:
+        problems.append(f"{parquet}: {size} bytes, manifest says {parquet_info['bytes']}")
+    elif sha256_file(parquet) != parquet_info["sha256"]:
+        problems.append(f"{parquet}: sha256 differs from the manifest")
+    try:
+        ids, mask, offsets = read_rows(parquet)
+    except Exception as error:  # any read failure means a damaged file
+        return problems + [f"{parquet}: unreadable ({type(error).__name__}: {error})"]
+
+    count = len(offsets) - 1
+    for n in range(count):
+        lo, hi = offsets[n], offsets[n + 1]
+        if hi - lo != row_tokens:
+            problems.append(f"row {n}: {hi - lo} tokens, expected {row_tokens}")
+            break
+        if n >= len(expected) or row_digest(ids[lo:hi], mask[lo:hi]) != expected[n]:
+            problems.append(f"row {n}: content differs from its manifest hash")
+            break
+    if count != len(expected):
+        problems.append(f"{parquet}: {count} rows, manifest lists {len(expected)}")
+    supervised = int(np.count_nonzero(mask))
+    if supervised != stats.get("supervised_tokens"):
+        problems.append(f"{parquet}: {supervised} supervised tokens, manifest says {stats.get('supervised_tokens')}")
+    return problems
+
+
+def published_comparison(manifest: dict, published: dict) -> list[tuple[str, object, object, bool]]:
+    """``(key, built, published, equal)`` for each published value; the ratio is compared
+    at the precision it was published with."""
+    built = {
+        "rows_sha256": manifest["rows_sha256"],
+        "parquet_sha256": manifest["parquet"]["sha256"],
+        "parquet_bytes": manifest["parquet"]["bytes"],
+        "supervised_token_ratio": manifest["stats"]["supervised_token_ratio"],
+        "padding_tokens": manifest["stats"]["padding_tokens"],
+    }
+    result = []
+    for key, value in published.items():
+        if key in built:
+            mine = built[key]
+            if key == "supervised_token_ratio":
+                mine = round(mine, len(str(value).partition(".")[2]))
+            result.append((key, mine, value, mine == value))
+    return result
