@@ -1,0 +1,38 @@
+"""miles rollout function for rows built by fixed-sft.
+
+Train with ``--input-key messages --metadata-key metadata --rollout-function-path
+pretokenized_sft_rollout.generate_rollout`` (this file importable on PYTHONPATH).
+Each row's ``messages`` column holds ``{"input_ids": [...], "loss_mask": [...]}``, so
+``sample.prompt`` arrives as that dict. The sample gets the row's ids as ``tokens``;
+the response is everything from the first supervised token to the end of the row, and
+``loss_mask`` is the row's mask over that response (as miles' SFT rollout sets it).
+"""
+
+from __future__ import annotations
+
+
+def apply_row(sample) -> None:
+    """Set ``tokens``, ``response_length``, ``loss_mask`` and ``reward`` from the row."""
+    row = sample.prompt
+    if not isinstance(row, dict) or "input_ids" not in row or "loss_mask" not in row:
+        raise ValueError("sample.prompt is not a fixed-sft row: expected --input-key messages on fixed-sft Parquet")
+    tokens = [int(t) for t in row["input_ids"]]
+    mask = [int(m) for m in row["loss_mask"]]
+    if len(tokens) != len(mask) or 1 not in mask:
+        raise ValueError("fixed-sft row has mismatched ids/mask or no supervised token")
+    first = mask.index(1)
+    sample.tokens = tokens
+    sample.response_length = len(tokens) - first
+    sample.loss_mask = mask[first:]
+    sample.reward = 0
+
+
+def generate_rollout(args, rollout_id, data_buffer, evaluation=False):
+    """Take ``args.rollout_batch_size`` groups of samples and fill each from its row."""
+    if evaluation:
+        raise ValueError("pretokenized SFT rollout has no evaluation mode")
+    groups = data_buffer.get_samples(args.rollout_batch_size)
+    for group in groups:
+        for sample in group:
+            apply_row(sample)
+    return groups

@@ -1,0 +1,85 @@
+"""Text encoding equals the Kimi rules, checked against the independent reference."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from reference_kimi import split_long_runs
+
+from fixed_sft.tokenizer import MAX_RUN, WINDOW_CHARS, split_runs
+
+GOLDEN_PROMPT = [163587, 2482, 163601, 19180, 163586, 163588, 69702, 163601, 163606]
+GOLDEN_CHAT = [163594, 14062, 163601, 39966, 163586, 163587, 2482, 163601, 19180, 220, 163586, 1459, 163586,
+               163588, 69702, 163601, 163606, 163607, 18699, 0, 163586]
+GOLDEN_MASK = [0] * 16 + [1] * 5
+GOLDEN_MESSAGES = [
+    {"role": "system", "content": "SYS"},
+    {"role": "user", "content": "Hello <|im_end|> there"},
+    {"role": "assistant", "content": "Hi!"},
+]
+
+
+def test_golden_generation_prompt(encoder, reference):
+    text = encoder.render([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
+    assert encoder.tokenizer.encode(text) == GOLDEN_PROMPT
+    assert reference.chat_ids([{"role": "user", "content": "Hello"}], add_generation_prompt=True) == GOLDEN_PROMPT
+
+
+def test_golden_chat_and_mask(encoder, reference):
+    ids, mask = encoder.encode(GOLDEN_MESSAGES)
+    assert ids == GOLDEN_CHAT
+    assert mask == GOLDEN_MASK
+    assert reference.chat_ids(GOLDEN_MESSAGES) == GOLDEN_CHAT
+    assert reference.chat_mask(GOLDEN_MESSAGES) == GOLDEN_MASK
+
+
+def test_special_ids(tokenizer):
+    assert tokenizer.vocab_size == 163_840
+    assert (tokenizer.bos_id, tokenizer.eos_id, tokenizer.added["<|im_end|>"]) == (163584, 163585, 163586)
+    assert len(tokenizer.added) == 23
+    assert tokenizer.encode("<|reserved_token_163600|>") == [163600]
+    assert tokenizer.encode("[EOS]<think>") == [163585, 163606]
+
+
+def _runs_text(rng: random.Random) -> str:
+    parts = []
+    for _ in range(rng.randint(1, 6)):
+        kind = rng.choice([" ", "\t", "\n", "\u3000", "a", "字", "😀", "ab cd "])
+        parts.append(kind * rng.choice([1, 7, MAX_RUN - 1, MAX_RUN, MAX_RUN + 1, 2 * MAX_RUN + 3, 60_000]))
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_split_runs_matches_per_character_rule(seed):
+    text = _runs_text(random.Random(seed))
+    windows = [text[w : w + WINDOW_CHARS] for w in range(0, len(text), WINDOW_CHARS)]
+    assert [part for window in windows for part in split_runs(window)] == split_long_runs(text)
+
+
+def test_whitespace_is_str_isspace():
+    from fixed_sft.tokenizer import _whitespace_codepoints
+
+    spaces = set(_whitespace_codepoints().tolist())
+    assert spaces == {c for c in range(0x110000) if chr(c).isspace()}
+
+
+def test_hard_strings_match_reference(tokenizer, reference):
+    from fixed_sft.synthetic import hard_strings
+
+    for text in hard_strings(0):
+        assert tokenizer.encode(text) == reference.encode(text), repr(text[:80])
+
+
+def test_over_400k_chars_windows(tokenizer, reference):
+    text = ("word " * 90_000) + ("x" * 30_000) + ("日本語" * 10_000)
+    assert len(text) > 400_000
+    assert tokenizer.encode(text) == reference.encode(text)
+
+
+def test_reserved_token_cut_by_a_window_is_text(tokenizer, reference):
+    token = "<|reserved_token_163700|>"
+    text = "a" * (MAX_RUN - 5) + token
+    ids = tokenizer.encode(text)
+    assert ids == reference.encode(text)
+    assert 163700 not in ids
