@@ -51,7 +51,12 @@ class RowWriter:
         messages = pa.StructArray.from_arrays([ids, mask], fields=list(SCHEMA.field("messages").type))
         metadata = pa.array(
             [
-                {"row": n, "segments": [s.__dict__ for s in row.segments]}
+                {
+                    "row": n,
+                    "segments": [
+                        {"source_index": s.index, "id": s.id, "start": s.start, "end": s.end} for s in row.segments
+                    ],
+                }
                 for n, row in self._pending
             ],
             SCHEMA.field("metadata").type,

@@ -1,0 +1,186 @@
+"""End-to-end builds on a generated Tulu-like corpus."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from fixed_sft import build as build_module
+from fixed_sft import synthetic
+from fixed_sft.build import BuildConfig, BuildError, UsageError, build
+from fixed_sft.chat import ChatEncoder
+from fixed_sft.output import read_rows
+
+# rows_sha256 of FIXTURE built from synthetic.conversations(1200, seed=5). A change here
+# changes the row stream: bump the format version and say why in the commit.
+GOLDEN_ROWS_SHA256 = "d070b2aa5f53eba051762f22ed55189f5e56b5ace97f41e73cb27ab114daa91d"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("corpus")
+    rows = synthetic.conversations(1200, seed=5)
+    synthetic.write_parquet(rows, folder / "parquet", rows_per_file=400)
+    synthetic.write_jsonl(rows, folder / "rows.jsonl")
+    return folder, rows
+
+
+def config(source, kimi_dir, **overrides) -> BuildConfig:
+    values = dict(name="fixture", source=str(source), tokenizer=str(kimi_dir), rows=40, row_tokens=1024, seed=5,
+                  workers=1, check_every=8)
+    values.update(overrides)
+    return BuildConfig(**values)
+
+
+@pytest.fixture(scope="module")
+def fixture_build(corpus, kimi_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("builds") / "fixture"
+    return out, build(config(corpus[0] / "parquet", kimi_dir), out)
+
+
+def test_golden_rows_sha256(fixture_build):
+    _, manifest = fixture_build
+    assert manifest["rows_sha256"] == GOLDEN_ROWS_SHA256
+
+
+def test_manifest_describes_the_rows(fixture_build, corpus):
+    out, manifest = fixture_build
+    ids, mask, offsets = read_rows(out / "train.parquet")
+    stats = manifest["stats"]
+    assert stats["rows"] == 40 == len(offsets) - 1
+    assert np.all(np.diff(offsets) == 1024)
+    assert stats["padding_tokens"] == 0
+    assert stats["supervised_tokens"] == int(mask.sum())
+    assert stats["supervised_token_ratio"] == pytest.approx(mask.mean())
+    assert manifest["template_check"]["checked"] > 0
+    assert manifest["tokenizer"]["pinned"] and manifest["tokenizer"]["name"] == "kimi-k2.6"
+    assert [f["path"] for f in manifest["source"]["files"]] == [
+        "train-00000-of-00003.parquet", "train-00001-of-00003.parquet", "train-00002-of-00003.parquet"]
+    assert manifest["source"]["rows"] == 1200
+    assert len(manifest["row_sha256"]) == 40
+
+
+def test_rows_are_the_ordered_conversation_stream(fixture_build, corpus, encoder):
+    """Re-joined rows equal the conversations in packing order joined with [EOS], and
+    each row's provenance rebuilds it."""
+    from fixed_sft.order import permutation
+
+    out, manifest = fixture_build
+    rows = corpus[1]
+    ids, mask, offsets = read_rows(out / "train.parquet")
+    order = permutation(5, len(rows))
+    units = {}
+    stream, stream_mask = [], []
+    for index in order[: manifest["stats"]["conversations"] + 1]:
+        conv_ids, conv_mask = encoder.encode(rows[index]["messages"])
+        units[int(index)] = conv_ids + [163585]
+        stream += conv_ids + [163585]
+        stream_mask += conv_mask + [0]
+    assert manifest["stats"]["rows_skipped"] == 0
+    assert ids.tolist() == stream[: len(ids)]
+    assert mask.tolist() == stream_mask[: len(mask)]
+    for n, row in enumerate(pq.read_table(out / "train.parquet").column("metadata").to_pylist()):
+        assert row["row"] == n
+        rebuilt = [t for s in row["segments"] for t in units[s["source_index"]][s["start"] : s["end"]]]
+        assert rebuilt == ids[offsets[n] : offsets[n + 1]].tolist()
+        assert all(s["id"] == rows[s["source_index"]]["id"] for s in row["segments"])
+
+
+def test_two_builds_are_identical(fixture_build, corpus, kimi_dir, tmp_path):
+    out, manifest = fixture_build
+    again = build(config(corpus[0] / "parquet", kimi_dir), tmp_path / "again")
+    assert again == manifest
+    assert (tmp_path / "again" / "train.parquet").read_bytes() == (out / "train.parquet").read_bytes()
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_workers_do_not_change_output(fixture_build, corpus, kimi_dir, tmp_path, workers):
+    out, manifest = fixture_build
+    other = build(config(corpus[0] / "parquet", kimi_dir, workers=workers), tmp_path / "w")
+    assert other == manifest
+    assert (tmp_path / "w" / "train.parquet").read_bytes() == (out / "train.parquet").read_bytes()
+
+
+def test_band_size_does_not_change_output(fixture_build, corpus, kimi_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(build_module, "BAND_BYTES", 50_000)
+    _, manifest = fixture_build
+    assert build(config(corpus[0] / "parquet", kimi_dir), tmp_path / "b")["rows_sha256"] == manifest["rows_sha256"]
+
+
+def test_jsonl_source_gives_the_same_rows(fixture_build, corpus, kimi_dir, tmp_path):
+    _, manifest = fixture_build
+    other = build(config(corpus[0] / "rows.jsonl", kimi_dir), tmp_path / "j")
+    assert other["row_sha256"] == manifest["row_sha256"]
+
+
+def test_lazy_build_encodes_only_needed_conversations(corpus, kimi_dir, tmp_path, monkeypatch):
+    encoded = []
+    original = ChatEncoder.encode
+
+    def counting(self, messages):
+        encoded.append(messages)
+        return original(self, messages)
+
+    monkeypatch.setattr(ChatEncoder, "encode", counting)
+    manifest = build(config(corpus[0] / "parquet", kimi_dir, rows=3, check_every=0), tmp_path / "lazy")
+    used = {s["source_index"] for row in pq.read_table(tmp_path / "lazy" / "train.parquet").column("metadata").to_pylist()
+            for s in row["segments"]}
+    assert len(encoded) == len(used) == manifest["stats"]["conversations"]
+    assert len(used) < 100
+
+
+def test_rows_all_packs_everything(corpus, kimi_dir, tmp_path, encoder):
+    rows = corpus[1][:60]
+    synthetic.write_jsonl(rows, tmp_path / "small.jsonl")
+    manifest = build(config(tmp_path / "small.jsonl", kimi_dir, rows=None, row_tokens=512), tmp_path / "all")
+    total = sum(len(encoder.encode(r["messages"])[0]) + 1 for r in rows)
+    stats = manifest["stats"]
+    assert (stats["rows"] + stats["rows_skipped"]) * 512 + stats["tail_tokens_dropped"] == total
+    assert stats["tail_tokens_dropped"] < 512
+    assert stats["conversations"] == 60 or stats["tail_tokens_dropped"] > 0
+
+
+def test_too_many_rows_is_an_error(corpus, kimi_dir, tmp_path):
+    with pytest.raises(BuildError, match="fills only"):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=100_000), tmp_path / "big")
+    assert not (tmp_path / "big").exists()
+
+
+def test_all_zero_mask_rows_are_dropped(kimi_dir, tmp_path):
+    rows = [{"id": f"u{i}", "messages": [{"role": "user", "content": "word " * 300}], "source": "t"} for i in range(30)]
+    rows[17]["messages"].append({"role": "assistant", "content": "ok"})
+    synthetic.write_jsonl(rows, tmp_path / "users.jsonl")
+    manifest = build(config(tmp_path / "users.jsonl", kimi_dir, rows=1, row_tokens=64, seed=0), tmp_path / "o")
+    assert manifest["stats"]["rows"] == 1
+    assert manifest["stats"]["rows_skipped"] > 0
+    _, mask, _ = read_rows(tmp_path / "o" / "train.parquet")
+    assert mask.any()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [({"row_tokens": 1}, "row-tokens"), ({"rows": 0}, "rows"), ({"seed": -1}, "seed"),
+     ({"loss_mask_type": "nope"}, "loss-mask-type")],
+)
+def test_bad_parameters(corpus, kimi_dir, tmp_path, overrides, message):
+    with pytest.raises(UsageError, match=message):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, **overrides), tmp_path / "x")
+
+
+def test_refuses_a_folder_that_is_not_a_build(corpus, kimi_dir, tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "mine.txt").write_text("keep me")
+    with pytest.raises(UsageError, match="not a previous build"):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), tmp_path / "notes")
+    assert (tmp_path / "notes" / "mine.txt").read_text() == "keep me"
+
+
+def test_rebuild_replaces_a_previous_build(fixture_build, corpus, kimi_dir, tmp_path):
+    out = tmp_path / "re"
+    build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=2), out)
+    manifest = build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=3), out)
+    assert json.loads((out / "manifest.json").read_text()) == manifest
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".re.")) == [".re.lock"]
