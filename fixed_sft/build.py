@@ -60,7 +60,7 @@ class BuildConfig:
     row_tokens: int = 8192
     seed: int = 42
     workers: int = 1
-    check_every: int = 32
+    check_every: int = 64
     skip_invalid: bool = False
     allow_unpinned_tokenizer: bool = False
     expected_tokenizer: str | None = None  # the spec a tokenizer folder must match

@@ -36,16 +36,14 @@ class TemplateMismatch(Exception):
 
 
 @dataclass(frozen=True)
-class Affix:
-    ids: tuple[int, ...]
-    mask: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class RoleLayout:
-    prefix: Affix
-    suffix: Affix
-    content_mask: int
+    """How the template renders a message of one role: ``prefix + content + suffix``.
+    Its first ``header`` tokens have mask 0 and the rest have mask ``supervised``."""
+
+    prefix: tuple[int, ...]
+    suffix: tuple[int, ...]
+    header: int
+    supervised: int
 
 
 def render(chat_template: str, messages: list[dict], add_generation_prompt: bool = False, **template_kwargs) -> str:
@@ -78,32 +76,35 @@ class ChatEncoder:
         added = self.tokenizer.added
         if not probe or not any(before.endswith(t) for t in added) or not any(after.startswith(t) for t in added):
             raise TemplateMismatch(f"the chat template does not bound {role} content with added tokens")
-        prefix = self.tokenizer.encode(before)
-        suffix = self.tokenizer.encode(after)
+        prefix, suffix = self.tokenizer.encode(before), self.tokenizer.encode(after)
         if role != "assistant":
-            return RoleLayout(Affix(tuple(prefix), (0,) * len(prefix)), Affix(tuple(suffix), (0,) * len(suffix)), 0)
-        header_end = prefix.index(added["<|im_middle|>"]) + 1
-        prefix_mask = (0,) * header_end + (1,) * (len(prefix) - header_end)
-        return RoleLayout(Affix(tuple(prefix), prefix_mask), Affix(tuple(suffix), (1,) * len(suffix)), 1)
+            return RoleLayout(tuple(prefix), tuple(suffix), header=len(prefix), supervised=0)
+        return RoleLayout(tuple(prefix), tuple(suffix), header=prefix.index(added["<|im_middle|>"]) + 1, supervised=1)
 
-    def encode(self, messages: list[dict]) -> tuple[list[int], list[int]]:
-        """Token ids and loss mask of one conversation (fast path)."""
+    def _encode(self, messages: list[dict]) -> tuple[list[int], list[int], list[int]]:
+        """Ids, and the mask as runs: ``values[k]`` repeated ``lengths[k]`` times."""
         ids: list[int] = []
-        mask: list[int] = []
+        values: list[int] = []
+        lengths: list[int] = []
         for message in messages:
             layout = self._layouts[message["role"]]
             body = self.tokenizer.encode(message["content"])
-            ids += layout.prefix.ids
+            ids += layout.prefix
             ids += body
-            ids += layout.suffix.ids
-            mask += layout.prefix.mask
-            mask += [layout.content_mask] * len(body)
-            mask += layout.suffix.mask
-        return ids, mask
+            ids += layout.suffix
+            values += (0, layout.supervised)
+            lengths += (layout.header, len(layout.prefix) - layout.header + len(body) + len(layout.suffix))
+        return ids, values, lengths
+
+    def encode(self, messages: list[dict]) -> tuple[list[int], list[int]]:
+        """Token ids and loss mask of one conversation (fast path)."""
+        ids, values, lengths = self._encode(messages)
+        return ids, np.repeat(values, lengths).tolist()
 
     def encode_arrays(self, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-        ids, mask = self.encode(messages)
-        return np.array(ids, dtype=np.uint32), np.array(mask, dtype=np.uint8)
+        """``encode`` as int32 ids and uint8 mask arrays."""
+        ids, values, lengths = self._encode(messages)
+        return np.array(ids, dtype=np.int32), np.repeat(np.array(values, dtype=np.uint8), lengths)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         return render(self.tokenizer.chat_template, messages, add_generation_prompt, **self.template_kwargs)

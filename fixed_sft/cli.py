@@ -44,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--row-tokens", type=int, help="tokens per row")
     build.add_argument("--seed", type=int, help="order seed")
     build.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="encoding processes (default: all cores)")
-    build.add_argument("--check-every", type=int, default=32, help="check 1 in N conversations against the rendered template (0: off)")
+    build.add_argument("--check-every", type=int, default=64, help="check 1 in N conversations against the rendered template (0: off)")
     build.add_argument("--skip-invalid", action="store_true", help="skip invalid source rows and record them")
     build.add_argument("--allow-unpinned-tokenizer", action="store_true", help="build with tokenizer files that differ from their spec, and record it")
     build.add_argument("--trust-remote-code", action="store_true", help="accepted for compatibility; no remote code is run")

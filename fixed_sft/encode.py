@@ -81,11 +81,11 @@ def encode_rows(encoder: ChatEncoder, chunk: pa.Table, first_position: int, chec
         except InvalidRow as error:
             yield Encoded(index, error.row_id, None, None, error.reason)
             continue
-        ids, mask = encoder.encode(messages)
+        ids, mask = encoder.encode_arrays(messages)
         checked = bool(check_every) and (first_position + offset) % check_every == 0
-        if checked and ids != encoder.reference_ids(messages):
+        if checked and ids.tolist() != encoder.reference_ids(messages):
             raise TemplateMismatch(f"source row {index} (id {row_id}): fast-path ids differ from the chat template")
-        yield Encoded(index, row_id, np.array(ids, dtype=np.int32), np.array(mask, dtype=np.uint8), None, checked)
+        yield Encoded(index, row_id, ids, mask, None, checked)
 
 
 def encode_chunk(encoder: ChatEncoder, chunk: pa.Table, first_position: int, check_every: int) -> EncodedChunk:

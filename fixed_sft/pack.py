@@ -41,23 +41,30 @@ class Packer:
     def __init__(self, row_tokens: int, eos_id: int):
         self.row_tokens = row_tokens
         self.eos_id = eos_id
-        self._ids: list[np.ndarray] = []
-        self._mask: list[np.ndarray] = []
+        self._new_row()
+
+    def _new_row(self) -> None:
+        self._ids = np.empty(self.row_tokens, dtype=np.int32)
+        self._mask = np.empty(self.row_tokens, dtype=np.uint8)
         self._segments: list[Segment] = []
-        self.pending = 0  # tokens waiting for the next row
+        self.pending = 0  # tokens waiting in the next row
 
     def add(self, index: int, row_id: str | None, ids: np.ndarray, mask: np.ndarray) -> Iterator[Row]:
-        """Append one conversation's unit; yield each row it completes."""
-        unit_ids = np.append(ids.astype(np.int32, copy=False), np.int32(self.eos_id))
-        unit_mask = np.append(mask.astype(np.uint8, copy=False), np.uint8(0))
+        """Append one conversation's unit (``ids`` then ``[EOS]``); yield each row it completes."""
+        size = len(ids) + 1
         start = 0
-        while start < len(unit_ids):
-            end = min(len(unit_ids), start + self.row_tokens - self.pending)
-            self._ids.append(unit_ids[start:end])
-            self._mask.append(unit_mask[start:end])
+        while start < size:
+            end = min(size, start + self.row_tokens - self.pending)
+            body_end = min(end, len(ids))
+            filled = self.pending + body_end - start
+            self._ids[self.pending : filled] = ids[start:body_end]
+            self._mask[self.pending : filled] = mask[start:body_end]
+            if end == size:  # the unit's [EOS] lands in this row
+                self._ids[filled] = self.eos_id
+                self._mask[filled] = 0
             self._segments.append(Segment(index, row_id, start, end))
             self.pending += end - start
             start = end
             if self.pending == self.row_tokens:
-                yield Row(np.concatenate(self._ids), np.concatenate(self._mask), tuple(self._segments))
-                self._ids, self._mask, self._segments, self.pending = [], [], [], 0
+                yield Row(self._ids, self._mask, tuple(self._segments))
+                self._new_row()

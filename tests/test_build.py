@@ -118,13 +118,13 @@ def test_jsonl_source_gives_the_same_rows(fixture_build, corpus, kimi_dir, tmp_p
 
 def test_lazy_build_encodes_only_needed_conversations(corpus, kimi_dir, tmp_path, monkeypatch):
     encoded = []
-    original = ChatEncoder.encode
+    original = ChatEncoder.encode_arrays
 
     def counting(self, messages):
         encoded.append(messages)
         return original(self, messages)
 
-    monkeypatch.setattr(ChatEncoder, "encode", counting)
+    monkeypatch.setattr(ChatEncoder, "encode_arrays", counting)
     manifest = build(config(corpus[0] / "parquet", kimi_dir, rows=3, check_every=0), tmp_path / "lazy")
     used = {s["source_index"] for row in pq.read_table(tmp_path / "lazy" / "train.parquet").column("metadata").to_pylist()
             for s in row["segments"]}
