@@ -1,0 +1,111 @@
+"""Command line: flags, exit codes (0 ok, 1 failure/mismatch, 2 usage), messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fixed_sft import synthetic
+from fixed_sft.cli import main
+from fixed_sft.specs import DEFAULT_BUILD, build_spec
+from fixed_sft.verify import published_comparison
+from conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "rows.jsonl"
+    synthetic.write_jsonl(synthetic.conversations(200, seed=3), path)
+    return path
+
+
+def _build_args(source, kimi_dir, out, *extra):
+    return ["build", "--source", str(source), "--tokenizer", str(kimi_dir), "--rows", "3", "--row-tokens", "256",
+            "--out", str(out), "--workers", "1", "--quiet", *extra]
+
+
+def test_build_then_verify(source, kimi_dir, tmp_path, capsys):
+    assert main(_build_args(source, kimi_dir, tmp_path / "o")) == 0
+    assert "rows_sha256" in capsys.readouterr().out
+    assert main(["verify", str(tmp_path / "o")]) == 0
+    assert "matches its manifest" in capsys.readouterr().out
+
+
+def test_verify_mismatch_exits_1(source, kimi_dir, tmp_path, capsys):
+    main(_build_args(source, kimi_dir, tmp_path / "o"))
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    manifest["rows_sha256"] = "0" * 64
+    (tmp_path / "o" / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["verify", str(tmp_path / "o")]) == 1
+    assert "MISMATCH" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [(["--row-tokens", "1"], "row-tokens"), (["--rows", "0"], "--rows"), (["--seed", "-1"], "seed"),
+     (["--loss-mask-type", "other"], "loss-mask-type")],
+)
+def test_bad_parameters_exit_2(source, kimi_dir, tmp_path, capsys, extra, message):
+    assert main(_build_args(source, kimi_dir, tmp_path / "o", *extra)) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_unknown_build_name_exits_2(capsys):
+    assert main(["build", "no-such-build"]) == 2
+    assert "no build spec named 'no-such-build'" in capsys.readouterr().err
+
+
+def test_rows_must_be_a_number(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["build", "--rows", "many"])
+    assert exit_.value.code == 2
+
+
+def test_source_error_exits_1(kimi_dir, tmp_path, capsys):
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not parquet at all")
+    assert main(_build_args(bad, kimi_dir, tmp_path / "o")) == 1
+    err = capsys.readouterr().err
+    assert str(bad) in err and "Parquet" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_default_build_offline_says_how_to_pass_local_files(tmp_path):
+    """The bare command (with the recipe's flags) builds the default dataset; with no
+    Hub it stops with a clear error instead of a traceback."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "generate_fixed_sft.py"), "--loss-mask-type", "kimi_k25", "--trust-remote-code",
+         "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "--tokenizer FOLDER" in result.stderr or "--source PATH" in result.stderr
+
+
+def test_published_values_reported(source, kimi_dir, tmp_path, capsys):
+    main(_build_args(source, kimi_dir, tmp_path / "o"))
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "o"), "--published", DEFAULT_BUILD]) == 1
+    out = capsys.readouterr().out
+    for key in ("rows_sha256", "parquet_sha256", "parquet_bytes", "supervised_token_ratio"):
+        assert f"{key}: MISMATCH" in out
+    assert "padding_tokens: match" in out
+
+
+def test_published_comparison_matches_equal_values():
+    published = build_spec(DEFAULT_BUILD)["published"]
+    manifest = {
+        "rows_sha256": published["rows_sha256"],
+        "parquet": {"sha256": published["parquet_sha256"], "bytes": published["parquet_bytes"]},
+        "stats": {"supervised_token_ratio": 0.66612, "padding_tokens": 0},
+    }
+    assert all(equal for *_, equal in published_comparison(manifest, published))
+    manifest["stats"]["supervised_token_ratio"] = 0.6671
+    assert not all(equal for *_, equal in published_comparison(manifest, published))

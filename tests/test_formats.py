@@ -1,0 +1,114 @@
+"""Built rows are readable without this project: by pyarrow, datasets, polars, and miles."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from fixed_sft import synthetic
+from fixed_sft.build import BuildConfig, build
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, kimi_dir):
+    folder = tmp_path_factory.mktemp("formats")
+    synthetic.write_parquet(synthetic.conversations(300, seed=4), folder / "src.parquet")
+    config = BuildConfig(name="f", source=str(folder / "src.parquet"), tokenizer=str(kimi_dir), rows=10,
+                         row_tokens=512, seed=2, workers=1)
+    return folder / "out", build(config, folder / "out")
+
+
+def test_rows_sha256_recomputed_with_pyarrow_and_hashlib(built):
+    """data/README.md's definition, using nothing but pyarrow and hashlib."""
+    out, manifest = built
+    messages = pq.read_table(out / "train.parquet").column("messages")
+    digests = []
+    for ids, mask in zip(pc.struct_field(messages, "input_ids").to_pylist(),
+                         pc.struct_field(messages, "loss_mask").to_pylist()):
+        ids_bytes = b"".join(i.to_bytes(4, "little", signed=True) for i in ids)
+        digests.append(hashlib.sha256(ids_bytes + bytes(mask)).digest())
+    assert [d.hex() for d in digests] == manifest["row_sha256"]
+    assert hashlib.sha256(b"".join(digests)).hexdigest() == manifest["rows_sha256"]
+
+
+def test_readable_by_datasets(built):
+    import datasets
+
+    out, manifest = built
+    ds = datasets.load_dataset("parquet", data_files=str(out / "train.parquet"), split="train")
+    assert len(ds) == 10
+    first = ds[0]
+    assert len(first["messages"]["input_ids"]) == len(first["messages"]["loss_mask"]) == 512
+    assert first["metadata"]["segments"][0]["start"] == 0
+
+
+def test_readable_by_polars(built):
+    import polars as pl
+
+    out, manifest = built
+    frame = pl.read_parquet(out / "train.parquet")
+    ids = frame.select(pl.col("messages").struct.field("input_ids")).to_series()
+    mask = frame.select(pl.col("messages").struct.field("loss_mask")).to_series()
+    assert ids.list.len().to_list() == [512] * 10
+    assert sum(mask.list.sum().to_list()) == manifest["stats"]["supervised_tokens"]
+
+
+@dataclass
+class Sample:
+    """The fields of miles' Sample that the rollout reads or writes."""
+
+    prompt: object = ""
+    metadata: dict = field(default_factory=dict)
+    tokens: list = field(default_factory=list)
+    response_length: int = 0
+    loss_mask: list | None = None
+    reward: object = None
+
+
+def test_miles_pretokenized_rollout(built):
+    """Read rows as miles does, then run the shipped rollout function on them."""
+    import pretokenized_sft_rollout
+
+    out, _ = built
+    samples = []
+    for batch in pq.ParquetFile(out / "train.parquet").iter_batches():
+        for row in batch.to_pylist():
+            samples.append([Sample(prompt=row.get("messages"), metadata=row.get("metadata") or {})])
+
+    class Buffer:
+        def get_samples(self, n):
+            return samples[:n]
+
+    groups = pretokenized_sft_rollout.generate_rollout(SimpleNamespace(rollout_batch_size=10), 0, Buffer())
+    assert len(groups) == 10
+    for group in groups:
+        (sample,) = group
+        ids = sample.prompt["input_ids"]
+        mask = sample.prompt["loss_mask"]
+        first = mask.index(1)
+        assert sample.tokens == ids
+        assert sample.response_length == len(ids) - first
+        assert len(sample.loss_mask) == sample.response_length <= len(sample.tokens)
+        assert sample.loss_mask == mask[first:]
+        assert sample.reward == 0
+        assert sample.metadata["segments"]
+
+
+def test_rollout_rejects_a_non_row():
+    import pretokenized_sft_rollout
+
+    with pytest.raises(ValueError, match="not a fixed-sft row"):
+        pretokenized_sft_rollout.apply_row(Sample(prompt=[{"role": "user", "content": "x"}]))
+
+
+def test_ids_fit_int32(built):
+    out, _ = built
+    ids = pc.list_flatten(pc.struct_field(pq.read_table(out / "train.parquet").column("messages"), "input_ids"))
+    assert 0 <= pc.min(ids).as_py() and pc.max(ids).as_py() < 163_840
+    assert np.asarray(ids).dtype == np.int32

@@ -1,0 +1,119 @@
+"""verify names the first bad row or file for every kind of damage."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from fixed_sft import synthetic
+from fixed_sft.build import BuildConfig, build
+from fixed_sft.verify import verify
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, kimi_dir):
+    folder = tmp_path_factory.mktemp("verify")
+    synthetic.write_jsonl(synthetic.conversations(300, seed=9), folder / "rows.jsonl")
+    config = BuildConfig(name="v", source=str(folder / "rows.jsonl"), tokenizer=str(kimi_dir), rows=12,
+                         row_tokens=512, seed=1, workers=1)
+    build(config, folder / "out")
+    return folder / "out"
+
+
+@pytest.fixture
+def copy(built, tmp_path):
+    target = tmp_path / "copy"
+    shutil.copytree(built, target)
+    return target
+
+
+def _rewrite(folder, change):
+    """Rewrite train.parquet with ``change(list of row dicts)`` applied."""
+    path = folder / "train.parquet"
+    table = pq.read_table(path)
+    rows = change(table.to_pylist())
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path)
+
+
+def test_intact_build_verifies(built):
+    assert verify(built) == []
+
+
+def test_flipped_token(copy):
+    def flip(rows):
+        rows[5]["messages"]["input_ids"][100] ^= 1
+        return rows
+
+    _rewrite(copy, flip)
+    assert any(p.startswith("row 5:") for p in verify(copy))
+
+
+def test_flipped_mask_bit(copy):
+    def flip(rows):
+        rows[3]["messages"]["loss_mask"][7] ^= 1
+        return rows
+
+    _rewrite(copy, flip)
+    assert any(p.startswith("row 3:") for p in verify(copy))
+
+
+@pytest.mark.parametrize(
+    "change, first_bad",
+    [
+        (lambda rows: rows[:4] + rows[5:], "row 4:"),  # dropped
+        (lambda rows: rows[:6] + [rows[5]] + rows[6:], "row 6:"),  # duplicated
+        (lambda rows: rows[:2] + [rows[3], rows[2]] + rows[4:], "row 2:"),  # swapped
+    ],
+)
+def test_row_order_damage(copy, change, first_bad):
+    _rewrite(copy, change)
+    problems = verify(copy)
+    assert any(p.startswith(first_bad) for p in problems), problems
+
+
+def test_truncated_file(copy):
+    path = copy / "train.parquet"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    problems = verify(copy)
+    assert any("bytes, manifest says" in p for p in problems)
+    assert any("unreadable" in p for p in problems)
+
+
+def test_zero_length_file(copy):
+    (copy / "train.parquet").write_bytes(b"")
+    assert any("unreadable" in p for p in verify(copy))
+
+
+def test_missing_file(copy):
+    (copy / "train.parquet").unlink()
+    assert any(p.endswith("train.parquet: missing") for p in verify(copy))
+
+
+def test_missing_manifest(copy):
+    (copy / "manifest.json").unlink()
+    assert any("manifest.json: missing" in p for p in verify(copy))
+
+
+def test_edited_manifest_row_hash(copy):
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["row_sha256"][2] = "0" * 64
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    problems = verify(copy)
+    assert any("edited manifest" in p for p in problems)
+    assert any(p.startswith("row 2:") for p in problems)
+
+
+def test_edited_manifest_stats(copy):
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["stats"]["supervised_tokens"] += 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert any("supervised tokens" in p for p in verify(copy))
+
+
+def test_garbled_manifest(copy):
+    (copy / "manifest.json").write_text("{not json")
+    assert any("unreadable" in p for p in verify(copy))
