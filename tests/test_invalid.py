@@ -1,0 +1,133 @@
+"""Bad source rows and tokenizer files: a clear error naming file, row and id, or a
+recorded skip that never shifts which rows the valid conversations come from."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+
+from fixed_sft import synthetic
+from fixed_sft.build import BuildConfig, BuildError, build
+from fixed_sft.specs import SpecError
+
+GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
+
+BAD_LINES = {
+    3: (b'{"id": "no-messages"}', "'messages' is missing"),
+    5: (b'{"id": "none", "messages": null}', "'messages' is missing"),
+    8: (b'{"id": "str", "messages": "hi"}', "'messages' is a str, not a list"),
+    11: (b'{"id": "norole", "messages": [{"content": "x"}]}', "message 0 has no role"),
+    14: (b'{"id": "nocontent", "messages": [{"role": "user"}]}', "message 0 has no content"),
+    17: (b'{"id": "int", "messages": [{"role": "user", "content": 5}]}', "message 0 content is a int, not a string"),
+    20: (b'{"id": "tool", "messages": [{"role": "tool", "content": "x"}]}', "message 0 has unknown role 'tool'"),
+    23: (b'{"id": "empty", "messages": []}', "'messages' is empty"),
+    26: (b'{"id": "row-1", "messages": [{"role": "user", "content": "dup"}]}', "duplicate id"),
+    29: (b'{"id": "utf8", "messages": [{"role": "user", "content": "\xff\xfe"}]}', "invalid UTF-8"),
+    32: (b"this is not json", "not JSON"),
+    35: (b'{"id": "surrogate", "messages": [{"role": "user", "content": "\\ud800"}]}', "lone surrogate"),
+    38: (b'{"id": "list", "messages": ["hello"]}', "message 0 is a str, not an object"),
+    41: (b"[1, 2]", "not a JSON object"),
+}
+
+
+def _lines(bad: bool) -> list[bytes]:
+    lines = []
+    for i in range(45):
+        if bad and i in BAD_LINES:
+            lines.append(BAD_LINES[i][0])
+        else:
+            lines.append(json.dumps({"id": f"row-{i}", **GOOD}).encode())
+    return lines
+
+
+def _config(path, kimi_dir, **overrides) -> BuildConfig:
+    values = dict(name="bad", source=str(path), tokenizer=str(kimi_dir), rows=None, row_tokens=16, seed=7, workers=1)
+    values.update(overrides)
+    return BuildConfig(**values)
+
+
+@pytest.fixture
+def sources(tmp_path):
+    bad, good = tmp_path / "bad.jsonl", tmp_path / "good.jsonl"
+    bad.write_bytes(b"\n".join(_lines(True)) + b"\n")
+    good.write_bytes(b"\n".join(_lines(False)) + b"\n")
+    return bad, good
+
+
+def test_default_stops_naming_file_row_id_and_reason(sources, kimi_dir, tmp_path):
+    with pytest.raises(BuildError) as error:
+        build(_config(sources[0], kimi_dir), tmp_path / "out")
+    message = str(error.value)
+    assert str(sources[0]) in message and "row " in message and "--skip-invalid" in message
+    assert any(reason in message for _, reason in BAD_LINES.values())
+    assert not (tmp_path / "out").exists()
+
+
+def test_skip_invalid_records_every_bad_row(sources, kimi_dir, tmp_path):
+    manifest = build(_config(sources[0], kimi_dir, skip_invalid=True), tmp_path / "out")
+    skipped = {entry["index"]: entry for entry in manifest["skipped_invalid"]}
+    assert sorted(skipped) == sorted(BAD_LINES)
+    for index, (_, reason) in BAD_LINES.items():
+        assert reason in skipped[index]["reason"], (index, skipped[index])
+    assert skipped[26]["id"] == "row-1" and skipped[3]["id"] == "no-messages"
+    assert manifest["stats"]["invalid_rows_skipped"] == len(BAD_LINES)
+
+
+def test_skipping_never_shifts_the_rows_used(sources, kimi_dir, tmp_path):
+    """The order is over all rows: the valid conversations keep their positions."""
+    def order_of_use(folder):
+        metadata = pq.read_table(folder / "train.parquet").column("metadata").to_pylist()
+        seen = []
+        for row in metadata:
+            for segment in row["segments"]:
+                if not seen or seen[-1] != segment["source_index"]:
+                    seen.append(segment["source_index"])
+        return seen
+
+    build(_config(sources[0], kimi_dir, skip_invalid=True), tmp_path / "skip")
+    build(_config(sources[1], kimi_dir), tmp_path / "all")
+    with_skips = order_of_use(tmp_path / "skip")
+    assert not set(with_skips) & set(BAD_LINES)
+    assert with_skips == [i for i in order_of_use(tmp_path / "all") if i not in BAD_LINES][: len(with_skips)]
+
+
+def test_parquet_rows_with_bad_messages(kimi_dir, tmp_path):
+    rows = synthetic.conversations(20, seed=1)
+    rows[4]["messages"][1]["role"] = "narrator"
+    synthetic.write_parquet(rows, tmp_path / "src.parquet")
+    with pytest.raises(BuildError, match=r"row 4 \(id synthetic_4\): message 1 has unknown role 'narrator'"):
+        build(_config(tmp_path / "src.parquet", kimi_dir), tmp_path / "out")
+
+
+def _tampered_tokenizer(kimi_dir, tmp_path):
+    folder = tmp_path / "tok"
+    shutil.copytree(kimi_dir, folder)
+    template = folder / "chat_template.jinja"
+    template.write_text(template.read_text() + " ")
+    return folder
+
+
+def test_tokenizer_mismatch_is_refused(sources, kimi_dir, tmp_path):
+    folder = _tampered_tokenizer(kimi_dir, tmp_path)
+    with pytest.raises(SpecError) as error:
+        build(_config(sources[1], folder, expected_tokenizer="kimi-k2.6"), tmp_path / "out")
+    message = str(error.value)
+    assert "chat_template.jinja: expected sha256 8bf859698fd4781c" in message and "got " in message
+    assert "--allow-unpinned-tokenizer" in message
+
+
+def test_unpinned_tokenizer_is_recorded(sources, kimi_dir, tmp_path):
+    folder = _tampered_tokenizer(kimi_dir, tmp_path)
+    manifest = build(_config(sources[1], folder, expected_tokenizer="kimi-k2.6", allow_unpinned_tokenizer=True,
+                             rows=2), tmp_path / "out")
+    assert manifest["tokenizer"]["pinned"] is False
+    assert "chat_template.jinja" in manifest["tokenizer"]["mismatches"][0]
+
+
+def test_folder_matching_no_spec_is_refused(sources, kimi_dir, tmp_path):
+    folder = _tampered_tokenizer(kimi_dir, tmp_path)
+    with pytest.raises(SpecError, match="matches no pinned spec"):
+        build(_config(sources[1], folder), tmp_path / "out")

@@ -1,0 +1,82 @@
+"""Source resolution: local files and folders, Hub download at a revision, row reading."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fixed_sft import synthetic
+from fixed_sft.source import SourceError, open_source, read_band, records
+
+
+def test_hub_download_is_pinned_and_cached(tmp_path, monkeypatch):
+    calls = {}
+    synthetic.write_parquet(synthetic.conversations(10), tmp_path / "snap" / "data" / "train-0.parquet")
+
+    def fake_snapshot_download(repo_id, **kwargs):
+        calls.update(kwargs, repo_id=repo_id)
+        return str(tmp_path / "snap")
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", fake_snapshot_download)
+    src = open_source("org/data", "abc123", license="ODC-By-1.0")
+    assert calls == {"repo_id": "org/data", "repo_type": "dataset", "revision": "abc123",
+                     "allow_patterns": ["*.parquet", "*.jsonl"]}
+    assert src.num_rows == 10 and src.revision == "abc123"
+
+
+def test_unreachable_hub_says_how_to_use_local_files(monkeypatch):
+    def offline(repo_id, **kwargs):
+        raise OSError("offline")
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", offline)
+    with pytest.raises(SourceError, match="--source PATH"):
+        open_source("org/data", "abc123")
+
+
+def test_hub_id_needs_a_revision():
+    with pytest.raises(SourceError, match="revision"):
+        open_source("org/data")
+
+
+def test_folder_files_are_read_in_sorted_order(tmp_path):
+    rows = synthetic.conversations(30, seed=2)
+    synthetic.write_parquet(rows, tmp_path / "src", rows_per_file=7)
+    src = open_source(str(tmp_path / "src"))
+    assert src.row_counts == (7, 7, 7, 7, 2)
+    rank = np.arange(30)[::-1].copy()  # position of row i is 29 - i
+    band = read_band(src, rank, 5, 12)
+    got = [record["id"] for _, record in records(band)]
+    assert got == [f"synthetic_{i}" for i in range(24, 17, -1)]
+
+
+def test_jsonl_without_final_newline(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"id": "a", "messages": []}\n{"id": "b", "messages": []}')
+    src = open_source(str(path))
+    assert src.num_rows == 2
+    assert [r["id"] for _, r in records(read_band(src, np.arange(2), 0, 2))] == ["a", "b"]
+
+
+def test_empty_folder_is_an_error(tmp_path):
+    with pytest.raises(SourceError, match="no .parquet or .jsonl files"):
+        open_source(str(tmp_path))
+
+
+def test_missing_messages_column(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": ["a"], "text": ["x"]}), tmp_path / "x.parquet")
+    src = open_source(str(tmp_path / "x.parquet"))
+    with pytest.raises(SourceError, match="no 'messages' column"):
+        read_band(src, np.arange(1), 0, 1)
+
+
+def test_mixed_formats_are_refused(tmp_path):
+    rows = synthetic.conversations(4)
+    synthetic.write_parquet(rows, tmp_path / "a.parquet")
+    synthetic.write_jsonl(rows, tmp_path / "b.jsonl")
+    src = open_source(str(tmp_path))
+    with pytest.raises(SourceError, match="mixes"):
+        read_band(src, np.arange(8), 0, 8)
+
