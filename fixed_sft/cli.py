@@ -139,6 +139,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # no "PyTorch was not found" notice
     if not argv or argv[0] not in ("build", "verify", "-h", "--help"):
         argv.insert(0, "build")
     args = parser().parse_args(argv)

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 SUFFIXES = (".parquet", ".jsonl")
+READ_BATCH_ROWS = 4096
 ROLES = ("system", "user", "assistant")
 
 
@@ -159,6 +160,8 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> pa.Table:
 
 
 def _read_parquet(path: Path, inside: np.ndarray):
+    """``(local indices, rows)`` of the wanted rows, streamed in record batches so that
+    memory holds one batch of the file, whatever its row-group size."""
     try:
         file = pq.ParquetFile(path)
         names = file.schema_arrow.names
@@ -168,10 +171,13 @@ def _read_parquet(path: Path, inside: np.ndarray):
         first = 0
         for group in range(file.num_row_groups):
             size = file.metadata.row_group(group).num_rows
-            wanted = np.flatnonzero(inside[first : first + size])
-            if len(wanted):
-                table = file.read_row_group(group, columns=columns).take(pa.array(wanted))
-                yield first + wanted, table
+            if inside[first : first + size].any():
+                start = first
+                for batch in file.iter_batches(batch_size=READ_BATCH_ROWS, row_groups=[group], columns=columns):
+                    wanted = np.flatnonzero(inside[start : start + batch.num_rows])
+                    if len(wanted):
+                        yield start + wanted, pa.Table.from_batches([batch.take(pa.array(wanted))])
+                    start += batch.num_rows
             first += size
     except (pa.ArrowException, OSError) as error:
         raise SourceError(f"{path}: cannot read Parquet ({error})") from None
