@@ -165,87 +165,121 @@ def _publish(tmp: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+@dataclass
+class _Tally:
+    """What the manifest says about the stream: rows kept and skipped, their hashes,
+    and the conversations they hold."""
+
+    row_tokens: int
+    digests: list[bytes] = field(default_factory=list)
+    rows_per_conversation: Counter = field(default_factory=Counter)
+    skipped_invalid: list[dict] = field(default_factory=list)
+    seen_ids: dict[str, int] = field(default_factory=dict)
+    supervised: int = 0
+    rows_skipped: int = 0
+    conversations_encoded: int = 0
+    tokens_encoded: int = 0
+    template_checked: int = 0
+    tail_tokens: int = 0
+
+    def stats(self) -> dict:
+        tokens = len(self.digests) * self.row_tokens
+        return {
+            "rows": len(self.digests),
+            "tokens": tokens,
+            "supervised_tokens": self.supervised,
+            "supervised_token_ratio": self.supervised / tokens if tokens else 0.0,
+            "padding_tokens": 0,
+            "conversations": len(self.rows_per_conversation),
+            "conversations_split": sum(1 for n in self.rows_per_conversation.values() if n > 1),
+            "rows_skipped": self.rows_skipped,
+            "tail_tokens_dropped": self.tail_tokens,
+            "invalid_rows_skipped": len(self.skipped_invalid),
+        }
+
+
+def _pack(config: BuildConfig, source: Source, stream: Iterator, packer: Packer, writer: RowWriter,
+          tally: _Tally, bar: tqdm) -> None:
+    """Feed encoded conversations to the packer and write kept rows until ``config.rows``."""
+    for item in stream:
+        reason = item.invalid
+        if reason is None and item.id is not None and item.id in tally.seen_ids:
+            reason = f"duplicate id (first used by source row {tally.seen_ids[item.id]})"
+        if reason is not None:
+            if not config.skip_invalid:
+                where = f"{source.file_of(item.index)}: row {item.index} (id {item.id})"
+                raise BuildError(f"{where}: {reason} (--skip-invalid skips such rows and records them)")
+            tally.skipped_invalid.append({"index": item.index, "id": item.id, "reason": reason})
+            continue
+        if item.id is not None:
+            tally.seen_ids[item.id] = item.index
+        tally.conversations_encoded += 1
+        tally.tokens_encoded += len(item.ids) + 1
+        tally.template_checked += item.checked
+        for row in packer.add(item.index, item.id, item.ids, item.mask):
+            if not row.supervised:
+                tally.rows_skipped += 1
+                continue
+            writer.write(row)
+            tally.digests.append(row_digest(row.ids, row.mask))
+            tally.supervised += row.supervised
+            tally.rows_per_conversation.update(s.index for s in row.segments)
+            bar.update()
+            if writer.rows == config.rows:
+                tally.tail_tokens = len(item.ids) + 1 - row.segments[-1].end
+                return
+    tally.tail_tokens = packer.pending
+
+
 def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
     tokenizer = resolve_tokenizer(
         config.tokenizer,
         config.tokenizer_revision,
         expected=config.expected_tokenizer,
-        allow_unpinned=config.allow_unpinned_tokenizer
+        allow_unpinned=config.allow_unpinned_tokenizer,
     )
     source = open_source(config.source, config.source_revision, license=config.source_license)
     order = permutation(config.seed, source.num_rows)
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
-    hashing = ThreadPoolExecutor(1)
-    source_hashes = [hashing.submit(sha256_file, path) for path in source.files]
-
-    encoder_config = EncoderConfig(
-        tokenizer.directory, config.loss_mask_type, tokenizer.template_kwargs, config.check_every
-    )
+    encoder_config = EncoderConfig(tokenizer.directory, config.loss_mask_type, tokenizer.template_kwargs,
+                                   config.check_every)
     encoder = encoder_config.load()
     packer = Packer(config.row_tokens, encoder.tokenizer.eos_id)
     writer = RowWriter(folder / PARQUET_NAME)
-    digests: list[bytes] = []
-    seen_ids: dict[str, int] = {}
-    segments_per_conversation: Counter = Counter()
-    skipped_invalid: list[dict] = []
-    stats = Counter()
+    tally = _Tally(config.row_tokens)
     bytes_row = bytes_per_row(source)
 
     def band_rows() -> int:
+        """Rows in the next band: what the rows still to fill need (from the tokens per
+        conversation so far), plus a fifth, capped by the band memory budget."""
         cap = int(BAND_BYTES / max(bytes_row, 1.0))
         if config.rows is None:
             return cap
         tokens_left = (config.rows - writer.rows) * config.row_tokens - packer.pending
-        per_conversation = stats["tokens"] / stats["conversations_encoded"] if stats["conversations_encoded"] else bytes_row / 4
+        per_conversation = tally.tokens_encoded / tally.conversations_encoded if tally.conversations_encoded else bytes_row / 4
         return min(cap, int(1.2 * tokens_left / max(per_conversation, 1.0)) + CHUNK_ROWS)
 
-    bar = tqdm(total=config.rows, unit="row", disable=not progress, desc=config.name)
-    stream = encode_in_order(encoder_config, _chunks(source, rank, band_rows), config.workers, encoder)
-    tail_unconsumed = 0
-    try:
-        for item in stream:
-            reason = item.invalid
-            if reason is None and item.id is not None and item.id in seen_ids:
-                reason = f"duplicate id (first used by source row {seen_ids[item.id]})"
-            if reason is not None:
-                where = f"{source.file_of(item.index)}: row {item.index} (id {item.id})"
-                if not config.skip_invalid:
-                    raise BuildError(f"{where}: {reason} (--skip-invalid skips such rows and records them)")
-                skipped_invalid.append({"index": item.index, "id": item.id, "reason": reason})
-                continue
-            if item.id is not None:
-                seen_ids[item.id] = item.index
-            stats["conversations_encoded"] += 1
-            stats["tokens"] += len(item.ids) + 1
-            stats["template_checked"] += item.checked
-            for row in packer.add(item.index, item.id, item.ids, item.mask):
-                if not row.supervised:
-                    stats["rows_skipped"] += 1
-                    continue
-                writer.write(row)
-                digests.append(row_digest(row.ids, row.mask))
-                stats["supervised_tokens"] += row.supervised
-                segments_per_conversation.update(s.index for s in row.segments)
-                bar.update()
-                if writer.rows == config.rows:
-                    tail_unconsumed = len(item.ids) + 1 - row.segments[-1].end
-                    break
-            if writer.rows == config.rows:
-                break
-    finally:
-        stream.close()
-        bar.close()
-    writer.close()
-    if config.rows is not None and writer.rows < config.rows:
-        raise BuildError(
-            f"the source fills only {writer.rows} rows of {config.row_tokens} tokens with supervised tokens; "
-            f"asked for {config.rows}"
-        )
+    with ThreadPoolExecutor(1) as hashing, tqdm(total=config.rows, unit="row", disable=not progress,
+                                                  desc=config.name) as bar:
+        source_hashes = [hashing.submit(sha256_file, path) for path in source.files]
+        stream = encode_in_order(encoder_config, _chunks(source, rank, band_rows), config.workers, encoder)
+        try:
+            _pack(config, source, stream, packer, writer, tally, bar)
+        finally:
+            stream.close()
+        writer.close()
+        if config.rows is not None and writer.rows < config.rows:
+            raise BuildError(
+                f"the source fills only {writer.rows} rows of {config.row_tokens} tokens with supervised tokens; "
+                f"asked for {config.rows}"
+            )
+        source_files = [
+            {"path": str(path.relative_to(source.root)), "bytes": path.stat().st_size, "sha256": digest.result()}
+            for path, digest in zip(source.files, source_hashes)
+        ]
 
     parquet = folder / PARQUET_NAME
-    total_tokens = writer.rows * config.row_tokens
-    root = source.files[0].parent if len(source.files) == 1 else Path(os.path.commonpath(source.files))
     manifest = {
         "format": FORMAT,
         "name": config.name,
@@ -263,32 +297,17 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             "revision": source.revision,
             "license": source.license,
             "rows": source.num_rows,
-            "files": [
-                {"path": str(path.relative_to(root)), "bytes": path.stat().st_size, "sha256": digest.result()}
-                for path, digest in zip(source.files, source_hashes)
-            ],
+            "files": source_files,
         },
         "tokenizer": tokenizer.manifest(),
         "loss_mask": {"type": config.loss_mask_type, "template_kwargs": tokenizer.template_kwargs},
-        "template_check": {"every": config.check_every, "checked": stats["template_checked"]},
-        "stats": {
-            "rows": writer.rows,
-            "tokens": total_tokens,
-            "supervised_tokens": stats["supervised_tokens"],
-            "supervised_token_ratio": stats["supervised_tokens"] / total_tokens if total_tokens else 0.0,
-            "padding_tokens": 0,
-            "conversations": len(segments_per_conversation),
-            "conversations_split": sum(1 for n in segments_per_conversation.values() if n > 1),
-            "rows_skipped": stats["rows_skipped"],
-            "tail_tokens_dropped": packer.pending + tail_unconsumed,
-            "invalid_rows_skipped": len(skipped_invalid),
-        },
-        "skipped_invalid": skipped_invalid,
+        "template_check": {"every": config.check_every, "checked": tally.template_checked},
+        "stats": tally.stats(),
+        "skipped_invalid": tally.skipped_invalid,
         "parquet": {"path": PARQUET_NAME, "bytes": parquet.stat().st_size, "sha256": sha256_file(parquet)},
-        "rows_sha256": rows_digest(digests),
-        "row_sha256": [d.hex() for d in digests],
+        "rows_sha256": rows_digest(tally.digests),
+        "row_sha256": [d.hex() for d in tally.digests],
     }
-    hashing.shutdown()
     _write_manifest(folder / MANIFEST_NAME, manifest)
     return manifest
 

@@ -12,6 +12,7 @@ position falls in ``[lo, hi)`` (as Arrow data), so memory holds one band, not th
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,11 @@ class Source:
     @property
     def num_rows(self) -> int:
         return sum(self.row_counts)
+
+    @property
+    def root(self) -> Path:
+        """The folder that file paths in the manifest are relative to."""
+        return self.files[0].parent if len(self.files) == 1 else Path(os.path.commonpath(self.files))
 
     def file_of(self, index: int) -> Path:
         """The file holding global row ``index``."""

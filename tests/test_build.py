@@ -81,6 +81,8 @@ def test_rows_are_the_ordered_conversation_stream(fixture_build, corpus, encoder
         stream_mask += conv_mask + [0]
     assert manifest["stats"]["rows_skipped"] == 0
     assert ids.tolist() == stream[: len(ids)]
+    used = list(order[: manifest["stats"]["conversations"]])
+    assert sum(len(units[int(i)]) for i in used) - len(ids) == manifest["stats"]["tail_tokens_dropped"]
     assert mask.tolist() == stream_mask[: len(mask)]
     for n, row in enumerate(pq.read_table(out / "train.parquet").column("metadata").to_pylist()):
         assert row["row"] == n
