@@ -9,6 +9,7 @@ renamed into place only after ``manifest.json``, written last, is complete.
 from __future__ import annotations
 
 import fcntl
+import glob
 import json
 import os
 import shutil
@@ -144,8 +145,7 @@ def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     with _Lock(out):
         check_target(out)
-        for stale in out.parent.glob(f".{out.name}.tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
+        _recover(out)
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
         tmp.mkdir()
         try:
@@ -154,6 +154,18 @@ def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return manifest
+
+
+def _recover(out: Path) -> None:
+    """Clean up after a build into ``out`` that was killed: put back a previous build
+    that was moved aside but not yet replaced, and delete temporary and old folders."""
+    prefix = glob.escape(f".{out.name}.")
+    if not out.exists():
+        previous = next((old for old in sorted(out.parent.glob(prefix + "old-*")) if is_build(old)), None)
+        if previous is not None:
+            previous.rename(out)
+    for stale in [*out.parent.glob(prefix + "tmp-*"), *out.parent.glob(prefix + "old-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _publish(tmp: Path, out: Path) -> None:

@@ -1,0 +1,258 @@
+"""kill -9 safety: a build killed at any point leaves its output folder absent or
+complete (``verify`` finds nothing wrong), never partial; a rerun then completes with
+the rows of an uninterrupted build; two builds into one folder never mix.
+
+The builds are real ``generate_fixed_sft.py build`` subprocesses, killed with SIGKILL
+at seeded random moments: one trial during start-up, the others at a random delay
+after the build took its lock and made its temporary folder (the work proper),
+some into a fresh folder and some over a previous, different build. The moments of
+``_publish`` (moving the old build aside, moving the new one in, removing the old)
+are too short to hit by timing, so a forked build kills itself at each of them too.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from fixed_sft import synthetic
+from fixed_sft.verify import verify
+
+ROOT = Path(__file__).resolve().parent.parent
+ROWS = 20
+OLD_ROWS = 7
+SEED = 20240611
+TRIALS = 4
+
+
+def command(source: Path, kimi_dir: Path, out: Path, rows: int = ROWS) -> list[str]:
+    return [
+        sys.executable, str(ROOT / "generate_fixed_sft.py"), "build", "--source", str(source),
+        "--tokenizer", str(kimi_dir), "--rows", str(rows), "--row-tokens", "1024", "--out", str(out),
+        "--workers", "1", "--quiet",
+    ]
+
+
+def start(source: Path, kimi_dir: Path, out: Path, rows: int = ROWS) -> subprocess.Popen:
+    return subprocess.Popen(
+        command(source, kimi_dir, out, rows), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def run_build(source: Path, kimi_dir: Path, out: Path, rows: int = ROWS) -> tuple[float, float]:
+    """Build to completion; return the seconds until the temporary folder appeared
+    (start-up) and from then until ``out`` appeared (the work proper)."""
+    began = time.monotonic()
+    process = start(source, kimi_dir, out, rows)
+    appeared = published = None
+    while process.poll() is None:
+        now = time.monotonic() - began
+        if appeared is None and any(out.parent.glob(f".{out.name}.tmp-*")):
+            appeared = now
+        if published is None and out.exists():
+            published = now
+        time.sleep(0.005)
+    stdout, stderr = process.communicate()
+    assert process.returncode == 0, stderr
+    total = time.monotonic() - began
+    appeared = appeared if appeared is not None else total
+    return appeared, (published if published is not None else total) - appeared
+
+
+def rows_sha256(out: Path) -> str:
+    return json.loads((out / "manifest.json").read_text(encoding="utf-8"))["rows_sha256"]
+
+
+def leftovers(out: Path, kind: str) -> list[str]:
+    return sorted(p.name for p in out.parent.glob(f".{out.name}.{kind}-*"))
+
+
+def assert_absent_or_complete(out: Path, allowed: set[str]) -> str:
+    """``out`` is absent, or a complete build whose rows are one of ``allowed``."""
+    if not out.exists():
+        return "absent"
+    assert out.is_dir()
+    problems = verify(out)
+    assert problems == [], f"partial output after kill -9: {problems}; files {sorted(os.listdir(out))}"
+    assert rows_sha256(out) in allowed
+    return "complete"
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("interrupt") / "source"
+    synthetic.write_parquet(synthetic.conversations(300, seed=3), folder, rows_per_file=150)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(source, kimi_dir, tmp_path_factory):
+    """The reference build and a different (smaller) previous build to be replaced,
+    built side by side; with the reference build's timings."""
+    base = tmp_path_factory.mktemp("uninterrupted")
+    with ThreadPoolExecutor(2) as pool:
+        reference = pool.submit(run_build, source, kimi_dir, base / "reference")
+        old = pool.submit(run_build, source, kimi_dir, base / "old", OLD_ROWS)
+        startup_s, work_s = reference.result()
+        old.result()
+    assert verify(base / "reference") == [] and verify(base / "old") == []
+    return {
+        "sha": rows_sha256(base / "reference"),
+        "old": base / "old",
+        "old_sha": rows_sha256(base / "old"),
+        "startup_s": startup_s,
+        "work_s": work_s,
+    }
+
+
+def _trial(k: int, source: Path, kimi_dir: Path, base: Path, uninterrupted: dict) -> dict:
+    rng = random.Random(f"{SEED}:{k}")
+    out = base / f"trial{k}" / "out"
+    out.parent.mkdir(parents=True)
+    over_old = k % 2 == 1
+    allowed = {uninterrupted["sha"]}
+    if over_old:
+        shutil.copytree(uninterrupted["old"], out)
+        allowed.add(uninterrupted["old_sha"])
+    during_startup = k == 0
+
+    process = start(source, kimi_dir, out)
+    began = time.monotonic()
+    if during_startup:
+        delay = rng.uniform(0.05, max(0.1, uninterrupted["startup_s"]))
+        time.sleep(delay)
+    else:
+        while process.poll() is None and not any(out.parent.glob(f".{out.name}.tmp-*")):
+            time.sleep(0.002)
+        delay = rng.uniform(0.0, 1.05 * uninterrupted["work_s"])
+        time.sleep(delay)
+    process.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic() - began
+    process.communicate()
+    killed = process.returncode == -signal.SIGKILL
+    state = assert_absent_or_complete(out, allowed)
+    if over_old and state == "complete" and killed and rows_sha256(out) == uninterrupted["old_sha"]:
+        state = "previous build kept"
+
+    rerun = start(source, kimi_dir, out)
+    _, stderr = rerun.communicate()
+    assert rerun.returncode == 0, stderr
+    assert verify(out) == []
+    assert rows_sha256(out) == uninterrupted["sha"]
+    assert leftovers(out, "tmp") == [], "the rerun leaves no temporary folder behind"
+    return {"trial": k, "over_old": over_old, "during_startup": during_startup, "delay": round(delay, 3),
+            "killed_at": round(killed_at, 3), "killed": killed, "state": state}
+
+
+def test_kill_9_at_random_moments(source, kimi_dir, uninterrupted, tmp_path):
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda k: _trial(k, source, kimi_dir, tmp_path, uninterrupted), range(TRIALS)))
+    print("\n".join(map(str, results)))
+    assert any(r["killed"] for r in results), results
+
+
+def test_two_builds_into_one_folder_never_mix(source, kimi_dir, uninterrupted, tmp_path):
+    out = tmp_path / "shared-out"
+    first, second = start(source, kimi_dir, out), start(source, kimi_dir, out)
+    outcomes = [(p.returncode, stderr) for p in (first, second) for _, stderr in [p.communicate()]]
+    codes = sorted(code for code, _ in outcomes)
+    print(f"two builds into one folder: exit codes {codes}")
+    assert codes in ([0, 0], [0, 1]), outcomes
+    for code, stderr in outcomes:
+        if code:
+            assert "another build" in stderr, stderr
+    assert verify(out) == []
+    assert rows_sha256(out) == uninterrupted["sha"]
+    assert leftovers(out, "tmp") == []
+
+
+# --- kills inside _publish, made deterministic: a forked build kills itself ---------------------------
+
+
+def _build_then_die_at(step: str, source: Path, kimi_dir: Path, out: Path) -> None:
+    """In a forked child: build ``out``, SIGKILLing this process at ``step`` of publishing."""
+    from fixed_sft import build as build_module
+
+    real_rename, real_rmtree = Path.rename, shutil.rmtree
+    renames = []
+
+    def rename(self, target):
+        renames.append(self)
+        if step == "before-aside" and self == out or step == "before-move-in" and self.name.startswith(f".{out.name}.tmp-"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_rename(self, target)
+
+    def rmtree(path, *args, **kwargs):
+        if step == "removing-old" and Path(path).name.startswith(f".{out.name}.old-"):
+            entries = sorted(Path(path).iterdir())
+            if entries:  # half-removed, then killed
+                (entries[0].unlink() if entries[0].is_file() else real_rmtree(entries[0]))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_rmtree(path, *args, **kwargs)
+
+    Path.rename = rename
+    build_module.shutil.rmtree = rmtree
+    config = build_module.BuildConfig(name="custom", source=str(source), tokenizer=str(kimi_dir), rows=ROWS,
+                                      row_tokens=1024, workers=1)
+    build_module.build(config, out)
+    os._exit(0)  # not killed: the step was never reached
+
+
+@pytest.mark.parametrize("step", ["before-aside", "before-move-in", "removing-old"])
+def test_kill_9_inside_publish(step, source, kimi_dir, uninterrupted, tmp_path):
+    from fixed_sft.build import BuildConfig, build
+
+    out = tmp_path / "out"
+    shutil.copytree(uninterrupted["old"], out)
+    child = multiprocessing.get_context("fork").Process(target=_build_then_die_at, args=(step, source, kimi_dir, out))
+    child.start()
+    child.join(120)
+    assert child.exitcode == -signal.SIGKILL, f"{step}: the build was not killed (exit {child.exitcode})"
+    state = assert_absent_or_complete(out, {uninterrupted["sha"], uninterrupted["old_sha"]})
+    expected = {"before-aside": "old", "before-move-in": "absent", "removing-old": "new"}[step]
+    if expected == "absent":
+        assert state == "absent"
+    else:
+        assert rows_sha256(out) == uninterrupted[{"old": "old_sha", "new": "sha"}[expected]]
+
+    manifest = build(BuildConfig(name="custom", source=str(source), tokenizer=str(kimi_dir), rows=ROWS,
+                                 row_tokens=1024, workers=1), out)
+    assert manifest["rows_sha256"] == uninterrupted["sha"]
+    assert verify(out) == []
+    assert leftovers(out, "tmp") == [] and leftovers(out, "old") == []
+
+
+def test_recover_puts_back_a_previous_build_moved_aside(uninterrupted, tmp_path):
+    """Killed between moving the old build aside and moving the new one in: the next
+    build first puts the old one back, so a complete build is never lost."""
+    from fixed_sft.build import _recover
+
+    out = tmp_path / "out"
+    shutil.copytree(uninterrupted["old"], tmp_path / ".out.old-123")
+    (tmp_path / ".out.tmp-123").mkdir()
+    _recover(out)
+    assert verify(out) == [] and rows_sha256(out) == uninterrupted["old_sha"]
+    assert leftovers(out, "tmp") == [] and leftovers(out, "old") == []
+
+
+def test_cleanup_matches_the_output_name_literally(tmp_path):
+    """A name with glob characters never touches another build's folders."""
+    from fixed_sft.build import _recover
+
+    other = tmp_path / ".run1.tmp-424242"
+    other.mkdir()
+    (tmp_path / ".run[1].tmp-777").mkdir()
+    _recover(tmp_path / "run[1]")
+    assert other.exists()
+    assert not (tmp_path / ".run[1].tmp-777").exists()
