@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -65,8 +66,11 @@ class RowWriter:
         self._pending = []
 
     def close(self) -> None:
+        """Write the last row group and the footer, and flush the file to disk."""
         self._flush()
         self._writer.close()
+        with self.path.open("rb+") as f:
+            os.fsync(f.fileno())
 
 
 def read_rows(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
