@@ -32,7 +32,8 @@ from .order import permutation
 from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter
 from .pack import Packer
 from .source import Source, bytes_per_row, open_source, read_band
-from .specs import ResolvedTokenizer, resolve_tokenizer
+from .specs import resolve_tokenizer
+from .tokenizer import eos_id
 
 FORMAT = "fixed-sft/1"
 ORDER_RULE = "splitmix64-key-v1"
@@ -111,9 +112,8 @@ def _chunks(source: Source, rank: np.ndarray, band_rows: Callable[[], int]) -> I
     lo = 0
     while lo < source.num_rows:
         hi = min(source.num_rows, lo + max(CHUNK_ROWS, band_rows()))
-        band = read_band(source, rank, lo, hi)
-        for k in range(0, band.num_rows, CHUNK_ROWS):
-            yield lo + k, band.slice(k, CHUNK_ROWS)
+        for k, chunk in enumerate(read_band(source, rank, lo, hi).chunks(CHUNK_ROWS)):
+            yield lo + k * CHUNK_ROWS, chunk
         lo = hi
 
 
@@ -256,8 +256,8 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
     rank[order] = np.arange(len(order))
     encoder_config = EncoderConfig(tokenizer.directory, config.loss_mask_type, tokenizer.template_kwargs,
                                    config.check_every)
-    encoder = encoder_config.load()
-    packer = Packer(config.row_tokens, encoder.tokenizer.eos_id)
+    encoder = encoder_config.load() if config.workers == 1 else None  # workers load their own
+    packer = Packer(config.row_tokens, eos_id(tokenizer.directory))
     writer = RowWriter(folder / PARQUET_NAME)
     tally = _Tally(config.row_tokens)
     bytes_row = bytes_per_row(source)

@@ -113,18 +113,8 @@ def _init_worker(config: EncoderConfig) -> None:
     _worker_check_every = config.check_every
 
 
-def _to_ipc(chunk: pa.Table) -> pa.Buffer:
-    """The chunk as an Arrow IPC stream: only its own rows (pickling a slice would copy
-    the whole band it was cut from)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, chunk.schema) as writer:
-        writer.write_table(chunk)
-    return sink.getvalue()
-
-
-def _encode_in_worker(chunk: pa.Buffer, first_position: int) -> EncodedChunk:
-    table = pa.ipc.open_stream(chunk).read_all()
-    return encode_chunk(_worker_encoder, table, first_position, _worker_check_every)
+def _encode_in_worker(chunk: pa.Table, first_position: int) -> EncodedChunk:
+    return encode_chunk(_worker_encoder, chunk, first_position, _worker_check_every)
 
 
 def encode_in_order(
@@ -143,10 +133,12 @@ def encode_in_order(
         return
     context = get_context("forkserver" if os.name == "posix" else "spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(config,)) as pool:
+        for _ in range(workers):  # start every worker now, so loading overlaps reading the first band
+            pool.submit(int)
         pending: deque = deque()
         try:
             for first_position, chunk in chunks:
-                pending.append(pool.submit(_encode_in_worker, _to_ipc(chunk), first_position))
+                pending.append(pool.submit(_encode_in_worker, chunk, first_position))
                 if len(pending) >= 2 * workers:
                     yield from pending.popleft().result()
             while pending:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +28,16 @@ SCHEMA = pa.schema(
 
 
 class RowWriter:
-    """Appends rows to one Parquet file, a row group at a time."""
+    """Appends rows to one Parquet file, a row group at a time. Row groups are
+    compressed and written by a background thread (pyarrow releases the GIL), at most
+    one behind the caller."""
 
     def __init__(self, path: Path):
         self.path = path
         self._writer = pq.ParquetWriter(path, SCHEMA, compression="zstd", write_statistics=False)
         self._pending: list[tuple[int, Row]] = []
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="parquet")
+        self._writing: Future | None = None
         self.rows = 0
 
     def write(self, row: Row) -> None:
@@ -62,12 +67,21 @@ class RowWriter:
             ],
             SCHEMA.field("metadata").type,
         )
-        self._writer.write_table(pa.Table.from_arrays([messages, metadata], schema=SCHEMA))
+        table = pa.Table.from_arrays([messages, metadata], schema=SCHEMA)
+        self._wait()
+        self._writing = self._thread.submit(self._writer.write_table, table)
         self._pending = []
+
+    def _wait(self) -> None:
+        if self._writing is not None:
+            self._writing.result()
+            self._writing = None
 
     def close(self) -> None:
         """Write the last row group and the footer, and flush the file to disk."""
         self._flush()
+        self._wait()
+        self._thread.shutdown()
         self._writer.close()
         with self.path.open("rb+") as f:
             os.fsync(f.fileno())

@@ -15,6 +15,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -136,33 +137,47 @@ def bytes_per_row(source: Source) -> float:
     return total / max(source.num_rows, 1)
 
 
-def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> pa.Table:
-    """The rows whose packing position ``rank[i]`` is in ``[lo, hi)``, in packing order.
+@dataclass(frozen=True)
+class Band:
+    """The rows of one band: ``table`` in file order (one contiguous copy), and
+    ``order``, its row numbers in packing order."""
+
+    table: pa.Table
+    order: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.order)
+
+    def chunks(self, rows: int) -> Iterator[pa.Table]:
+        """Consecutive chunks of ``rows`` rows in packing order, each its own compact copy."""
+        for start in range(0, len(self.order), rows):
+            yield self.table.take(pa.array(self.order[start : start + rows]))
+
+
+def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
+    """The rows whose packing position ``rank[i]`` is in ``[lo, hi)``.
 
     Columns: ``index`` (global row index), then ``id`` and ``messages`` for Parquet
     sources, or ``line`` (the raw bytes) for JSONL sources; ``records`` decodes them."""
     parts: list[pa.Table] = []
+    positions: list[np.ndarray] = []
     start = 0
     for path, count in zip(source.files, source.row_counts):
-        positions = rank[start : start + count]
-        inside = (positions >= lo) & (positions < hi)
+        file_positions = rank[start : start + count]
+        inside = (file_positions >= lo) & (file_positions < hi)
         if inside.any():
             reader = _read_parquet if path.suffix == ".parquet" else _read_jsonl
             for local, table in reader(path, inside):
-                parts.append(
-                    table.append_column("index", pa.array(local + start, pa.int64())).append_column(
-                        "position", pa.array(positions[local], pa.int64())
-                    )
-                )
+                parts.append(table.append_column("index", pa.array(local + start, pa.int64())))
+                positions.append(file_positions[local])
         start += count
     if not parts:
-        return pa.table({"index": pa.array([], pa.int64())})
-    kinds = {tuple(sorted(p.column_names)) for p in parts}
-    if len(kinds) > 1 and any("line" in kind for kind in kinds):
+        return Band(pa.table({"index": pa.array([], pa.int64())}), np.zeros(0, dtype=np.int64))
+    if len({"line" in part.column_names for part in parts}) > 1:
         raise SourceError("a source mixes .parquet and .jsonl files; use one format")
-    band = pa.concat_tables(parts, promote_options="permissive")
-    band = band.take(pa.array(np.argsort(band.column("position").to_numpy(), kind="stable")))
-    return band.drop_columns(["position"])
+    table = pa.concat_tables(parts, promote_options="permissive").combine_chunks()
+    return Band(table, np.argsort(np.concatenate(positions), kind="stable"))
 
 
 def _read_parquet(path: Path, inside: np.ndarray):

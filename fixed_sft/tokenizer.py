@@ -70,6 +70,21 @@ def split_runs(text: str, max_run: int = MAX_RUN) -> list[str]:
     return [text[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
+def _config(directory: Path) -> dict:
+    return json.loads((Path(directory) / "tokenizer_config.json").read_text(encoding="utf-8"))
+
+
+def _named(config: dict) -> dict[int, str]:
+    """Named added tokens by id, from ``added_tokens_decoder``."""
+    return {int(i): entry["content"] for i, entry in config["added_tokens_decoder"].items()}
+
+
+def eos_id(directory: str | Path) -> int:
+    """The id of the eos token (``[EOS]``), read from ``tokenizer_config.json`` alone."""
+    config = _config(Path(directory))
+    return {text: i for i, text in _named(config).items()}[config.get("eos_token", "[EOS]")]
+
+
 class KimiTokenizer:
     """The Kimi tokenizer read from a folder holding ``tiktoken.model`` and
     ``tokenizer_config.json`` (and ``chat_template.jinja`` for the chat path)."""
@@ -77,8 +92,8 @@ class KimiTokenizer:
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
         ranks = load_tiktoken_bpe(str(self.directory / "tiktoken.model"))
-        config = json.loads((self.directory / "tokenizer_config.json").read_text(encoding="utf-8"))
-        named = {int(i): entry["content"] for i, entry in config["added_tokens_decoder"].items()}
+        config = _config(self.directory)
+        named = _named(config)
         first = len(ranks)
         specials = {named.get(i, f"<|reserved_token_{i}|>"): i for i in range(first, first + NUM_SPECIAL)}
         self.encoding = tiktoken.Encoding(
@@ -90,7 +105,7 @@ class KimiTokenizer:
         inline = [text for text in specials if text not in self.added]
         self._inline_special = re.compile("|".join(map(re.escape, inline))) if inline else None
         self.bos_id = self.added[config.get("bos_token", "[BOS]")]
-        self.eos_id = self.added[config.get("eos_token", "[EOS]")]
+        self.eos_id = eos_id(self.directory)
         self.chat_template = (self.directory / "chat_template.jinja").read_text(encoding="utf-8")
 
     @property
