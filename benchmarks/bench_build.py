@@ -729,6 +729,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, metavar="K",
                         help="fresh builds per worker count, fastest kept (default: 1 quick, 2 full)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write the machine, plan, builds and figures to OUT")
+    parser.add_argument("--speed-rows", type=int, metavar="R",
+                        help="rows of 8,192 tokens for figures 1, 3 and 4 (default: 768 quick, 1,536 full)")
     parser.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER,
                         help=f"Kimi-K2.6 tokenizer folder (default {DEFAULT_TOKENIZER})")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
@@ -745,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
 
     base = QUICK if args.quick else FULL
     plan = Plan(**{**asdict(base), "workers": tuple(worker_counts(args.workers_max)),
-                   "repeat": args.repeat or base.repeat})
+                   "repeat": args.repeat or base.repeat, "speed_rows": args.speed_rows or base.speed_rows})
     info = machine()
     print(f"machine: {info['cpu']}, {info['cores']} cores; python {info['python']}, tiktoken {info['tiktoken']}, "
           f"pyarrow {info['pyarrow']}, numpy {info['numpy']}, transformers {info['transformers']}; "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -156,28 +157,33 @@ class Band:
 
 
 def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
-    """The rows whose packing position ``rank[i]`` is in ``[lo, hi)``.
+    """The rows whose packing position ``rank[i]`` is in ``[lo, hi)``, read from the
+    files in parallel threads (pyarrow decodes without the GIL).
 
     Columns: ``index`` (global row index), then ``id`` and ``messages`` for Parquet
     sources, or ``line`` (the raw bytes) for JSONL sources; ``records`` decodes them."""
-    parts: list[pa.Table] = []
-    positions: list[np.ndarray] = []
-    start = 0
-    for path, count in zip(source.files, source.row_counts):
-        file_positions = rank[start : start + count]
-        inside = (file_positions >= lo) & (file_positions < hi)
-        if inside.any():
-            reader = _read_parquet if path.suffix == ".parquet" else _read_jsonl
-            for local, table in reader(path, inside):
-                parts.append(table.append_column("index", pa.array(local + start, pa.int64())))
-                positions.append(file_positions[local])
-        start += count
+    starts = np.concatenate(([0], np.cumsum(source.row_counts)[:-1]))
+
+    def read_file(path: Path, start: int, count: int) -> list[tuple[pa.Table, np.ndarray]]:
+        positions = rank[start : start + count]
+        inside = (positions >= lo) & (positions < hi)
+        if not inside.any():
+            return []
+        reader = _read_parquet if path.suffix == ".parquet" else _read_jsonl
+        return [
+            (table.append_column("index", pa.array(local + start, pa.int64())), positions[local])
+            for local, table in reader(path, inside)
+        ]
+
+    with ThreadPoolExecutor(min(len(source.files), os.cpu_count() or 1)) as pool:
+        per_file = list(pool.map(read_file, source.files, starts.tolist(), source.row_counts))
+    parts = [part for found in per_file for part in found]
     if not parts:
         return Band(pa.table({"index": pa.array([], pa.int64())}), np.zeros(0, dtype=np.int64))
-    if len({"line" in part.column_names for part in parts}) > 1:
+    if len({"line" in table.column_names for table, _ in parts}) > 1:
         raise SourceError("a source mixes .parquet and .jsonl files; use one format")
-    table = pa.concat_tables(parts, promote_options="permissive").combine_chunks()
-    return Band(table, np.argsort(np.concatenate(positions), kind="stable"))
+    table = pa.concat_tables([t for t, _ in parts], promote_options="permissive").combine_chunks()
+    return Band(table, np.argsort(np.concatenate([p for _, p in parts]), kind="stable"))
 
 
 def _read_parquet(path: Path, inside: np.ndarray):
