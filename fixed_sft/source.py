@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 SUFFIXES = (".parquet", ".jsonl")
 READ_BATCH_ROWS = 4096
+READ_THREADS = 4
 ROLES = ("system", "user", "assistant")
 
 
@@ -140,10 +141,13 @@ def bytes_per_row(source: Source) -> float:
 
 @dataclass(frozen=True)
 class Band:
-    """The rows of one band: ``table`` in file order (one contiguous copy), and
-    ``order``, its row numbers in packing order."""
+    """The rows of one band, kept as the pieces they were read in (no second copy):
+    band row ``r`` is row ``local[r]`` of ``parts[part[r]]``, and ``order`` lists the
+    band rows in packing order."""
 
-    table: pa.Table
+    parts: list[pa.Table]
+    part: np.ndarray
+    local: np.ndarray
     order: np.ndarray
 
     @property
@@ -153,7 +157,12 @@ class Band:
     def chunks(self, rows: int) -> Iterator[pa.Table]:
         """Consecutive chunks of ``rows`` rows in packing order, each its own compact copy."""
         for start in range(0, len(self.order), rows):
-            yield self.table.take(pa.array(self.order[start : start + rows]))
+            wanted = self.order[start : start + rows]
+            by_part = np.argsort(self.part[wanted], kind="stable")
+            part, local = self.part[wanted][by_part], self.local[wanted][by_part]
+            pieces = [self.parts[p].take(pa.array(local[part == p])) for p in np.unique(part).tolist()]
+            grouped = pa.concat_tables(pieces, promote_options="permissive")
+            yield grouped.take(pa.array(np.argsort(by_part, kind="stable"))).combine_chunks()
 
 
 def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
@@ -175,15 +184,16 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
             for local, table in reader(path, inside)
         ]
 
-    with ThreadPoolExecutor(min(len(source.files), os.cpu_count() or 1)) as pool:
-        per_file = list(pool.map(read_file, source.files, starts.tolist(), source.row_counts))
-    parts = [part for found in per_file for part in found]
-    if not parts:
-        return Band(pa.table({"index": pa.array([], pa.int64())}), np.zeros(0, dtype=np.int64))
-    if len({"line" in table.column_names for table, _ in parts}) > 1:
+    with ThreadPoolExecutor(min(len(source.files), os.cpu_count() or 1, READ_THREADS)) as pool:
+        found = [piece for pieces in pool.map(read_file, source.files, starts.tolist(), source.row_counts)
+                 for piece in pieces]
+    if len({"line" in table.column_names for table, _ in found}) > 1:
         raise SourceError("a source mixes .parquet and .jsonl files; use one format")
-    table = pa.concat_tables([t for t, _ in parts], promote_options="permissive").combine_chunks()
-    return Band(table, np.argsort(np.concatenate([p for _, p in parts]), kind="stable"))
+    sizes = [table.num_rows for table, _ in found]
+    part = np.repeat(np.arange(len(found)), sizes)
+    local = np.concatenate([np.arange(n) for n in sizes]) if found else np.zeros(0, dtype=np.int64)
+    positions = np.concatenate([p for _, p in found]) if found else np.zeros(0, dtype=np.int64)
+    return Band([table for table, _ in found], part, local, np.argsort(positions, kind="stable"))
 
 
 def _read_parquet(path: Path, inside: np.ndarray):
