@@ -1,0 +1,85 @@
+"""Named builds and pinned tokenizers: specs resolve, downloads are pinned, flags override."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fixed_sft import synthetic
+from fixed_sft.cli import main
+from fixed_sft.specs import DEFAULT_BUILD, SpecError, build_spec, resolve_tokenizer, tokenizer_spec
+
+
+@pytest.fixture
+def fake_hub(kimi_dir, monkeypatch):
+    calls = []
+
+    def hf_hub_download(repo_id, filename, revision=None, **kwargs):
+        calls.append((repo_id, filename, revision))
+        return str(Path(kimi_dir) / filename)
+
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", hf_hub_download)
+    return calls
+
+
+def test_spec_name_downloads_at_the_pinned_revision(fake_hub):
+    resolved = resolve_tokenizer("kimi-k2.6")
+    spec = tokenizer_spec("kimi-k2.6")
+    assert {(repo, rev) for repo, _, rev in fake_hub} == {(spec["repo"], spec["revision"])}
+    assert sorted(name for _, name, _ in fake_hub) == sorted(spec["files"])
+    assert resolved.pinned and resolved.revision == spec["revision"]
+
+
+def test_repo_id_is_checked_against_its_spec(fake_hub):
+    resolved = resolve_tokenizer("moonshotai/Kimi-K2.6")
+    assert resolved.name == "kimi-k2.6" and resolved.pinned
+    assert fake_hub[0][2] == tokenizer_spec("kimi-k2.6")["revision"]
+
+
+def test_unknown_repo_needs_a_revision():
+    with pytest.raises(SpecError, match="--tokenizer-revision"):
+        resolve_tokenizer("someone/else")
+
+
+def test_folder_is_named_by_its_matching_spec(kimi_dir):
+    resolved = resolve_tokenizer(str(kimi_dir))
+    assert (resolved.name, resolved.repo) == ("kimi-k2.6", "moonshotai/Kimi-K2.6")
+    assert resolved.files["tiktoken.model"]["bytes"] == 2_795_286
+
+
+def test_folder_missing_a_file(kimi_dir, tmp_path):
+    (tmp_path / "tiktoken.model").write_bytes((Path(kimi_dir) / "tiktoken.model").read_bytes())
+    with pytest.raises(SpecError, match="lacks tokenizer_config.json"):
+        resolve_tokenizer(str(tmp_path))
+
+
+def test_default_build_spec_records_the_recipe():
+    spec = build_spec(DEFAULT_BUILD)
+    assert (spec["rows"], spec["row_tokens"], spec["seed"]) == (6400, 8192, 42)
+    assert spec["source_revision"] == "b14afda60f1bbebe55d5d2fa1e4df5042f97f8be"
+    assert spec["published"]["parquet_bytes"] == 91_955_447
+
+
+def test_named_build_with_overrides_reports_published_values(kimi_dir, tmp_path, capsys):
+    """NAME picks the spec, flags override it, and the build says honestly whether it
+    matches the values the recipe published."""
+    synthetic.write_jsonl(synthetic.conversations(100, seed=8), tmp_path / "rows.jsonl")
+    code = main(["build", DEFAULT_BUILD, "--source", str(tmp_path / "rows.jsonl"), "--tokenizer", str(kimi_dir),
+                 "--rows", "2", "--row-tokens", "256", "--out", str(tmp_path / "out"), "--workers", "1", "--quiet"])
+    assert code == 0
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["name"] == DEFAULT_BUILD
+    assert manifest["params"]["seed"] == 42 and manifest["params"]["rows"] == 2
+    assert manifest["source"]["revision"] is None  # a local source does not inherit the Hub revision
+    out = capsys.readouterr().out
+    assert f"published values of {DEFAULT_BUILD}" in out
+    assert "rows_sha256: MISMATCH" in out
+
+
+def test_console_script_is_declared():
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"]["generate-fixed-sft"] == "fixed_sft.cli:main"
