@@ -33,12 +33,12 @@ from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter
 from .pack import Packer
 from .source import Source, bytes_per_row, open_source, read_band
 from .specs import resolve_tokenizer
-from .tokenizer import eos_id
 
 FORMAT = "fixed-sft/1"
 ORDER_RULE = "splitmix64-key-v1"
 CHUNK_ROWS = 128
 BAND_BYTES = 256 << 20
+MAX_ROW_TOKENS = 1 << 20
 
 
 class UsageError(Exception):
@@ -66,11 +66,12 @@ class BuildConfig:
     skip_invalid: bool = False
     allow_unpinned_tokenizer: bool = False
     expected_tokenizer: str | None = None  # the spec a tokenizer folder must match
+    source_rows: int | None = None  # the row count the source must have, when known
     published: dict | None = field(default=None, repr=False)
 
     def validate(self) -> None:
-        if self.row_tokens < 2:
-            raise UsageError(f"--row-tokens must be at least 2, got {self.row_tokens}")
+        if not 2 <= self.row_tokens <= MAX_ROW_TOKENS:
+            raise UsageError(f"--row-tokens must be between 2 and {MAX_ROW_TOKENS}, got {self.row_tokens}")
         if self.rows is not None and self.rows < 1:
             raise UsageError(f"--rows must be a positive number or 'all', got {self.rows}")
         if self.seed < 0:
@@ -84,7 +85,13 @@ class BuildConfig:
 
 
 def is_build(path: Path) -> bool:
-    return (path / MANIFEST_NAME).is_file()
+    """A folder holding only a fixed-sft manifest (and its Parquet file)."""
+    try:
+        manifest = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    names = {p.name for p in path.iterdir()}
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT and names <= {MANIFEST_NAME, PARQUET_NAME}
 
 
 def check_target(out: Path) -> None:
@@ -219,7 +226,8 @@ def _pack(config: BuildConfig, source: Source, stream: Iterator, packer: Packer,
             reason = f"duplicate id (first used by source row {tally.seen_ids[item.id]})"
         if reason is not None:
             if not config.skip_invalid:
-                where = f"{source.file_of(item.index)}: row {item.index} (id {item.id})"
+                path, line = source.locate(item.index)
+                where = f"{path}: row {line} (source row {item.index}, id {item.id})"
                 raise BuildError(f"{where}: {reason} (--skip-invalid skips such rows and records them)")
             tally.skipped_invalid.append({"index": item.index, "id": item.id, "reason": reason})
             continue
@@ -250,14 +258,20 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         expected=config.expected_tokenizer,
         allow_unpinned=config.allow_unpinned_tokenizer,
     )
+    if tokenizer.loss_mask_type not in (None, config.loss_mask_type):
+        raise UsageError(
+            f"tokenizer {tokenizer.name} goes with loss mask {tokenizer.loss_mask_type}, not {config.loss_mask_type}"
+        )
     source = open_source(config.source, config.source_revision, license=config.source_license)
+    if config.source_rows is not None and source.num_rows != config.source_rows:
+        raise BuildError(f"source {source.name} has {source.num_rows} rows; {config.name} expects {config.source_rows}")
     order = permutation(config.seed, source.num_rows)
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
     encoder_config = EncoderConfig(tokenizer.directory, config.loss_mask_type, tokenizer.template_kwargs,
                                    config.check_every)
-    encoder = encoder_config.load() if config.workers == 1 else None  # workers load their own
-    packer = Packer(config.row_tokens, eos_id(tokenizer.directory))
+    encoder = encoder_config.load()  # here too with workers: template problems surface as one clear error
+    packer = Packer(config.row_tokens, encoder.tokenizer.eos_id)
     writer = RowWriter(folder / PARQUET_NAME)
     tally = _Tally(config.row_tokens)
     bytes_row = bytes_per_row(source)
@@ -278,6 +292,9 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         stream = encode_in_order(encoder_config, _chunks(source, rank, band_rows), config.workers, encoder)
         try:
             _pack(config, source, stream, packer, writer, tally, bar)
+        except BaseException:
+            writer.abort()
+            raise
         finally:
             stream.close()
         writer.close()

@@ -23,11 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from .tokenizer import KimiTokenizer
+from .source import ROLES
+from .tokenizer import TEMPLATE_KWARGS, KimiTokenizer
 
-ROLES = ("system", "user", "assistant")
 MASK_TYPES = ("kimi_k25",)
-TEMPLATE_KWARGS = {"thinking": True, "preserve_thinking": False}
 _PROBE = "\x00fixed-sft-probe\x00"
 
 

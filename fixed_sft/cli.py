@@ -1,6 +1,6 @@
 """Command line: ``build`` (the default) and ``verify``.
 
-Exit codes: 0 success; 1 build failure or verify mismatch; 2 usage error.
+Exit codes: 0 success; 1 build failure or verify mismatch; 2 usage error; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -9,6 +9,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .build import BuildConfig
 
 USAGE_ERROR, FAILURE = 2, 1
 
@@ -56,7 +60,8 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def _config(args: argparse.Namespace):
+def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path]:
+    """The build's parameters: the named spec's, overridden by the flags given."""
     from .build import BuildConfig, UsageError
     from .specs import DEFAULT_BUILD, SpecError, build_spec
 
@@ -65,26 +70,23 @@ def _config(args: argparse.Namespace):
         spec = build_spec(name) if name else {}
     except SpecError as error:
         raise UsageError(str(error)) from None
-    source = args.source or spec.get("source")
-    own_source = args.source is not None
-    return BuildConfig(
-        name=name or "custom",
-        source=source,
-        source_revision=args.source_revision or (None if own_source else spec.get("source_revision")),
-        source_license=args.source_license or (None if own_source else spec.get("source_license")),
-        tokenizer=args.tokenizer or spec.get("tokenizer", "kimi-k2.6"),
-        tokenizer_revision=args.tokenizer_revision,
-        expected_tokenizer=spec.get("tokenizer", "kimi-k2.6"),
-        loss_mask_type=args.loss_mask_type or spec.get("loss_mask_type", "kimi_k25"),
-        rows=args.rows if "rows" in args else spec.get("rows", 6400),
-        row_tokens=args.row_tokens if args.row_tokens is not None else spec.get("row_tokens", 8192),
-        seed=args.seed if args.seed is not None else spec.get("seed", 42),
-        workers=args.workers,
-        check_every=args.check_every,
-        skip_invalid=args.skip_invalid,
-        allow_unpinned_tokenizer=args.allow_unpinned_tokenizer,
-        published=spec.get("published"),
-    ), Path(args.out or Path("out") / (name or "custom"))
+    values = {key: spec[key] for key in SPEC_KEYS if key in spec}
+    if args.source is not None:  # another source: the spec's revision, license and size do not apply
+        values = {k: v for k, v in values.items() if k not in ("source_revision", "source_license", "source_rows")}
+    if "tokenizer" in values:
+        values["expected_tokenizer"] = values["tokenizer"]
+    flags = {key: getattr(args, key, None) for key in FLAG_KEYS}
+    values.update({key: value for key, value in flags.items() if value is not None})
+    if "rows" in args:
+        values["rows"] = args.rows
+    config = BuildConfig(name=name or "custom", published=spec.get("published"), **values)
+    return config, Path(args.out or Path("out") / config.name)
+
+
+SPEC_KEYS = ("source", "source_revision", "source_license", "source_rows", "tokenizer", "loss_mask_type", "rows",
+             "row_tokens", "seed")
+FLAG_KEYS = ("source", "source_revision", "source_license", "tokenizer", "tokenizer_revision", "loss_mask_type",
+             "row_tokens", "seed", "workers", "check_every", "skip_invalid", "allow_unpinned_tokenizer")
 
 
 def _report_published(manifest: dict, published: dict, name: str) -> bool:
@@ -115,26 +117,31 @@ def _build(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     import json
 
-    from .specs import build_spec
+    from .build import UsageError
+    from .output import MANIFEST_NAME
+    from .specs import SpecError, build_spec
     from .verify import verify
 
+    published = None
+    if args.published:
+        try:
+            published = build_spec(args.published).get("published")
+        except SpecError as error:
+            raise UsageError(str(error)) from None
+        if not published:
+            raise UsageError(f"build {args.published} has no published values")
     problems = verify(args.folder)
     for problem in problems:
         print(f"MISMATCH {problem}")
-    ok = not problems
-    if ok:
-        print(f"ok: {args.folder} matches its manifest")
-    if args.published:
-        manifest = json.loads((args.folder / "manifest.json").read_text(encoding="utf-8")) if ok else None
-        if manifest is None:
+    if problems:
+        if published:
             print("published values not compared: the folder does not match its own manifest")
-        else:
-            published = build_spec(args.published).get("published")
-            if not published:
-                print(f"{args.published} has no published values")
-                return FAILURE
-            ok = _report_published(manifest, published, args.published) and ok
-    return 0 if ok else FAILURE
+        return FAILURE
+    print(f"ok: {args.folder} matches its manifest")
+    if published:
+        manifest = json.loads((args.folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+        return 0 if _report_published(manifest, published, args.published) else FAILURE
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

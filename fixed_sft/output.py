@@ -77,6 +77,14 @@ class RowWriter:
             self._writing.result()
             self._writing = None
 
+    def abort(self) -> None:
+        """Stop writing after an error: the file is left incomplete (the build discards it)."""
+        self._thread.shutdown(cancel_futures=True)
+        try:
+            self._writer.close()
+        except (OSError, pa.ArrowException):
+            pass
+
     def close(self) -> None:
         """Write the last row group and the footer, and flush the file to disk."""
         self._flush()

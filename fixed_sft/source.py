@@ -60,10 +60,11 @@ class Source:
         """The folder that file paths in the manifest are relative to."""
         return self.files[0].parent if len(self.files) == 1 else Path(os.path.commonpath(self.files))
 
-    def file_of(self, index: int) -> Path:
-        """The file holding global row ``index``."""
+    def locate(self, index: int) -> tuple[Path, int]:
+        """The file holding global row ``index``, and the row's number in that file."""
         ends = np.cumsum(self.row_counts)
-        return self.files[int(np.searchsorted(ends, index, side="right"))]
+        k = int(np.searchsorted(ends, index, side="right"))
+        return self.files[k], index - int(ends[k] - self.row_counts[k])
 
 
 def download(repo_id: str, revision: str) -> Path:
@@ -84,9 +85,7 @@ def download(repo_id: str, revision: str) -> Path:
         ) from None
 
 
-def open_source(
-    source: str, revision: str | None = None, name: str | None = None, license: str | None = None
-) -> Source:
+def open_source(source: str, revision: str | None = None, license: str | None = None) -> Source:
     """Resolve ``source`` (a local file/folder, else a Hub dataset id) and count its rows."""
     path = Path(source)
     if path.exists():
@@ -96,19 +95,24 @@ def open_source(
     else:
         raise SourceError(f"source {source!r} is not a local file or folder, nor a Hub dataset id with a revision")
     counts = tuple(_count_rows(f) for f in files)
-    return Source(name or source, revision, license, files, counts)
+    return Source(source, revision, license, files, counts)
 
 
 def _data_files(path: Path) -> tuple[Path, ...]:
+    """A file, or a folder's .parquet/.jsonl files sorted by their path relative to the
+    folder as a '/'-separated string (code point order)."""
     if path.is_file():
         files = [path]
     else:
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
+        found = [p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES]
+        files = sorted(found, key=lambda p: p.relative_to(path).as_posix())
     if not files:
         raise SourceError(f"no .parquet or .jsonl files in {path}")
     for f in files:
         if f.suffix not in SUFFIXES:
             raise SourceError(f"{f}: not a .parquet or .jsonl file")
+    if len({f.suffix for f in files}) > 1:
+        raise SourceError(f"{path} mixes .parquet and .jsonl files; use one format")
     return tuple(files)
 
 
@@ -187,8 +191,6 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
     with ThreadPoolExecutor(min(len(source.files), os.cpu_count() or 1, READ_THREADS)) as pool:
         found = [piece for pieces in pool.map(read_file, source.files, starts.tolist(), source.row_counts)
                  for piece in pieces]
-    if len({"line" in table.column_names for table, _ in found}) > 1:
-        raise SourceError("a source mixes .parquet and .jsonl files; use one format")
     sizes = [table.num_rows for table, _ in found]
     part = np.repeat(np.arange(len(found)), sizes)
     local = np.concatenate([np.arange(n) for n in sizes]) if found else np.zeros(0, dtype=np.int64)
@@ -213,7 +215,10 @@ def _read_parquet(path: Path, inside: np.ndarray):
                 for batch in file.iter_batches(batch_size=READ_BATCH_ROWS, row_groups=[group], columns=columns):
                     wanted = np.flatnonzero(inside[start : start + batch.num_rows])
                     if len(wanted):
-                        yield start + wanted, pa.Table.from_batches([batch.take(pa.array(wanted))])
+                        table = pa.Table.from_batches([batch.take(pa.array(wanted))])
+                        if "id" in columns:  # ids are text in every file, whatever type this one stores
+                            table = table.set_column(0, "id", table.column("id").cast(pa.string()))
+                        yield start + wanted, table
                     start += batch.num_rows
             first += size
     except (pa.ArrowException, OSError) as error:
@@ -236,7 +241,18 @@ def records(chunk: pa.Table) -> list[tuple[int, object]]:
     indices = chunk.column("index").to_pylist()
     if "line" in chunk.column_names:
         return [(i, _parse_json_line(line)) for i, line in zip(indices, chunk.column("line").to_pylist())]
-    return list(zip(indices, chunk.drop_columns(["index"]).to_pylist()))
+    rows = chunk.drop_columns(["index"])
+    try:
+        return list(zip(indices, rows.to_pylist()))
+    except UnicodeDecodeError:  # a string that is not UTF-8: find the row(s)
+        return [(i, _parquet_row(rows.slice(k, 1))) for k, i in enumerate(indices)]
+
+
+def _parquet_row(row: pa.Table) -> object:
+    try:
+        return row.to_pylist()[0]
+    except UnicodeDecodeError as error:
+        return InvalidRow(f"invalid UTF-8 at byte {error.start} of a string")
 
 
 def _parse_json_line(line: bytes) -> object:

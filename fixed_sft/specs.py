@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .hashes import sha256_file
-from .tokenizer import FILES
+from .tokenizer import FILES, TEMPLATE_KWARGS
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILDS = ROOT / "data" / "builds"
@@ -54,6 +54,7 @@ class ResolvedTokenizer:
     revision: str | None
     files: dict[str, dict]
     template_kwargs: dict
+    loss_mask_type: str | None
     pinned: bool
     mismatches: list[str] = field(default_factory=list)
 
@@ -97,9 +98,9 @@ def resolve_tokenizer(
     elif Path(tokenizer).is_dir():
         directory = Path(tokenizer)
     elif "/" in tokenizer:
-        spec = spec or next((s for s in specs.values() if s["repo"] == tokenizer), None)
+        spec = next((s for s in specs.values() if s["repo"] == tokenizer), None)
         if not (revision or spec):
-            raise SpecError(f"tokenizer repo {tokenizer!r} needs --tokenizer-revision")
+            raise SpecError(f"tokenizer repo {tokenizer!r} is not pinned in {TOKENIZERS}: pass --tokenizer-revision")
         directory = _download(tokenizer, revision or spec["revision"])
     else:
         raise SpecError(f"tokenizer {tokenizer!r} is not a spec name ({', '.join(specs)}), folder, or Hub repo id")
@@ -127,10 +128,11 @@ def resolve_tokenizer(
     return ResolvedTokenizer(
         directory=directory,
         name=spec["name"] if spec else None,
-        repo=spec["repo"] if spec else (tokenizer if not Path(tokenizer).is_dir() else None),
+        repo=spec["repo"] if spec else (None if Path(tokenizer).is_dir() else tokenizer),
         revision=(revision or spec["revision"]) if spec else revision,
         files=files,
-        template_kwargs=spec["template_kwargs"] if spec else {"thinking": True, "preserve_thinking": False},
+        template_kwargs=spec["template_kwargs"] if spec else TEMPLATE_KWARGS,
+        loss_mask_type=spec["loss_mask_type"] if spec else None,
         pinned=not mismatches,
         mismatches=mismatches,
     )

@@ -42,6 +42,7 @@ NUM_SPECIAL = 256
 WINDOW_CHARS = 400_000
 MAX_RUN = 25_000
 FILES = ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja")
+TEMPLATE_KWARGS = {"thinking": True, "preserve_thinking": False}  # what the model's apply_chat_template passes
 
 
 @functools.cache
@@ -136,5 +137,3 @@ class KimiTokenizer:
             return self.encoding.encode(text, allowed_special="all")
         return self.encoding.encode_ordinary(text)
 
-    def decode(self, ids: list[int]) -> str:
-        return self.encoding.decode(ids)

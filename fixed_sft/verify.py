@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from .hashes import row_digest, rows_digest, sha256_file
 from .output import MANIFEST_NAME, read_rows
@@ -26,12 +28,16 @@ def verify(folder: Path) -> list[str]:
         parquet_info = manifest["parquet"]
         row_tokens = manifest["params"]["row_tokens"]
         stats = manifest["stats"]
+        if not all(isinstance(v, dict) for v in (parquet_info, stats, manifest["params"])):
+            raise TypeError("params, stats and parquet must be objects")
+        if not isinstance(row_tokens, int) or not isinstance(parquet_info["path"], str):
+            raise TypeError("params.row_tokens must be a number and parquet.path a string")
     except FileNotFoundError:
         return [f"{folder / MANIFEST_NAME}: missing"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         return [f"{folder / MANIFEST_NAME}: unreadable ({type(error).__name__}: {error})"]
 
-    problems = []
+    problems = _check_stats(manifest, len(expected), row_tokens)
     if rows_digest(expected) != rows_sha256:
         problems.append(f"{MANIFEST_NAME}: rows_sha256 does not match the hash of its row_sha256 list (edited manifest)")
     if len(expected) != stats.get("rows"):
@@ -64,7 +70,37 @@ def verify(folder: Path) -> list[str]:
     supervised = int(np.count_nonzero(mask))
     if supervised != stats.get("supervised_tokens"):
         problems.append(f"{parquet}: {supervised} supervised tokens, manifest says {stats.get('supervised_tokens')}")
-    return problems
+    return problems + _check_metadata(parquet, row_tokens)
+
+
+def _check_stats(manifest: dict, rows: int, row_tokens: int) -> list[str]:
+    """Manifest values that follow from others must agree with them."""
+    stats, params = manifest["stats"], manifest["params"]
+    tokens = rows * row_tokens
+    derived = {
+        "stats.tokens": (stats.get("tokens"), tokens),
+        "stats.padding_tokens": (stats.get("padding_tokens"), 0),
+        "stats.supervised_token_ratio": (
+            stats.get("supervised_token_ratio"), stats.get("supervised_tokens", 0) / tokens if tokens else 0.0),
+    }
+    if params.get("rows") != "all":
+        derived["params.rows"] = (params.get("rows"), rows)
+    return [f"{MANIFEST_NAME}: {key} is {got}, expected {want}" for key, (got, want) in derived.items() if got != want]
+
+
+def _check_metadata(parquet: Path, row_tokens: int) -> list[str]:
+    """Each row's ``metadata.row`` is its number and its segments cover ``row_tokens``."""
+    metadata = pq.read_table(parquet, columns=["metadata"]).column("metadata").combine_chunks()
+    numbers = metadata.field("row").to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(numbers != np.arange(len(numbers)))
+    if len(bad):
+        return [f"row {bad[0]}: metadata.row is {numbers[bad[0]]}"]
+    segments = metadata.field("segments")
+    spans = (pc.subtract(pc.struct_field(segments.flatten(), "end"), pc.struct_field(segments.flatten(), "start"))
+             .to_numpy(zero_copy_only=False))
+    covered = np.bincount(pc.list_parent_indices(segments).to_numpy(), weights=spans, minlength=len(numbers))
+    bad = np.flatnonzero(covered != row_tokens)
+    return [f"row {bad[0]}: metadata.segments cover {int(covered[bad[0]])} tokens, not {row_tokens}"] if len(bad) else []
 
 
 def published_comparison(manifest: dict, published: dict) -> list[tuple[str, object, object, bool]]:

@@ -186,3 +186,18 @@ def test_rebuild_replaces_a_previous_build(fixture_build, corpus, kimi_dir, tmp_
     manifest = build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=3), out)
     assert json.loads((out / "manifest.json").read_text()) == manifest
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".re.")) == [".re.lock"]
+
+
+def test_a_folder_with_a_foreign_manifest_is_not_replaced(corpus, kimi_dir, tmp_path):
+    victim = tmp_path / "app"
+    victim.mkdir()
+    (victim / "manifest.json").write_text('{"name": "my web app"}')
+    (victim / "notes.txt").write_text("keep")
+    with pytest.raises(UsageError, match="not a previous build"):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), victim)
+    assert (victim / "notes.txt").read_text() == "keep"
+
+
+def test_row_tokens_has_an_upper_limit(corpus, kimi_dir, tmp_path):
+    with pytest.raises(UsageError, match="between 2 and"):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, row_tokens=build_module.MAX_ROW_TOKENS + 1), tmp_path / "x")

@@ -109,3 +109,8 @@ def test_published_comparison_matches_equal_values():
     assert all(equal for *_, equal in published_comparison(manifest, published))
     manifest["stats"]["supervised_token_ratio"] = 0.6671
     assert not all(equal for *_, equal in published_comparison(manifest, published))
+
+
+def test_verify_with_unknown_published_name_exits_2(tmp_path, capsys):
+    assert main(["verify", str(tmp_path), "--published", "nope"]) == 2
+    assert "no build spec named 'nope'" in capsys.readouterr().err

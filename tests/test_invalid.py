@@ -98,7 +98,7 @@ def test_parquet_rows_with_bad_messages(kimi_dir, tmp_path):
     rows = synthetic.conversations(20, seed=1)
     rows[4]["messages"][1]["role"] = "narrator"
     synthetic.write_parquet(rows, tmp_path / "src.parquet")
-    with pytest.raises(BuildError, match=r"row 4 \(id synthetic_4\): message 1 has unknown role 'narrator'"):
+    with pytest.raises(BuildError, match=r"row 4 \(source row 4, id synthetic_4\): message 1 has unknown role 'narrator'"):
         build(_config(tmp_path / "src.parquet", kimi_dir), tmp_path / "out")
 
 
@@ -131,3 +131,50 @@ def test_folder_matching_no_spec_is_refused(sources, kimi_dir, tmp_path):
     folder = _tampered_tokenizer(kimi_dir, tmp_path)
     with pytest.raises(SpecError, match="matches no pinned spec"):
         build(_config(sources[1], folder), tmp_path / "out")
+
+
+def test_bad_template_is_one_clear_error_with_workers(sources, kimi_dir, tmp_path):
+    from fixed_sft.chat import TemplateMismatch
+
+    folder = tmp_path / "tok"
+    shutil.copytree(kimi_dir, folder)
+    template = folder / "chat_template.jinja"
+    template.write_text(template.read_text().replace("{{ c }}", "~{{ c }}~"))
+    with pytest.raises(TemplateMismatch, match="does not bound"):
+        build(_config(sources[1], folder, allow_unpinned_tokenizer=True, workers=2), tmp_path / "out")
+
+
+def test_parquet_string_that_is_not_utf8(kimi_dir, tmp_path):
+    import pyarrow as pa
+
+    rows = synthetic.conversations(30, seed=2)
+    table = pa.Table.from_pylist(rows, schema=synthetic.TULU_SCHEMA)
+    bad = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(b"\x00\x00\x00\x00\x02\x00\x00\x00"),
+                                                 pa.py_buffer(b"\xff\xfe")])
+    ids = pa.concat_arrays([table.column("id").combine_chunks()[:5], bad, table.column("id").combine_chunks()[6:]])
+    pq.write_table(table.set_column(0, "id", ids), tmp_path / "src.parquet")
+    with pytest.raises(BuildError, match="row 5 .*invalid UTF-8"):
+        build(_config(tmp_path / "src.parquet", kimi_dir), tmp_path / "out")
+    manifest = build(_config(tmp_path / "src.parquet", kimi_dir, skip_invalid=True), tmp_path / "out")
+    assert [e["index"] for e in manifest["skipped_invalid"]] == [5]
+
+
+def test_ids_of_different_types_across_files(kimi_dir, tmp_path):
+    import pyarrow as pa
+
+    rows = synthetic.conversations(20, seed=3)
+    first = pa.Table.from_pylist(rows[:10], schema=synthetic.TULU_SCHEMA)
+    first = first.set_column(0, "id", pa.array(range(10), pa.int64()))
+    (tmp_path / "src").mkdir()
+    pq.write_table(first, tmp_path / "src" / "a.parquet")
+    synthetic.write_parquet(rows[10:], tmp_path / "src" / "b.parquet")
+    manifest = build(_config(tmp_path / "src", kimi_dir), tmp_path / "out")
+    ids = {s["id"] for r in pq.read_table(tmp_path / "out" / "train.parquet").column("metadata").to_pylist()
+           for s in r["segments"]}
+    assert "3" in ids and "synthetic_15" in ids
+    assert manifest["stats"]["conversations"] == 20
+
+
+def test_source_row_count_must_match_the_spec(sources, kimi_dir, tmp_path):
+    with pytest.raises(BuildError, match="has 45 rows; bad expects 939343"):
+        build(_config(sources[1], kimi_dir, source_rows=939343), tmp_path / "out")

@@ -76,7 +76,16 @@ def test_mixed_formats_are_refused(tmp_path):
     rows = synthetic.conversations(4)
     synthetic.write_parquet(rows, tmp_path / "a.parquet")
     synthetic.write_jsonl(rows, tmp_path / "b.jsonl")
-    src = open_source(str(tmp_path))
     with pytest.raises(SourceError, match="mixes"):
-        read_band(src, np.arange(8), 0, 8)
+        open_source(str(tmp_path))
 
+
+
+def test_folder_order_is_relative_path_code_points(tmp_path):
+    rows = synthetic.conversations(3)
+    (tmp_path / "a").mkdir()
+    synthetic.write_jsonl(rows[:1], tmp_path / "a" / "b.jsonl")
+    synthetic.write_jsonl(rows[1:], tmp_path / "a-c.jsonl")
+    src = open_source(str(tmp_path))
+    assert [p.relative_to(tmp_path).as_posix() for p in src.files] == ["a-c.jsonl", "a/b.jsonl"]
+    assert src.locate(2) == (tmp_path / "a" / "b.jsonl", 0)

@@ -83,3 +83,9 @@ def test_console_script_is_declared():
 
     pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
     assert pyproject["project"]["scripts"]["generate-fixed-sft"] == "fixed_sft.cli:main"
+
+
+def test_other_repo_downloads_at_its_own_revision(fake_hub):
+    resolved = resolve_tokenizer("someorg/other-model", revision="abc", allow_unpinned=True)
+    assert {(repo, rev) for repo, _, rev in fake_hub} == {("someorg/other-model", "abc")}
+    assert resolved.name == "kimi-k2.6"  # the files are byte-identical to the pinned spec

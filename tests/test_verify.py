@@ -117,3 +117,47 @@ def test_edited_manifest_stats(copy):
 def test_garbled_manifest(copy):
     (copy / "manifest.json").write_text("{not json")
     assert any("unreadable" in p for p in verify(copy))
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("supervised_token_ratio", 0.666), ("tokens", 1), ("padding_tokens", 3)],
+)
+def test_edited_derived_stats(copy, key, value):
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["stats"][key] = value
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert any(f"stats.{key} is {value}" in p for p in verify(copy))
+
+
+def test_edited_params_rows(copy):
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["params"]["rows"] = 999
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert any("params.rows is 999" in p for p in verify(copy))
+
+
+def test_edited_provenance(copy):
+    def renumber(rows):
+        rows[4]["metadata"]["row"] = 40
+        return rows
+
+    _rewrite(copy, renumber)
+    problems = verify(copy)
+    assert "row 4: metadata.row is 40" in problems
+
+
+def test_edited_segment_span(copy):
+    def widen(rows):
+        rows[6]["metadata"]["segments"][0]["end"] += 1
+        return rows
+
+    _rewrite(copy, widen)
+    assert any(p.startswith("row 6: metadata.segments cover 513") for p in verify(copy))
+
+
+def test_malformed_manifest_fields(copy):
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["parquet"] = "x"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert any("unreadable" in p for p in verify(copy))
