@@ -10,8 +10,10 @@ the response is everything from the first supervised token to the end of the row
 
 from __future__ import annotations
 
+from typing import Any
 
-def apply_row(sample) -> None:
+
+def apply_row(sample: Any) -> None:
     """Set ``tokens``, ``response_length``, ``loss_mask`` and ``reward`` from the row."""
     row = sample.prompt
     if not isinstance(row, dict) or "input_ids" not in row or "loss_mask" not in row:
@@ -27,7 +29,7 @@ def apply_row(sample) -> None:
     sample.reward = 0
 
 
-def generate_rollout(args, rollout_id, data_buffer, evaluation=False):
+def generate_rollout(args: Any, rollout_id: int, data_buffer: Any, evaluation: bool = False) -> list[list[Any]]:
     """Take ``args.rollout_batch_size`` groups of samples and fill each from its row."""
     if evaluation:
         raise ValueError("pretokenized SFT rollout has no evaluation mode")

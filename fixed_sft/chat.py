@@ -115,5 +115,5 @@ class ChatEncoder:
     def check(self, messages: list[dict], ids: list[int] | np.ndarray) -> None:
         """Raise ``TemplateMismatch`` unless ``ids`` equal the rendered template's ids."""
         expected = self.reference_ids(messages)
-        if list(map(int, ids)) != expected:
+        if np.asarray(ids).tolist() != expected:
             raise TemplateMismatch("fast-path ids differ from the rendered chat template")

@@ -83,8 +83,11 @@ def encode_rows(encoder: ChatEncoder, chunk: pa.Table, first_position: int, chec
             continue
         ids, mask = encoder.encode_arrays(messages)
         checked = bool(check_every) and (first_position + offset) % check_every == 0
-        if checked and ids.tolist() != encoder.reference_ids(messages):
-            raise TemplateMismatch(f"source row {index} (id {row_id}): fast-path ids differ from the chat template")
+        if checked:
+            try:
+                encoder.check(messages, ids)
+            except TemplateMismatch as error:
+                raise TemplateMismatch(f"source row {index} (id {row_id}): {error}") from None
         yield Encoded(index, row_id, ids, mask, None, checked)
 
 

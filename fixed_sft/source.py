@@ -198,7 +198,7 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
     return Band([table for table, _ in found], part, local, np.argsort(positions, kind="stable"))
 
 
-def _read_parquet(path: Path, inside: np.ndarray):
+def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa.Table]]:
     """``(local indices, rows)`` of the wanted rows, streamed in record batches so that
     memory holds one batch of the file, whatever its row-group size."""
     try:
@@ -225,7 +225,7 @@ def _read_parquet(path: Path, inside: np.ndarray):
         raise SourceError(f"{path}: cannot read Parquet ({error})") from None
 
 
-def _read_jsonl(path: Path, inside: np.ndarray):
+def _read_jsonl(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa.Table]]:
     local, lines = [], []
     with path.open("rb") as f:
         for n, line in enumerate(f):
