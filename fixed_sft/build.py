@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from . import __version__
 from .chat import MASK_TYPES
-from .encode import EncoderConfig, encode_in_order
+from .encode import EncoderConfig, Encoders
 from .hashes import row_digest, rows_digest, sha256_file
 from .order import permutation
 from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter
@@ -262,34 +262,37 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         raise UsageError(
             f"tokenizer {tokenizer.name} goes with loss mask {tokenizer.loss_mask_type}, not {config.loss_mask_type}"
         )
-    source = open_source(config.source, config.source_revision, license=config.source_license)
-    if config.source_rows is not None and source.num_rows != config.source_rows:
-        raise BuildError(f"source {source.name} has {source.num_rows} rows; {config.name} expects {config.source_rows}")
-    order = permutation(config.seed, source.num_rows)
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
     encoder_config = EncoderConfig(tokenizer.directory, config.loss_mask_type, tokenizer.template_kwargs,
                                    config.check_every)
-    encoder = encoder_config.load()  # here too with workers: template problems surface as one clear error
-    packer = Packer(config.row_tokens, encoder.tokenizer.eos_id)
-    writer = RowWriter(folder / PARQUET_NAME)
-    tally = _Tally(config.row_tokens)
-    bytes_row = bytes_per_row(source)
-
-    def band_rows() -> int:
-        """Rows in the next band: what the rows still to fill need (from the tokens per
-        conversation so far), plus a fifth, capped by the band memory budget."""
-        cap = int(BAND_BYTES / max(bytes_row, 1.0))
-        if config.rows is None:
-            return cap
-        tokens_left = (config.rows - writer.rows) * config.row_tokens - packer.pending
-        per_conversation = tally.tokens_encoded / tally.conversations_encoded if tally.conversations_encoded else bytes_row / 4
-        return min(cap, int(1.2 * tokens_left / max(per_conversation, 1.0)) + CHUNK_ROWS)
-
-    with ThreadPoolExecutor(1) as hashing, tqdm(total=config.rows, unit="row", disable=not progress,
-                                                  desc=config.name) as bar:
+    with (
+        Encoders(encoder_config, config.workers) as encoders,
+        ThreadPoolExecutor(1) as hashing,
+        tqdm(total=config.rows, unit="row", disable=not progress, desc=config.name) as bar,
+    ):
+        source = open_source(config.source, config.source_revision, license=config.source_license)
+        if config.source_rows is not None and source.num_rows != config.source_rows:
+            raise BuildError(f"source {source.name} has {source.num_rows} rows; {config.name} expects {config.source_rows}")
         source_hashes = [hashing.submit(sha256_file, path) for path in source.files]
-        stream = encode_in_order(encoder_config, _chunks(source, rank, band_rows), config.workers, encoder)
+        order = permutation(config.seed, source.num_rows)
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        packer = Packer(config.row_tokens, encoders.encoder.tokenizer.eos_id)
+        writer = RowWriter(folder / PARQUET_NAME)
+        tally = _Tally(config.row_tokens)
+        bytes_row = bytes_per_row(source)
+
+        def band_rows() -> int:
+            """Rows in the next band: what the rows still to fill need (from the tokens per
+            conversation so far), plus a fifth, capped by the band memory budget."""
+            cap = int(BAND_BYTES / max(bytes_row, 1.0))
+            if config.rows is None:
+                return cap
+            tokens_left = (config.rows - writer.rows) * config.row_tokens - packer.pending
+            encoded = tally.conversations_encoded
+            per_conversation = tally.tokens_encoded / encoded if encoded else bytes_row / 4
+            return min(cap, int(1.2 * tokens_left / max(per_conversation, 1.0)) + CHUNK_ROWS)
+
+        stream = encoders.encode(_chunks(source, rank, band_rows))
         try:
             _pack(config, source, stream, packer, writer, tally, bar)
         except BaseException:

@@ -120,29 +120,49 @@ def _encode_in_worker(chunk: pa.Table, first_position: int) -> EncodedChunk:
     return encode_chunk(_worker_encoder, chunk, first_position, _worker_check_every)
 
 
-def encode_in_order(
-    config: EncoderConfig,
-    chunks: Iterable[tuple[int, pa.Table]],
-    workers: int,
-    encoder: ChatEncoder | None = None,
-) -> Iterator[Encoded]:
-    """Encoded conversations in the order of ``chunks``. One worker encodes in this
-    process (with ``encoder``, if given), one conversation at a time, only when the
-    consumer asks; more workers keep ``2 * workers`` chunks in flight."""
-    if workers <= 1:
-        encoder = encoder or config.load()
-        for first_position, chunk in chunks:
-            yield from encode_rows(encoder, chunk, first_position, config.check_every)
-        return
-    context = get_context("forkserver" if os.name == "posix" else "spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(config,)) as pool:
-        for _ in range(workers):  # start every worker now, so loading overlaps reading the first band
-            pool.submit(int)
+class Encoders:
+    """Where conversations are encoded: in this process (``workers == 1``), one
+    conversation at a time and only when asked, or in a pool of worker processes that
+    keeps ``2 * workers`` chunks in flight. Entering starts the workers first, then
+    loads this process's own encoder (``encoder``), so a template problem is one clear
+    error here and the workers' start-up overlaps it."""
+
+    def __init__(self, config: EncoderConfig, workers: int):
+        self.config = config
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        self.encoder: ChatEncoder | None = None
+
+    def __enter__(self) -> "Encoders":
+        if self.workers > 1:
+            context = get_context("forkserver" if os.name == "posix" else "spawn")
+            self._pool = ProcessPoolExecutor(
+                self.workers, mp_context=context, initializer=_init_worker, initargs=(self.config,)
+            )
+            for _ in range(self.workers):
+                self._pool.submit(int)
+        try:
+            self.encoder = self.config.load()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+
+    def encode(self, chunks: Iterable[tuple[int, pa.Table]]) -> Iterator[Encoded]:
+        """Encoded conversations in the order of ``chunks``."""
+        if self._pool is None:
+            for first_position, chunk in chunks:
+                yield from encode_rows(self.encoder, chunk, first_position, self.config.check_every)
+            return
         pending: deque = deque()
         try:
             for first_position, chunk in chunks:
-                pending.append(pool.submit(_encode_in_worker, chunk, first_position))
-                if len(pending) >= 2 * workers:
+                pending.append(self._pool.submit(_encode_in_worker, chunk, first_position))
+                if len(pending) >= 2 * self.workers:
                     yield from pending.popleft().result()
             while pending:
                 yield from pending.popleft().result()
