@@ -108,7 +108,7 @@ def code_version() -> dict:
         )
         if commit.returncode == 0:
             version["git_commit"] = commit.stdout.strip()
-    except OSError:
+    except (OSError, subprocess.TimeoutExpired):
         pass
     return version
 
@@ -128,6 +128,7 @@ class _Lock:
     """An exclusive, non-blocking lock on building into ``out``."""
 
     def __init__(self, out: Path):
+        self.out = out
         self.path = out.parent / f".{out.name}.lock"
 
     def __enter__(self) -> "_Lock":
@@ -136,7 +137,7 @@ class _Lock:
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self.file.close()
-            raise BuildError(f"another build is writing {self.path.parent / self.path.name[1:-5]}") from None
+            raise BuildError(f"another build is writing {self.out}") from None
         return self
 
     def __exit__(self, *exc) -> None:

@@ -89,8 +89,9 @@ def resolve_tokenizer(
     """Find the tokenizer files and check them against their pinned spec.
 
     ``tokenizer`` is a spec name, a local folder, or a Hub repo id. The spec the files
-    must match is the named one, else ``expected`` (e.g. the build spec's tokenizer),
-    else the spec of the same repo, else any spec whose hashes they match."""
+    must match: the named one; for a folder, ``expected`` (the build spec's tokenizer);
+    for a repo id, the spec that pins that repo; failing those, any spec whose hashes
+    they match."""
     specs = {spec["name"]: spec for spec in tokenizer_specs()}
     spec = specs.get(tokenizer) or (specs.get(expected) if expected else None)
     if tokenizer in specs:
