@@ -33,6 +33,7 @@ from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter
 from .pack import Packer
 from .source import Source, bytes_per_row, open_source, read_band
 from .specs import resolve_tokenizer
+from .tokenizer import eos_id
 
 FORMAT = "fixed-sft/1"
 ORDER_RULE = "splitmix64-key-v1"
@@ -277,7 +278,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         order = permutation(config.seed, source.num_rows)
         rank = np.empty_like(order)
         rank[order] = np.arange(len(order))
-        packer = Packer(config.row_tokens, encoders.encoder.tokenizer.eos_id)
+        packer = Packer(config.row_tokens, eos_id(tokenizer.directory))
         writer = RowWriter(folder / PARQUET_NAME)
         tally = _Tally(config.row_tokens)
         bytes_row = bytes_per_row(source)

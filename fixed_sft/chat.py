@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from transformers.utils.chat_template_utils import render_jinja_template
 
 from .source import ROLES
 from .tokenizer import TEMPLATE_KWARGS, KimiTokenizer
@@ -47,6 +46,8 @@ class RoleLayout:
 
 def render(chat_template: str, messages: list[dict], add_generation_prompt: bool = False, **template_kwargs) -> str:
     """The chat template rendered as transformers renders it for ``apply_chat_template``."""
+    from transformers.utils.chat_template_utils import render_jinja_template  # heavy: only where rendering
+
     rendered, _ = render_jinja_template(
         conversations=[messages],
         chat_template=chat_template,

@@ -106,26 +106,32 @@ def encode_chunk(encoder: ChatEncoder, chunk: pa.Table, first_position: int, che
     )
 
 
-_worker_encoder: ChatEncoder | None = None
+_worker_encoder: ChatEncoder | Exception | None = None
 _worker_check_every = 0
 
 
 def _init_worker(config: EncoderConfig) -> None:
+    """Load the worker's encoder; a failure is kept and raised by the first chunk, so the
+    caller gets the error itself rather than a broken pool."""
     global _worker_encoder, _worker_check_every
-    _worker_encoder = config.load()
+    try:
+        _worker_encoder = config.load()
+    except Exception as error:
+        _worker_encoder = error
     _worker_check_every = config.check_every
 
 
 def _encode_in_worker(chunk: pa.Table, first_position: int) -> EncodedChunk:
+    if isinstance(_worker_encoder, Exception):
+        raise _worker_encoder
     return encode_chunk(_worker_encoder, chunk, first_position, _worker_check_every)
 
 
 class Encoders:
-    """Where conversations are encoded: in this process (``workers == 1``), one
-    conversation at a time and only when asked, or in a pool of worker processes that
-    keeps ``2 * workers`` chunks in flight. Entering starts the workers first, then
-    loads this process's own encoder (``encoder``), so a template problem is one clear
-    error here and the workers' start-up overlaps it."""
+    """Where conversations are encoded: in this process (``workers == 1``, with
+    ``encoder``), one conversation at a time and only when asked, or in a pool of
+    worker processes that keeps ``2 * workers`` chunks in flight. Workers start on
+    entering, so their start-up overlaps what the caller does next."""
 
     def __init__(self, config: EncoderConfig, workers: int):
         self.config = config
@@ -141,11 +147,8 @@ class Encoders:
             )
             for _ in range(self.workers):
                 self._pool.submit(int)
-        try:
+        else:
             self.encoder = self.config.load()
-        except BaseException:
-            self.__exit__()
-            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
