@@ -106,25 +106,25 @@ def encode_chunk(encoder: ChatEncoder, chunk: pa.Table, first_position: int, che
     )
 
 
+_worker_config: EncoderConfig | None = None
 _worker_encoder: ChatEncoder | Exception | None = None
-_worker_check_every = 0
 
 
 def _init_worker(config: EncoderConfig) -> None:
     """Load the worker's encoder; a failure is kept and raised by the first chunk, so the
     caller gets the error itself rather than a broken pool."""
-    global _worker_encoder, _worker_check_every
+    global _worker_config, _worker_encoder
+    _worker_config = config
     try:
         _worker_encoder = config.load()
     except Exception as error:
         _worker_encoder = error
-    _worker_check_every = config.check_every
 
 
 def _encode_in_worker(chunk: pa.Table, first_position: int) -> EncodedChunk:
     if isinstance(_worker_encoder, Exception):
         raise _worker_encoder
-    return encode_chunk(_worker_encoder, chunk, first_position, _worker_check_every)
+    return encode_chunk(_worker_encoder, chunk, first_position, _worker_config.check_every)
 
 
 class Encoders:
