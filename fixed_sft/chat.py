@@ -33,15 +33,20 @@ class TemplateMismatch(Exception):
     """The fast path and the rendered template disagree."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RoleLayout:
     """How the template renders a message of one role: ``prefix + content + suffix``.
     Its first ``header`` tokens have mask 0 and the rest have mask ``supervised``."""
 
-    prefix: tuple[int, ...]
-    suffix: tuple[int, ...]
+    prefix: np.ndarray  # uint32, as ``KimiTokenizer.encode_to_numpy`` gives
+    suffix: np.ndarray
     header: int
     supervised: int
+
+    @property
+    def size(self) -> int:
+        """Tokens of the prefix and suffix together."""
+        return len(self.prefix) + len(self.suffix)
 
 
 def render(chat_template: str, messages: list[dict], add_generation_prompt: bool = False, **template_kwargs) -> str:
@@ -76,35 +81,30 @@ class ChatEncoder:
         added = self.tokenizer.added
         if not probe or not any(before.endswith(t) for t in added) or not any(after.startswith(t) for t in added):
             raise TemplateMismatch(f"the chat template does not bound {role} content with added tokens")
-        prefix, suffix = self.tokenizer.encode(before), self.tokenizer.encode(after)
+        prefix, suffix = self.tokenizer.encode_to_numpy(before), self.tokenizer.encode_to_numpy(after)
         if role != "assistant":
-            return RoleLayout(tuple(prefix), tuple(suffix), header=len(prefix), supervised=0)
-        return RoleLayout(tuple(prefix), tuple(suffix), header=prefix.index(added["<|im_middle|>"]) + 1, supervised=1)
+            return RoleLayout(prefix, suffix, header=len(prefix), supervised=0)
+        header = prefix.tolist().index(added["<|im_middle|>"]) + 1
+        return RoleLayout(prefix, suffix, header=header, supervised=1)
 
-    def _encode(self, messages: list[dict]) -> tuple[list[int], list[int], list[int]]:
-        """Ids, and the mask as runs: ``values[k]`` repeated ``lengths[k]`` times."""
-        ids: list[int] = []
+    def encode(self, messages: list[dict]) -> tuple[list[int], list[int]]:
+        """Token ids and loss mask of one conversation (fast path)."""
+        ids, mask = self.encode_arrays(messages)
+        return ids.tolist(), mask.tolist()
+
+    def encode_arrays(self, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+        """``encode`` as int32 ids and uint8 mask arrays."""
+        parts: list[np.ndarray] = []
         values: list[int] = []
         lengths: list[int] = []
         for message in messages:
             layout = self._layouts[message["role"]]
-            body = self.tokenizer.encode(message["content"])
-            ids += layout.prefix
-            ids += body
-            ids += layout.suffix
+            body = self.tokenizer.encode_to_numpy(message["content"])
+            parts += (layout.prefix, body, layout.suffix)
             values += (0, layout.supervised)
-            lengths += (layout.header, len(layout.prefix) - layout.header + len(body) + len(layout.suffix))
-        return ids, values, lengths
-
-    def encode(self, messages: list[dict]) -> tuple[list[int], list[int]]:
-        """Token ids and loss mask of one conversation (fast path)."""
-        ids, values, lengths = self._encode(messages)
-        return ids, np.repeat(values, lengths).tolist()
-
-    def encode_arrays(self, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-        """``encode`` as int32 ids and uint8 mask arrays."""
-        ids, values, lengths = self._encode(messages)
-        return np.array(ids, dtype=np.int32), np.repeat(np.array(values, dtype=np.uint8), lengths)
+            lengths += (layout.header, layout.size - layout.header + len(body))
+        ids = np.concatenate(parts).view(np.int32) if parts else np.zeros(0, np.int32)
+        return ids, np.repeat(np.array(values, dtype=np.uint8), lengths)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         return render(self.tokenizer.chat_template, messages, add_generation_prompt, **self.template_kwargs)

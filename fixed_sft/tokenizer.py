@@ -21,6 +21,7 @@ import functools
 import json
 import re
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import tiktoken
@@ -42,6 +43,7 @@ NUM_SPECIAL = 256
 WINDOW_CHARS = 400_000
 MAX_RUN = 25_000
 FILES = ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja")
+_NONE: frozenset[str] = frozenset()
 TEMPLATE_KWARGS = {"thinking": True, "preserve_thinking": False}  # what the model's apply_chat_template passes
 
 
@@ -69,6 +71,22 @@ def split_runs(text: str, max_run: int = MAX_RUN) -> list[str]:
     ]
     bounds = [0, *cuts, len(text)]
     return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def _overlap(names: Iterable[str]) -> tuple[str, str] | None:
+    """Two names one of which holds the other, or whose ends overlap (a proper suffix
+    of one is a proper prefix of the other); ``None`` when every occurrence of every
+    name in any text is disjoint from the others, so any scan finds the same ones."""
+    names = list(names)
+    prefixes = {name[:k]: name for name in names for k in range(1, len(name))}
+    for name in names:
+        for other in names:
+            if other != name and other in name:
+                return other, name
+        for k in range(1, len(name)):
+            if name[k:] in prefixes:
+                return name, prefixes[name[k:]]
+    return None
 
 
 def _config(directory: Path) -> dict:
@@ -101,10 +119,14 @@ class KimiTokenizer:
             name=f"kimi:{self.directory.name}", pat_str=PATTERN, mergeable_ranks=ranks, special_tokens=specials
         )
         self.added: dict[str, int] = {text: i for i, text in named.items()}
-        longest_first = sorted(self.added, key=len, reverse=True)
-        self._added_split = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")")
-        inline = [text for text in specials if text not in self.added]
-        self._inline_special = re.compile("|".join(map(re.escape, inline))) if inline else None
+        if not all(first <= i < first + NUM_SPECIAL for i in named):
+            raise ValueError(f"{self.directory}: an added token's id is outside {first}..{first + NUM_SPECIAL - 1}")
+        clash = _overlap(specials)
+        if clash:
+            raise ValueError(f"{self.directory}: special tokens {clash[0]!r} and {clash[1]!r} overlap")
+        self._added_split = re.compile("(" + "|".join(map(re.escape, self.added)) + ")")
+        self._special = re.compile("|".join(map(re.escape, specials)))
+        self._special_firsts = sorted({text[0] for text in specials})
         self.bos_id = self.added[config.get("bos_token", "[BOS]")]
         self.eos_id = eos_id(self.directory)
         self.chat_template = (self.directory / "chat_template.jinja").read_text(encoding="utf-8")
@@ -115,25 +137,31 @@ class KimiTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (rules 1-3 of the module docstring)."""
+        return self.encode_to_numpy(text).tolist()
+
+    def encode_to_numpy(self, text: str) -> np.ndarray:
+        """``encode`` as a uint32 array.
+
+        A text of at most ``MAX_RUN`` characters has no window or run cut, so rules 1-3
+        are one tiktoken call that allows the special-token strings the text holds
+        (tiktoken cuts at each, as the added-token split does: no name overlaps
+        another, which loading checks).
+        """
+        if len(text) > MAX_RUN:
+            return np.array(self._encode_cut(text), dtype=np.uint32)
+        allowed = _NONE
+        if any(first in text for first in self._special_firsts):
+            allowed = frozenset(self._special.findall(text))
+        return self.encoding.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
+
+    def _encode_cut(self, text: str) -> list[int]:
+        """Rules 1-3 step by step: split on the named added tokens, then cut each piece."""
         ids: list[int] = []
         for i, piece in enumerate(self._added_split.split(text)):
             if i % 2:
                 ids.append(self.added[piece])
             elif piece:
-                ids += self._encode_piece(piece)
+                for start in range(0, len(piece), WINDOW_CHARS):
+                    for part in split_runs(piece[start : start + WINDOW_CHARS]):
+                        ids += self.encoding.encode(part, allowed_special="all")
         return ids
-
-    def _encode_piece(self, piece: str) -> list[int]:
-        if len(piece) <= MAX_RUN:
-            return self._bpe(piece)
-        ids: list[int] = []
-        for start in range(0, len(piece), WINDOW_CHARS):
-            for part in split_runs(piece[start : start + WINDOW_CHARS]):
-                ids += self._bpe(part)
-        return ids
-
-    def _bpe(self, text: str) -> list[int]:
-        if self._inline_special is not None and "<|" in text and self._inline_special.search(text):
-            return self.encoding.encode(text, allowed_special="all")
-        return self.encoding.encode_ordinary(text)
-

@@ -83,3 +83,37 @@ def test_reserved_token_cut_by_a_window_is_text(tokenizer, reference):
     ids = tokenizer.encode(text)
     assert ids == reference.encode(text)
     assert 163700 not in ids
+
+
+def test_overlapping_special_names_are_found():
+    from fixed_sft.tokenizer import _overlap
+
+    assert _overlap(["[EOS]", "<|im_end|>", "<think>", "</think>"]) is None
+    assert _overlap(["[EOS]", "x[EOS]y"]) == ("[EOS]", "x[EOS]y")
+    assert _overlap(["<a|", "<b|"]) is None
+    assert _overlap(["<a|", "|b>"]) == ("<a|", "|b>")
+    assert _overlap(["<a|", "a|b>"]) == ("<a|", "a|b>")  # "<a|b>": both names match, overlapping
+
+
+@pytest.mark.parametrize("edit", [{"163606": "[EOS]x"}, {"163606": "S]<"}])
+def test_tokenizer_with_overlapping_names_is_refused(kimi_dir, tmp_path, edit):
+    import json
+
+    from fixed_sft.tokenizer import KimiTokenizer
+
+    for name in ("tiktoken.model", "chat_template.jinja"):
+        (tmp_path / name).symlink_to(kimi_dir / name)
+    config = json.loads((kimi_dir / "tokenizer_config.json").read_text())
+    for token_id, content in edit.items():
+        config["added_tokens_decoder"][token_id]["content"] = content
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="overlap"):
+        KimiTokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("text", ["", "plain", "a<b[c]", "x<|reserved_token_163700|>[EOS]y", "[EOS" + "]" * 3,
+                                  "<|im_end|>" * 3, "< |im_end|>", "a" * MAX_RUN + "<think>"])
+def test_numpy_and_list_encodings_agree(tokenizer, reference, text):
+    array = tokenizer.encode_to_numpy(text)
+    assert array.dtype.name == "uint32"
+    assert array.tolist() == tokenizer.encode(text) == reference.encode(text)
