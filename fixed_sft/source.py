@@ -145,28 +145,30 @@ def bytes_per_row(source: Source) -> float:
 
 @dataclass(frozen=True)
 class Band:
-    """The rows of one band, kept as the pieces they were read in (no second copy):
-    band row ``r`` is row ``local[r]`` of ``parts[part[r]]``, and ``order`` lists the
-    band rows in packing order."""
+    """The rows of one band: one table per source file holding its rows of the band
+    sorted by packing position; ``positions[k]`` are those positions for ``parts[k]``."""
 
     parts: list[pa.Table]
-    part: np.ndarray
-    local: np.ndarray
-    order: np.ndarray
+    positions: list[np.ndarray]
 
     @property
     def num_rows(self) -> int:
-        return len(self.order)
+        return sum(map(len, self.positions))
 
     def chunks(self, rows: int) -> Iterator[pa.Table]:
-        """Consecutive chunks of ``rows`` rows in packing order, each its own compact copy."""
-        for start in range(0, len(self.order), rows):
-            wanted = self.order[start : start + rows]
-            by_part = np.argsort(self.part[wanted], kind="stable")
-            part, local = self.part[wanted][by_part], self.local[wanted][by_part]
-            pieces = [self.parts[p].take(pa.array(local[part == p])) for p in np.unique(part).tolist()]
-            grouped = pa.concat_tables(pieces, promote_options="permissive")
-            yield grouped.take(pa.array(np.argsort(by_part, kind="stable"))).combine_chunks()
+        """Consecutive chunks of ``rows`` rows in packing order, each its own compact copy:
+        a chunk's rows are one slice of each part, interleaved by a single take."""
+        ordered = np.sort(np.concatenate(self.positions)) if self.parts else np.zeros(0, np.int64)
+        for start in range(0, len(ordered), rows):
+            lo, hi = ordered[start], ordered[min(start + rows, len(ordered)) - 1] + 1
+            pieces, keys = [], []
+            for table, positions in zip(self.parts, self.positions):
+                a, b = np.searchsorted(positions, (lo, hi)).tolist()
+                if b > a:
+                    pieces.append(table.slice(a, b - a))
+                    keys.append(positions[a:b])
+            interleave = np.argsort(np.concatenate(keys), kind="stable")
+            yield pa.concat_tables(pieces, promote_options="permissive").take(pa.array(interleave)).combine_chunks()
 
 
 def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
@@ -177,25 +179,23 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
     sources, or ``line`` (the raw bytes) for JSONL sources; ``records`` decodes them."""
     starts = np.concatenate(([0], np.cumsum(source.row_counts)[:-1]))
 
-    def read_file(path: Path, start: int, count: int) -> list[tuple[pa.Table, np.ndarray]]:
+    def read_file(path: Path, start: int, count: int) -> tuple[pa.Table, np.ndarray] | None:
         positions = rank[start : start + count]
         inside = (positions >= lo) & (positions < hi)
         if not inside.any():
-            return []
+            return None
         reader = _read_parquet if path.suffix == ".parquet" else _read_jsonl
-        return [
-            (table.append_column("index", pa.array(local + start, pa.int64())), positions[local])
-            for local, table in reader(path, inside)
-        ]
+        tables, kept = [], []
+        for local, table in reader(path, inside):
+            tables.append(table.append_column("index", pa.array(local + start, pa.int64())))
+            kept.append(positions[local])
+        kept = np.concatenate(kept)
+        by_position = np.argsort(kept, kind="stable")
+        return pa.concat_tables(tables).take(pa.array(by_position)).combine_chunks(), kept[by_position]
 
     with ThreadPoolExecutor(min(len(source.files), os.cpu_count() or 1, READ_THREADS)) as pool:
-        found = [piece for pieces in pool.map(read_file, source.files, starts.tolist(), source.row_counts)
-                 for piece in pieces]
-    sizes = [table.num_rows for table, _ in found]
-    part = np.repeat(np.arange(len(found)), sizes)
-    local = np.concatenate([np.arange(n) for n in sizes]) if found else np.zeros(0, dtype=np.int64)
-    positions = np.concatenate([p for _, p in found]) if found else np.zeros(0, dtype=np.int64)
-    return Band([table for table, _ in found], part, local, np.argsort(positions, kind="stable"))
+        found = [part for part in pool.map(read_file, source.files, starts.tolist(), source.row_counts) if part]
+    return Band([table for table, _ in found], [positions for _, positions in found])
 
 
 def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa.Table]]:

@@ -49,6 +49,23 @@ def test_folder_files_are_read_in_sorted_order(tmp_path):
     assert got == [f"synthetic_{i}" for i in range(24, 17, -1)]
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_band_chunks_follow_the_packing_order(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    rows = synthetic.conversations(61, seed=seed)
+    synthetic.write_parquet(rows, tmp_path / "src", rows_per_file=int(rng.integers(1, 20)))
+    src = open_source(str(tmp_path / "src"))
+    order = rng.permutation(61)  # order[p]: the row at packing position p
+    rank = np.empty_like(order)
+    rank[order] = np.arange(61)
+    lo, hi = sorted(rng.integers(0, 62, size=2).tolist())
+    size = int(rng.integers(1, 9))
+    chunks = list(read_band(src, rank, lo, hi).chunks(size))
+    assert [chunk.num_rows for chunk in chunks[:-1]] == [size] * (len(chunks) - 1)
+    got = [(index, record["id"]) for chunk in chunks for index, record in records(chunk)]
+    assert got == [(int(i), f"synthetic_{i}") for i in order[lo:hi]]
+
+
 def test_jsonl_without_final_newline(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text('{"id": "a", "messages": []}\n{"id": "b", "messages": []}')
