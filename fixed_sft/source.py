@@ -179,7 +179,7 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
     sources, or ``line`` (the raw bytes) for JSONL sources; ``records`` decodes them."""
     starts = np.concatenate(([0], np.cumsum(source.row_counts)[:-1]))
 
-    def read_file(path: Path, start: int, count: int) -> tuple[pa.Table, np.ndarray] | None:
+    def read_file(path: Path, start: int, count: int) -> tuple[list[pa.Table], np.ndarray] | None:
         positions = rank[start : start + count]
         inside = (positions >= lo) & (positions < hi)
         if not inside.any():
@@ -189,13 +189,21 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
         for local, table in reader(path, inside):
             tables.append(table.append_column("index", pa.array(local + start, pa.int64())))
             kept.append(positions[local])
-        kept = np.concatenate(kept)
-        by_position = np.argsort(kept, kind="stable")
-        return pa.concat_tables(tables).take(pa.array(by_position)).combine_chunks(), kept[by_position]
+        return tables, np.concatenate(kept)
 
     with ThreadPoolExecutor(min(len(source.files), os.cpu_count() or 1, READ_THREADS)) as pool:
         found = [part for part in pool.map(read_file, source.files, starts.tolist(), source.row_counts) if part]
-    return Band([table for table, _ in found], [positions for _, positions in found])
+    pool = pa.default_memory_pool()
+    parts, positions = [], []
+    while found:  # one file at a time, so sorting copies at most one file's rows at once
+        pool.release_unused()
+        tables, kept = found.pop(0)
+        by_position = np.argsort(kept, kind="stable")
+        parts.append(pa.concat_tables(tables).combine_chunks().take(pa.array(by_position)))
+        positions.append(kept[by_position])
+        del tables
+    pool.release_unused()
+    return Band(parts, positions)
 
 
 def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa.Table]]:
