@@ -53,7 +53,8 @@ Figures (targets from the project issue "Speed and memory"):
    also builds 6,400 x 8,192 rows of the synthetic corpus for real and shows that
    time next to the projection.
 5. **Peak RSS** of a 1-worker build of the same rows from a small source and from a
-   4x larger one: ``VmHWM`` of the build process, which it reads from
+   4x larger one, both in the same number of files (so read by as many threads):
+   ``VmHWM`` of the build process, which it reads from
    ``/proc/self/status`` when the build returns. (``ru_maxrss`` from ``wait4`` or
    ``RUSAGE_CHILDREN`` is not used: Linux carries the RSS of the process that forked
    the child, i.e. this script holding the corpus, into the child's ``ru_maxrss``.)
@@ -133,7 +134,8 @@ TARGET_DEFAULT_BUILD_SECONDS = 30.0
 @dataclass(frozen=True)
 class Plan:
     """Sizes of one run. ``corpus`` conversations make the large source, its first
-    quarter the small one; both are sharded ``rows_per_file`` rows a file."""
+    quarter the small one. The large one is sharded ``rows_per_file`` rows a file and
+    the small one into as many files, so both are read by as many threads."""
 
     mode: str
     corpus: int
@@ -289,12 +291,14 @@ def write_source(rows: Sequence[dict[str, Any]], folder: Path, rows_per_file: in
 
 
 def make_corpus(plan: Plan, work: Path) -> Corpus:
-    """``plan.corpus`` synthetic conversations as the large source, the first quarter as the small one."""
+    """``plan.corpus`` synthetic conversations as the large source, the first quarter as
+    the small one, in the same number of files."""
     start = time.perf_counter()
     rows = synthetic.conversations(plan.corpus, seed=CORPUS_SEED)
     large, small = work / "source-large", work / "source-small"
     large_bytes = write_source(rows, large, plan.rows_per_file)
-    small_bytes = write_source(rows[: plan.small], small, plan.rows_per_file)
+    files = -(-plan.corpus // plan.rows_per_file)
+    small_bytes = write_source(rows[: plan.small], small, -(-plan.small // files))
     kinds: dict[str, int] = {}
     for r in rows:
         kinds[r["source"]] = kinds.get(r["source"], 0) + 1

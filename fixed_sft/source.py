@@ -24,7 +24,8 @@ import pyarrow.parquet as pq
 
 SUFFIXES = (".parquet", ".jsonl")
 READ_BATCH_ROWS = 4096
-READ_THREADS = 4
+READ_THREADS = 2  # more reader threads raise the peak memory with the source size
+RELEASE_BYTES = 16 << 20  # decoded bytes after which a reader thread returns freed memory
 ROLES = ("system", "user", "assistant")
 
 
@@ -215,10 +216,10 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
         if "messages" not in names:
             raise SourceError(f"{path}: no 'messages' column")
         columns = [c for c in ("id", "messages") if c in names]
-        first = 0
+        first = decoded = 0
         for group in range(file.num_row_groups):
-            size = file.metadata.row_group(group).num_rows
-            if inside[first : first + size].any():
+            meta = file.metadata.row_group(group)
+            if inside[first : first + meta.num_rows].any():
                 start = first
                 for batch in file.iter_batches(batch_size=READ_BATCH_ROWS, row_groups=[group], columns=columns):
                     wanted = np.flatnonzero(inside[start : start + batch.num_rows])
@@ -228,7 +229,11 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
                             table = table.set_column(0, "id", table.column("id").cast(pa.string()))
                         yield start + wanted, table
                     start += batch.num_rows
-            first += size
+                decoded += meta.total_byte_size
+                if decoded >= RELEASE_BYTES:  # hand this thread's freed decode buffers back
+                    pa.default_memory_pool().release_unused()
+                    decoded = 0
+            first += meta.num_rows
     except (pa.ArrowException, OSError) as error:
         raise SourceError(f"{path}: cannot read Parquet ({error})") from None
 
