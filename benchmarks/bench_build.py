@@ -235,12 +235,8 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    changed = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "fixed_sft"],
-                             capture_output=True, text=True)
-    git = commit.stdout.strip() if commit.returncode == 0 else None
-    if git and changed.stdout.strip():
-        git += " + uncommitted changes in fixed_sft/"
+    from fixed_sft.build import code_version
+
     return {
         "cpu": model,
         "cores": usable_cores(),
@@ -250,7 +246,7 @@ def machine() -> dict[str, Any]:
         "numpy": np.__version__,
         "transformers": transformers.__version__,
         "fixed_sft": fixed_sft.__version__,
-        "git": git,
+        "code": code_version(),
         "loadavg_start": os.getloadavg(),
     }
 
@@ -816,7 +812,8 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     print(f"machine: {info['cpu']}, {info['cores']} cores; python {info['python']}, tiktoken {info['tiktoken']}, "
           f"pyarrow {info['pyarrow']}, numpy {info['numpy']}, transformers {info['transformers']}; "
-          f"fixed_sft {info['fixed_sft']} (git {info['git']})")
+          f"fixed_sft {info['fixed_sft']} (code_sha256 {info['code']['code_sha256'][:12]}, "
+          f"git {info['code'].get('git_commit', 'none')[:12]}{' + changes' if info['code'].get('git_dirty') else ''})")
     print(f"mode: {plan.mode}; workers {', '.join(map(str, plan.workers))}; repeat {plan.repeat}; "
           f"load average {info['loadavg_start'][0]:.2f}", flush=True)
     start = time.perf_counter()

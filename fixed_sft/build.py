@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -102,13 +103,21 @@ def check_target(out: Path) -> None:
 
 
 def code_version() -> dict:
-    version = {"fixed_sft": __version__, "format": FORMAT}
+    """The builder's version: package version, format, ``code_sha256`` (sha256 over each
+    ``fixed_sft/*.py`` file's name and bytes, in name order: exact wherever the code
+    came from) and, in a git checkout, the commit and whether the package differs from it."""
+    package = Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(package.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    version = {"fixed_sft": __version__, "format": FORMAT, "code_sha256": digest.hexdigest()}
     try:
-        commit = subprocess.run(
-            ["git", "-C", str(Path(__file__).parent), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-        )
-        if commit.returncode == 0:
+        git = ["git", "-C", str(package)]
+        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        changed = subprocess.run([*git, "status", "--porcelain", "--", "."], capture_output=True, text=True, timeout=5)
+        if commit.returncode == 0 and changed.returncode == 0:
             version["git_commit"] = commit.stdout.strip()
+            version["git_dirty"] = bool(changed.stdout.strip())
     except (OSError, subprocess.TimeoutExpired):
         pass
     return version

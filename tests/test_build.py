@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -61,6 +62,19 @@ def test_manifest_describes_the_rows(fixture_build, corpus):
         "train-00000-of-00003.parquet", "train-00001-of-00003.parquet", "train-00002-of-00003.parquet"]
     assert manifest["source"]["rows"] == 1200
     assert len(manifest["row_sha256"]) == 40
+
+
+def test_code_version_identifies_the_package_files(fixture_build):
+    import hashlib
+
+    import fixed_sft
+
+    _, manifest = fixture_build
+    digest = hashlib.sha256()
+    for path in sorted(Path(fixed_sft.__file__).parent.glob("*.py")):  # the rule of data/README.md
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    assert manifest["code_version"]["code_sha256"] == digest.hexdigest()
+    assert manifest["code_version"]["format"] == "fixed-sft/1"
 
 
 def test_rows_are_the_ordered_conversation_stream(fixture_build, corpus, encoder):
