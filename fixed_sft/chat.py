@@ -18,7 +18,6 @@ Every token of system and user messages is 0.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +26,6 @@ from .source import ROLES
 from .tokenizer import TEMPLATE_KWARGS, KimiTokenizer
 
 MASK_TYPES = ("kimi_k25",)
-RENDERER_MODULE = "transformers.utils.chat_template_utils"  # transformers' chat-template renderer
 _PROBE = "\x00fixed-sft-probe\x00"
 
 
@@ -53,7 +51,7 @@ class RoleLayout:
 
 def render(chat_template: str, messages: list[dict], add_generation_prompt: bool = False, **template_kwargs) -> str:
     """The chat template rendered as transformers renders it for ``apply_chat_template``."""
-    render_jinja_template = importlib.import_module(RENDERER_MODULE).render_jinja_template  # heavy: imported here
+    from transformers.utils.chat_template_utils import render_jinja_template  # heavy: only where rendering
 
     rendered, _ = render_jinja_template(
         conversations=[messages],

@@ -20,7 +20,7 @@ from typing import Iterable, Iterator, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from .chat import RENDERER_MODULE, ChatEncoder, TemplateMismatch
+from .chat import ChatEncoder, TemplateMismatch
 from .source import InvalidRow, conversation, records
 from .tokenizer import KimiTokenizer
 
@@ -131,8 +131,7 @@ class Encoders:
     """Where conversations are encoded: in this process (``workers == 1``, with
     ``encoder``), one conversation at a time and only when asked, or in a pool of
     worker processes that keeps ``2 * workers`` chunks in flight. Workers start on
-    entering, so their start-up overlaps what the caller does next; on POSIX they fork
-    from a server that has imported this module and the template renderer once."""
+    entering, so their start-up overlaps what the caller does next."""
 
     def __init__(self, config: EncoderConfig, workers: int):
         self.config = config
@@ -143,8 +142,6 @@ class Encoders:
     def __enter__(self) -> "Encoders":
         if self.workers > 1:
             context = get_context("forkserver" if os.name == "posix" else "spawn")
-            if context.get_start_method() == "forkserver":  # workers fork with these already imported
-                context.set_forkserver_preload([__name__, RENDERER_MODULE])
             self._pool = ProcessPoolExecutor(
                 self.workers, mp_context=context, initializer=_init_worker, initargs=(self.config,)
             )
