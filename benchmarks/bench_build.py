@@ -27,8 +27,10 @@ Figures (targets from the project issue "Speed and memory"):
    equals the model's own tokenizer: ``chat_ids`` is transformers'
    ``apply_chat_template`` through a slow tokenizer, and ``chat_mask`` finds each
    assistant body the way a trainer without generation tags in the template must, by
-   rendering and tokenizing the conversation's prefixes (one more pass per assistant
-   turn). Target: >= 10x, ids and masks identical on the whole sample. An info row
+   rendering and tokenizing prefixes: the whole conversation, then for each assistant
+   turn the conversation up to it, the conversation before it (only to check that
+   prefixes are stable) and its generation prompt. Each path is timed as the best of 3
+   passes. Target: >= 10x, ids and masks identical on the whole sample. An info row
    times ``chat_ids`` alone. The fast path runs at about the speed of raw BPE (figure
    1's info row), so that ratio is about the reference's time over raw BPE time on the
    same text: no faster encoder that still runs BPE on every message can go above it.
@@ -639,15 +641,14 @@ class Benchmark:
             return sum(map(len, masks))
 
         ids_s, _ = best_time(ids_pass, 3)
-        masks_s, _ = best_time(masks_pass, 1)
+        reference_s, _ = best_time(masks_pass, 3)  # chat_mask encodes the whole conversation too
         fast = [self.encoder.encode_arrays(m) for m in sample]
         same = sum(f[0].tolist() == i and f[1].tolist() == k for f, i, k in zip(fast, ids, masks))
-        reference_s = ids_s + masks_s
         speedup = reference_s / fast_s
         self.add(Figure(f"2. fast path vs reference, ids + masks ({len(sample)} convs)", fmt_rate(tokens / fast_s),
                         f"reference {fmt_rate(tokens / reference_s)}", f"{speedup:.1f}x",
                         f">= {TARGET_FAST_PATH_RATIO:.0f}x", speedup >= TARGET_FAST_PATH_RATIO,
-                        numbers={"fast_s": fast_s, "reference_ids_s": ids_s, "reference_mask_s": masks_s,
+                        numbers={"fast_s": fast_s, "reference_ids_s": ids_s, "reference_s": reference_s,
                                  "tokens": tokens, "ratio": speedup}))
         self.add(Figure("   fast-path ids and masks == reference", f"{same}/{len(sample)}", target="all identical",
                         ok=same == len(sample), correctness=True, numbers={"identical": same, "sample": len(sample)}))
@@ -739,7 +740,7 @@ class Benchmark:
         verify_s = time.perf_counter() - start
         at_default = row_tokens == DEFAULT_ROW_TOKENS
         if at_default:
-            self.insert_after("   + read", Figure(
+            self.insert_after("   PROJECTED default build, total", Figure(
                 "   MEASURED default build 6400x8192 (synthetic)", fmt_s(run.wall_s), f"projection {fmt_s(projected)}",
                 f"{run.wall_s / projected:.2f}", numbers={"wall_s": run.wall_s, "workers": run.workers}))
         self.add(Figure(f"   peak RSS, {DEFAULT_ROWS}x{row_tokens} build, {run.workers}w: main",

@@ -112,7 +112,7 @@ def code_version() -> dict:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     version = {"fixed_sft": __version__, "format": FORMAT, "code_sha256": digest.hexdigest()}
     try:
-        git = ["git", "-C", str(package)]
+        git = ["git", "--no-optional-locks", "-C", str(package)]
         commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
         changed = subprocess.run([*git, "status", "--porcelain", "--", "."], capture_output=True, text=True, timeout=5)
         if commit.returncode == 0 and changed.returncode == 0:

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 SUFFIXES = (".parquet", ".jsonl")
 READ_BATCH_ROWS = 4096
 READ_THREADS = 2  # more reader threads raise the peak memory with the source size
-RELEASE_BYTES = 16 << 20  # decoded bytes after which a reader thread returns freed memory
+RELEASE_BYTES = 16 << 20  # row-group bytes a reader decodes between returns of freed memory
 ROLES = ("system", "user", "assistant")
 
 
@@ -159,6 +159,7 @@ class Band:
     def chunks(self, rows: int) -> Iterator[pa.Table]:
         """Consecutive chunks of ``rows`` rows in packing order, each its own compact copy:
         a chunk's rows are one slice of each part, interleaved by a single take."""
+        # positions are distinct (the order is a permutation), so [lo, hi) holds exactly a chunk
         ordered = np.sort(np.concatenate(self.positions)) if self.parts else np.zeros(0, np.int64)
         for start in range(0, len(ordered), rows):
             lo, hi = ordered[start], ordered[min(start + rows, len(ordered)) - 1] + 1
@@ -194,16 +195,17 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
 
     with ThreadPoolExecutor(min(len(source.files), os.cpu_count() or 1, READ_THREADS)) as pool:
         found = [part for part in pool.map(read_file, source.files, starts.tolist(), source.row_counts) if part]
-    pool = pa.default_memory_pool()
+    memory = pa.default_memory_pool()
     parts, positions = [], []
     while found:  # one file at a time, so sorting copies at most one file's rows at once
-        pool.release_unused()
         tables, kept = found.pop(0)
-        by_position = np.argsort(kept, kind="stable")
-        parts.append(pa.concat_tables(tables).combine_chunks().take(pa.array(by_position)))
-        positions.append(kept[by_position])
+        contiguous = pa.concat_tables(tables).combine_chunks()
         del tables
-    pool.release_unused()
+        by_position = np.argsort(kept, kind="stable")
+        parts.append(contiguous.take(pa.array(by_position)))
+        positions.append(kept[by_position])
+        del contiguous
+        memory.release_unused()
     return Band(parts, positions)
 
 
@@ -230,7 +232,7 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
                         yield start + wanted, table
                     start += batch.num_rows
                 decoded += meta.total_byte_size
-                if decoded >= RELEASE_BYTES:  # hand this thread's freed decode buffers back
+                if decoded >= RELEASE_BYTES:  # give freed decode buffers back to the OS
                     pa.default_memory_pool().release_unused()
                     decoded = 0
             first += meta.num_rows

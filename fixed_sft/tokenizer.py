@@ -140,7 +140,7 @@ class KimiTokenizer:
         return self.encode_to_numpy(text).tolist()
 
     def encode_to_numpy(self, text: str) -> np.ndarray:
-        """``encode`` as a uint32 array.
+        """``encode`` as a read-only uint32 array.
 
         A text of at most ``MAX_RUN`` characters has no window or run cut, so rules 1-3
         are one tiktoken call that allows the special-token strings the text holds
@@ -148,11 +148,17 @@ class KimiTokenizer:
         another, which loading checks).
         """
         if len(text) > MAX_RUN:
-            return np.array(self._encode_cut(text), dtype=np.uint32)
+            ids = np.array(self._encode_cut(text), dtype=np.uint32)
+            ids.flags.writeable = False
+            return ids
         allowed = _NONE
         if any(first in text for first in self._special_firsts):
             allowed = frozenset(self._special.findall(text))
-        return self.encoding.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
+        try:
+            return self.encoding.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
+        except UnicodeEncodeError:  # surrogates: tiktoken's ``encode`` rule, which the model's tokenizer follows
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+            return self.encoding.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
 
     def _encode_cut(self, text: str) -> list[int]:
         """Rules 1-3 step by step: split on the named added tokens, then cut each piece."""

@@ -112,8 +112,9 @@ def test_tokenizer_with_overlapping_names_is_refused(kimi_dir, tmp_path, edit):
 
 
 @pytest.mark.parametrize("text", ["", "plain", "a<b[c]", "x<|reserved_token_163700|>[EOS]y", "[EOS" + "]" * 3,
-                                  "<|im_end|>" * 3, "< |im_end|>", "a" * MAX_RUN + "<think>"])
+                                  "<|im_end|>" * 3, "< |im_end|>", "a" * (MAX_RUN - 7) + "<think>",
+                                  "a" * MAX_RUN + "<think>", "a\ud800b", "\ud83d\ude00", "\udfff[EOS]\ud800"])
 def test_numpy_and_list_encodings_agree(tokenizer, reference, text):
     array = tokenizer.encode_to_numpy(text)
-    assert array.dtype.name == "uint32"
+    assert array.dtype.name == "uint32" and not array.flags.writeable
     assert array.tolist() == tokenizer.encode(text) == reference.encode(text)
