@@ -169,9 +169,10 @@ def _exit_code(error: Exception) -> int | None:
     from .chat import TemplateMismatch
     from .source import SourceError
     from .specs import SpecError
+    from .tokenizer import TokenizerError
 
     if isinstance(error, UsageError):
         return USAGE_ERROR
-    if isinstance(error, (BuildError, SourceError, SpecError, TemplateMismatch)):
+    if isinstance(error, (BuildError, SourceError, SpecError, TemplateMismatch, TokenizerError)):
         return FAILURE
     return None

@@ -73,6 +73,10 @@ def split_runs(text: str, max_run: int = MAX_RUN) -> list[str]:
     return [text[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
+class TokenizerError(ValueError):
+    """Tokenizer files these rules cannot be applied to."""
+
+
 def _overlap(names: Iterable[str]) -> tuple[str, str] | None:
     """Two names one of which holds the other, or whose ends overlap (a proper suffix
     of one is a proper prefix of the other); ``None`` when every occurrence of every
@@ -120,10 +124,10 @@ class KimiTokenizer:
         )
         self.added: dict[str, int] = {text: i for i, text in named.items()}
         if not all(first <= i < first + NUM_SPECIAL for i in named):
-            raise ValueError(f"{self.directory}: an added token's id is outside {first}..{first + NUM_SPECIAL - 1}")
+            raise TokenizerError(f"{self.directory}: an added token's id is outside {first}..{first + NUM_SPECIAL - 1}")
         clash = _overlap(specials)
         if clash:
-            raise ValueError(f"{self.directory}: special tokens {clash[0]!r} and {clash[1]!r} overlap")
+            raise TokenizerError(f"{self.directory}: special tokens {clash[0]!r} and {clash[1]!r} overlap")
         self._added_split = re.compile("(" + "|".join(map(re.escape, self.added)) + ")")
         self._special = re.compile("|".join(map(re.escape, specials)))
         self._special_firsts = sorted({text[0] for text in specials})

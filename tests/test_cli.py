@@ -75,6 +75,22 @@ def test_source_error_exits_1(kimi_dir, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_unusable_tokenizer_exits_1_naming_it(source, kimi_dir, tmp_path, capsys, workers):
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    for name in ("tiktoken.model", "chat_template.jinja"):
+        (folder / name).symlink_to(kimi_dir / name)
+    config = json.loads((kimi_dir / "tokenizer_config.json").read_text())
+    config["added_tokens_decoder"]["163606"]["content"] = "[EOS]x"  # holds [EOS]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    args = _build_args(source, folder, tmp_path / "o", "--allow-unpinned-tokenizer", "--workers", workers)
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "special tokens '[EOS]' and '[EOS]x' overlap" in err and "internal error" not in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_default_build_offline_says_how_to_pass_local_files(tmp_path):
     """The bare command (with the recipe's flags) builds the default dataset; with no
     Hub it stops with a clear error instead of a traceback."""

@@ -99,7 +99,7 @@ def test_overlapping_special_names_are_found():
 def test_tokenizer_with_overlapping_names_is_refused(kimi_dir, tmp_path, edit):
     import json
 
-    from fixed_sft.tokenizer import KimiTokenizer
+    from fixed_sft.tokenizer import KimiTokenizer, TokenizerError
 
     for name in ("tiktoken.model", "chat_template.jinja"):
         (tmp_path / name).symlink_to(kimi_dir / name)
@@ -107,7 +107,7 @@ def test_tokenizer_with_overlapping_names_is_refused(kimi_dir, tmp_path, edit):
     for token_id, content in edit.items():
         config["added_tokens_decoder"][token_id]["content"] = content
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="overlap"):
+    with pytest.raises(TokenizerError, match="overlap"):
         KimiTokenizer(tmp_path)
 
 
