@@ -49,6 +49,9 @@ class RoleLayout:
         return len(self.prefix) + len(self.suffix)
 
 
+RENDERER_MODULE = "transformers.utils.chat_template_utils"
+
+
 def render(chat_template: str, messages: list[dict], add_generation_prompt: bool = False, **template_kwargs) -> str:
     """The chat template rendered as transformers renders it for ``apply_chat_template``."""
     from transformers.utils.chat_template_utils import render_jinja_template  # heavy: only where rendering

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -20,7 +20,7 @@ from typing import Iterable, Iterator, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from .chat import ChatEncoder, TemplateMismatch
+from .chat import RENDERER_MODULE, ChatEncoder, TemplateMismatch
 from .source import InvalidRow, conversation, records
 from .tokenizer import KimiTokenizer
 
@@ -130,29 +130,40 @@ def _encode_in_worker(chunk: pa.Table, first_position: int) -> EncodedChunk:
 class Encoders:
     """Where conversations are encoded: in this process (``workers == 1``, with
     ``encoder``), one conversation at a time and only when asked, or in a pool of
-    worker processes that keeps ``2 * workers`` chunks in flight. Workers start on
-    entering, so their start-up overlaps what the caller does next."""
+    worker processes that keeps ``2 * workers`` chunks in flight. On POSIX, workers
+    fork from a server that has imported this module and the template renderer once.
+    Workers start on entering, from a helper thread, so their start-up (the server's
+    imports, then each worker's tokenizer) overlaps what the caller does next."""
 
     def __init__(self, config: EncoderConfig, workers: int):
         self.config = config
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
+        self._started: Future | None = None
         self.encoder: ChatEncoder | None = None
 
     def __enter__(self) -> "Encoders":
         if self.workers > 1:
             context = get_context("forkserver" if os.name == "posix" else "spawn")
+            if context.get_start_method() == "forkserver":
+                context.set_forkserver_preload([__name__, RENDERER_MODULE])
             self._pool = ProcessPoolExecutor(
                 self.workers, mp_context=context, initializer=_init_worker, initargs=(self.config,)
             )
-            for _ in range(self.workers):
-                self._pool.submit(int)
+            starter = ThreadPoolExecutor(1, thread_name_prefix="start-workers")
+            self._started = starter.submit(self._start_workers)
+            starter.shutdown(wait=False)  # the thread ends when the workers are started
         else:
             self.encoder = self.config.load()
         return self
 
+    def _start_workers(self) -> None:
+        for _ in range(self.workers):
+            self._pool.submit(int)
+
     def __exit__(self, *exc: object) -> None:
         if self._pool is not None:
+            self._started.exception()  # wait until start-up is over
             self._pool.shutdown(cancel_futures=True)
 
     def encode(self, chunks: Iterable[tuple[int, pa.Table]]) -> Iterator[Encoded]:
@@ -161,6 +172,7 @@ class Encoders:
             for first_position, chunk in chunks:
                 yield from encode_rows(self.encoder, chunk, first_position, self.config.check_every)
             return
+        self._started.result()
         pending: deque = deque()
         try:
             for first_position, chunk in chunks:
