@@ -40,7 +40,11 @@ Figures (targets from the project issue "Speed and memory"):
    worker count and every repeat. An info row gives the cores the 1-worker build
    keeps busy (its CPU time over its wall time: the Parquet writer, source hashing and
    reading run in threads beside the encoder) and the speedup that leaves room for on
-   2 cores: 2 / that, before any cost of the workers themselves.
+   2 cores: 2 / that, before any cost of the workers themselves. Under each worker
+   count, an info row gives the machine's own ceiling in the same run: N forked
+   processes each running raw ``encode_ordinary`` over every 8th used conversation's
+   contents, released together, against 1 process (perfectly parallel work, no
+   transfers; on a shared VM it moves from run to run with the neighbours' load).
 4. **Default build projection**: 6,400 x 8,192 = 52,428,800 tokens divided by the best
    whole-build throughput measured at a worker count <= the cores here. It is a
    projection from the synthetic corpus, not a measurement of the real one. The real
@@ -82,6 +86,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import random
@@ -115,6 +120,7 @@ ORDER_SEED = 42
 CORPUS_SEED = 2024
 SAMPLE_SEED = 0
 PROXY_PASSES = 3
+PARALLEL_SHARE = 8  # the machine-ceiling rows encode 1/8 of the used contents in each process
 SAMPLE_INTERVAL_S = 0.1
 GIB = 1 << 30
 MIB = 1 << 20
@@ -477,6 +483,32 @@ def best_time(fn: Callable[[], int], repeat: int = 1) -> tuple[float, int]:
     return best, count
 
 
+def _bpe_process(contents: list[str], barrier: Any, done: Any, encoding: Any) -> None:
+    contents = [c.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass") for c in contents]  # own copies
+    barrier.wait()
+    tokens = sum(len(encoding.encode_ordinary(c)) for c in contents)
+    done.put((tokens, time.perf_counter()))
+
+
+def parallel_bpe(encoding: Any, contents: list[str], processes: int) -> tuple[float, int]:
+    """``(seconds, tokens)`` for ``processes`` forked processes that each run raw
+    ``encode_ordinary`` over ``contents``, released together by a barrier: the time
+    until the last one ends. Perfectly parallel work, no transfers: the speedup this
+    machine gives N workers at best."""
+    context = multiprocessing.get_context("fork")
+    barrier, done = context.Barrier(processes + 1), context.Queue()
+    children = [context.Process(target=_bpe_process, args=(contents, barrier, done, encoding))
+                for _ in range(processes)]
+    for child in children:
+        child.start()
+    barrier.wait()
+    start = time.perf_counter()
+    results = [done.get() for _ in children]
+    for child in children:
+        child.join()
+    return max(end for _, end in results) - start, sum(tokens for tokens, _ in results)
+
+
 def used_conversations(out: Path) -> list[int]:
     """Source row indices of the conversations a build put in its rows."""
     metadata = pq.read_table(out / "train.parquet", columns=["metadata"]).column("metadata").combine_chunks()
@@ -578,7 +610,7 @@ class Benchmark:
         used = [self.corpus.rows[i]["messages"] for i in used_conversations(Path(curve[1].out))]
         self.pipeline(curve[1], used)
         self.fast_path(used)
-        self.workers(curve)
+        self.workers(curve, used)
         projected = self.projection(curve)
         self.memory()
         self.verify(max((run for w, run in curve.items() if w <= self.cores), key=lambda r: r.tokens_per_s),
@@ -656,9 +688,17 @@ class Benchmark:
                         f"reference {fmt_rate(tokens / ids_s)}", f"{ids_s / fast_s:.1f}x",
                         numbers={"ratio": ids_s / fast_s}))
 
-    def workers(self, curve: dict[int, BuildRun]) -> None:
-        """Figure 3: speedup of 2 (and more) workers over 1; identical rows at every count."""
+    def workers(self, curve: dict[int, BuildRun], used: list[list[dict]]) -> None:
+        """Figure 3: speedup of 2 (and more) workers over 1; identical rows at every count.
+        Under each count, the speedup the machine gives perfectly parallel work there
+        (``parallel_bpe``, best of ``plan.repeat``)."""
         one = curve[1]
+        contents = [m["content"] for messages in used[::PARALLEL_SHARE] for m in messages]
+        rates = {}
+        for w in curve:
+            seconds, tokens = min(parallel_bpe(self.tokenizer.encoding, contents, w) for _ in range(self.plan.repeat))
+            rates[w] = tokens / seconds
+        self.details["parallel_bpe"] = {"contents": len(contents), "tokens_per_s": rates}
         for w, run in curve.items():
             if w == 1:
                 continue
@@ -669,6 +709,10 @@ class Benchmark:
                             f">= {TARGET_TWO_WORKER_SPEEDUP}x" if main else "info",
                             (speedup >= TARGET_TWO_WORKER_SPEEDUP) if main else None,
                             numbers={"workers": w, "wall_s": run.wall_s, "speedup": speedup}))
+            ceiling = rates[w] / rates[1]
+            self.add(Figure(f"   raw BPE in {w} processes (machine ceiling)", fmt_rate(rates[w]),
+                            f"1 process {fmt_rate(rates[1])}", f"{ceiling:.2f}x",
+                            numbers={"processes": w, "tokens_per_s": rates[w], "speedup": ceiling}))
         if len(curve) == 1:
             self.add(Figure("3. build wall, 2 workers", "not run", target="--workers-max >= 2"))
         busy = one.cpu_s / one.wall_s
