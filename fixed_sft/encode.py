@@ -128,21 +128,21 @@ def _encode_in_worker(chunk: pa.Table, first_position: int) -> EncodedChunk:
 
 
 class Encoders:
-    """Where conversations are encoded: in this process (``workers == 1``, with
-    ``encoder``), one conversation at a time and only when asked, or in a pool of
-    worker processes that keeps ``2 * workers`` chunks in flight. On POSIX, workers
-    fork from a server that has imported this module and the template renderer once.
-    Workers start on entering, from a helper thread, so their start-up (the server's
-    imports, then each worker's tokenizer) overlaps what the caller does next."""
+    """Where conversations are encoded: in this process (``workers == 1``), one
+    conversation at a time and only when asked, or in a pool of worker processes that
+    keeps ``2 * workers`` chunks in flight; on POSIX, workers fork from a server that
+    has imported this module and the template renderer once. Start-up (loading the
+    encoder, or starting the workers) runs in a helper thread from entering on, so it
+    overlaps the caller's first source read; ``encode`` raises its errors."""
 
     def __init__(self, config: EncoderConfig, workers: int):
         self.config = config
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
-        self._started: Future | None = None
-        self.encoder: ChatEncoder | None = None
+        self._started: Future | None = None  # the ChatEncoder (1 worker), or None when workers are up
 
     def __enter__(self) -> "Encoders":
+        start = self.config.load
         if self.workers > 1:
             context = get_context("forkserver" if os.name == "posix" else "spawn")
             if context.get_start_method() == "forkserver":
@@ -150,11 +150,10 @@ class Encoders:
             self._pool = ProcessPoolExecutor(
                 self.workers, mp_context=context, initializer=_init_worker, initargs=(self.config,)
             )
-            starter = ThreadPoolExecutor(1, thread_name_prefix="start-workers")
-            self._started = starter.submit(self._start_workers)
-            starter.shutdown(wait=False)  # the thread ends when the workers are started
-        else:
-            self.encoder = self.config.load()
+            start = self._start_workers
+        starter = ThreadPoolExecutor(1, thread_name_prefix="start-encoders")
+        self._started = starter.submit(start)
+        starter.shutdown(wait=False)  # its thread ends when start-up is over
         return self
 
     def _start_workers(self) -> None:
@@ -162,20 +161,20 @@ class Encoders:
             self._pool.submit(int)
 
     def __exit__(self, *exc: object) -> None:
+        self._started.exception()  # wait until start-up is over
         if self._pool is not None:
-            self._started.exception()  # wait until start-up is over
             self._pool.shutdown(cancel_futures=True)
 
     def encode(self, chunks: Iterable[tuple[int, pa.Table]]) -> Iterator[Encoded]:
         """Encoded conversations in the order of ``chunks``."""
         if self._pool is None:
             for first_position, chunk in chunks:
-                yield from encode_rows(self.encoder, chunk, first_position, self.config.check_every)
+                yield from encode_rows(self._started.result(), chunk, first_position, self.config.check_every)
             return
-        self._started.result()
         pending: deque = deque()
         try:
             for first_position, chunk in chunks:
+                self._started.result()
                 pending.append(self._pool.submit(_encode_in_worker, chunk, first_position))
                 if len(pending) >= 2 * self.workers:
                     yield from pending.popleft().result()
