@@ -40,7 +40,8 @@ Figures (targets from the project issue "Speed and memory"):
    worker count and every repeat. An info row gives the cores the 1-worker build
    keeps busy (its CPU time over its wall time: the Parquet writer, source hashing and
    reading run in threads beside the encoder) and the speedup that leaves room for on
-   2 cores: 2 / that, before any cost of the workers themselves. Under each worker
+   2 cores if two workers need as much CPU in all: 2 / that (an estimate: their own
+   start-up and transfer costs lower it, a slower 1-worker build raises it). Under each worker
    count, an info row gives the machine's own ceiling in the same run: N forked
    processes each running raw ``encode_ordinary`` over every 8th used conversation's
    contents, released together, against 1 process (perfectly parallel work, no
@@ -719,7 +720,7 @@ class Benchmark:
         ceiling = min(self.cores, 2) / busy
         self.add(Figure("   cores busy in the 1-worker build", f"{busy:.2f}",
                         f"CPU {fmt_s(one.cpu_s)} / wall {fmt_s(one.wall_s)}",
-                        f"{ceiling:.2f}x", f"2-worker ceiling on {min(self.cores, 2)} cores",
+                        f"{ceiling:.2f}x", f"2 workers on {min(self.cores, 2)} cores at equal CPU",
                         numbers={"cpu_s": one.cpu_s, "busy_cores": busy, "ceiling": ceiling}))
         builds = len(curve) * self.plan.repeat
         self.add(Figure(f"   rows_sha256, {builds} build(s) at {','.join(map(str, curve))} workers",
