@@ -15,6 +15,7 @@ from .pack import Row
 PARQUET_NAME = "train.parquet"
 MANIFEST_NAME = "manifest.json"
 ROWS_PER_GROUP = 128
+WRITE_BATCH_VALUES = 1 << 20  # values per encoding batch: a row group's column in few pages (~10% less CPU)
 
 SEGMENT = pa.struct(
     [("source_index", pa.int64()), ("id", pa.string()), ("start", pa.int32()), ("end", pa.int32())]
@@ -34,7 +35,9 @@ class RowWriter:
 
     def __init__(self, path: Path):
         self.path = path
-        self._writer = pq.ParquetWriter(path, SCHEMA, compression="zstd", write_statistics=False)
+        self._writer = pq.ParquetWriter(
+            path, SCHEMA, compression="zstd", write_statistics=False, write_batch_size=WRITE_BATCH_VALUES
+        )
         self._pending: list[tuple[int, Row]] = []
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="parquet")
         self._writing: Future | None = None

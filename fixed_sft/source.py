@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 SUFFIXES = (".parquet", ".jsonl")
 READ_BATCH_ROWS = 4096
 READ_THREADS = 2  # more reader threads raise the peak memory with the source size
-RELEASE_BYTES = 16 << 20  # row-group bytes a reader decodes between returns of freed memory
+RELEASE_BYTES = 64 << 20  # row-group bytes a reader decodes between returns of freed memory
 ROLES = ("system", "user", "assistant")
 
 
