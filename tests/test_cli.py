@@ -66,13 +66,17 @@ def test_rows_must_be_a_number(capsys):
     assert exit_.value.code == 2
 
 
-def test_source_error_exits_1(kimi_dir, tmp_path, capsys):
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_source_error_exits_1(kimi_dir, tmp_path, capsys, workers):
+    """The source fails while the encoder or the workers are still starting: one clear
+    error, nothing written, start-up wound down."""
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not parquet at all")
-    assert main(_build_args(bad, kimi_dir, tmp_path / "o")) == 1
+    assert main(_build_args(bad, kimi_dir, tmp_path / "o", "--workers", workers)) == 1
     err = capsys.readouterr().err
-    assert str(bad) in err and "Parquet" in err
+    assert str(bad) in err and "Parquet" in err and "internal error" not in err
     assert not (tmp_path / "o").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".o.lock", "bad.parquet"]  # no temporary folder left
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
