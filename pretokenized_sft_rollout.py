@@ -4,8 +4,10 @@ Train with ``--input-key messages --metadata-key metadata --rollout-function-pat
 pretokenized_sft_rollout.generate_rollout`` (this file importable on PYTHONPATH).
 Each row's ``messages`` column holds ``{"input_ids": [...], "loss_mask": [...]}``, so
 ``sample.prompt`` arrives as that dict. The sample gets the row's ids as ``tokens``;
-the response is everything from the first supervised token to the end of the row, and
-``loss_mask`` is the row's mask over that response (as miles' SFT rollout sets it).
+the response runs from the first supervised token to the end of the row, but starts at
+position 1 at the earliest: miles predicts a response token from the token before it,
+so at least one token must come first (a row's token 0 has nothing to be predicted
+from). ``loss_mask`` is the row's mask over that response.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ def apply_row(sample: Any) -> None:
     mask = [int(m) for m in row["loss_mask"]]
     if len(tokens) != len(mask) or 1 not in mask:
         raise ValueError("fixed-sft row has mismatched ids/mask or no supervised token")
-    first = mask.index(1)
+    first = max(mask.index(1), 1)
     sample.tokens = tokens
     sample.response_length = len(tokens) - first
     sample.loss_mask = mask[first:]

@@ -91,13 +91,27 @@ def test_miles_pretokenized_rollout(built):
         (sample,) = group
         ids = sample.prompt["input_ids"]
         mask = sample.prompt["loss_mask"]
-        first = mask.index(1)
         assert sample.tokens == ids
-        assert sample.response_length == len(ids) - first
-        assert len(sample.loss_mask) == sample.response_length <= len(sample.tokens)
-        assert sample.loss_mask == mask[first:]
+        # miles reads a response's log-probs at [len - response_length - 1, len - 1): it needs a token before it
+        assert 1 <= sample.response_length < len(ids)
+        assert sample.loss_mask == mask[-sample.response_length :]
+        assert not any(mask[1 : len(ids) - sample.response_length])  # every predictable supervised token is in it
         assert sample.reward == 0
         assert sample.metadata["segments"]
+
+
+@pytest.mark.parametrize(
+    ("mask", "response_length"), [([1, 1, 0, 1], 3), ([0, 0, 1, 0], 2), ([1, 0, 0, 0], 3), ([0, 0, 0, 1], 1)]
+)
+def test_rollout_response_needs_a_token_before_it(mask, response_length):
+    """A row that starts inside an assistant turn: its response starts at token 1, since
+    token 0 cannot be predicted."""
+    import pretokenized_sft_rollout
+
+    sample = Sample(prompt={"input_ids": [5, 6, 7, 8], "loss_mask": mask})
+    pretokenized_sft_rollout.apply_row(sample)
+    assert sample.response_length == response_length
+    assert sample.loss_mask == mask[-response_length:]
 
 
 def test_rollout_rejects_a_non_row():
