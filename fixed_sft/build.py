@@ -318,7 +318,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
                 f"asked for {config.rows}"
             )
         source_files = [
-            {"path": str(path.relative_to(source.root)), "bytes": path.stat().st_size, "sha256": digest.result()}
+            {"path": path.relative_to(source.root).as_posix(), "bytes": path.stat().st_size, "sha256": digest.result()}
             for path, digest in zip(source.files, source_hashes)
         ]
 

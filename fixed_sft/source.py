@@ -51,17 +51,13 @@ class Source:
     name: str
     revision: str | None
     license: str | None
+    root: Path  # the folder the files were found in; the manifest's file paths are relative to it
     files: tuple[Path, ...]
     row_counts: tuple[int, ...]
 
     @property
     def num_rows(self) -> int:
         return sum(self.row_counts)
-
-    @property
-    def root(self) -> Path:
-        """The folder that file paths in the manifest are relative to."""
-        return self.files[0].parent if len(self.files) == 1 else Path(os.path.commonpath(self.files))
 
     def locate(self, index: int) -> tuple[Path, int]:
         """The file holding global row ``index``, and the row's number in that file."""
@@ -91,14 +87,34 @@ def download(repo_id: str, revision: str) -> Path:
 def open_source(source: str, revision: str | None = None, license: str | None = None) -> Source:
     """Resolve ``source`` (a local file/folder, else a Hub dataset id) and count its rows."""
     path = Path(source)
-    if path.exists():
-        files = _data_files(path)
-    elif "/" in source and not source.startswith((".", "/")) and revision:
-        files = _data_files(download(source, revision))
-    else:
-        raise SourceError(f"source {source!r} is not a local file or folder, nor a Hub dataset id with a revision")
+    if not path.exists():
+        if "/" not in source or source.startswith((".", "/")):
+            raise SourceError(f"source {source!r}: no such file or folder")
+        if not revision:
+            raise SourceError(f"source {source!r} is not a local file or folder; as a Hub dataset id it needs --source-revision")
+        path = download(source, revision)
+    files = _data_files(path)
     counts = tuple(_count_rows(f) for f in files)
-    return Source(source, revision, license, files, counts)
+    if files[0].suffix == ".parquet":
+        _check_messages_type(files)
+    return Source(source, revision, license, path if path.is_dir() else path.parent, files, counts)
+
+
+def _check_messages_type(files: tuple[Path, ...]) -> None:
+    """Every Parquet file has a ``messages`` column, all of one type: a chunk of the
+    packing order interleaves rows of every file."""
+    first = None
+    for path in files:
+        names = pq.read_schema(path)
+        if "messages" not in names.names:
+            raise SourceError(f"{path}: no 'messages' column")
+        kind = names.field("messages").type
+        if first is None:
+            first = (path, kind)
+        elif kind != first[1]:
+            raise SourceError(
+                f"{path}: 'messages' is {kind}, but in {first[0]} it is {first[1]}; the files of a source must agree"
+            )
 
 
 def _data_files(path: Path) -> tuple[Path, ...]:
@@ -217,8 +233,6 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
     try:
         file = pq.ParquetFile(path)
         names = file.schema_arrow.names
-        if "messages" not in names:
-            raise SourceError(f"{path}: no 'messages' column")
         columns = [c for c in ("id", "messages") if c in names]
         first = decoded = 0
         for group in range(file.num_row_groups):

@@ -84,9 +84,8 @@ def test_missing_messages_column(tmp_path):
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"id": ["a"], "text": ["x"]}), tmp_path / "x.parquet")
-    src = open_source(str(tmp_path / "x.parquet"))
-    with pytest.raises(SourceError, match="no 'messages' column"):
-        read_band(src, np.arange(1), 0, 1)
+    with pytest.raises(SourceError, match="x.parquet: no 'messages' column"):
+        open_source(str(tmp_path / "x.parquet"))
 
 
 def test_mixed_formats_are_refused(tmp_path):
@@ -106,3 +105,26 @@ def test_folder_order_is_relative_path_code_points(tmp_path):
     src = open_source(str(tmp_path))
     assert [p.relative_to(tmp_path).as_posix() for p in src.files] == ["a-c.jsonl", "a/b.jsonl"]
     assert src.locate(2) == (tmp_path / "a" / "b.jsonl", 0)
+
+
+def test_files_whose_messages_types_differ_are_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    synthetic.write_parquet(synthetic.conversations(2), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": ["x"], "messages": ['[{"role": "user", "content": "hi"}]']}), tmp_path / "b.parquet")
+    with pytest.raises(SourceError, match=r"b\.parquet: 'messages' is string, but in .*a\.parquet it is list"):
+        open_source(str(tmp_path))
+
+
+def test_file_paths_are_relative_to_the_source_folder(tmp_path):
+    (tmp_path / "data").mkdir()
+    synthetic.write_jsonl(synthetic.conversations(2), tmp_path / "data" / "train.jsonl")
+    assert open_source(str(tmp_path)).root == tmp_path
+    assert open_source(str(tmp_path / "data" / "train.jsonl")).root == tmp_path / "data"
+
+
+@pytest.mark.parametrize("name", ["./missing", "/no/such/folder", "missing.parquet"])
+def test_a_missing_local_source_is_named(name):
+    with pytest.raises(SourceError, match="no such file or folder"):
+        open_source(name)
