@@ -1,9 +1,11 @@
 """A built folder -> the list of ways it differs from its manifest (empty when it matches).
 
-Checks, in order: the manifest reads and its ``rows_sha256`` equals the hash of its own
-row hashes; the Parquet file exists with the recorded size and sha256; every row reads,
-has ``row_tokens`` ids and mask values, and hashes to its recorded row hash (the first
-bad row is named); the row count and supervised-token count match.
+Checks, in order: the manifest reads, with each field verify uses of its type; values
+derived from others (tokens, padding, ratio, rows) agree, and ``rows_sha256`` equals the
+hash of its own row hashes; the Parquet file exists with the recorded size and sha256;
+every row reads, has ``row_tokens`` ids and mask values, and hashes to its recorded row
+hash (the first bad row is named); the row count and supervised-token count match; each
+row's ``metadata.row`` is its number and its segments cover ``row_tokens`` tokens.
 """
 
 from __future__ import annotations
@@ -16,26 +18,23 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .hashes import row_digest, rows_digest, sha256_file
-from .output import MANIFEST_NAME, read_rows
+from .output import MANIFEST_NAME, PARQUET_NAME, read_rows
 
 
 def verify(folder: Path) -> list[str]:
     folder = Path(folder)
+    if not folder.is_dir():
+        return [f"{folder}: no such folder"]
     try:
         manifest = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+        _check_types(manifest)
         expected = [bytes.fromhex(h) for h in manifest["row_sha256"]]
-        rows_sha256 = manifest["rows_sha256"]
-        parquet_info = manifest["parquet"]
-        row_tokens = manifest["params"]["row_tokens"]
-        stats = manifest["stats"]
-        if not all(isinstance(v, dict) for v in (parquet_info, stats, manifest["params"])):
-            raise TypeError("params, stats and parquet must be objects")
-        if not isinstance(row_tokens, int) or not isinstance(parquet_info["path"], str):
-            raise TypeError("params.row_tokens must be a number and parquet.path a string")
     except FileNotFoundError:
         return [f"{folder / MANIFEST_NAME}: missing"]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+    except (OSError, ValueError, KeyError, TypeError) as error:
         return [f"{folder / MANIFEST_NAME}: unreadable ({type(error).__name__}: {error})"]
+    rows_sha256, parquet_info, stats = manifest["rows_sha256"], manifest["parquet"], manifest["stats"]
+    row_tokens = manifest["params"]["row_tokens"]
 
     problems = _check_stats(manifest, len(expected), row_tokens)
     if rows_digest(expected) != rows_sha256:
@@ -43,7 +42,7 @@ def verify(folder: Path) -> list[str]:
     if len(expected) != stats.get("rows"):
         problems.append(f"{MANIFEST_NAME}: lists {len(expected)} row hashes but stats.rows is {stats.get('rows')}")
 
-    parquet = folder / parquet_info["path"]
+    parquet = folder / PARQUET_NAME
     if not parquet.is_file():
         return problems + [f"{parquet}: missing"]
     size = parquet.stat().st_size
@@ -73,6 +72,35 @@ def verify(folder: Path) -> list[str]:
     return problems + _check_metadata(parquet, row_tokens)
 
 
+FIELDS = {  # the manifest fields verify reads, and their JSON types
+    ("row_sha256",): list,
+    ("rows_sha256",): str,
+    ("params", "row_tokens"): int,
+    ("stats", "rows"): int,
+    ("stats", "supervised_tokens"): int,
+    ("parquet", "path"): str,
+    ("parquet", "bytes"): int,
+    ("parquet", "sha256"): str,
+}
+
+
+JSON_NAMES = {list: "an array", str: "a string", int: "an integer"}
+
+
+def _check_types(manifest: object) -> None:
+    """Raise ``TypeError`` or ``KeyError`` unless each field verify reads is there with its type."""
+    for keys, kind in FIELDS.items():
+        value = manifest
+        for key in keys:
+            if not isinstance(value, dict):
+                raise TypeError(f"{'.'.join(keys[:-1]) or 'the manifest'} is not an object")
+            value = value[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise TypeError(f"{'.'.join(keys)} is not {JSON_NAMES[kind]}")
+    if manifest["parquet"]["path"] != PARQUET_NAME:
+        raise ValueError(f"parquet.path is {manifest['parquet']['path']!r}, not {PARQUET_NAME!r}")
+
+
 def _check_stats(manifest: dict, rows: int, row_tokens: int) -> list[str]:
     """Manifest values that follow from others must agree with them."""
     stats, params = manifest["stats"], manifest["params"]
@@ -90,7 +118,10 @@ def _check_stats(manifest: dict, rows: int, row_tokens: int) -> list[str]:
 
 def _check_metadata(parquet: Path, row_tokens: int) -> list[str]:
     """Each row's ``metadata.row`` is its number and its segments cover ``row_tokens``."""
-    metadata = pq.read_table(parquet, columns=["metadata"]).column("metadata").combine_chunks()
+    try:
+        metadata = pq.read_table(parquet, columns=["metadata"]).column("metadata").combine_chunks()
+    except Exception as error:  # any read failure means a damaged file
+        return [f"{parquet}: metadata unreadable ({type(error).__name__}: {error})"]
     numbers = metadata.field("row").to_numpy(zero_copy_only=False)
     bad = np.flatnonzero(numbers != np.arange(len(numbers)))
     if len(bad):

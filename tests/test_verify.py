@@ -156,8 +156,42 @@ def test_edited_segment_span(copy):
     assert any(p.startswith("row 6: metadata.segments cover 513") for p in verify(copy))
 
 
-def test_malformed_manifest_fields(copy):
-    manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["parquet"] = "x"
-    (copy / "manifest.json").write_text(json.dumps(manifest))
-    assert any("unreadable" in p for p in verify(copy))
+def _edit_manifest(folder, keys, value):
+    manifest = json.loads((folder / "manifest.json").read_text())
+    target = manifest
+    for key in keys[:-1]:
+        target = target[key]
+    if value is None:
+        del target[keys[-1]]
+    else:
+        target[keys[-1]] = value
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    ("keys", "value", "says"),
+    [
+        (["parquet"], "x", "parquet is not an object"),
+        (["parquet", "bytes"], None, "KeyError: 'bytes'"),
+        (["parquet", "bytes"], "12", "parquet.bytes is not an integer"),
+        (["stats", "supervised_tokens"], "many", "stats.supervised_tokens is not an integer"),
+        (["params", "row_tokens"], True, "params.row_tokens is not an integer"),
+        (["parquet", "path"], "../elsewhere.parquet", "parquet.path is '../elsewhere.parquet'"),
+        (["row_sha256"], ["zz"], "ValueError"),
+    ],
+)
+def test_malformed_manifest_fields(copy, keys, value, says):
+    _edit_manifest(copy, keys, value)
+    (problem,) = verify(copy)
+    assert problem.startswith(f"{copy / 'manifest.json'}: unreadable") and says in problem
+
+
+def test_missing_folder(tmp_path):
+    assert verify(tmp_path / "nowhere") == [f"{tmp_path / 'nowhere'}: no such folder"]
+
+
+def test_parquet_without_metadata_column(copy):
+    path = copy / "train.parquet"
+    pq.write_table(pq.read_table(path, columns=["messages"]), path)
+    problems = verify(copy)
+    assert problems[-1].startswith(f"{path}: metadata unreadable")
