@@ -111,6 +111,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from fixed_sft import synthetic  # noqa: E402
+from fixed_sft.cli import usable_cores  # noqa: E402
 
 DEFAULT_TOKENIZER = ROOT.parent / "shared" / "tokenizers" / "kimi-k2.6"
 DEFAULT_ROWS = 6_400
@@ -222,13 +223,6 @@ class Figure:
 # ---------------------------------------------------------------------------
 # Machine
 # ---------------------------------------------------------------------------
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def machine() -> dict[str, Any]:

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 from collections import Counter
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,8 +77,8 @@ class BuildConfig:
             raise UsageError(f"--row-tokens must be between 2 and {MAX_ROW_TOKENS}, got {self.row_tokens}")
         if self.rows is not None and self.rows < 1:
             raise UsageError(f"--rows must be a positive number or 'all', got {self.rows}")
-        if self.seed < 0:
-            raise UsageError(f"--seed must be non-negative, got {self.seed}")
+        if not 0 <= self.seed < 2**64:
+            raise UsageError(f"--seed must be between 0 and 2**64 - 1, got {self.seed}")
         if self.loss_mask_type not in MASK_TYPES:
             raise UsageError(f"unknown --loss-mask-type {self.loss_mask_type!r} (known: {', '.join(MASK_TYPES)})")
         if self.workers < 1:
@@ -113,10 +114,12 @@ def code_version() -> dict:
     version = {"fixed_sft": __version__, "format": FORMAT, "code_sha256": digest.hexdigest()}
     try:
         git = ["git", "--no-optional-locks", "-C", str(package)]
-        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        top = subprocess.run([*git, "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True, timeout=5)
         changed = subprocess.run([*git, "status", "--porcelain", "--", "."], capture_output=True, text=True, timeout=5)
-        if commit.returncode == 0 and changed.returncode == 0:
-            version["git_commit"] = commit.stdout.strip()
+        toplevel, _, head = top.stdout.strip().partition("\n")
+        # only this project's own checkout, not a repository the package happens to be installed in
+        if top.returncode == 0 and changed.returncode == 0 and Path(toplevel) == package.resolve().parent:
+            version["git_commit"] = head
             version["git_dirty"] = bool(changed.stdout.strip())
     except (OSError, subprocess.TimeoutExpired):
         pass
@@ -142,7 +145,10 @@ class _Lock:
         self.path = out.parent / f".{out.name}.lock"
 
     def __enter__(self) -> "_Lock":
-        self.file = self.path.open("w")
+        try:
+            self.file = self.path.open("w")
+        except OSError as error:
+            raise UsageError(f"cannot write {self.path}: {error.strerror or error}; choose another --out") from None
         try:
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -160,7 +166,10 @@ def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
     config.validate()
     out = Path(out).absolute()
     check_target(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"cannot create {out.parent}: {error.strerror or error}; choose another --out") from None
     with _Lock(out):
         check_target(out)
         _recover(out)
@@ -262,6 +271,18 @@ def _pack(config: BuildConfig, source: Source, stream: Iterator, packer: Packer,
     tally.tail_tokens = packer.pending
 
 
+@contextmanager
+def _cancelling_pool() -> Iterator[ThreadPoolExecutor]:
+    """One background thread; on an error, its queued tasks are dropped, not run."""
+    pool = ThreadPoolExecutor(1)
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
 def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
     tokenizer = resolve_tokenizer(
         config.tokenizer,
@@ -277,7 +298,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
                                    config.check_every)
     with (
         Encoders(encoder_config, config.workers) as encoders,
-        ThreadPoolExecutor(1) as hashing,
+        _cancelling_pool() as hashing,
         tqdm(total=config.rows, unit="row", disable=not progress, desc=config.name) as bar,
     ):
         source = open_source(config.source, config.source_revision, license=config.source_license)

@@ -26,6 +26,11 @@ def _rows(value: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected a number or 'all', got {value!r}") from None
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def parser() -> argparse.ArgumentParser:
     from .specs import DEFAULT_BUILD
 
@@ -39,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("name", nargs="?", help=f"named build in data/builds/ (default: {DEFAULT_BUILD})")
     build.add_argument("--out", type=Path, help="output folder (default: out/NAME)")
     build.add_argument("--source", help="Hub dataset id, or a local .parquet/.jsonl file or folder (Tulu schema)")
-    build.add_argument("--source-revision", help="dataset revision (required for a Hub id not in the spec)")
+    build.add_argument("--source-revision", help="dataset revision (required with a Hub id given by --source)")
     build.add_argument("--source-license", help="license recorded in the manifest")
     build.add_argument("--tokenizer", help="tokenizer spec name (tokenizers/), Hub repo id, or local folder")
     build.add_argument("--tokenizer-revision", help="tokenizer revision (default: the spec's pinned one)")
@@ -47,7 +52,8 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--rows", type=_rows, default=argparse.SUPPRESS, help="rows to build, or 'all'")
     build.add_argument("--row-tokens", type=int, help="tokens per row")
     build.add_argument("--seed", type=int, help="order seed")
-    build.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="encoding processes (default: all cores)")
+    build.add_argument("--workers", type=int, default=usable_cores(),
+                       help="encoding processes (default: the cores this process may use)")
     build.add_argument("--check-every", type=int, default=64, help="check 1 in N conversations against the rendered template (0: off)")
     build.add_argument("--skip-invalid", action="store_true", help="skip invalid source rows and record them")
     build.add_argument("--allow-unpinned-tokenizer", action="store_true", help="build with tokenizer files that differ from their spec, and record it")

@@ -1,6 +1,7 @@
 """Source rows -> the seeded global order in which they are packed.
 
-Rule: row ``i`` (0-based, over all source files in order) gets the 64-bit key
+Rule: for a seed in ``0 .. 2**64 - 1``, row ``i`` (0-based, over all source files in
+order) gets the 64-bit key
 
     key(seed, i) = mix(mix(seed) + (i + 1) * 0x9E3779B97F4A7C15 mod 2**64)
 
@@ -35,7 +36,9 @@ def mix(z: np.ndarray) -> np.ndarray:
 
 def keys(seed: int, num_rows: int) -> np.ndarray:
     """``key(seed, i)`` for ``i`` in ``range(num_rows)``."""
-    base = mix(np.array([seed % 2**64], dtype=np.uint64))[0]
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be in 0 .. 2**64 - 1, got {seed}")
+    base = mix(np.array([seed], dtype=np.uint64))[0]
     steps = np.arange(1, num_rows + 1, dtype=np.uint64) * np.uint64(GAMMA)
     return mix(steps + base)
 

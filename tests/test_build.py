@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,31 @@ def test_code_version_identifies_the_package_files(fixture_build):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     assert manifest["code_version"]["code_sha256"] == digest.hexdigest()
     assert manifest["code_version"]["format"] == "fixed-sft/1"
+
+
+def test_git_commit_is_recorded_only_from_the_project_checkout(tmp_path):
+    """In this checkout the commit is HEAD's; a copy of the package inside another
+    repository records no commit."""
+    import shutil
+    import subprocess
+
+    import fixed_sft
+    from fixed_sft.build import code_version
+
+    package = Path(fixed_sft.__file__).parent
+    head = subprocess.run(["git", "-C", str(package), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:
+        assert code_version()["git_commit"] == head.stdout.strip()
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "other project"], check=True)
+    shutil.copytree(package, tmp_path / "venv" / "site-packages" / "fixed_sft")
+    copied = subprocess.run(
+        [sys.executable, "-c", "import json, fixed_sft.build as b; print(json.dumps(b.code_version()))"],
+        cwd=tmp_path / "venv" / "site-packages", capture_output=True, text=True, check=True,
+    )
+    version = json.loads(copied.stdout)
+    assert "git_commit" not in version and version["code_sha256"] == code_version()["code_sha256"]
 
 
 def test_rows_are_the_ordered_conversation_stream(fixture_build, corpus, encoder):

@@ -47,10 +47,11 @@ def test_verify_mismatch_exits_1(source, kimi_dir, tmp_path, capsys):
 @pytest.mark.parametrize(
     "extra, message",
     [(["--row-tokens", "1"], "row-tokens"), (["--rows", "0"], "--rows"), (["--seed", "-1"], "seed"),
-     (["--loss-mask-type", "other"], "loss-mask-type")],
+     (["--seed", str(2**64)], "seed"), (["--loss-mask-type", "other"], "loss-mask-type"),
+     (["--out", "/proc/self/o"], "--out"), (["--out", "/proc/nowhere/o"], "--out")],
 )
 def test_bad_parameters_exit_2(source, kimi_dir, tmp_path, capsys, extra, message):
-    assert main(_build_args(source, kimi_dir, tmp_path / "o", *extra)) == 2
+    assert main([*_build_args(source, kimi_dir, tmp_path / "o"), *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
 
@@ -134,3 +135,11 @@ def test_published_comparison_matches_equal_values():
 def test_verify_with_unknown_published_name_exits_2(tmp_path, capsys):
     assert main(["verify", str(tmp_path), "--published", "nope"]) == 2
     assert "no build spec named 'nope'" in capsys.readouterr().err
+
+
+def test_default_workers_are_the_cores_this_process_may_use():
+    import os
+
+    from fixed_sft.cli import parser
+
+    assert parser().parse_args(["build"]).workers == len(os.sched_getaffinity(0))

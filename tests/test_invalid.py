@@ -178,3 +178,22 @@ def test_ids_of_different_types_across_files(kimi_dir, tmp_path):
 def test_source_row_count_must_match_the_spec(sources, kimi_dir, tmp_path):
     with pytest.raises(BuildError, match="has 45 rows; bad expects 939343"):
         build(_config(sources[1], kimi_dir, source_rows=939343), tmp_path / "out")
+
+
+def test_a_failed_build_does_not_wait_to_hash_the_rest_of_the_source(tmp_path, kimi_dir, monkeypatch):
+    """Source files are hashed in the background; an error drops the hashes not yet started."""
+    import threading
+
+    for k in range(4):
+        (tmp_path / f"part-{k}.jsonl").write_bytes(b"this is not json\n")
+    hashed, never = [], threading.Event()
+
+    def slow_hash(path):
+        hashed.append(path)
+        never.wait(2)
+        return "0" * 64
+
+    monkeypatch.setattr("fixed_sft.build.sha256_file", slow_hash)
+    with pytest.raises(BuildError, match="not JSON"):
+        build(_config(tmp_path, kimi_dir), tmp_path / "out")
+    assert len(hashed) == 1
