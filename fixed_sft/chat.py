@@ -87,8 +87,10 @@ class ChatEncoder:
         prefix, suffix = self.tokenizer.encode_to_numpy(before), self.tokenizer.encode_to_numpy(after)
         if role != "assistant":
             return RoleLayout(prefix, suffix, header=len(prefix), supervised=0)
-        header = prefix.tolist().index(added["<|im_middle|>"]) + 1
-        return RoleLayout(prefix, suffix, header=header, supervised=1)
+        header = prefix.tolist()
+        if added.get("<|im_middle|>") not in header:
+            raise TemplateMismatch("the chat template's assistant header has no <|im_middle|>, which ends it for kimi_k25")
+        return RoleLayout(prefix, suffix, header=header.index(added["<|im_middle|>"]) + 1, supervised=1)
 
     def encode(self, messages: list[dict]) -> tuple[list[int], list[int]]:
         """Token ids and loss mask of one conversation (fast path)."""

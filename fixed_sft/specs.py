@@ -98,6 +98,8 @@ def resolve_tokenizer(
         directory = _download(spec["repo"], revision or spec["revision"])
     elif Path(tokenizer).is_dir():
         directory = Path(tokenizer)
+    elif tokenizer.startswith((".", "/")) or Path(tokenizer).exists():
+        raise SpecError(f"tokenizer {tokenizer!r}: no such folder")
     elif "/" in tokenizer:
         spec = next((s for s in specs.values() if s["repo"] == tokenizer), None)
         if not (revision or spec):
@@ -119,11 +121,12 @@ def resolve_tokenizer(
         if spec is not None and spec["files"][name] != files[name]
     ]
     if spec is None:
-        mismatches = [f"{directory}: matches no pinned spec in {TOKENIZERS}"]
+        mismatches = ["the files match no pinned spec"]
     if mismatches and not allow_unpinned:
+        pinned = f"the pinned spec {spec['name']}" if spec else f"every pinned spec in {TOKENIZERS}"
         raise SpecError(
-            f"tokenizer files differ from the pinned spec {spec['name'] if spec else ''}: "
-            + "; ".join(mismatches)
+            f"tokenizer files in {directory} differ from {pinned}: "
+            + "; ".join(mismatches if spec else [f"{name} sha256 {files[name]['sha256']}" for name in FILES])
             + " (--allow-unpinned-tokenizer builds anyway and records it)"
         )
     return ResolvedTokenizer(

@@ -94,18 +94,39 @@ def _overlap(names: Iterable[str]) -> tuple[str, str] | None:
 
 
 def _config(directory: Path) -> dict:
-    return json.loads((Path(directory) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    path = Path(directory) / "tokenizer_config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise TokenizerError(f"{path}: cannot read it ({error})") from None
+    if not isinstance(config, dict):
+        raise TokenizerError(f"{path}: not a JSON object")
+    return config
 
 
 def _named(config: dict) -> dict[int, str]:
     """Named added tokens by id, from ``added_tokens_decoder``."""
-    return {int(i): entry["content"] for i, entry in config["added_tokens_decoder"].items()}
+    try:
+        return {int(i): entry["content"] for i, entry in config["added_tokens_decoder"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise TokenizerError("tokenizer_config.json: 'added_tokens_decoder' is missing or malformed") from None
+
+
+def _special_id(config: dict, key: str, default: str) -> int:
+    """The id of ``config[key]``: an added token's text, or an added-token object
+    holding it as ``content``."""
+    name = config.get(key, default)
+    if isinstance(name, dict):
+        name = name.get("content")
+    ids = {text: i for i, text in _named(config).items()}
+    if name not in ids:
+        raise TokenizerError(f"tokenizer_config.json: {key} {name!r} is not an added token")
+    return ids[name]
 
 
 def eos_id(directory: str | Path) -> int:
     """The id of the eos token (``[EOS]``), read from ``tokenizer_config.json`` alone."""
-    config = _config(Path(directory))
-    return {text: i for i, text in _named(config).items()}[config.get("eos_token", "[EOS]")]
+    return _special_id(_config(Path(directory)), "eos_token", "[EOS]")
 
 
 class KimiTokenizer:
@@ -131,8 +152,8 @@ class KimiTokenizer:
         self._added_split = re.compile("(" + "|".join(map(re.escape, self.added)) + ")")
         self._special = re.compile("|".join(map(re.escape, specials)))
         self._special_firsts = sorted({text[0] for text in specials})
-        self.bos_id = self.added[config.get("bos_token", "[BOS]")]
-        self.eos_id = eos_id(self.directory)
+        self.bos_id = _special_id(config, "bos_token", "[BOS]")
+        self.eos_id = _special_id(config, "eos_token", "[EOS]")
         self.chat_template = (self.directory / "chat_template.jinja").read_text(encoding="utf-8")
 
     @property

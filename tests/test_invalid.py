@@ -129,8 +129,17 @@ def test_unpinned_tokenizer_is_recorded(sources, kimi_dir, tmp_path):
 
 def test_folder_matching_no_spec_is_refused(sources, kimi_dir, tmp_path):
     folder = _tampered_tokenizer(kimi_dir, tmp_path)
-    with pytest.raises(SpecError, match="matches no pinned spec"):
+    with pytest.raises(SpecError, match=rf"tokenizer files in {folder} differ from every pinned spec in .*"
+                                        r"chat_template.jinja sha256 [0-9a-f]{64}"):
         build(_config(sources[1], folder), tmp_path / "out")
+    manifest = build(_config(sources[1], folder, allow_unpinned_tokenizer=True, rows=2), tmp_path / "out")
+    assert manifest["tokenizer"]["mismatches"] == ["the files match no pinned spec"]  # no path of this machine
+
+
+@pytest.mark.parametrize("name", ["./no-such-tokenizer", "/no/such/tokenizer"])
+def test_a_missing_tokenizer_folder_is_named(sources, tmp_path, name):
+    with pytest.raises(SpecError, match="no such folder"):
+        build(_config(sources[1], name), tmp_path / "out")
 
 
 def test_bad_template_is_one_clear_error_with_workers(sources, kimi_dir, tmp_path):
@@ -197,3 +206,44 @@ def test_a_failed_build_does_not_wait_to_hash_the_rest_of_the_source(tmp_path, k
     with pytest.raises(BuildError, match="not JSON"):
         build(_config(tmp_path, kimi_dir), tmp_path / "out")
     assert len(hashed) == 1
+
+
+def test_template_without_the_assistant_header_end_is_one_clear_error(sources, kimi_dir, tmp_path):
+    from fixed_sft.chat import TemplateMismatch
+
+    folder = tmp_path / "tok"
+    shutil.copytree(kimi_dir, folder)
+    template = folder / "chat_template.jinja"
+    template.write_text(template.read_text().replace("<|im_assistant|>{{role_name}}<|im_middle|>",
+                                                     "<|im_assistant|>{{role_name}}<|im_end|>"))
+    with pytest.raises(TemplateMismatch, match="assistant header has no <|im_middle|>"):
+        build(_config(sources[1], folder, allow_unpinned_tokenizer=True), tmp_path / "out")
+
+
+def test_eos_token_as_an_added_token_object(sources, kimi_dir, tmp_path):
+    """``eos_token`` may be written as transformers' added-token object: same rows."""
+    folder = tmp_path / "tok"
+    shutil.copytree(kimi_dir, folder)
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["eos_token"] = {"content": config["eos_token"], "lstrip": False, "rstrip": False, "special": True}
+    config_path.write_text(json.dumps(config))
+    pinned = build(_config(sources[1], kimi_dir, rows=3), tmp_path / "a")
+    unpinned = build(_config(sources[1], folder, rows=3, allow_unpinned_tokenizer=True), tmp_path / "b")
+    assert unpinned["rows_sha256"] == pinned["rows_sha256"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [({"eos_token": "<|no-such-token|>"}, "eos_token '<|no-such-token|>' is not an added token"),
+     ({"added_tokens_decoder": None}, "'added_tokens_decoder' is missing or malformed")],
+)
+def test_unusable_tokenizer_config_is_one_clear_error(sources, kimi_dir, tmp_path, edit, says):
+    from fixed_sft.tokenizer import TokenizerError
+
+    folder = tmp_path / "tok"
+    shutil.copytree(kimi_dir, folder)
+    config_path = folder / "tokenizer_config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), **edit}))
+    with pytest.raises(TokenizerError, match=says):
+        build(_config(sources[1], folder, allow_unpinned_tokenizer=True), tmp_path / "out")
