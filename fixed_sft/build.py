@@ -246,8 +246,9 @@ def _pack(config: BuildConfig, source: Source, stream: Iterator, packer: Packer,
             reason = f"duplicate id (first used by source row {tally.seen_ids[item.id]})"
         if reason is not None:
             if not config.skip_invalid:
-                path, line = source.locate(item.index)
-                where = f"{path}: row {line} (source row {item.index}, id {item.id})"
+                path, row = source.locate(item.index)
+                place = f"line {row + 1}" if path.suffix == ".jsonl" else f"row {row}"
+                where = f"{path}: {place} (source row {item.index}, id {item.id})"
                 raise BuildError(f"{where}: {reason} (--skip-invalid skips such rows and records them)")
             tally.skipped_invalid.append({"index": item.index, "id": item.id, "reason": reason})
             continue
