@@ -98,11 +98,13 @@ FLAG_KEYS = ("source", "source_revision", "source_license", "tokenizer", "tokeni
 def _report_published(manifest: dict, published: dict, name: str) -> bool:
     from .verify import published_comparison
 
-    print(f"published values of {name} ({published.get('by', 'unknown builder')}):")
     results = published_comparison(manifest, published)
+    same = all(equal for *_, equal in results)
+    print(f"{'the same as' if same else 'not the same as'} the values published for {name} "
+          f"by {published.get('by', 'an unknown builder')}:")
     for key, mine, theirs, equal in results:
-        print(f"  {key}: {'match' if equal else 'MISMATCH'} (this build {mine}, published {theirs})")
-    return all(equal for *_, equal in results)
+        print(f"  {key}: {'same' if equal else 'differs'} (these rows {mine}, published {theirs})")
+    return same
 
 
 def _build(args: argparse.Namespace) -> int:

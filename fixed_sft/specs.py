@@ -26,6 +26,8 @@ class SpecError(Exception):
 
 def _load(folder: Path, name: str, kind: str) -> dict:
     path = folder / f"{name}.json"
+    if not folder.is_dir():
+        raise SpecError(f"{folder} not found: named specs are read from the project's checkout (pip install -e .)")
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in folder.glob("*.json"))) or "none"
         raise SpecError(f"no {kind} named {name!r} in {folder} (known: {known})")

@@ -74,8 +74,8 @@ def test_named_build_with_overrides_reports_published_values(kimi_dir, tmp_path,
     assert manifest["params"]["seed"] == 42 and manifest["params"]["rows"] == 2
     assert manifest["source"]["revision"] is None  # a local source does not inherit the Hub revision
     out = capsys.readouterr().out
-    assert f"published values of {DEFAULT_BUILD}" in out
-    assert "rows_sha256: MISMATCH" in out
+    assert f"not the same as the values published for {DEFAULT_BUILD}" in out
+    assert "rows_sha256: differs" in out
 
 
 def test_console_script_is_declared():
@@ -89,3 +89,11 @@ def test_other_repo_downloads_at_its_own_revision(fake_hub):
     resolved = resolve_tokenizer("someorg/other-model", revision="abc", allow_unpinned=True)
     assert {(repo, rev) for repo, _, rev in fake_hub} == {("someorg/other-model", "abc")}
     assert resolved.name == "kimi-k2.6"  # the files are byte-identical to the pinned spec
+
+
+def test_specs_outside_a_checkout_say_where_they_are_read_from(monkeypatch, tmp_path):
+    import fixed_sft.specs as specs
+
+    monkeypatch.setattr(specs, "BUILDS", tmp_path / "data" / "builds")
+    with pytest.raises(SpecError, match="read from the project's checkout"):
+        build_spec(DEFAULT_BUILD)
