@@ -34,7 +34,7 @@ from .order import permutation
 from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter
 from .pack import Packer
 from .source import Source, bytes_per_row, open_source, read_band
-from .specs import resolve_tokenizer
+from .specs import ResolvedTokenizer, resolve_tokenizer
 from .tokenizer import eos_id
 
 FORMAT = "fixed-sft/1"
@@ -258,12 +258,13 @@ def _pack(config: BuildConfig, source: Source, stream: Iterator, packer: Packer,
         tally.tokens_encoded += len(item.ids) + 1
         tally.template_checked += item.checked
         for row in packer.add(item.index, item.id, item.ids, item.mask):
-            if not row.supervised:
+            supervised = row.supervised
+            if not supervised:
                 tally.rows_skipped += 1
                 continue
             writer.write(row)
             tally.digests.append(row_digest(row.ids, row.mask))
-            tally.supervised += row.supervised
+            tally.supervised += supervised
             tally.rows_per_conversation.update(s.index for s in row.segments)
             bar.update()
             if writer.rows == config.rows:
@@ -343,9 +344,15 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             {"path": path.relative_to(source.root).as_posix(), "bytes": path.stat().st_size, "sha256": digest.result()}
             for path, digest in zip(source.files, source_hashes)
         ]
+    manifest = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME)
+    _write_manifest(folder / MANIFEST_NAME, manifest)
+    return manifest
 
-    parquet = folder / PARQUET_NAME
-    manifest = {
+
+def _manifest(config: BuildConfig, source: Source, source_files: list[dict], tokenizer: ResolvedTokenizer,
+              tally: _Tally, parquet: Path) -> dict:
+    """``manifest.json`` of a finished build (keys: data/README.md)."""
+    return {
         "format": FORMAT,
         "name": config.name,
         "code_version": code_version(),
@@ -373,8 +380,6 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         "rows_sha256": rows_digest(tally.digests),
         "row_sha256": [d.hex() for d in tally.digests],
     }
-    _write_manifest(folder / MANIFEST_NAME, manifest)
-    return manifest
 
 
 def _write_manifest(path: Path, manifest: dict) -> None:

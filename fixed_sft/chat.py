@@ -74,7 +74,6 @@ class ChatEncoder:
         if loss_mask_type not in MASK_TYPES:
             raise ValueError(f"unknown loss mask type {loss_mask_type!r} (known: {', '.join(MASK_TYPES)})")
         self.tokenizer = tokenizer
-        self.loss_mask_type = loss_mask_type
         self.template_kwargs = TEMPLATE_KWARGS if template_kwargs is None else template_kwargs
         self._layouts = {role: self._read_layout(role) for role in ROLES}
 

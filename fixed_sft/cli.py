@@ -66,6 +66,12 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+SPEC_KEYS = ("source", "source_revision", "source_license", "source_rows", "tokenizer", "loss_mask_type", "rows",
+             "row_tokens", "seed")
+FLAG_KEYS = ("source", "source_revision", "source_license", "tokenizer", "tokenizer_revision", "loss_mask_type",
+             "row_tokens", "seed", "workers", "check_every", "skip_invalid", "allow_unpinned_tokenizer")
+
+
 def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path]:
     """The build's parameters: the named spec's, overridden by the flags given."""
     from .build import BuildConfig, UsageError
@@ -87,12 +93,6 @@ def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path]:
         values["rows"] = args.rows
     config = BuildConfig(name=name or "custom", published=spec.get("published"), **values)
     return config, Path(args.out or Path("out") / config.name)
-
-
-SPEC_KEYS = ("source", "source_revision", "source_license", "source_rows", "tokenizer", "loss_mask_type", "rows",
-             "row_tokens", "seed")
-FLAG_KEYS = ("source", "source_revision", "source_license", "tokenizer", "tokenizer_revision", "loss_mask_type",
-             "row_tokens", "seed", "workers", "check_every", "skip_invalid", "allow_unpinned_tokenizer")
 
 
 def _report_published(manifest: dict, published: dict, name: str) -> bool:

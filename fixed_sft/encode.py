@@ -9,7 +9,6 @@ the rendered chat template; a difference stops the build.
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -106,32 +105,30 @@ def encode_chunk(encoder: ChatEncoder, chunk: pa.Table, first_position: int, che
     )
 
 
-_worker_config: EncoderConfig | None = None
 _worker_encoder: ChatEncoder | Exception | None = None
 
 
 def _init_worker(config: EncoderConfig) -> None:
     """Load the worker's encoder; a failure is kept and raised by the first chunk, so the
     caller gets the error itself rather than a broken pool."""
-    global _worker_config, _worker_encoder
-    _worker_config = config
+    global _worker_encoder
     try:
         _worker_encoder = config.load()
     except Exception as error:
         _worker_encoder = error
 
 
-def _encode_in_worker(chunk: pa.Table, first_position: int) -> EncodedChunk:
+def _encode_in_worker(chunk: pa.Table, first_position: int, check_every: int) -> EncodedChunk:
     if isinstance(_worker_encoder, Exception):
         raise _worker_encoder
-    return encode_chunk(_worker_encoder, chunk, first_position, _worker_config.check_every)
+    return encode_chunk(_worker_encoder, chunk, first_position, check_every)
 
 
 class Encoders:
     """Where conversations are encoded: in this process (``workers == 1``), one
     conversation at a time and only when asked, or in a pool of worker processes that
-    keeps ``2 * workers`` chunks in flight; on POSIX, workers fork from a server that
-    has imported this module and the template renderer once. Start-up (loading the
+    keeps ``2 * workers`` chunks in flight; workers fork from a server that has
+    imported this module and the template renderer once. Start-up (loading the
     encoder, or starting the workers) runs in a helper thread from entering on, so it
     overlaps the caller's first source read; ``encode`` raises its errors."""
 
@@ -144,9 +141,8 @@ class Encoders:
     def __enter__(self) -> "Encoders":
         start = self.config.load
         if self.workers > 1:
-            context = get_context("forkserver" if os.name == "posix" else "spawn")
-            if context.get_start_method() == "forkserver":
-                context.set_forkserver_preload([__name__, RENDERER_MODULE])
+            context = get_context("forkserver")
+            context.set_forkserver_preload([__name__, RENDERER_MODULE])
             self._pool = ProcessPoolExecutor(
                 self.workers, mp_context=context, initializer=_init_worker, initargs=(self.config,)
             )
@@ -175,7 +171,7 @@ class Encoders:
         try:
             for first_position, chunk in chunks:
                 self._started.result()
-                pending.append(self._pool.submit(_encode_in_worker, chunk, first_position))
+                pending.append(self._pool.submit(_encode_in_worker, chunk, first_position, self.config.check_every))
                 if len(pending) >= 2 * self.workers:
                     yield from pending.popleft().result()
             while pending:

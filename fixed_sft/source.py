@@ -195,8 +195,9 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
     """The rows whose packing position ``rank[i]`` is in ``[lo, hi)``, read from the
     files in parallel threads (pyarrow decodes without the GIL).
 
-    Columns: ``index`` (global row index), then ``id`` and ``messages`` for Parquet
-    sources, or ``line`` (the raw bytes) for JSONL sources; ``records`` decodes them."""
+    Columns: ``messages`` and, where the file has it, ``id`` (as text) for Parquet
+    sources, or ``line`` (the raw bytes) for JSONL sources; then ``index`` (the global
+    row index). ``records`` decodes them."""
     starts = np.concatenate(([0], np.cumsum(source.row_counts)[:-1]))
 
     def read_file(path: Path, start: int, count: int) -> tuple[list[pa.Table], np.ndarray] | None:
