@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,10 @@ def test_manifest_describes_the_rows(fixture_build, corpus):
         "train-00000-of-00003.parquet", "train-00001-of-00003.parquet", "train-00002-of-00003.parquet"]
     assert manifest["source"]["rows"] == 1200
     assert len(manifest["row_sha256"]) == 40
+    rows_of = Counter(s["source_index"] for row in pq.read_table(out / "train.parquet").column("metadata").to_pylist()
+                      for s in {seg["source_index"]: seg for seg in row["segments"]}.values())
+    assert stats["conversations"] == len(rows_of)
+    assert stats["conversations_split"] == sum(1 for n in rows_of.values() if n > 1) > 0
 
 
 def test_code_version_identifies_the_package_files(fixture_build):
@@ -139,17 +144,70 @@ def test_two_builds_are_identical(fixture_build, corpus, kimi_dir, tmp_path):
 
 
 @pytest.mark.parametrize("workers", [2, 3])
-def test_workers_do_not_change_output(fixture_build, corpus, kimi_dir, tmp_path, workers):
+def test_workers_do_not_change_output(fixture_build, corpus, kimi_dir, tmp_path, monkeypatch, workers):
+    monkeypatch.setattr(build_module, "CHUNK_ROWS", 8)  # many more chunks than the 2 x workers in flight
     out, manifest = fixture_build
     other = build(config(corpus[0] / "parquet", kimi_dir, workers=workers), tmp_path / "w")
     assert other == manifest
     assert (tmp_path / "w" / "train.parquet").read_bytes() == (out / "train.parquet").read_bytes()
 
 
-def test_band_size_does_not_change_output(fixture_build, corpus, kimi_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(build_module, "BAND_BYTES", 50_000)
+def test_bands_chunks_and_batches_do_not_change_output(fixture_build, corpus, kimi_dir, tmp_path, monkeypatch):
+    """Many consecutive bands of a few rows, cut into chunks of 2 and read in batches of 7
+    rows (smaller than a row group): the same build."""
+    import fixed_sft.source as source_module
+
+    monkeypatch.setattr(build_module, "BAND_BYTES", 10_000)
+    monkeypatch.setattr(build_module, "CHUNK_ROWS", 2)
+    monkeypatch.setattr(source_module, "READ_BATCH_ROWS", 7)
+    bands = []
+    read_band = build_module.read_band
+    monkeypatch.setattr(build_module, "read_band", lambda src, rank, lo, hi: bands.append((lo, hi)) or
+                        read_band(src, rank, lo, hi))
     _, manifest = fixture_build
-    assert build(config(corpus[0] / "parquet", kimi_dir), tmp_path / "b")["rows_sha256"] == manifest["rows_sha256"]
+    assert build(config(corpus[0] / "parquet", kimi_dir), tmp_path / "b") == manifest
+    assert len(bands) > 3 and bands[0][0] == 0
+    assert all(previous[1] == lo for previous, (lo, _) in zip(bands, bands[1:]))  # no row between bands is lost
+
+
+def test_whole_source_over_many_row_groups_verifies(corpus, kimi_dir, tmp_path):
+    from fixed_sft.output import ROWS_PER_GROUP
+    from fixed_sft.verify import verify
+
+    out = tmp_path / "all"
+    manifest = build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=None, row_tokens=512, check_every=0), out)
+    metadata = pq.read_table(out / "train.parquet").column("metadata").to_pylist()
+    assert manifest["stats"]["rows"] == len(metadata) > 2 * ROWS_PER_GROUP
+    assert pq.ParquetFile(out / "train.parquet").num_row_groups == -(-len(metadata) // ROWS_PER_GROUP)
+    assert [m["row"] for m in metadata] == list(range(len(metadata)))
+    assert manifest["params"]["rows"] == "all" and verify(out) == []
+
+
+def test_template_check_runs_on_every_nth_position(corpus, kimi_dir, tmp_path, monkeypatch):
+    from fixed_sft.order import permutation
+
+    rows = corpus[1]
+    index_of = {tuple((m["role"], m["content"]) for m in row["messages"]): i for i, row in enumerate(rows)}
+    checked = []
+    check = ChatEncoder.check
+    monkeypatch.setattr(ChatEncoder, "check", lambda self, messages, ids: checked.append(
+        index_of[tuple((m["role"], m["content"]) for m in messages)]) or check(self, messages, ids))
+    manifest = build(config(corpus[0] / "parquet", kimi_dir, check_every=5), tmp_path / "c")
+    rank = np.argsort(permutation(5, len(rows)))
+    used = manifest["stats"]["conversations"]  # one build worker consumes positions 0 .. used - 1
+    assert sorted(rank[checked].tolist()) == list(range(0, used, 5))
+    assert manifest["template_check"] == {"every": 5, "checked": len(range(0, used, 5))}
+
+
+def test_a_template_mismatch_names_the_source_row(corpus, kimi_dir, tmp_path, monkeypatch):
+    from fixed_sft.chat import TemplateMismatch
+    from fixed_sft.order import permutation
+
+    first = int(permutation(5, len(corpus[1]))[0])  # position 0 is always checked
+    monkeypatch.setattr(ChatEncoder, "reference_ids", lambda self, messages: [0])
+    with pytest.raises(TemplateMismatch, match=rf"source row {first} \(id {corpus[1][first]['id']}\): fast-path ids"):
+        build(config(corpus[0] / "parquet", kimi_dir), tmp_path / "m")
+    assert not (tmp_path / "m").exists()
 
 
 def test_jsonl_source_gives_the_same_rows(fixture_build, corpus, kimi_dir, tmp_path):
@@ -218,6 +276,12 @@ def test_refuses_a_folder_that_is_not_a_build(corpus, kimi_dir, tmp_path):
     with pytest.raises(UsageError, match="not a previous build"):
         build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), tmp_path / "notes")
     assert (tmp_path / "notes" / "mine.txt").read_text() == "keep me"
+
+
+def test_builds_into_an_empty_folder(corpus, kimi_dir, tmp_path):
+    (tmp_path / "empty").mkdir()
+    build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), tmp_path / "empty")
+    assert sorted(p.name for p in (tmp_path / "empty").iterdir()) == ["manifest.json", "train.parquet"]
 
 
 def test_rebuild_replaces_a_previous_build(fixture_build, corpus, kimi_dir, tmp_path):

@@ -138,9 +138,42 @@ def test_verify_with_unknown_published_name_exits_2(tmp_path, capsys):
     assert "no build spec named 'nope'" in capsys.readouterr().err
 
 
-def test_default_workers_are_the_cores_this_process_may_use():
-    import os
-
+def test_default_workers_are_the_cores_this_process_may_use(monkeypatch):
     from fixed_sft.cli import parser
 
-    assert parser().parse_args(["build"]).workers == len(os.sched_getaffinity(0))
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 3, 5})
+    assert parser().parse_args(["build"]).workers == 3
+
+
+def test_ctrl_c_exits_130(monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("fixed_sft.build.build", interrupted)
+    assert main(["build", "--source", "x.jsonl"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+
+
+def test_an_internal_error_is_one_line_unless_debugging(monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("fixed_sft.build.build", broken)
+    assert main(["build", "--source", "x.jsonl"]) == 1
+    assert capsys.readouterr().err == (
+        "error: internal error (RuntimeError: boom); FIXED_SFT_DEBUG=1 shows the traceback\n")
+    monkeypatch.setenv("FIXED_SFT_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="boom"):
+        main(["build", "--source", "x.jsonl"])
+
+
+def test_published_values_that_are_the_same_exit_0(source, kimi_dir, tmp_path, capsys, monkeypatch):
+    assert main(_build_args(source, kimi_dir, tmp_path / "o")) == 0
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    published = {"by": "a test", "rows_sha256": manifest["rows_sha256"], "parquet_bytes": manifest["parquet"]["bytes"],
+                 "supervised_token_ratio": round(manifest["stats"]["supervised_token_ratio"], 3)}
+    monkeypatch.setattr("fixed_sft.specs.build_spec", lambda name: {"published": published})
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "o"), "--published", "some-build"]) == 0
+    out = capsys.readouterr().out
+    assert "the same as the values published for some-build by a test" in out and "differs" not in out

@@ -128,3 +128,9 @@ def test_file_paths_are_relative_to_the_source_folder(tmp_path):
 def test_a_missing_local_source_is_named(name):
     with pytest.raises(SourceError, match="no such file or folder"):
         open_source(name)
+
+
+def test_a_file_of_another_kind_is_refused(tmp_path):
+    (tmp_path / "rows.txt").write_text("{}\n")
+    with pytest.raises(SourceError, match="rows.txt: not a .parquet or .jsonl file"):
+        open_source(str(tmp_path / "rows.txt"))
