@@ -305,3 +305,16 @@ def test_a_folder_with_a_foreign_manifest_is_not_replaced(corpus, kimi_dir, tmp_
 def test_row_tokens_has_an_upper_limit(corpus, kimi_dir, tmp_path):
     with pytest.raises(UsageError, match="between 2 and"):
         build(config(corpus[0] / "rows.jsonl", kimi_dir, row_tokens=build_module.MAX_ROW_TOKENS + 1), tmp_path / "x")
+
+
+def test_a_held_lock_refuses_a_second_build(corpus, kimi_dir, tmp_path):
+    """While another build holds the folder's lock, a build into it is refused and
+    touches nothing."""
+    import fcntl
+
+    with (tmp_path / ".held.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(BuildError, match="another build is writing"):
+            build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), tmp_path / "held")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".held.lock"]
+    build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), tmp_path / "held")  # free again
