@@ -170,6 +170,16 @@ def test_bands_chunks_and_batches_do_not_change_output(fixture_build, corpus, ki
     assert all(previous[1] == lo for previous, (lo, _) in zip(bands, bands[1:]))  # no row between bands is lost
 
 
+def test_a_small_build_reads_a_band_sized_to_its_rows(corpus, kimi_dir, tmp_path, monkeypatch):
+    """A band holds what the rows still to fill need (plus a fifth), not the whole source."""
+    bands = []
+    read_band = build_module.read_band
+    monkeypatch.setattr(build_module, "read_band", lambda src, rank, lo, hi: bands.append((lo, hi)) or
+                        read_band(src, rank, lo, hi))
+    manifest = build(config(corpus[0] / "parquet", kimi_dir, rows=3, row_tokens=256), tmp_path / "small")
+    assert bands == [(0, bands[0][1])] and manifest["stats"]["conversations"] <= bands[0][1] <= 300 < 1200
+
+
 def test_whole_source_over_many_row_groups_verifies(corpus, kimi_dir, tmp_path):
     from fixed_sft.output import ROWS_PER_GROUP
     from fixed_sft.verify import verify
