@@ -30,7 +30,9 @@ def _build_args(source, kimi_dir, out, *extra):
 
 def test_build_then_verify(source, kimi_dir, tmp_path, capsys):
     assert main(_build_args(source, kimi_dir, tmp_path / "o")) == 0
-    assert "rows_sha256" in capsys.readouterr().out
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert f"3 rows x 256 tokens, supervised ratio {manifest['stats']['supervised_token_ratio']:.4f}, " \
+           f"rows_sha256 {manifest['rows_sha256']}" in capsys.readouterr().out
     assert main(["verify", str(tmp_path / "o")]) == 0
     assert "matches its manifest" in capsys.readouterr().out
 
