@@ -100,7 +100,9 @@ def resolve_tokenizer(
         directory = _download(spec["repo"], revision or spec["revision"])
     elif Path(tokenizer).is_dir():
         directory = Path(tokenizer)
-    elif tokenizer.startswith((".", "/")) or Path(tokenizer).exists():
+    elif Path(tokenizer).exists():
+        raise SpecError(f"tokenizer {tokenizer!r} is not a folder")
+    elif tokenizer.startswith((".", "/")):
         raise SpecError(f"tokenizer {tokenizer!r}: no such folder")
     elif "/" in tokenizer:
         spec = next((s for s in specs.values() if s["repo"] == tokenizer), None)

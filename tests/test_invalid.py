@@ -145,6 +145,11 @@ def test_a_missing_tokenizer_folder_is_named(sources, tmp_path, name):
         build(_config(sources[1], name), tmp_path / "out")
 
 
+def test_a_tokenizer_file_instead_of_a_folder_is_named(sources, kimi_dir, tmp_path):
+    with pytest.raises(SpecError, match="tiktoken.model' is not a folder"):
+        build(_config(sources[1], kimi_dir / "tiktoken.model"), tmp_path / "out")
+
+
 def test_bad_template_is_one_clear_error_with_workers(sources, kimi_dir, tmp_path):
     from fixed_sft.chat import TemplateMismatch
 
