@@ -80,7 +80,8 @@ def _download(repo: str, revision: str) -> Path:
         raise SpecError(
             f"cannot get tokenizer {repo}@{revision} from the Hugging Face Hub or its cache "
             f"({type(error).__name__}: {error}). Without the Hub, put {', '.join(FILES)} in a folder "
-            "and pass --tokenizer FOLDER."
+            "and pass --tokenizer FOLDER; a Hub source needs the same, with --source FOLDER --source-revision REV "
+            "(README: 'Command line')."
         ) from None
     return paths[0].parent
 
