@@ -101,20 +101,22 @@ def open_source(source: str, revision: str | None = None, license: str | None = 
 
 
 def _check_messages_type(files: tuple[Path, ...]) -> None:
-    """Every Parquet file has a ``messages`` column, all of one type: a chunk of the
+    """Every Parquet file has a ``messages`` column, of types that combine into one (as
+    ``string`` and ``large_string`` do, or structs with other keys): a chunk of the
     packing order interleaves rows of every file."""
-    first = None
+    combined = None
     for path in files:
-        names = pq.read_schema(path)
-        if "messages" not in names.names:
+        schema = pq.read_schema(path)
+        if "messages" not in schema.names:
             raise SourceError(f"{path}: no 'messages' column")
-        kind = names.field("messages").type
-        if first is None:
-            first = (path, kind)
-        elif kind != first[1]:
+        messages = pa.schema([schema.field("messages")])
+        try:
+            combined = messages if combined is None else pa.unify_schemas([combined, messages], promote_options="permissive")
+        except (pa.ArrowTypeError, pa.ArrowInvalid):
             raise SourceError(
-                f"{path}: 'messages' is {kind}, but in {first[0]} it is {first[1]}; the files of a source must agree"
-            )
+                f"{path}: 'messages' is {messages.field(0).type}, which does not combine with the earlier "
+                f"files' {combined.field(0).type}; the files of a source must agree"
+            ) from None
 
 
 def _data_files(path: Path) -> tuple[Path, ...]:

@@ -80,8 +80,8 @@ def _download(repo: str, revision: str) -> Path:
         raise SpecError(
             f"cannot get tokenizer {repo}@{revision} from the Hugging Face Hub or its cache "
             f"({type(error).__name__}: {error}). Without the Hub, put {', '.join(FILES)} in a folder "
-            "and pass --tokenizer FOLDER; a Hub source needs the same, with --source FOLDER --source-revision REV "
-            "(README: 'Command line')."
+            "and pass --tokenizer FOLDER; a Hub source needs the same: NAME --source FOLDER --source-revision REV "
+            "--source-license LICENSE (README: 'Command line')."
         ) from None
     return paths[0].parent
 
@@ -108,7 +108,8 @@ def resolve_tokenizer(
     elif "/" in tokenizer:
         spec = next((s for s in specs.values() if s["repo"] == tokenizer), None)
         if not (revision or spec):
-            raise SpecError(f"tokenizer repo {tokenizer!r} is not pinned in {TOKENIZERS}: pass --tokenizer-revision")
+            raise SpecError(f"tokenizer {tokenizer!r} is not a local folder; as a Hub repo id it is not pinned in "
+                            f"{TOKENIZERS}, so it needs --tokenizer-revision")
         directory = _download(tokenizer, revision or spec["revision"])
     else:
         raise SpecError(f"tokenizer {tokenizer!r} is not a spec name ({', '.join(specs)}), folder, or Hub repo id")

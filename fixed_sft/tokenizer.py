@@ -119,7 +119,7 @@ def _special_id(config: dict, key: str, default: str) -> int:
     if isinstance(name, dict):
         name = name.get("content")
     ids = {text: i for i, text in _named(config).items()}
-    if name not in ids:
+    if not isinstance(name, str) or name not in ids:
         raise TokenizerError(f"tokenizer_config.json: {key} {name!r} is not an added token")
     return ids[name]
 

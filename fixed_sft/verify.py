@@ -24,7 +24,7 @@ from .output import MANIFEST_NAME, PARQUET_NAME, read_rows
 def verify(folder: Path) -> list[str]:
     folder = Path(folder)
     if not folder.is_dir():
-        return [f"{folder}: no such folder"]
+        return [f"{folder}: {'not a folder' if folder.exists() else 'no such folder'}"]
     try:
         manifest = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
         _check_types(manifest)
@@ -120,15 +120,15 @@ def _check_metadata(parquet: Path, row_tokens: int) -> list[str]:
     """Each row's ``metadata.row`` is its number and its segments cover ``row_tokens``."""
     try:
         metadata = pq.read_table(parquet, columns=["metadata"]).column("metadata").combine_chunks()
-    except Exception as error:  # any read failure means a damaged file
+        numbers = metadata.field("row").to_numpy(zero_copy_only=False)
+        segments = metadata.field("segments")
+        starts, ends = (pc.struct_field(segments.flatten(), key) for key in ("start", "end"))
+    except Exception as error:  # any read failure, or a missing field, means a damaged file
         return [f"{parquet}: metadata unreadable ({type(error).__name__}: {error})"]
-    numbers = metadata.field("row").to_numpy(zero_copy_only=False)
     bad = np.flatnonzero(numbers != np.arange(len(numbers)))
     if len(bad):
         return [f"row {bad[0]}: metadata.row is {numbers[bad[0]]}"]
-    segments = metadata.field("segments")
-    spans = (pc.subtract(pc.struct_field(segments.flatten(), "end"), pc.struct_field(segments.flatten(), "start"))
-             .to_numpy(zero_copy_only=False))
+    spans = pc.subtract(ends, starts).to_numpy(zero_copy_only=False)
     covered = np.bincount(pc.list_parent_indices(segments).to_numpy(), weights=spans, minlength=len(numbers))
     bad = np.flatnonzero(covered != row_tokens)
     return [f"row {bad[0]}: metadata.segments cover {int(covered[bad[0]])} tokens, not {row_tokens}"] if len(bad) else []

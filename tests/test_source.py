@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -113,8 +115,40 @@ def test_files_whose_messages_types_differ_are_refused(tmp_path):
 
     synthetic.write_parquet(synthetic.conversations(2), tmp_path / "a.parquet")
     pq.write_table(pa.table({"id": ["x"], "messages": ['[{"role": "user", "content": "hi"}]']}), tmp_path / "b.parquet")
-    with pytest.raises(SourceError, match=r"b\.parquet: 'messages' is string, but in .*a\.parquet it is list"):
+    with pytest.raises(SourceError, match=r"b\.parquet: 'messages' is string, which does not combine with the "
+                                          r"earlier files' list<"):
         open_source(str(tmp_path))
+
+
+def test_files_whose_messages_types_combine_give_the_same_rows(tmp_path):
+    """``large_string`` content in one file and an extra message key in another still
+    form one source: the same conversations, in the same order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = synthetic.conversations(6, seed=2)
+    synthetic.write_parquet(rows, tmp_path / "plain", rows_per_file=2)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    files = sorted((tmp_path / "plain").glob("*.parquet"))
+    large = pa.list_(pa.struct([("role", pa.string()), ("content", pa.large_string())]))
+    first = pq.read_table(files[0])
+    pq.write_table(first.set_column(first.schema.get_field_index("messages"), "messages",
+                                    first.column("messages").cast(large)), mixed / "a.parquet")
+    second = pq.read_table(files[1]).to_pylist()
+    for row in second:
+        row["messages"] = [{**m, "name": "x"} for m in row["messages"]]
+    pq.write_table(pa.Table.from_pylist(second), mixed / "b.parquet")
+    shutil.copy(files[2], mixed / "c.parquet")
+
+    def conversations(folder):
+        src = open_source(str(folder))
+        return [(i, r["messages"]) for chunk in read_band(src, np.arange(6), 0, 6).chunks(4) for i, r in records(chunk)]
+
+    plain = conversations(tmp_path / "plain")
+    got = conversations(mixed)
+    assert [i for i, _ in got] == [i for i, _ in plain]
+    assert [[{k: m[k] for k in ("role", "content")} for m in ms] for _, ms in got] == [ms for _, ms in plain]
 
 
 def test_file_paths_are_relative_to_the_source_folder(tmp_path):

@@ -190,6 +190,20 @@ def test_missing_folder(tmp_path):
     assert verify(tmp_path / "nowhere") == [f"{tmp_path / 'nowhere'}: no such folder"]
 
 
+def test_a_file_instead_of_a_folder(copy):
+    assert verify(copy / "train.parquet") == [f"{copy / 'train.parquet'}: not a folder"]
+
+
+def test_metadata_without_its_fields(copy):
+    path = copy / "train.parquet"
+    table = pq.read_table(path)
+    bare = pa.StructArray.from_arrays([pa.array([0] * table.num_rows)], names=["other"])
+    pq.write_table(table.set_column(1, "metadata", bare), path)
+    problems = verify(copy)
+    assert problems[0].startswith(f"{path}: ") and "manifest says" in problems[0]  # the earlier problems are kept
+    assert problems[-1].startswith(f"{path}: metadata unreadable (KeyError")
+
+
 def test_parquet_without_metadata_column(copy):
     path = copy / "train.parquet"
     pq.write_table(pq.read_table(path, columns=["messages"]), path)
