@@ -84,11 +84,16 @@ def download(repo_id: str, revision: str) -> Path:
         ) from None
 
 
+def is_hub_id(name: str) -> bool:
+    """Whether ``name`` not found locally reads as a Hub id (``owner/name``) rather than a path."""
+    return "/" in name and not name.startswith((".", "/"))
+
+
 def open_source(source: str, revision: str | None = None, license: str | None = None) -> Source:
     """Resolve ``source`` (a local file/folder, else a Hub dataset id) and count its rows."""
     path = Path(source)
     if not path.exists():
-        if "/" not in source or source.startswith((".", "/")):
+        if not is_hub_id(source):
             raise SourceError(f"source {source!r}: no such file or folder")
         if not revision:
             raise SourceError(f"source {source!r} is not a local file or folder; as a Hub dataset id it needs --source-revision")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .hashes import sha256_file
+from .source import is_hub_id
 from .tokenizer import FILES, TEMPLATE_KWARGS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,14 +104,14 @@ def resolve_tokenizer(
         directory = Path(tokenizer)
     elif Path(tokenizer).exists():
         raise SpecError(f"tokenizer {tokenizer!r} is not a folder")
-    elif tokenizer.startswith((".", "/")):
-        raise SpecError(f"tokenizer {tokenizer!r}: no such folder")
-    elif "/" in tokenizer:
+    elif is_hub_id(tokenizer):
         spec = next((s for s in specs.values() if s["repo"] == tokenizer), None)
         if not (revision or spec):
             raise SpecError(f"tokenizer {tokenizer!r} is not a local folder; as a Hub repo id it is not pinned in "
                             f"{TOKENIZERS}, so it needs --tokenizer-revision")
         directory = _download(tokenizer, revision or spec["revision"])
+    elif tokenizer.startswith((".", "/")):
+        raise SpecError(f"tokenizer {tokenizer!r}: no such folder")
     else:
         raise SpecError(f"tokenizer {tokenizer!r} is not a spec name ({', '.join(specs)}), folder, or Hub repo id")
 

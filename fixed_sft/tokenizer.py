@@ -112,21 +112,21 @@ def _named(config: dict) -> dict[int, str]:
         raise TokenizerError("tokenizer_config.json: 'added_tokens_decoder' is missing or malformed") from None
 
 
-def _special_id(config: dict, key: str, default: str) -> int:
-    """The id of ``config[key]``: an added token's text, or an added-token object
-    holding it as ``content``."""
+def _special_id(config: dict, added: dict[str, int], key: str, default: str) -> int:
+    """The id in ``added`` (text -> id) of ``config[key]``: an added token's text, or an
+    added-token object holding it as ``content``."""
     name = config.get(key, default)
     if isinstance(name, dict):
         name = name.get("content")
-    ids = {text: i for i, text in _named(config).items()}
-    if not isinstance(name, str) or name not in ids:
+    if not isinstance(name, str) or name not in added:
         raise TokenizerError(f"tokenizer_config.json: {key} {name!r} is not an added token")
-    return ids[name]
+    return added[name]
 
 
 def eos_id(directory: str | Path) -> int:
     """The id of the eos token (``[EOS]``), read from ``tokenizer_config.json`` alone."""
-    return _special_id(_config(Path(directory)), "eos_token", "[EOS]")
+    config = _config(Path(directory))
+    return _special_id(config, {text: i for i, text in _named(config).items()}, "eos_token", "[EOS]")
 
 
 class KimiTokenizer:
@@ -152,8 +152,8 @@ class KimiTokenizer:
         self._added_split = re.compile("(" + "|".join(map(re.escape, self.added)) + ")")
         self._special = re.compile("|".join(map(re.escape, specials)))
         self._special_firsts = sorted({text[0] for text in specials})
-        self.bos_id = _special_id(config, "bos_token", "[BOS]")
-        self.eos_id = _special_id(config, "eos_token", "[EOS]")
+        self.bos_id = _special_id(config, self.added, "bos_token", "[BOS]")
+        self.eos_id = _special_id(config, self.added, "eos_token", "[EOS]")
         self.chat_template = (self.directory / "chat_template.jinja").read_text(encoding="utf-8")
 
     @property
