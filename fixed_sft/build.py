@@ -298,11 +298,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         )
     encoder_config = EncoderConfig(tokenizer.directory, config.loss_mask_type, tokenizer.template_kwargs,
                                    config.check_every)
-    with (
-        Encoders(encoder_config, config.workers) as encoders,
-        _cancelling_pool() as hashing,
-        tqdm(total=config.rows, unit="row", disable=not progress, desc=config.name) as bar,
-    ):
+    with Encoders(encoder_config, config.workers) as encoders, _cancelling_pool() as hashing:
         source = open_source(config.source, config.source_revision, license=config.source_license)
         if config.source_rows is not None and source.num_rows != config.source_rows:
             raise BuildError(f"source {source.name} has {source.num_rows} rows; {config.name} expects {config.source_rows}")
@@ -328,7 +324,8 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
 
         stream = encoders.encode(_chunks(source, rank, band_rows))
         try:
-            _pack(config, source, stream, packer, writer, tally, bar)
+            with tqdm(total=config.rows, unit="row", disable=not progress, desc=config.name) as bar:
+                _pack(config, source, stream, packer, writer, tally, bar)
         except BaseException:
             writer.abort()
             raise

@@ -118,19 +118,22 @@ def open_source(source: str, revision: str | None = None, license: str | None = 
     files = _data_files(path)
     counts = tuple(_count_rows(f) for f in files)
     if files[0].suffix == ".parquet":
-        _check_messages_type(files)
+        _check_parquet_types(files)
     return Source(source, revision, license, path if path.is_dir() else path.parent, files, counts)
 
 
-def _check_messages_type(files: tuple[Path, ...]) -> None:
+def _check_parquet_types(files: tuple[Path, ...]) -> None:
     """Every Parquet file has a ``messages`` column, of types that combine into one (as
     ``string`` and ``large_string`` do, or structs with other keys): a chunk of the
-    packing order interleaves rows of every file."""
+    packing order interleaves rows of every file. An ``id`` column holds strings or
+    integers (their text is the id)."""
     combined = None
     for path in files:
         schema = pq.read_schema(path)
         if "messages" not in schema.names:
             raise SourceError(f"{path}: no 'messages' column")
+        if "id" in schema.names and not _is_id_type(schema.field("id").type):
+            raise SourceError(f"{path}: 'id' is {schema.field('id').type}; ids must be strings or integers")
         messages = pa.schema([schema.field("messages")])
         try:
             combined = messages if combined is None else pa.unify_schemas([combined, messages], promote_options="permissive")
@@ -139,6 +142,12 @@ def _check_messages_type(files: tuple[Path, ...]) -> None:
                 f"{path}: 'messages' is {messages.field(0).type}, which does not combine with the earlier "
                 f"files' {combined.field(0).type}; the files of a source must agree"
             ) from None
+
+
+def _is_id_type(kind: pa.DataType) -> bool:
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return pa.types.is_null(kind) or pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
 def _data_files(path: Path) -> tuple[Path, ...]:
@@ -325,10 +334,14 @@ def conversation(record: object) -> tuple[str | None, list[dict]]:
     """``(id, messages)`` of a source record, messages reduced to ``{role, content}``.
 
     Valid: ``messages`` is a non-empty list of objects whose ``role`` is system, user
-    or assistant and whose ``content`` is a string of valid Unicode."""
+    or assistant and whose ``content`` is a string of valid Unicode (no lone
+    surrogate); ``id``, where present and not null, is a string or an integer, whose
+    decimal text is the id."""
     if isinstance(record, InvalidRow):
         raise record
     row_id = record.get("id")
+    if isinstance(row_id, bool) or not isinstance(row_id, (str, int, type(None))):
+        raise InvalidRow(f"'id' is a {type(row_id).__name__}, not a string or integer")
     row_id = None if row_id is None else str(row_id)
     messages = record.get("messages")
     if messages is None:

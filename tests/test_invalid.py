@@ -31,6 +31,9 @@ BAD_LINES = {
     35: (b'{"id": "surrogate", "messages": [{"role": "user", "content": "\\ud800"}]}', "lone surrogate"),
     38: (b'{"id": "list", "messages": ["hello"]}', "message 0 is a str, not an object"),
     41: (b"[1, 2]", "not a JSON object"),
+    40: (b"", "not JSON"),  # a blank line is a row too
+    43: (b'{"id": 7.5, "messages": [{"role": "user", "content": "x"}]}', "'id' is a float, not a string or integer"),
+    44: (b'{"id": true, "messages": [{"role": "user", "content": "x"}]}', "'id' is a bool, not a string or integer"),
 }
 
 
@@ -190,6 +193,35 @@ def test_ids_of_different_types_across_files(kimi_dir, tmp_path):
            for s in r["segments"]}
     assert "3" in ids and "synthetic_15" in ids
     assert manifest["stats"]["conversations"] == 20
+
+
+def test_integer_ids_are_their_decimal_text_in_both_formats(kimi_dir, tmp_path):
+    """A JSONL id 7 and a Parquet int64 id 7 are both "7", so they are one id."""
+    import pyarrow as pa
+
+    rows = synthetic.conversations(2, seed=4)
+    (tmp_path / "src").mkdir()
+    table = pa.Table.from_pylist(rows[:1], schema=synthetic.TULU_SCHEMA)
+    pq.write_table(table.set_column(0, "id", pa.array([7], pa.int64())), tmp_path / "src" / "a.parquet")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"id": 7, "messages": rows[1]["messages"]}) + "\n")
+    parquet = build(_config(tmp_path / "src", kimi_dir, rows=1, row_tokens=8), tmp_path / "p")
+    jsonl = build(_config(tmp_path / "b.jsonl", kimi_dir, rows=1, row_tokens=8), tmp_path / "j")
+    ids = [pq.read_table(folder / "train.parquet").column("metadata").to_pylist()[0]["segments"][0]["id"]
+           for folder in (tmp_path / "p", tmp_path / "j")]
+    assert ids == ["7", "7"] and parquet["stats"]["rows"] == jsonl["stats"]["rows"] == 1
+
+
+def test_parquet_ids_that_are_not_strings_or_integers_are_refused(kimi_dir, tmp_path):
+    import pyarrow as pa
+
+    from fixed_sft.source import SourceError
+
+    table = pa.Table.from_pylist(synthetic.conversations(3, seed=4), schema=synthetic.TULU_SCHEMA)
+    path = tmp_path / "src.parquet"
+    pq.write_table(table.set_column(0, "id", pa.array([1.5, 2.0, 3.0])), path)
+    with pytest.raises(SourceError, match=rf"{re.escape(str(path))}: 'id' is double; ids must be strings or integers"):
+        build(_config(path, kimi_dir), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_source_row_count_must_match_the_spec(sources, kimi_dir, tmp_path):

@@ -118,3 +118,13 @@ def test_numpy_and_list_encodings_agree(tokenizer, reference, text):
     array = tokenizer.encode_to_numpy(text)
     assert array.dtype.name == "uint32" and not array.flags.writeable
     assert array.tolist() == tokenizer.encode(text) == reference.encode(text)
+
+
+def test_the_format_spec_states_the_split_pattern_in_use():
+    from pathlib import Path
+
+    from fixed_sft.tokenizer import PATTERN
+
+    spec = (Path(__file__).resolve().parent.parent / "data" / "README.md").read_text(encoding="utf-8")
+    block = spec.split("The split pattern is the alternation, in this order, of:")[1].split("```")[1]
+    assert "|".join(line[3:] for line in block.split("\n") if line.strip()) == PATTERN
