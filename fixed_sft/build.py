@@ -97,10 +97,16 @@ def is_build(path: Path) -> bool:
     return isinstance(manifest, dict) and manifest.get("format") == FORMAT and names <= {MANIFEST_NAME, PARQUET_NAME}
 
 
-def check_target(out: Path) -> None:
-    """A target must be absent, an empty folder, or a previous build."""
+def check_target(out: Path, source: str) -> None:
+    """A target must be absent, an empty folder, or a previous build, and lie neither
+    inside a build (which would then no longer be one) nor inside a source folder."""
     if out.exists() and not (out.is_dir() and (is_build(out) or not any(out.iterdir()))):
         raise UsageError(f"output {out} exists and is not a previous build; choose another --out")
+    inside = next((folder for folder in out.parents if is_build(folder)), None)
+    if inside is not None:
+        raise UsageError(f"output {out} is inside the build {inside}; choose another --out")
+    if Path(source).is_dir() and out.resolve().is_relative_to(Path(source).resolve()):
+        raise UsageError(f"output {out} is inside the source folder {source}; choose another --out")
 
 
 def code_version() -> dict:
@@ -165,13 +171,13 @@ def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
     """Build ``config`` into folder ``out``; return the manifest."""
     config.validate()
     out = Path(out).absolute()
-    check_target(out)
+    check_target(out, config.source)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UsageError(f"cannot create {out.parent}: {error.strerror or error}; choose another --out") from None
     with _Lock(out), system_allocator():
-        check_target(out)
+        check_target(out, config.source)
         _recover(out)
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
         tmp.mkdir()
@@ -332,10 +338,10 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         finally:
             stream.close()
         writer.close()
-        if config.rows is not None and writer.rows < config.rows:
+        if writer.rows == 0 or (config.rows is not None and writer.rows < config.rows):
+            wanted = f"asked for {config.rows}" if config.rows is not None else "a build needs at least one"
             raise BuildError(
-                f"the source fills only {writer.rows} rows of {config.row_tokens} tokens with supervised tokens; "
-                f"asked for {config.rows}"
+                f"the source fills only {writer.rows} rows of {config.row_tokens} tokens with supervised tokens; {wanted}"
             )
         source_files = [
             {"path": path.relative_to(source.root).as_posix(), "bytes": path.stat().st_size, "sha256": digest.result()}

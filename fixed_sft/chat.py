@@ -78,7 +78,11 @@ class ChatEncoder:
         self._layouts = {role: self._read_layout(role) for role in ROLES}
 
     def _read_layout(self, role: str) -> RoleLayout:
-        text = self.render([{"role": role, "content": _PROBE}])
+        try:
+            text = self.render([{"role": role, "content": _PROBE}])
+        except Exception as error:  # Jinja syntax, undefined names, template-raised errors
+            raise TemplateMismatch(f"{self.tokenizer.directory / 'chat_template.jinja'}: cannot render a {role} "
+                                   f"message ({type(error).__name__}: {error})") from None
         before, probe, after = text.partition(_PROBE)
         added = self.tokenizer.added
         if not probe or not any(before.endswith(t) for t in added) or not any(after.startswith(t) for t in added):

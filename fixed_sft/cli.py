@@ -1,12 +1,14 @@
 """Command line: ``build`` (the default) and ``verify``.
 
-Exit codes: 0 success; 1 build failure or verify mismatch; 2 usage error; 130 interrupted.
+Exit codes: 0 success; 1 build failure or verify mismatch; 2 usage error; 130 interrupted
+(Ctrl-C); 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +17,15 @@ if TYPE_CHECKING:
     from .build import BuildConfig
 
 USAGE_ERROR, FAILURE = 2, 1
+INTERRUPTED, TERMINATED = 130, 143  # 128 + SIGINT, 128 + SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM: the build stops as on Ctrl-C (workers stopped, nothing half-written)."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 def _rows(value: str) -> int | None:
@@ -131,7 +142,7 @@ def _verify(args: argparse.Namespace) -> int:
     from .verify import verify
 
     published = None
-    if args.published:
+    if args.published is not None:
         try:
             published = build_spec(args.published).get("published")
         except SpecError as error:
@@ -158,11 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in ("build", "verify", "-h", "--help"):
         argv.insert(0, "build")
     args = parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return _build(args) if args.command == "build" else _verify(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return TERMINATED
     except Exception as error:
         code = _exit_code(error)
         if code is None and os.environ.get("FIXED_SFT_DEBUG"):
@@ -170,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         detail = str(error) if code else f"internal error ({type(error).__name__}: {error}); FIXED_SFT_DEBUG=1 shows the traceback"
         print(f"error: {detail}", file=sys.stderr)
         return code or FAILURE
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _exit_code(error: Exception) -> int | None:

@@ -9,10 +9,14 @@ the rendered chat template; a difference stops the build.
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
+from multiprocessing import forkserver, get_context, parent_process
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple
 
@@ -112,6 +116,8 @@ def _init_worker(config: EncoderConfig) -> None:
     """Load the worker's encoder; a failure is kept and raised by the first chunk, so the
     caller gets the error itself rather than a broken pool."""
     global _worker_encoder
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the build's to handle: it stops the workers
+    threading.Thread(target=_exit_when_gone, args=(parent_process().sentinel,), daemon=True).start()
     pa.set_memory_pool(pa.system_memory_pool())  # as ``system_allocator`` in the build's process
     try:
         _worker_encoder = config.load()
@@ -119,10 +125,31 @@ def _init_worker(config: EncoderConfig) -> None:
         _worker_encoder = error
 
 
+def _exit_when_gone(build_process: int) -> None:
+    """End this worker once the build's process is gone (killed), rather than wait for
+    work forever."""
+    wait([build_process])
+    os._exit(1)
+
+
 def _encode_in_worker(chunk: pa.Table, first_position: int, check_every: int) -> EncodedChunk:
     if isinstance(_worker_encoder, Exception):
         raise _worker_encoder
     return encode_chunk(_worker_encoder, chunk, first_position, check_every)
+
+
+def _start_forkserver() -> None:
+    """Start the fork server, if it is not running, with Ctrl-C ignored: it and its
+    workers inherit that, so Ctrl-C reaches the build alone (a server still importing
+    would otherwise print a traceback)."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        forkserver.ensure_running()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class Encoders:
@@ -144,6 +171,7 @@ class Encoders:
         if self.workers > 1:
             context = get_context("forkserver")
             context.set_forkserver_preload([__name__, RENDERER_MODULE])
+            _start_forkserver()
             self._pool = ProcessPoolExecutor(
                 self.workers, mp_context=context, initializer=_init_worker, initargs=(self.config,)
             )

@@ -327,6 +327,8 @@ def _parse_json_line(line: bytes) -> object:
         return InvalidRow(f"invalid UTF-8 at byte {error.start}")
     except json.JSONDecodeError as error:
         return InvalidRow(f"not JSON ({error.msg} at char {error.pos})")
+    except RecursionError:
+        return InvalidRow("JSON nested too deeply to read")
     return record if isinstance(record, dict) else InvalidRow("not a JSON object")
 
 

@@ -27,12 +27,20 @@ class SpecError(Exception):
 
 def _load(folder: Path, name: str, kind: str) -> dict:
     path = folder / f"{name}.json"
+    if not name or Path(name).name != name or name.startswith("."):
+        raise SpecError(f"{kind} name {name!r} is not a name (a file name in {folder}, without .json)")
     if not folder.is_dir():
         raise SpecError(f"{folder} not found: named specs are read from the project's checkout (pip install -e .)")
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in folder.glob("*.json"))) or "none"
         raise SpecError(f"no {kind} named {name!r} in {folder} (known: {known})")
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise SpecError(f"{path}: cannot read it ({error})") from None
+    if not isinstance(spec, dict):
+        raise SpecError(f"{path}: not a JSON object")
+    return spec
 
 
 def build_spec(name: str) -> dict:

@@ -135,7 +135,11 @@ class KimiTokenizer:
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
-        ranks = load_tiktoken_bpe(str(self.directory / "tiktoken.model"))
+        try:
+            ranks = load_tiktoken_bpe(str(self.directory / "tiktoken.model"))
+        except Exception as error:  # a damaged file fails in base64, int or split
+            raise TokenizerError(f"{self.directory / 'tiktoken.model'}: not a tiktoken BPE file "
+                                 f"({type(error).__name__}: {error})") from None
         config = _config(self.directory)
         named = _named(config)
         first = len(ranks)
@@ -154,7 +158,10 @@ class KimiTokenizer:
         self._special_firsts = sorted({text[0] for text in specials})
         self.bos_id = _special_id(config, self.added, "bos_token", "[BOS]")
         self.eos_id = _special_id(config, self.added, "eos_token", "[EOS]")
-        self.chat_template = (self.directory / "chat_template.jinja").read_text(encoding="utf-8")
+        try:
+            self.chat_template = (self.directory / "chat_template.jinja").read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise TokenizerError(f"{self.directory / 'chat_template.jinja'}: cannot read it ({error})") from None
 
     @property
     def vocab_size(self) -> int:

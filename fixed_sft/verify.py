@@ -2,10 +2,12 @@
 
 Checks, in order: the manifest reads, with each field verify uses of its type; values
 derived from others (tokens, padding, ratio, rows) agree, and ``rows_sha256`` equals the
-hash of its own row hashes; the Parquet file exists with the recorded size and sha256;
-every row reads, has ``row_tokens`` ids and mask values, and hashes to its recorded row
-hash (the first bad row is named); the row count and supervised-token count match; each
-row's ``metadata.row`` is its number and its segments cover ``row_tokens`` tokens.
+hash of its own row hashes; the Parquet file exists with the recorded size and sha256,
+and has the format's schema (so no value can wrap into a hash); every row reads, has
+``row_tokens`` ids and mask values, each mask value 0 or 1, and hashes to its recorded
+row hash (the first bad row is named); the row count and supervised-token count match;
+each row's ``metadata.row`` is its number and its segments, each a non-empty span from a
+non-negative start, cover ``row_tokens`` tokens.
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .hashes import row_digest, rows_digest, sha256_file
-from .output import MANIFEST_NAME, PARQUET_NAME, read_rows
+from .output import MANIFEST_NAME, PARQUET_NAME, SCHEMA, read_rows
 
 
 def verify(folder: Path) -> list[str]:
     folder = Path(folder)
     if not folder.is_dir():
         return [f"{folder}: {'not a folder' if folder.exists() else 'no such folder'}"]
+    if (folder / MANIFEST_NAME).exists() and not (folder / MANIFEST_NAME).is_file():
+        return [f"{folder / MANIFEST_NAME}: not a file"]
     try:
         manifest = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
         _check_types(manifest)
@@ -44,16 +48,22 @@ def verify(folder: Path) -> list[str]:
 
     parquet = folder / PARQUET_NAME
     if not parquet.is_file():
-        return problems + [f"{parquet}: missing"]
+        return problems + [f"{parquet}: {'not a file' if parquet.exists() else 'missing'}"]
     size = parquet.stat().st_size
     if size != parquet_info["bytes"]:
         problems.append(f"{parquet}: {size} bytes, manifest says {parquet_info['bytes']}")
     elif sha256_file(parquet) != parquet_info["sha256"]:
         problems.append(f"{parquet}: sha256 differs from the manifest")
     try:
+        schema = pq.read_schema(parquet)
+        if not schema.equals(SCHEMA, check_metadata=False):
+            return problems + [f"{parquet}: schema differs from the format's ({schema.to_string(show_schema_metadata=False)})"]
         ids, mask, offsets = read_rows(parquet)
     except Exception as error:  # any read failure means a damaged file
         return problems + [f"{parquet}: unreadable ({type(error).__name__}: {error})"]
+    if len(mask) and mask.max() > 1:
+        row = int(np.searchsorted(offsets, np.argmax(mask > 1), side="right")) - 1
+        problems.append(f"row {row}: a loss_mask value is {int(mask.max())}, not 0 or 1")
 
     count = len(offsets) - 1
     for n in range(count):
@@ -97,6 +107,8 @@ def _check_types(manifest: object) -> None:
             value = value[key]
         if not isinstance(value, kind) or isinstance(value, bool):
             raise TypeError(f"{'.'.join(keys)} is not {JSON_NAMES[kind]}")
+        if kind is int and not 0 <= value < 2**63:
+            raise ValueError(f"{'.'.join(keys)} is {value}, outside 0 .. 2**63 - 1")
     if manifest["parquet"]["path"] != PARQUET_NAME:
         raise ValueError(f"parquet.path is {manifest['parquet']['path']!r}, not {PARQUET_NAME!r}")
 
@@ -129,6 +141,10 @@ def _check_metadata(parquet: Path, row_tokens: int) -> list[str]:
     if len(bad):
         return [f"row {bad[0]}: metadata.row is {numbers[bad[0]]}"]
     spans = pc.subtract(ends, starts).to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero((spans <= 0) | (starts.to_numpy(zero_copy_only=False) < 0))
+    if len(bad):
+        row = int(pc.list_parent_indices(segments).to_numpy()[bad[0]])
+        return [f"row {row}: a metadata segment spans [{starts[bad[0]]}, {ends[bad[0]]})"]
     covered = np.bincount(pc.list_parent_indices(segments).to_numpy(), weights=spans, minlength=len(numbers))
     bad = np.flatnonzero(covered != row_tokens)
     return [f"row {bad[0]}: metadata.segments cover {int(covered[bad[0]])} tokens, not {row_tokens}"] if len(bad) else []

@@ -344,3 +344,22 @@ def test_a_held_lock_refuses_a_second_build(corpus, kimi_dir, tmp_path):
             build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), tmp_path / "held")
     assert sorted(p.name for p in tmp_path.iterdir()) == [".held.lock"]
     build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), tmp_path / "held")  # free again
+
+
+def test_an_output_inside_a_build_or_a_source_folder_is_refused(corpus, kimi_dir, tmp_path):
+    good = tmp_path / "good"
+    build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), good)
+    before = sorted(p.name for p in good.iterdir())
+    with pytest.raises(UsageError, match=f"inside the build {good}"):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), good / "sub" / "deeper")
+    assert sorted(p.name for p in good.iterdir()) == before  # no lock file or folder left in it
+    with pytest.raises(UsageError, match="inside the source folder"):
+        build(config(corpus[0] / "parquet", kimi_dir, rows=1), corpus[0] / "parquet" / "out")
+    assert not (corpus[0] / "parquet" / "out").exists()
+
+
+def test_a_source_that_fills_no_row_is_an_error(kimi_dir, tmp_path):
+    synthetic.write_jsonl(synthetic.conversations(1, seed=1), tmp_path / "one.jsonl")
+    with pytest.raises(BuildError, match="fills only 0 rows of 8192 tokens .*; a build needs at least one"):
+        build(config(tmp_path / "one.jsonl", kimi_dir, rows=None, row_tokens=8192), tmp_path / "out")
+    assert not (tmp_path / "out").exists()

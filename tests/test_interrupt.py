@@ -256,3 +256,52 @@ def test_cleanup_matches_the_output_name_literally(tmp_path):
     _recover(tmp_path / "run[1]")
     assert other.exists()
     assert not (tmp_path / ".run[1].tmp-777").exists()
+
+
+def _pool_processes() -> set[int]:
+    """Pids of running fork servers and the workers they started."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and b"multiprocessing.forkserver" in (entry / "cmdline").read_bytes():
+                found.add(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def long_source(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("long") / "long.jsonl"
+    synthetic.write_jsonl(synthetic.conversations(10_000, seed=2), path)
+    return path
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_a_signal_stops_workers_without_a_traceback(sig, long_source, kimi_dir, tmp_path):
+    """Ctrl-C (sent to the whole process group, as a terminal does) and SIGTERM exit
+    130 and 143 with one line; after SIGKILL of the build alone, its workers exit too.
+    Signals land during start-up (the fork server still importing) and during the work."""
+    before = _pool_processes()
+    for delay in (0.4, 2.0):
+        args = command(long_source, kimi_dir, tmp_path / f"out-{delay}")
+        args[args.index("--rows") + 1], args[args.index("--workers") + 1] = "all", "2"
+        process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)
+        time.sleep(delay)
+        if sig == signal.SIGINT:
+            os.killpg(process.pid, sig)
+        else:
+            process.send_signal(sig)
+        _, stderr = process.communicate(timeout=60)
+        if sig == signal.SIGKILL:
+            assert process.returncode == -signal.SIGKILL
+        else:
+            expected = (130, "interrupted") if sig == signal.SIGINT else (143, "terminated")
+            assert (process.returncode, stderr.strip().splitlines()[-1]) == expected, stderr
+            assert "Traceback" not in stderr, stderr
+        assert not (tmp_path / f"out-{delay}").exists()
+        deadline = time.monotonic() + 10
+        while _pool_processes() - before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _pool_processes() - before, "worker processes outlived the build"

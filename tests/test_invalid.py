@@ -153,6 +153,32 @@ def test_a_tokenizer_file_instead_of_a_folder_is_named(sources, kimi_dir, tmp_pa
         build(_config(sources[1], kimi_dir / "tiktoken.model"), tmp_path / "out")
 
 
+@pytest.mark.parametrize(
+    ("file", "content", "says"),
+    [
+        ("tiktoken.model", b"garbage line here\n", "tiktoken.model: not a tiktoken BPE file"),
+        ("chat_template.jinja", b"{% if %}", "chat_template.jinja: cannot render a system message (TemplateSyntaxError"),
+        ("chat_template.jinja", b"\xff\xfe{{ x }}", "chat_template.jinja: cannot read it"),
+    ],
+)
+def test_damaged_tokenizer_files_are_one_clear_error(sources, kimi_dir, tmp_path, file, content, says):
+    """Even when unpinned files are allowed: named, exit 1, nothing written."""
+    from fixed_sft.cli import main
+
+    folder = tmp_path / "tok"
+    shutil.copytree(kimi_dir, folder)
+    (folder / file).write_bytes(content)
+    args = ["build", "--source", str(sources[1]), "--tokenizer", str(folder), "--allow-unpinned-tokenizer",
+            "--rows", "1", "--row-tokens", "16", "--out", str(tmp_path / "out"), "--quiet"]
+    assert main(args) == 1
+    assert not (tmp_path / "out").exists()
+    from fixed_sft.chat import TemplateMismatch
+    from fixed_sft.tokenizer import TokenizerError
+
+    with pytest.raises((TokenizerError, TemplateMismatch), match=re.escape(says)):
+        build(_config(sources[1], folder, allow_unpinned_tokenizer=True, rows=1), tmp_path / "out")
+
+
 def test_bad_template_is_one_clear_error_with_workers(sources, kimi_dir, tmp_path):
     from fixed_sft.chat import TemplateMismatch
 
@@ -287,3 +313,12 @@ def test_unusable_tokenizer_config_is_one_clear_error(sources, kimi_dir, tmp_pat
     config_path.write_text(json.dumps({**json.loads(config_path.read_text()), **edit}))
     with pytest.raises(TokenizerError, match=re.escape(says)):
         build(_config(sources[1], folder, allow_unpinned_tokenizer=True), tmp_path / "out")
+
+
+def test_json_nested_too_deeply_is_an_invalid_row(kimi_dir, tmp_path):
+    good = json.dumps({"id": "ok", **GOOD}).encode()
+    (tmp_path / "deep.jsonl").write_bytes(good + b"\n" + b"[" * 100_000 + b"]" * 100_000 + b"\n")
+    with pytest.raises(BuildError, match=r"line 2 \(source row 1, id None\): JSON nested too deeply"):
+        build(_config(tmp_path / "deep.jsonl", kimi_dir, rows=1, row_tokens=4), tmp_path / "out")
+    manifest = build(_config(tmp_path / "deep.jsonl", kimi_dir, rows=1, row_tokens=4, skip_invalid=True), tmp_path / "out")
+    assert [e["index"] for e in manifest["skipped_invalid"]] == [1]

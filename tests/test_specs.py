@@ -97,3 +97,15 @@ def test_specs_outside_a_checkout_say_where_they_are_read_from(monkeypatch, tmp_
     monkeypatch.setattr(specs, "BUILDS", tmp_path / "data" / "builds")
     with pytest.raises(SpecError, match="read from the project's checkout"):
         build_spec(DEFAULT_BUILD)
+
+
+@pytest.mark.parametrize("name", ["../../../../tmp/x", "sub/name", ".hidden", ""])
+def test_a_spec_name_is_a_plain_name(name):
+    with pytest.raises(SpecError, match="is not a name"):
+        build_spec(name)
+
+
+@pytest.mark.parametrize("name", ["../../etc/x", ""])
+def test_verify_refuses_a_published_name_that_is_not_a_name(name, tmp_path, capsys):
+    assert main(["verify", str(tmp_path), "--published", name]) == 2
+    assert "is not a name" in capsys.readouterr().err

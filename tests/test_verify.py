@@ -178,6 +178,8 @@ def _edit_manifest(folder, keys, value):
         (["params", "row_tokens"], True, "params.row_tokens is not an integer"),
         (["parquet", "path"], "../elsewhere.parquet", "parquet.path is '../elsewhere.parquet'"),
         (["row_sha256"], ["zz"], "ValueError"),
+        (["params", "row_tokens"], 10**400, "params.row_tokens is 1000"),
+        (["stats", "rows"], -1, "stats.rows is -1, outside 0 .. 2**63 - 1"),
     ],
 )
 def test_malformed_manifest_fields(copy, keys, value, says):
@@ -201,11 +203,64 @@ def test_metadata_without_its_fields(copy):
     pq.write_table(table.set_column(1, "metadata", bare), path)
     problems = verify(copy)
     assert problems[0].startswith(f"{path}: ") and "manifest says" in problems[0]  # the earlier problems are kept
-    assert problems[-1].startswith(f"{path}: metadata unreadable (KeyError")
+    assert problems[-1].startswith(f"{path}: schema differs from the format's")
 
 
 def test_parquet_without_metadata_column(copy):
     path = copy / "train.parquet"
     pq.write_table(pq.read_table(path, columns=["messages"]), path)
     problems = verify(copy)
-    assert problems[-1].startswith(f"{path}: metadata unreadable")
+    assert problems[-1].startswith(f"{path}: schema differs from the format's")
+
+
+def _resave(folder, table):
+    """Write ``table`` as train.parquet and record its size and sha256 in the manifest,
+    so that only the rows can give the damage away."""
+    from fixed_sft.hashes import sha256_file
+
+    path = folder / "train.parquet"
+    pq.write_table(table, path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["parquet"].update(bytes=path.stat().st_size, sha256=sha256_file(path))
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_wider_value_types_that_would_wrap_into_the_same_hash(copy):
+    """A mask of 257 is 1 as uint8, an id + 2**32 the same int32: the schema must be the format's."""
+    table = pq.read_table(copy / "train.parquet")
+    rows = table.to_pylist()
+    for row in rows:
+        row["messages"]["loss_mask"] = [257 if v else 0 for v in row["messages"]["loss_mask"]]
+    wide = pa.schema([("messages", pa.struct([("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int64()))])),
+                      table.schema.field("metadata")])
+    _resave(copy, pa.Table.from_pylist(rows, schema=wide))
+    (problem,) = verify(copy)
+    assert problem.startswith(f"{copy / 'train.parquet'}: schema differs from the format's")
+
+
+def test_a_mask_value_other_than_0_or_1(copy):
+    table = pq.read_table(copy / "train.parquet")
+    rows = table.to_pylist()
+    rows[3]["messages"]["loss_mask"][5] = 2
+    _resave(copy, pa.Table.from_pylist(rows, schema=table.schema))
+    assert "row 3: a loss_mask value is 2, not 0 or 1" in verify(copy)
+
+
+def test_segments_must_be_non_empty_spans(copy):
+    def negative(rows):
+        first = rows[2]["metadata"]["segments"][0]
+        first["start"], first["end"] = first["end"], first["start"]  # a negative span ...
+        rows[2]["metadata"]["segments"].append({**first, "start": 0, "end": 2 * (first["start"] - first["end"])})
+        return rows  # ... that the added segment makes up for
+
+    _rewrite(copy, negative)
+    assert any(p.startswith("row 2: a metadata segment spans [") for p in verify(copy))
+
+
+def test_parts_of_the_build_that_are_not_files(copy):
+    (copy / "train.parquet").unlink()
+    (copy / "train.parquet").mkdir()
+    assert verify(copy)[-1] == f"{copy / 'train.parquet'}: not a file"
+    (copy / "manifest.json").unlink()
+    (copy / "manifest.json").symlink_to("/dev/zero")
+    assert verify(copy) == [f"{copy / 'manifest.json'}: not a file"]
