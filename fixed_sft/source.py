@@ -156,8 +156,11 @@ def _data_files(path: Path) -> tuple[Path, ...]:
     if path.is_file():
         files = [path]
     else:
-        found = [p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES]
+        found = [p for p in path.rglob("*") if p.suffix in SUFFIXES and (p.is_file() or p.is_symlink())]
         files = sorted(found, key=lambda p: p.relative_to(path).as_posix())
+        broken = next((p for p in files if not p.exists()), None)
+        if broken is not None:
+            raise SourceError(f"{broken}: a link to a file that does not exist")
     if not files:
         raise SourceError(f"no .parquet or .jsonl files in {path}")
     for f in files:
@@ -317,7 +320,11 @@ def _parquet_row(row: pa.Table) -> object:
     try:
         return row.to_pylist()[0]
     except UnicodeDecodeError as error:
-        return InvalidRow(f"invalid UTF-8 at byte {error.start} of a string")
+        try:
+            row_id = row.column("id")[0].as_py() if "id" in row.column_names else None
+        except UnicodeDecodeError:  # the id itself is the bad string
+            row_id = None
+        return InvalidRow(f"invalid UTF-8 at byte {error.start} of a string", row_id)
 
 
 def _parse_json_line(line: bytes) -> object:

@@ -205,6 +205,31 @@ def test_parquet_string_that_is_not_utf8(kimi_dir, tmp_path):
     assert [e["index"] for e in manifest["skipped_invalid"]] == [5]
 
 
+def test_parquet_content_that_is_not_utf8_names_the_id(kimi_dir, tmp_path):
+    import pyarrow as pa
+
+    rows = synthetic.conversations(30, seed=2)
+    table = pa.Table.from_pylist(rows, schema=synthetic.TULU_SCHEMA)
+    content = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(b"\x00\x00\x00\x00\x02\x00\x00\x00"),
+                                                     pa.py_buffer(b"\xff\xfe")])
+    message = pa.StructArray.from_arrays([content, pa.array(["user"])], fields=list(synthetic.MESSAGE_TYPE.value_type))
+    bad = pa.ListArray.from_arrays(pa.array([0, 1], pa.int32()), message, type=synthetic.MESSAGE_TYPE)
+    column = table.column("messages").combine_chunks()
+    table = table.set_column(1, "messages", pa.concat_arrays([column[:5], bad, column[6:]]))
+    pq.write_table(table, tmp_path / "src.parquet")
+    with pytest.raises(BuildError, match=rf"row 5 \(source row 5, id {rows[5]['id']}\): invalid UTF-8"):
+        build(_config(tmp_path / "src.parquet", kimi_dir), tmp_path / "out")
+
+
+def test_a_broken_link_in_a_source_folder_is_named(kimi_dir, tmp_path):
+    from fixed_sft.source import SourceError
+
+    synthetic.write_parquet(synthetic.conversations(10, seed=2), tmp_path / "src" / "a.parquet")
+    (tmp_path / "src" / "b.parquet").symlink_to(tmp_path / "gone.parquet")
+    with pytest.raises(SourceError, match=re.escape(f"{tmp_path / 'src' / 'b.parquet'}: a link to a file that does not exist")):
+        build(_config(tmp_path / "src", kimi_dir), tmp_path / "out")
+
+
 def test_ids_of_different_types_across_files(kimi_dir, tmp_path):
     import pyarrow as pa
 
