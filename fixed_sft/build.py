@@ -170,7 +170,7 @@ class _Lock:
 def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
     """Build ``config`` into folder ``out``; return the manifest."""
     config.validate()
-    out = Path(out).absolute()
+    out = Path(out).resolve()  # a link to a build is rebuilt where it points
     check_target(out, config.source)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -363,3 +363,12 @@ def test_a_source_that_fills_no_row_is_an_error(kimi_dir, tmp_path):
     with pytest.raises(BuildError, match="fills only 0 rows of 8192 tokens .*; a build needs at least one"):
         build(config(tmp_path / "one.jsonl", kimi_dir, rows=None, row_tokens=8192), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_an_output_that_is_a_link_is_rebuilt_where_it_points(corpus, kimi_dir, tmp_path):
+    real, link = tmp_path / "real", tmp_path / "link"
+    build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), real)
+    link.symlink_to(real)
+    manifest = build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=2), link)
+    assert link.is_symlink() and json.loads((real / "manifest.json").read_text()) == manifest
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".real.lock", "link", "real"]
