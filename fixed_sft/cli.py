@@ -10,6 +10,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,25 @@ class Terminated(BaseException):
 
 def _terminate(signum: int, frame: object) -> None:
     raise Terminated
+
+
+def _owns_signals() -> bool:
+    return threading.current_thread() is threading.main_thread()  # only the main thread may set handlers
+
+
+def _start_forkserver() -> None:
+    """Start the workers' fork server with Ctrl-C ignored, which it and the workers
+    inherit: this command handles Ctrl-C itself (it stops the workers), and a server
+    interrupted while still importing would print a traceback."""
+    from .encode import start_forkserver
+
+    if not _owns_signals():
+        return  # the build starts the server itself
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        start_forkserver()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _rows(value: str) -> int | None:
@@ -122,6 +142,8 @@ def _build(args: argparse.Namespace) -> int:
     from .build import build
 
     config, out = _config(args)
+    if config.workers > 1:
+        _start_forkserver()
     manifest = build(config, out, progress=not args.quiet)
     stats = manifest["stats"]
     print(
@@ -169,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in ("build", "verify", "-h", "--help"):
         argv.insert(0, "build")
     args = parser().parse_args(argv)
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    previous = signal.signal(signal.SIGTERM, _terminate) if _owns_signals() else None
     try:
         return _build(args) if args.command == "build" else _verify(args)
     except KeyboardInterrupt:
@@ -186,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {detail}", file=sys.stderr)
         return code or FAILURE
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if _owns_signals():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _exit_code(error: Exception) -> int | None:

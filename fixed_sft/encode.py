@@ -138,18 +138,13 @@ def _encode_in_worker(chunk: pa.Table, first_position: int, check_every: int) ->
     return encode_chunk(_worker_encoder, chunk, first_position, check_every)
 
 
-def _start_forkserver() -> None:
-    """Start the fork server, if it is not running, with Ctrl-C ignored: it and its
-    workers inherit that, so Ctrl-C reaches the build alone (a server still importing
-    would otherwise print a traceback)."""
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        forkserver.ensure_running()
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGINT, previous)
+WORKER_MODULES = [__name__, RENDERER_MODULE]  # what the fork server imports once, for every worker
+
+
+def start_forkserver() -> None:
+    """Start the fork server that workers fork from, if it is not running (one per process)."""
+    get_context("forkserver").set_forkserver_preload(WORKER_MODULES)
+    forkserver.ensure_running()
 
 
 class Encoders:
@@ -170,8 +165,7 @@ class Encoders:
         start = self.config.load
         if self.workers > 1:
             context = get_context("forkserver")
-            context.set_forkserver_preload([__name__, RENDERER_MODULE])
-            _start_forkserver()
+            context.set_forkserver_preload(WORKER_MODULES)
             self._pool = ProcessPoolExecutor(
                 self.workers, mp_context=context, initializer=_init_worker, initargs=(self.config,)
             )

@@ -27,6 +27,8 @@ import numpy as np
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
+from .hashes import sha256_file
+
 PATTERN = "|".join(
     [
         r"[\p{Han}]+",
@@ -135,8 +137,10 @@ class KimiTokenizer:
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
+        model = self.directory / "tiktoken.model"
         try:
-            ranks = load_tiktoken_bpe(str(self.directory / "tiktoken.model"))
+            # tiktoken caches a file's contents by its path: the hash makes it re-read a changed file
+            ranks = load_tiktoken_bpe(str(model), expected_hash=sha256_file(model))
         except Exception as error:  # a damaged file fails in base64, int or split
             raise TokenizerError(f"{self.directory / 'tiktoken.model'}: not a tiktoken BPE file "
                                  f"({type(error).__name__}: {error})") from None

@@ -372,3 +372,18 @@ def test_an_output_that_is_a_link_is_rebuilt_where_it_points(corpus, kimi_dir, t
     manifest = build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=2), link)
     assert link.is_symlink() and json.loads((real / "manifest.json").read_text()) == manifest
     assert sorted(p.name for p in tmp_path.iterdir()) == [".real.lock", "link", "real"]
+
+
+def test_overlapping_builds_switch_the_allocator_back_once_both_end():
+    import pyarrow as pa
+
+    from fixed_sft.source import system_allocator
+
+    before = pa.default_memory_pool().backend_name
+    first, second = system_allocator(), system_allocator()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # the second build still runs
+    assert pa.default_memory_pool().backend_name == "system"
+    second.__exit__(None, None, None)
+    assert pa.default_memory_pool().backend_name == before != "system"

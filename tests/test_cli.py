@@ -179,3 +179,14 @@ def test_published_values_that_are_the_same_exit_0(source, kimi_dir, tmp_path, c
     assert main(["verify", str(tmp_path / "o"), "--published", "some-build"]) == 0
     out = capsys.readouterr().out
     assert "the same as the values published for some-build by a test" in out and "differs" not in out
+
+
+def test_main_runs_outside_the_main_thread(tmp_path, capsys):
+    """Signal handlers are only the main thread's to set; elsewhere main still answers."""
+    import threading
+
+    codes = []
+    thread = threading.Thread(target=lambda: codes.append(main(["verify", str(tmp_path / "nowhere")])))
+    thread.start()
+    thread.join()
+    assert codes == [1] and "no such folder" in capsys.readouterr().out

@@ -34,6 +34,8 @@ BAD_LINES = {
     40: (b"", "not JSON"),  # a blank line is a row too
     43: (b'{"id": 7.5, "messages": [{"role": "user", "content": "x"}]}', "'id' is a float, not a string or integer"),
     44: (b'{"id": true, "messages": [{"role": "user", "content": "x"}]}', "'id' is a bool, not a string or integer"),
+    42: (b'{"id": "long", "n": 1' + b"0" * 5000 + b', "messages": [{"role": "user", "content": "x"}]}',
+         "not readable JSON"),  # past Python's integer digit limit
 }
 
 

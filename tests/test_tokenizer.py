@@ -128,3 +128,20 @@ def test_the_format_spec_states_the_split_pattern_in_use():
     spec = (Path(__file__).resolve().parent.parent / "data" / "README.md").read_text(encoding="utf-8")
     block = spec.split("The split pattern is the alternation, in this order, of:")[1].split("```")[1]
     assert "|".join(line[3:] for line in block.split("\n") if line.strip()) == PATTERN
+
+
+def test_a_changed_tiktoken_model_at_the_same_path_is_read_again(kimi_dir, tmp_path):
+    """tiktoken caches a file by its path; a file changed in place must not be served stale."""
+    import shutil
+
+    from fixed_sft.tokenizer import KimiTokenizer, TokenizerError
+
+    folder = tmp_path / "tok"
+    shutil.copytree(kimi_dir, folder)
+    model, good = folder / "tiktoken.model", (folder / "tiktoken.model").read_bytes()
+    assert KimiTokenizer(folder).encode("hello there") == KimiTokenizer(kimi_dir).encode("hello there")
+    model.write_bytes(b"garbage line\n")
+    with pytest.raises(TokenizerError, match="not a tiktoken BPE file"):
+        KimiTokenizer(folder)
+    model.write_bytes(good)
+    assert KimiTokenizer(folder).encode("hello there") == KimiTokenizer(kimi_dir).encode("hello there")
