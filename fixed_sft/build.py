@@ -99,13 +99,14 @@ def is_build(path: Path) -> bool:
 
 def check_target(out: Path, source: str) -> None:
     """A target must be absent, an empty folder, or a previous build, and lie neither
-    inside a build (which would then no longer be one) nor inside a source folder."""
+    inside a build (which would then no longer be one) nor inside a source folder
+    (``out`` is a resolved path)."""
     if out.exists() and not (out.is_dir() and (is_build(out) or not any(out.iterdir()))):
         raise UsageError(f"output {out} exists and is not a previous build; choose another --out")
     inside = next((folder for folder in out.parents if is_build(folder)), None)
     if inside is not None:
         raise UsageError(f"output {out} is inside the build {inside}; choose another --out")
-    if Path(source).is_dir() and out.resolve().is_relative_to(Path(source).resolve()):
+    if Path(source).is_dir() and out.is_relative_to(Path(source).resolve()):
         raise UsageError(f"output {out} is inside the source folder {source}; choose another --out")
 
 

@@ -142,7 +142,7 @@ class KimiTokenizer:
             # tiktoken caches a file's contents by its path: the hash makes it re-read a changed file
             ranks = load_tiktoken_bpe(str(model), expected_hash=sha256_file(model))
         except Exception as error:  # a damaged file fails in base64, int or split
-            raise TokenizerError(f"{self.directory / 'tiktoken.model'}: not a tiktoken BPE file "
+            raise TokenizerError(f"{model}: not a tiktoken BPE file "
                                  f"({type(error).__name__}: {error})") from None
         config = _config(self.directory)
         named = _named(config)

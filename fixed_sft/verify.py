@@ -62,8 +62,9 @@ def verify(folder: Path) -> list[str]:
     except Exception as error:  # any read failure means a damaged file
         return problems + [f"{parquet}: unreadable ({type(error).__name__}: {error})"]
     if len(mask) and mask.max() > 1:
-        row = int(np.searchsorted(offsets, np.argmax(mask > 1), side="right")) - 1
-        problems.append(f"row {row}: a loss_mask value is {int(mask.max())}, not 0 or 1")
+        first = int(np.argmax(mask > 1))
+        row = int(np.searchsorted(offsets, first, side="right")) - 1
+        problems.append(f"row {row}: a loss_mask value is {mask[first]}, not 0 or 1")
 
     count = len(offsets) - 1
     for n in range(count):
@@ -141,11 +142,11 @@ def _check_metadata(parquet: Path, row_tokens: int) -> list[str]:
     if len(bad):
         return [f"row {bad[0]}: metadata.row is {numbers[bad[0]]}"]
     spans = pc.subtract(ends, starts).to_numpy(zero_copy_only=False)
+    parents = pc.list_parent_indices(segments).to_numpy()
     bad = np.flatnonzero((spans <= 0) | (starts.to_numpy(zero_copy_only=False) < 0))
     if len(bad):
-        row = int(pc.list_parent_indices(segments).to_numpy()[bad[0]])
-        return [f"row {row}: a metadata segment spans [{starts[bad[0]]}, {ends[bad[0]]})"]
-    covered = np.bincount(pc.list_parent_indices(segments).to_numpy(), weights=spans, minlength=len(numbers))
+        return [f"row {parents[bad[0]]}: a metadata segment spans [{starts[bad[0]]}, {ends[bad[0]]})"]
+    covered = np.bincount(parents, weights=spans, minlength=len(numbers))
     bad = np.flatnonzero(covered != row_tokens)
     return [f"row {bad[0]}: metadata.segments cover {int(covered[bad[0]])} tokens, not {row_tokens}"] if len(bad) else []
 
