@@ -190,3 +190,44 @@ def test_main_runs_outside_the_main_thread(tmp_path, capsys):
     thread.start()
     thread.join()
     assert codes == [1] and "no such folder" in capsys.readouterr().out
+
+
+def test_hub_names_resolve_through_the_hugging_face_cache(kimi_dir, tmp_path):
+    """With HF_HUB_OFFLINE=1 huggingface_hub itself serves the pinned revisions from its
+    cache: the named build gets its tokenizer (checked against the spec's hashes) and
+    source from there, and a changed cached file is refused."""
+    spec = build_spec(DEFAULT_BUILD)
+    tokenizer = json.loads((ROOT / "tokenizers" / f"{spec['tokenizer']}.json").read_text())
+    hub = tmp_path / "hf" / "hub"
+    snapshot = hub / f"models--{tokenizer['repo'].replace('/', '--')}" / "snapshots" / tokenizer["revision"]
+    snapshot.mkdir(parents=True)
+    for name in tokenizer["files"]:
+        (snapshot / name).symlink_to(kimi_dir / name)
+    data = hub / f"datasets--{spec['source'].replace('/', '--')}" / "snapshots" / spec["source_revision"]
+    synthetic.write_parquet(synthetic.conversations(200, seed=5), data / "data" / "train-00000-of-00001.parquet")
+    (data / "README.md").write_text("not data\n")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+
+    def run(*args):
+        return subprocess.run([sys.executable, str(ROOT / "generate_fixed_sft.py"), *args, "--rows", "2",
+                               "--row-tokens", "256", "--workers", "1", "--quiet"],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+
+    named = run(DEFAULT_BUILD, "--out", "named")
+    assert named.returncode == 1
+    assert f"has 200 rows; {DEFAULT_BUILD} expects {spec['source_rows']}" in named.stderr
+
+    built = run("build", "--source", spec["source"], "--source-revision", spec["source_revision"], "--out", "o")
+    assert built.returncode == 0, built.stderr
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert (manifest["source"]["name"], manifest["source"]["revision"]) == (spec["source"], spec["source_revision"])
+    assert [f["path"] for f in manifest["source"]["files"]] == ["data/train-00000-of-00001.parquet"]
+    assert manifest["tokenizer"]["pinned"] is True
+    assert (manifest["tokenizer"]["repo"], manifest["tokenizer"]["revision"]) == (tokenizer["repo"],
+                                                                                    tokenizer["revision"])
+
+    (snapshot / "chat_template.jinja").unlink()
+    (snapshot / "chat_template.jinja").write_text((kimi_dir / "chat_template.jinja").read_text() + " ")
+    changed = run("build", "--source", spec["source"], "--source-revision", spec["source_revision"], "--out", "o2")
+    assert changed.returncode == 1 and "chat_template.jinja" in changed.stderr and "Traceback" not in changed.stderr
+    assert not (tmp_path / "o2").exists()
