@@ -9,10 +9,10 @@ renamed into place only after ``manifest.json``, written last, is complete.
 from __future__ import annotations
 
 import fcntl
-import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections import Counter
@@ -193,12 +193,13 @@ def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
 def _recover(out: Path) -> None:
     """Clean up after a build into ``out`` that was killed: put back a previous build
     that was moved aside but not yet replaced, and delete temporary and old folders."""
-    prefix = glob.escape(f".{out.name}.")
+    own = re.compile(rf"\.{re.escape(out.name)}\.(tmp|old)-\d+")  # not another target's, such as ``.NAME.old-x.tmp-1``
+    leftovers = sorted(p for p in out.parent.iterdir() if own.fullmatch(p.name))
     if not out.exists():
-        previous = next((old for old in sorted(out.parent.glob(prefix + "old-*")) if is_build(old)), None)
+        previous = next((p for p in leftovers if p.name.startswith(f".{out.name}.old-") and is_build(p)), None)
         if previous is not None:
             previous.rename(out)
-    for stale in [*out.parent.glob(prefix + "tmp-*"), *out.parent.glob(prefix + "old-*")]:
+    for stale in leftovers:
         shutil.rmtree(stale, ignore_errors=True)
 
 

@@ -258,6 +258,19 @@ def test_cleanup_matches_the_output_name_literally(tmp_path):
     assert not (tmp_path / ".run[1].tmp-777").exists()
 
 
+def test_cleanup_leaves_folders_of_targets_whose_names_extend_this_one(tmp_path):
+    """``.run.old-v1.tmp-5`` is the temporary folder of a build into ``run.old-v1``."""
+    from fixed_sft.build import _recover
+
+    others = [tmp_path / ".run.old-v1.tmp-5", tmp_path / ".run.tmp-x.old-6"]
+    for folder in others:
+        folder.mkdir()
+    (tmp_path / ".run.tmp-7").mkdir()
+    _recover(tmp_path / "run")
+    assert all(folder.exists() for folder in others) and not (tmp_path / "run").exists()
+    assert not (tmp_path / ".run.tmp-7").exists()
+
+
 def _pool_processes() -> set[int]:
     """Pids of running fork servers and the workers they started."""
     found = set()
