@@ -160,7 +160,6 @@ class KimiTokenizer:
         self._added_split = re.compile("(" + "|".join(map(re.escape, self.added)) + ")")
         self._special = re.compile("|".join(map(re.escape, specials)))
         self._special_firsts = sorted({text[0] for text in specials})
-        self.bos_id = _special_id(config, self.added, "bos_token", "[BOS]")
         self.eos_id = _special_id(config, self.added, "eos_token", "[EOS]")
         try:
             self.chat_template = (self.directory / "chat_template.jinja").read_text(encoding="utf-8")

@@ -312,13 +312,15 @@ def test_template_without_the_assistant_header_end_is_one_clear_error(sources, k
         build(_config(sources[1], folder, allow_unpinned_tokenizer=True), tmp_path / "out")
 
 
-def test_eos_token_as_an_added_token_object(sources, kimi_dir, tmp_path):
-    """``eos_token`` may be written as transformers' added-token object: same rows."""
+def test_eos_token_as_an_added_token_object_and_no_bos_token(sources, kimi_dir, tmp_path):
+    """``eos_token`` may be written as transformers' added-token object, and a tokenizer
+    may have no ``bos_token`` (rows never hold one): same rows."""
     folder = tmp_path / "tok"
     shutil.copytree(kimi_dir, folder)
     config_path = folder / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     config["eos_token"] = {"content": config["eos_token"], "lstrip": False, "rstrip": False, "special": True}
+    config["bos_token"] = None
     config_path.write_text(json.dumps(config))
     pinned = build(_config(sources[1], kimi_dir, rows=3), tmp_path / "a")
     unpinned = build(_config(sources[1], folder, rows=3, allow_unpinned_tokenizer=True), tmp_path / "b")

@@ -36,7 +36,7 @@ def test_golden_chat_and_mask(encoder, reference):
 
 def test_special_ids(tokenizer):
     assert tokenizer.vocab_size == 163_840
-    assert (tokenizer.bos_id, tokenizer.eos_id, tokenizer.added["<|im_end|>"]) == (163584, 163585, 163586)
+    assert (tokenizer.added["[BOS]"], tokenizer.eos_id, tokenizer.added["<|im_end|>"]) == (163584, 163585, 163586)
     assert len(tokenizer.added) == 23
     assert tokenizer.encode("<|reserved_token_163600|>") == [163600]
     assert tokenizer.encode("[EOS]<think>") == [163585, 163606]
