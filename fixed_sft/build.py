@@ -54,6 +54,8 @@ class BuildError(Exception):
 
 @dataclass
 class BuildConfig:
+    """A build's parameters (the CLI's flags; defaults: the default build's)."""
+
     name: str
     source: str
     source_revision: str | None = None
@@ -70,9 +72,9 @@ class BuildConfig:
     allow_unpinned_tokenizer: bool = False
     expected_tokenizer: str | None = None  # the spec a tokenizer folder must match
     source_rows: int | None = None  # the row count the source must have, when known
-    published: dict | None = field(default=None, repr=False)
 
     def validate(self) -> None:
+        """Raise ``UsageError`` for a parameter outside its range."""
         if not 2 <= self.row_tokens <= MAX_ROW_TOKENS:
             raise UsageError(f"--row-tokens must be between 2 and {MAX_ROW_TOKENS}, got {self.row_tokens}")
         if self.rows is not None and self.rows < 1:
@@ -278,7 +280,7 @@ def _pack(config: BuildConfig, source: Source, stream: Iterator, packer: Packer,
             if writer.rows == config.rows:
                 tally.tail_tokens = len(item.ids) + 1 - row.segments[-1].end
                 return
-    tally.tail_tokens = packer.pending
+    tally.tail_tokens = packer.filled
 
 
 @contextmanager
@@ -321,11 +323,12 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
 
         def band_rows() -> int:
             """Rows in the next band: what the rows still to fill need (from the tokens per
-            conversation so far), plus a fifth, capped by the band memory budget."""
+            conversation so far; before any, a token per 4 source bytes), plus a fifth,
+            capped by the band memory budget."""
             cap = int(BAND_BYTES / max(bytes_row, 1.0))
             if config.rows is None:
                 return cap
-            tokens_left = (config.rows - writer.rows) * config.row_tokens - packer.pending
+            tokens_left = (config.rows - writer.rows) * config.row_tokens - packer.filled
             encoded = tally.conversations_encoded
             per_conversation = tally.tokens_encoded / encoded if encoded else bytes_row / 4
             return min(cap, int(1.2 * tokens_left / max(per_conversation, 1.0)) + CHUNK_ROWS)

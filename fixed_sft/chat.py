@@ -7,8 +7,8 @@ Fast path: the template renders each message as ``prefix[role] + content +
 suffix[role]``, and both affixes are bounded by added tokens, so BPE never runs
 across a boundary. The affixes are read off the template once, by rendering a probe
 message per role, and a conversation's ids are the concatenation of its messages'
-``prefix ids + encode(content) + suffix ids``. ``check`` compares the two paths; the
-build runs it on a sample of its own conversations.
+``prefix ids + encode(content) + suffix ids``. ``check`` compares the two paths' ids;
+the build runs it on a sample of its own conversations.
 
 Loss mask ``kimi_k25``: for an assistant message, its role header (``<|im_assistant|>``,
 the role name, ``<|im_middle|>``) is 0 and every later token the template emits for
@@ -115,6 +115,7 @@ class ChatEncoder:
         return ids, np.repeat(np.array(values, dtype=np.uint8), lengths)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        """``render`` with this tokenizer's template and template arguments."""
         return render(self.tokenizer.chat_template, messages, add_generation_prompt, **self.template_kwargs)
 
     def reference_ids(self, messages: list[dict]) -> list[int]:

@@ -63,6 +63,7 @@ def usable_cores() -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The ``build`` and ``verify`` commands and their flags."""
     from .specs import DEFAULT_BUILD
 
     top = argparse.ArgumentParser(
@@ -103,8 +104,9 @@ FLAG_KEYS = ("source", "source_revision", "source_license", "tokenizer", "tokeni
              "row_tokens", "seed", "workers", "check_every", "skip_invalid", "allow_unpinned_tokenizer")
 
 
-def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path]:
-    """The build's parameters: the named spec's, overridden by the flags given."""
+def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path, dict | None]:
+    """The build's parameters (the named spec's, overridden by the flags given), its
+    output folder, and the values published for the named build."""
     from .build import BuildConfig, UsageError
     from .specs import DEFAULT_BUILD, SpecError, build_spec
 
@@ -122,8 +124,8 @@ def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path]:
     values.update({key: value for key, value in flags.items() if value is not None})
     if "rows" in args:
         values["rows"] = args.rows
-    config = BuildConfig(name=name or "custom", published=spec.get("published"), **values)
-    return config, Path(args.out or Path("out") / config.name)
+    config = BuildConfig(name=name or "custom", **values)
+    return config, Path(args.out or Path("out") / config.name), spec.get("published")
 
 
 def _report_published(manifest: dict, published: dict, name: str) -> bool:
@@ -141,7 +143,7 @@ def _report_published(manifest: dict, published: dict, name: str) -> bool:
 def _build(args: argparse.Namespace) -> int:
     from .build import build
 
-    config, out = _config(args)
+    config, out, published = _config(args)
     if config.workers > 1:
         _start_forkserver()
     manifest = build(config, out, progress=not args.quiet)
@@ -150,8 +152,8 @@ def _build(args: argparse.Namespace) -> int:
         f"built {out}: {stats['rows']} rows x {config.row_tokens} tokens, "
         f"supervised ratio {stats['supervised_token_ratio']:.4f}, rows_sha256 {manifest['rows_sha256']}"
     )
-    if config.published:
-        _report_published(manifest, config.published, config.name)
+    if published:
+        _report_published(manifest, published, config.name)
     return 0
 
 
@@ -186,6 +188,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line (``build`` when no command is named); return the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # no "PyTorch was not found" notice
     if not argv or argv[0] not in ("build", "verify", "-h", "--help"):

@@ -1,8 +1,10 @@
 """A chunk of the packing order -> token ids and loss masks (the parallel stage).
 
-``encode_chunk`` is a pure function of the chunk (source rows, in packing order, with
-the packing position of the first one) and the tokenizer: workers may run chunks in
-any order or place, and the builder consumes the results in packing order.
+``encode_rows`` (one worker: in the builder's process) and ``encode_chunk`` (its
+results packed for transfer from a worker process) are pure functions of the chunk
+(source rows, in packing order, with the packing position of the first one) and the
+tokenizer: workers may run chunks in any order or place, and the builder consumes the
+results in packing order.
 Conversations whose position is a multiple of ``check_every`` are also encoded through
 the rendered chat template; a difference stops the build.
 """
@@ -16,6 +18,7 @@ from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import forkserver, get_context, parent_process
+from multiprocessing.context import BaseContext
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple
@@ -66,6 +69,8 @@ class EncodedChunk:
 
 @dataclass(frozen=True)
 class EncoderConfig:
+    """What a process needs to build its own ``ChatEncoder`` (it travels to workers)."""
+
     tokenizer_dir: Path
     loss_mask_type: str
     template_kwargs: dict
@@ -101,7 +106,7 @@ def encode_chunk(encoder: ChatEncoder, chunk: pa.Table, first_position: int, che
     return EncodedChunk(
         indices=[item.index for item in items],
         ids=[item.id for item in items],
-        lengths=np.array([-1 if item.invalid else len(item.ids) for item in items], dtype=np.int64),
+        lengths=np.array([-1 if item.invalid is not None else len(item.ids) for item in items], dtype=np.int64),
         checked=np.array([item.checked for item in items], dtype=bool),
         tokens=np.concatenate([item.ids for item in valid]) if valid else np.zeros(0, np.int32),
         mask=np.concatenate([item.mask for item in valid]) if valid else np.zeros(0, np.uint8),
@@ -125,10 +130,10 @@ def _init_worker(config: EncoderConfig) -> None:
         _worker_encoder = error
 
 
-def _exit_when_gone(build_process: int) -> None:
+def _exit_when_gone(parent_sentinel: int) -> None:
     """End this worker once the build's process is gone (killed), rather than wait for
     work forever."""
-    wait([build_process])
+    wait([parent_sentinel])
     os._exit(1)
 
 
@@ -141,9 +146,16 @@ def _encode_in_worker(chunk: pa.Table, first_position: int, check_every: int) ->
 WORKER_MODULES = [__name__, RENDERER_MODULE]  # what the fork server imports once, for every worker
 
 
+def _forkserver_context() -> BaseContext:
+    """The start method workers use: forked from a server that has imported ``WORKER_MODULES``."""
+    context = get_context("forkserver")
+    context.set_forkserver_preload(WORKER_MODULES)
+    return context
+
+
 def start_forkserver() -> None:
     """Start the fork server that workers fork from, if it is not running (one per process)."""
-    get_context("forkserver").set_forkserver_preload(WORKER_MODULES)
+    _forkserver_context()
     forkserver.ensure_running()
 
 
@@ -164,10 +176,8 @@ class Encoders:
     def __enter__(self) -> "Encoders":
         start = self.config.load
         if self.workers > 1:
-            context = get_context("forkserver")
-            context.set_forkserver_preload(WORKER_MODULES)
             self._pool = ProcessPoolExecutor(
-                self.workers, mp_context=context, initializer=_init_worker, initargs=(self.config,)
+                self.workers, mp_context=_forkserver_context(), initializer=_init_worker, initargs=(self.config,)
             )
             start = self._start_workers
         starter = ThreadPoolExecutor(1, thread_name_prefix="start-encoders")

@@ -26,5 +26,6 @@ def rows_digest(row_digests: list[bytes]) -> str:
 
 
 def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
     with Path(path).open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()

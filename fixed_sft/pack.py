@@ -18,6 +18,8 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Segment:
+    """Tokens ``[start, end)`` of source row ``index``'s unit (``end`` may take in its ``[EOS]``)."""
+
     index: int
     id: str | None
     start: int
@@ -26,6 +28,8 @@ class Segment:
 
 @dataclass(frozen=True)
 class Row:
+    """One output row: its ids, its loss mask, and the segments it is made of, in order."""
+
     ids: np.ndarray  # int32[row_tokens]
     mask: np.ndarray  # uint8[row_tokens]
     segments: tuple[Segment, ...]
@@ -47,24 +51,24 @@ class Packer:
         self._ids = np.empty(self.row_tokens, dtype=np.int32)
         self._mask = np.empty(self.row_tokens, dtype=np.uint8)
         self._segments: list[Segment] = []
-        self.pending = 0  # tokens waiting in the next row
+        self.filled = 0  # tokens already in the row being filled
 
     def add(self, index: int, row_id: str | None, ids: np.ndarray, mask: np.ndarray) -> Iterator[Row]:
         """Append one conversation's unit (``ids`` then ``[EOS]``); yield each row it completes."""
         size = len(ids) + 1
         start = 0
         while start < size:
-            end = min(size, start + self.row_tokens - self.pending)
+            end = min(size, start + self.row_tokens - self.filled)
             body_end = min(end, len(ids))
-            filled = self.pending + body_end - start
-            self._ids[self.pending : filled] = ids[start:body_end]
-            self._mask[self.pending : filled] = mask[start:body_end]
+            body_filled = self.filled + body_end - start
+            self._ids[self.filled : body_filled] = ids[start:body_end]
+            self._mask[self.filled : body_filled] = mask[start:body_end]
             if end == size:  # the unit's [EOS] lands in this row
-                self._ids[filled] = self.eos_id
-                self._mask[filled] = 0
+                self._ids[body_filled] = self.eos_id
+                self._mask[body_filled] = 0
             self._segments.append(Segment(index, row_id, start, end))
-            self.pending += end - start
+            self.filled += end - start
             start = end
-            if self.pending == self.row_tokens:
+            if self.filled == self.row_tokens:
                 yield Row(self._ids, self._mask, tuple(self._segments))
                 self._new_row()

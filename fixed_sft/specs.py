@@ -22,7 +22,7 @@ DEFAULT_BUILD = "kimi-k26-tulu3-fixed8192-v1"
 
 
 class SpecError(Exception):
-    """A spec is missing or a tokenizer does not match its pinned spec."""
+    """A spec or tokenizer cannot be found or read, or tokenizer files do not match their pinned spec."""
 
 
 def _load(folder: Path, name: str, kind: str) -> dict:
@@ -44,14 +44,17 @@ def _load(folder: Path, name: str, kind: str) -> dict:
 
 
 def build_spec(name: str) -> dict:
+    """The named build's spec, from ``data/builds/NAME.json``."""
     return _load(BUILDS, name, "build spec")
 
 
 def tokenizer_spec(name: str) -> dict:
+    """The named tokenizer's spec, from ``tokenizers/NAME.json``."""
     return _load(TOKENIZERS, name, "tokenizer spec")
 
 
 def tokenizer_specs() -> list[dict]:
+    """Every tokenizer spec in ``tokenizers/``, in name order."""
     return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(TOKENIZERS.glob("*.json"))]
 
 

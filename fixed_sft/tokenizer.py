@@ -81,8 +81,9 @@ class TokenizerError(ValueError):
 
 def _overlap(names: Iterable[str]) -> tuple[str, str] | None:
     """Two names one of which holds the other, or whose ends overlap (a proper suffix
-    of one is a proper prefix of the other); ``None`` when every occurrence of every
-    name in any text is disjoint from the others, so any scan finds the same ones."""
+    of one is a proper prefix of the other; both may be the same name, as ``<|x<|``);
+    ``None`` when occurrences of names in any text never overlap, so any scan finds
+    the same ones."""
     names = list(names)
     prefixes = {name[:k]: name for name in names for k in range(1, len(name))}
     for name in names:

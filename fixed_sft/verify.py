@@ -23,7 +23,8 @@ from .hashes import row_digest, rows_digest, sha256_file
 from .output import MANIFEST_NAME, PARQUET_NAME, SCHEMA, read_rows
 
 
-def verify(folder: Path) -> list[str]:
+def verify(folder: str | Path) -> list[str]:
+    """The ways built ``folder`` differs from its manifest (the checks of the module docstring); empty when none."""
     folder = Path(folder)
     if not folder.is_dir():
         return [f"{folder}: {'not a folder' if folder.exists() else 'no such folder'}"]

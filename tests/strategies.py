@@ -16,7 +16,7 @@ Properties (``check_conversation``, ``check_packing``):
   ``<think></think>`` + encode(content) + ``<|im_end|>``;
 * ``Packer`` cuts the ``[EOS]``-joined stream of units into rows of exactly
   ``row_tokens``, re-joined rows equal the stream (ids and mask), the remainder
-  is pending, and each row's segments rebuild it.
+  is the row still being filled, and each row's segments rebuild it.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def check_packing(encoder, conversations: list[list[dict]], row_tokens: int) -> 
         rows += list(packer.add(index, f"c{index}", ids, mask))
     total = sum(len(u[0]) for u in units.values())
     assert len(rows) == total // row_tokens
-    assert packer.pending == total % row_tokens
+    assert packer.filled == total % row_tokens
     for row in rows:
         assert row.ids.shape == row.mask.shape == (row_tokens,)
         assert row.ids.dtype == np.int32 and row.mask.dtype == np.uint8

@@ -31,7 +31,7 @@ def test_rows_rejoin_to_the_stream(row_tokens, seed):
     stream_mask = np.concatenate([np.append(mask, 0) for _, _, _, mask in conversations])
     assert all(len(r.ids) == len(r.mask) == row_tokens for r in rows)
     assert len(rows) == len(stream) // row_tokens
-    assert packer.pending == len(stream) % row_tokens
+    assert packer.filled == len(stream) % row_tokens
     joined = np.concatenate([r.ids for r in rows])
     assert np.array_equal(joined, stream[: len(joined)])
     assert np.array_equal(np.concatenate([r.mask for r in rows]), stream_mask[: len(joined)])
