@@ -110,7 +110,8 @@ def download(repo_id: str, revision: str) -> Path:
         raise SourceError(
             f"cannot get dataset {repo_id}@{revision} from the Hugging Face Hub or its cache "
             f"({type(error).__name__}: {error}). Without the Hub, download the files elsewhere and pass "
-            "--source PATH (a .parquet/.jsonl file or a folder of them) with --source-revision REV."
+            "--source PATH (a .parquet/.jsonl file or a folder of them) with --source-revision REV and "
+            "--source-license LICENSE, after NAME for a named build (README: 'Command line')."
         ) from None
 
 
