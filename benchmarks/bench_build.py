@@ -5,7 +5,7 @@ Usage::
 
     python benchmarks/bench_build.py [--quick] [--workers-max N] [--repeat K] [--json OUT]
 
-The script writes a Tulu-like chat corpus with ``fixed_sft.synthetic`` (prose, code,
+The script writes a Tulu-like chat corpus with ``tests/synthetic.py`` (prose, code,
 math, multi-turn, a dozen languages and scripts, short and 20k-60k character
 conversations) as sharded Parquet in a temporary folder, runs real builds, and prints
 one table. Every build is a fresh child process timing one whole
@@ -103,14 +103,13 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the package, and the corpus generator the tests use
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from fixed_sft import synthetic  # noqa: E402
+import synthetic  # noqa: E402
 from fixed_sft.cli import usable_cores  # noqa: E402
 
 DEFAULT_TOKENIZER = ROOT.parent / "shared" / "tokenizers" / "kimi-k2.6"

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fixed_sft import build as build_module
-from fixed_sft import synthetic
+import synthetic
 from fixed_sft.build import BuildConfig, BuildError, UsageError, build
 from fixed_sft.chat import ChatEncoder
 from fixed_sft.output import read_rows

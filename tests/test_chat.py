@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fixed_sft import synthetic
+import synthetic
 from fixed_sft.chat import ChatEncoder, TemplateMismatch
 
 SPECIALS = ["<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "[EOS]", "[BOS]", "<think>",

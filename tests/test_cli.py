@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from fixed_sft import synthetic
+import synthetic
 from fixed_sft.cli import main
 from fixed_sft.specs import DEFAULT_BUILD, build_spec
 from fixed_sft.verify import published_comparison

@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from fixed_sft import synthetic
+import synthetic
 from fixed_sft.build import BuildConfig, build
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from fixed_sft import synthetic
+import synthetic
 from fixed_sft.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent

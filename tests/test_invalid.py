@@ -10,7 +10,7 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 
-from fixed_sft import synthetic
+import synthetic
 from fixed_sft.build import BuildConfig, BuildError, build
 from fixed_sft.specs import SpecError
 

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from fixed_sft import synthetic
+import synthetic
 from fixed_sft.source import SourceError, open_source, read_band, records
 
 

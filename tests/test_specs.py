@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fixed_sft import synthetic
+import synthetic
 from fixed_sft.cli import main
 from fixed_sft.specs import DEFAULT_BUILD, SpecError, build_spec, resolve_tokenizer, tokenizer_spec
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fixed_sft import synthetic as syn
+import synthetic as syn
 
 N = 1500  # enough rows to see every content kind and the rarer features
 

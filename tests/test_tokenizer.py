@@ -65,7 +65,7 @@ def test_whitespace_is_str_isspace():
 
 
 def test_hard_strings_match_reference(tokenizer, reference):
-    from fixed_sft.synthetic import hard_strings
+    from synthetic import hard_strings
 
     for text in hard_strings(0):
         assert tokenizer.encode(text) == reference.encode(text), repr(text[:80])

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fixed_sft import synthetic
+import synthetic
 from fixed_sft.build import BuildConfig, build
 from fixed_sft.verify import verify
 
