@@ -27,6 +27,15 @@ from .tokenizer import TEMPLATE_KWARGS, KimiTokenizer
 
 MASK_TYPES = ("kimi_k25",)
 _PROBE = "\x00fixed-sft-probe\x00"
+# Conversations on which the fast path must equal the template before it is used: every
+# role after every role, at the start and the end, with contents that are empty or start
+# and end with whitespace (which BPE would merge across a message boundary).
+PROBE_CONVERSATIONS = (
+    ("system", "user", "assistant"),
+    ("user", "assistant", "user", "assistant"),
+    ("assistant", "assistant", "system", "system", "user", "user", "system", "assistant", "user"),
+)
+_PROBE_CONTENTS = ("\n probe {}\n", "", " probe {} ", "probe {}\n\n")
 
 
 class TemplateMismatch(Exception):
@@ -76,6 +85,7 @@ class ChatEncoder:
         self.tokenizer = tokenizer
         self.template_kwargs = TEMPLATE_KWARGS if template_kwargs is None else template_kwargs
         self._layouts = {role: self._read_layout(role) for role in ROLES}
+        self._check_probes()
 
     def _read_layout(self, role: str) -> RoleLayout:
         try:
@@ -94,6 +104,21 @@ class ChatEncoder:
         if added.get("<|im_middle|>") not in header:
             raise TemplateMismatch("the chat template's assistant header has no <|im_middle|>, which ends it for kimi_k25")
         return RoleLayout(prefix, suffix, header=header.index(added["<|im_middle|>"]) + 1, supervised=1)
+
+    def _check_probes(self) -> None:
+        """Raise ``TemplateMismatch`` unless the fast path equals the rendered template on
+        ``PROBE_CONVERSATIONS``: a template that renders a message depending on the others
+        (a default system prompt, only the last assistant's reasoning, text between
+        messages that BPE joins) is refused rather than encoded wrongly."""
+        for roles in PROBE_CONVERSATIONS:
+            messages = [{"role": role, "content": _PROBE_CONTENTS[k % len(_PROBE_CONTENTS)].format(k)}
+                        for k, role in enumerate(roles)]
+            if self.encode_arrays(messages)[0].tolist() != self.reference_ids(messages):
+                raise TemplateMismatch(
+                    f"{self.tokenizer.directory / 'chat_template.jinja'}: the chat template does not render each "
+                    f"message as its role's prefix + content + suffix, whatever the messages around it (a "
+                    f"{'/'.join(roles)} conversation differs), so its ids cannot be built per message"
+                )
 
     def encode(self, messages: list[dict]) -> tuple[list[int], list[int]]:
         """Token ids and loss mask of one conversation (fast path)."""
@@ -115,8 +140,10 @@ class ChatEncoder:
         return ids, np.repeat(np.array(values, dtype=np.uint8), lengths)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
-        """``render`` with this tokenizer's template and template arguments."""
-        return render(self.tokenizer.chat_template, messages, add_generation_prompt, **self.template_kwargs)
+        """``render`` with this tokenizer's template, its special tokens (``bos_token``, ...)
+        and the template arguments, as the model's ``apply_chat_template`` passes them."""
+        variables = {**self.tokenizer.special_tokens, **self.template_kwargs}
+        return render(self.tokenizer.chat_template, messages, add_generation_prompt, **variables)
 
     def reference_ids(self, messages: list[dict]) -> list[int]:
         """Token ids by rendering the template and encoding the text."""

@@ -47,6 +47,7 @@ MAX_RUN = 25_000
 FILES = ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja")
 _NONE: frozenset[str] = frozenset()
 TEMPLATE_KWARGS = {"thinking": True, "preserve_thinking": False}  # what the model's apply_chat_template passes
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 @functools.cache
@@ -126,6 +127,18 @@ def _special_id(config: dict, added: dict[str, int], key: str, default: str) -> 
     return added[name]
 
 
+def _special_tokens(config: dict) -> dict[str, str]:
+    """``bos_token``, ``eos_token`` ... as text, where ``tokenizer_config.json`` sets them
+    (transformers passes these to the chat template)."""
+    tokens = {}
+    for key in SPECIAL_TOKEN_KEYS:
+        value = config.get(key)
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            tokens[key] = value
+    return tokens
+
+
 def eos_id(directory: str | Path) -> int:
     """The id of the eos token (``[EOS]``), read from ``tokenizer_config.json`` alone."""
     config = _config(Path(directory))
@@ -162,6 +175,7 @@ class KimiTokenizer:
         self._special = re.compile("|".join(map(re.escape, specials)))
         self._special_firsts = sorted({text[0] for text in specials})
         self.eos_id = _special_id(config, self.added, "eos_token", "[EOS]")
+        self.special_tokens = _special_tokens(config)
         try:
             self.chat_template = (self.directory / "chat_template.jinja").read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as error:

@@ -230,7 +230,10 @@ def test_a_template_mismatch_names_the_source_row(corpus, kimi_dir, tmp_path, mo
     from fixed_sft.order import permutation
 
     first = int(permutation(5, len(corpus[1]))[0])  # position 0 is always checked
-    monkeypatch.setattr(ChatEncoder, "reference_ids", lambda self, messages: [0])
+    def differs(self, messages, ids):
+        raise TemplateMismatch("fast-path ids differ from the rendered chat template")
+
+    monkeypatch.setattr(ChatEncoder, "check", differs)
     with pytest.raises(TemplateMismatch, match=rf"source row {first} \(id {corpus[1][first]['id']}\): fast-path ids"):
         build(config(corpus[0] / "parquet", kimi_dir), tmp_path / "m")
     assert not (tmp_path / "m").exists()
@@ -243,14 +246,16 @@ def test_jsonl_source_gives_the_same_rows(fixture_build, corpus, kimi_dir, tmp_p
 
 
 def test_lazy_build_encodes_only_needed_conversations(corpus, kimi_dir, tmp_path, monkeypatch):
+    import fixed_sft.encode
+
     encoded = []
-    original = ChatEncoder.encode_arrays
+    original = fixed_sft.encode.conversation
 
-    def counting(self, messages):
-        encoded.append(messages)
-        return original(self, messages)
+    def counting(record):
+        encoded.append(record)
+        return original(record)
 
-    monkeypatch.setattr(ChatEncoder, "encode_arrays", counting)
+    monkeypatch.setattr(fixed_sft.encode, "conversation", counting)
     manifest = build(config(corpus[0] / "parquet", kimi_dir, rows=3, check_every=0), tmp_path / "lazy")
     used = {s["source_index"] for row in pq.read_table(tmp_path / "lazy" / "train.parquet").column("metadata").to_pylist()
             for s in row["segments"]}

@@ -68,3 +68,55 @@ def test_check_catches_a_difference(encoder):
 def test_unknown_mask_type_is_refused(tokenizer):
     with pytest.raises(ValueError, match="unknown loss mask type"):
         ChatEncoder(tokenizer, "llama3")
+
+
+def _edited_tokenizer(kimi_dir, folder, old: str, new: str):
+    from fixed_sft.tokenizer import KimiTokenizer
+
+    folder.mkdir()
+    for name in ("tiktoken.model", "tokenizer_config.json"):
+        (folder / name).symlink_to(kimi_dir / name)
+    template = (kimi_dir / "chat_template.jinja").read_text()
+    assert template.count(old) == 1
+    (folder / "chat_template.jinja").write_text(template.replace(old, new))
+    return KimiTokenizer(folder)
+
+
+HISTORY_ASSISTANT = "<think></think>{{render_content(message)}}\n    {%- if message.get('tool_calls') -%}\n      {{render"
+
+
+@pytest.mark.parametrize("old, new", [
+    # a default system prompt when the conversation has none
+    ("{%- for message in hist_msgs -%}", "{%- if messages[0]['role'] != 'system' -%}<|im_system|>system<|im_middle|>"
+     "Be brief.<|im_end|>{%- endif -%}{%- for message in hist_msgs -%}"),
+    # an empty reasoning block on the last message only
+    (HISTORY_ASSISTANT, HISTORY_ASSISTANT.replace("<think></think>", "{% if loop.last %}<think></think>{% endif %}")),
+    # a newline between messages, which BPE joins with a newline that ends the next content
+    ("  <|im_end|>\n{%- endfor -%}\n\n{%- for message in suffix_msgs", "  <|im_end|>\n\n{% endfor -%}\n\n{%- for message in suffix_msgs"),
+    # a token before the first message
+    ("{%- for message in hist_msgs -%}", "{{ bos_token }}{%- for message in hist_msgs -%}"),
+])
+def test_a_template_that_renders_messages_by_context_is_refused(kimi_dir, tmp_path, old, new):
+    """Per-message ids are only used when they equal the template on conversations of
+    every role order: a template that breaks this is refused when it loads."""
+    tokenizer = _edited_tokenizer(kimi_dir, tmp_path / "tok", old, new)
+    with pytest.raises(TemplateMismatch, match="does not render each message as its role's prefix"):
+        ChatEncoder(tokenizer)
+
+
+def test_special_tokens_reach_the_template(kimi_dir, tmp_path, reference):
+    """The template sees ``eos_token`` and the other special tokens, as the model's
+    ``apply_chat_template`` passes them."""
+    from reference_kimi import ReferenceKimi
+
+    folder = tmp_path / "tok"
+    tokenizer = _edited_tokenizer(kimi_dir, folder, HISTORY_ASSISTANT,
+                                  HISTORY_ASSISTANT.replace("{{render_content(message)}}",
+                                                            "{{render_content(message)}}{{ eos_token }}"))
+    encoder = ChatEncoder(tokenizer)
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+                {"role": "user", "content": "q2"}, {"role": "assistant", "content": "b"}]
+    ids, mask = encoder.encode(messages)
+    assert ids.count(tokenizer.eos_id) == 2  # after each assistant message
+    assert ids == ReferenceKimi(folder).chat_ids(messages)
+    assert mask == ReferenceKimi(folder).chat_mask(messages)
