@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from .hashes import sha256_file
 from .source import is_hub_id
@@ -25,7 +26,41 @@ class SpecError(Exception):
     """A spec or tokenizer cannot be found or read, or tokenizer files do not match their pinned spec."""
 
 
-def _load(folder: Path, name: str, kind: str) -> dict:
+# The keys of each kind of spec that the builder reads, their JSON types, and whether a spec must have them.
+BUILD_KEYS = {"source": (str, True), "source_revision": (str, False), "source_license": (str, False),
+              "source_rows": (int, False), "tokenizer": (str, False), "loss_mask_type": (str, False),
+              "rows": (int, False), "row_tokens": (int, False), "seed": (int, False), "published": (dict, False)}
+JSON_TYPES = {str: "string", int: "integer", dict: "object"}
+TOKENIZER_KEYS = {"name": (str, True), "repo": (str, True), "revision": (str, True), "files": (dict, True),
+                  "template_kwargs": (dict, True), "loss_mask_type": (str, True)}
+
+
+def _check_keys(path: Path, spec: dict, keys: dict[str, tuple[type, bool]]) -> None:
+    for key, (kind, required) in keys.items():
+        if key not in spec and not required:
+            continue
+        if key not in spec:
+            raise SpecError(f"{path}: '{key}' is missing")
+        if not isinstance(spec[key], kind) or isinstance(spec[key], bool):
+            raise SpecError(f"{path}: '{key}' is not a JSON {JSON_TYPES[kind]}")
+
+
+def _check_build(path: Path, spec: dict) -> None:
+    _check_keys(path, spec, BUILD_KEYS)
+
+
+def _check_tokenizer(path: Path, spec: dict) -> None:
+    _check_keys(path, spec, TOKENIZER_KEYS)
+    if spec["name"] != path.stem:
+        raise SpecError(f"{path}: 'name' is {spec['name']!r}, not the file's name {path.stem!r}")
+    for name in FILES:
+        entry = spec["files"].get(name)
+        if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)):
+            raise SpecError(f"{path}: 'files' needs {name} with its 'bytes' and 'sha256'")
+
+
+def _load(folder: Path, name: str, kind: str, check: Callable[[Path, dict], None]) -> dict:
+    """The spec ``folder/NAME.json``, read and checked (``SpecError`` naming the file otherwise)."""
     path = folder / f"{name}.json"
     if not name or Path(name).name != name or name.startswith("."):
         raise SpecError(f"{kind} name {name!r} is not a name (a file name in {folder}, without .json)")
@@ -40,22 +75,23 @@ def _load(folder: Path, name: str, kind: str) -> dict:
         raise SpecError(f"{path}: cannot read it ({error})") from None
     if not isinstance(spec, dict):
         raise SpecError(f"{path}: not a JSON object")
+    check(path, spec)
     return spec
 
 
 def build_spec(name: str) -> dict:
     """The named build's spec, from ``data/builds/NAME.json``."""
-    return _load(BUILDS, name, "build spec")
+    return _load(BUILDS, name, "build spec", _check_build)
 
 
 def tokenizer_spec(name: str) -> dict:
     """The named tokenizer's spec, from ``tokenizers/NAME.json``."""
-    return _load(TOKENIZERS, name, "tokenizer spec")
+    return _load(TOKENIZERS, name, "tokenizer spec", _check_tokenizer)
 
 
 def tokenizer_specs() -> list[dict]:
     """Every tokenizer spec in ``tokenizers/``, in name order."""
-    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(TOKENIZERS.glob("*.json"))]
+    return [tokenizer_spec(path.stem) for path in sorted(TOKENIZERS.glob("*.json"))]
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,32 @@ def test_a_spec_name_is_a_plain_name(name):
 def test_verify_refuses_a_published_name_that_is_not_a_name(name, tmp_path, capsys):
     assert main(["verify", str(tmp_path), "--published", name]) == 2
     assert "is not a name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit, says", [
+    (None, "cannot read it"),
+    ({"template_kwargs": None}, "'template_kwargs' is not a JSON object"),
+    ({"files": {"tiktoken.model": {"bytes": 1}}}, "'files' needs tiktoken.model with its 'bytes' and 'sha256'"),
+    ({"name": "other"}, "'name' is 'other', not the file's name 'zz'"),
+])
+def test_a_broken_tokenizer_spec_is_named(kimi_dir, tmp_path, monkeypatch, edit, says):
+    """Every build reads all tokenizer specs: one that is broken is named, whatever the tokenizer used."""
+    from fixed_sft import specs
+
+    folder = tmp_path / "tokenizers"
+    folder.mkdir()
+    spec = json.loads((specs.TOKENIZERS / "kimi-k2.6.json").read_text())
+    (folder / "kimi-k2.6.json").write_text(json.dumps(spec))
+    (folder / "zz.json").write_text("{broken" if edit is None else json.dumps({**spec, "name": "zz", **edit}))
+    monkeypatch.setattr(specs, "TOKENIZERS", folder)
+    with pytest.raises(SpecError, match=re.escape(f"{folder / 'zz.json'}: ") + ".*" + re.escape(says)):
+        resolve_tokenizer(str(kimi_dir))
+
+
+def test_a_build_spec_value_of_the_wrong_type_is_named(tmp_path, monkeypatch):
+    from fixed_sft import specs
+
+    (tmp_path / "b.json").write_text(json.dumps({"source": "x.jsonl", "rows": "6400"}))
+    monkeypatch.setattr(specs, "BUILDS", tmp_path)
+    with pytest.raises(SpecError, match="b.json: 'rows' is not a JSON integer"):
+        build_spec("b")
