@@ -344,7 +344,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             stream.close()
         writer.close()
         if writer.rows == 0 or (config.rows is not None and writer.rows < config.rows):
-            wanted = f"asked for {config.rows}" if config.rows is not None else "a build needs at least one"
+            wanted = f"--rows is {config.rows}" if config.rows is not None else "a build needs at least one"
             raise BuildError(
                 f"the source fills only {writer.rows} rows of {config.row_tokens} tokens with supervised tokens; {wanted}"
             )

@@ -11,6 +11,7 @@ position falls in ``[lo, hi)`` (as Arrow data), so memory holds one band, not th
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import threading
@@ -308,12 +309,14 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
 
 
 def _read_jsonl(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa.Table]]:
+    """``(local indices, raw lines)`` of the wanted rows; a UTF-8 byte-order mark that
+    starts the file is not part of its first line."""
     local, lines = [], []
     with path.open("rb") as f:
         for n, line in enumerate(f):
             if inside[n]:
                 local.append(n)
-                lines.append(line)
+                lines.append(line.removeprefix(codecs.BOM_UTF8) if n == 0 else line)
     yield np.array(local, dtype=np.int64), pa.table({"line": pa.array(lines, pa.large_binary())})
 
 

@@ -128,10 +128,19 @@ def _download(repo: str, revision: str) -> Path:
         raise SpecError(
             f"cannot get tokenizer {repo}@{revision} from the Hugging Face Hub or its cache "
             f"({type(error).__name__}: {error}). Without the Hub, put {', '.join(FILES)} in a folder "
-            "and pass --tokenizer FOLDER; a Hub source needs the same: NAME --source FOLDER --source-revision REV "
-            "--source-license LICENSE (README: 'Command line')."
+            "and pass --tokenizer FOLDER (README: 'Command line' shows a whole offline build)."
         ) from None
     return paths[0].parent
+
+
+def _differences(spec: dict, files: dict[str, dict]) -> list[str]:
+    """How ``files`` (name -> bytes and sha256) differ from ``spec``'s, file by file."""
+    return [
+        f"{name}: expected sha256 {spec['files'][name]['sha256']} ({spec['files'][name]['bytes']} bytes), "
+        f"got {files[name]['sha256']} ({files[name]['bytes']} bytes)"
+        for name in FILES
+        if spec["files"][name] != files[name]
+    ]
 
 
 def resolve_tokenizer(
@@ -168,19 +177,18 @@ def resolve_tokenizer(
     files = {name: {"bytes": (directory / name).stat().st_size, "sha256": sha256_file(directory / name)} for name in FILES}
     if spec is None:
         spec = next((s for s in specs.values() if all(s["files"][n] == files[n] for n in FILES)), None)
-    mismatches = [
-        f"{name}: expected sha256 {spec['files'][name]['sha256']} ({spec['files'][name]['bytes']} bytes), "
-        f"got {files[name]['sha256']} ({files[name]['bytes']} bytes)"
-        for name in FILES
-        if spec is not None and spec["files"][name] != files[name]
-    ]
-    if spec is None:
-        mismatches = ["the files match no pinned spec"]
+    if spec is not None:
+        mismatches = _differences(spec, files)
+    else:  # name the spec that shares the most files, if any does
+        closest = max(specs.values(), key=lambda s: len(FILES) - len(_differences(s, files)), default=None)
+        shared = closest is not None and len(_differences(closest, files)) < len(FILES)
+        mismatches = ["the files match no pinned spec"] + (
+            [f"closest is {closest['name']}, from which " + "; ".join(_differences(closest, files))] if shared
+            else [f"{name} sha256 {files[name]['sha256']}" for name in FILES])
     if mismatches and not allow_unpinned:
         pinned = f"the pinned spec {spec['name']}" if spec else f"every pinned spec in {TOKENIZERS}"
         raise SpecError(
-            f"tokenizer files in {directory} differ from {pinned}: "
-            + "; ".join(mismatches if spec else [f"{name} sha256 {files[name]['sha256']}" for name in FILES])
+            f"tokenizer files in {directory} differ from {pinned}: " + "; ".join(mismatches)
             + " (--allow-unpinned-tokenizer builds anyway and records it)"
         )
     return ResolvedTokenizer(

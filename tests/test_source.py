@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import synthetic
-from fixed_sft.source import SourceError, open_source, read_band, records
+from fixed_sft.source import InvalidRow, SourceError, open_source, read_band, records
 
 
 def test_hub_download_is_pinned_and_cached(tmp_path, monkeypatch):
@@ -74,6 +74,15 @@ def test_jsonl_without_final_newline(tmp_path):
     src = open_source(str(path))
     assert src.num_rows == 2
     assert [r["id"] for _, r in records(next(read_band(src, np.arange(2), 0, 2).chunks(10)))] == ["a", "b"]
+
+
+def test_a_byte_order_mark_that_starts_a_jsonl_file_is_not_data(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"id": "a", "messages": []}\n\xef\xbb\xbf{"id": "b", "messages": []}\n')
+    src = open_source(str(path))
+    first, second = records(next(read_band(src, np.arange(2), 0, 2).chunks(10)))
+    assert first[1]["id"] == "a"
+    assert isinstance(second[1], InvalidRow)  # only the file's start may hold one
 
 
 def test_empty_folder_is_an_error(tmp_path):
