@@ -14,6 +14,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -116,6 +117,13 @@ def download(repo_id: str, revision: str) -> Path:
         ) from None
 
 
+def snapshot_commit(folder: Path, revision: str) -> str:
+    """The commit a Hub cache snapshot (``.../snapshots/COMMIT``) holds, whichever
+    ``revision`` (branch, tag or commit) found it; else ``revision``."""
+    is_commit = folder.parent.name == "snapshots" and re.fullmatch("[0-9a-f]{40}", folder.name)
+    return folder.name if is_commit else revision
+
+
 def is_hub_id(name: str) -> bool:
     """Whether ``name`` not found locally reads as a Hub id (``owner/name``) rather than a path."""
     return "/" in name and not name.startswith((".", "/"))
@@ -130,6 +138,7 @@ def open_source(source: str, revision: str | None = None, license: str | None = 
         if not revision:
             raise SourceError(f"source {source!r} is not a local file or folder; as a Hub dataset id it needs --source-revision")
         path = download(source, revision)
+        revision = snapshot_commit(path, revision)
     files = _data_files(path)
     counts = tuple(_count_rows(f) for f in files)
     if files[0].suffix == ".parquet":

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from .hashes import sha256_file
-from .source import is_hub_id
+from .source import is_hub_id, snapshot_commit
 from .tokenizer import FILES, TEMPLATE_KWARGS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,7 +155,9 @@ def resolve_tokenizer(
     specs = {spec["name"]: spec for spec in tokenizer_specs()}
     spec = specs.get(tokenizer) or (specs.get(expected) if expected else None)
     if tokenizer in specs:
-        directory = _download(spec["repo"], revision or spec["revision"])
+        revision = revision or spec["revision"]
+        directory = _download(spec["repo"], revision)
+        revision = snapshot_commit(directory, revision)
     elif Path(tokenizer).is_dir():
         directory = Path(tokenizer)
     elif Path(tokenizer).exists():
@@ -165,7 +167,9 @@ def resolve_tokenizer(
         if not (revision or spec):
             raise SpecError(f"tokenizer {tokenizer!r} is not a local folder; as a Hub repo id it is not pinned in "
                             f"{TOKENIZERS}, so it needs --tokenizer-revision")
-        directory = _download(tokenizer, revision or spec["revision"])
+        revision = revision or spec["revision"]
+        directory = _download(tokenizer, revision)
+        revision = snapshot_commit(directory, revision)
     elif tokenizer.startswith((".", "/")):
         raise SpecError(f"tokenizer {tokenizer!r}: no such folder")
     else:

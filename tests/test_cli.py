@@ -195,7 +195,8 @@ def test_main_runs_outside_the_main_thread(tmp_path, capsys):
 def test_hub_names_resolve_through_the_hugging_face_cache(kimi_dir, tmp_path):
     """With HF_HUB_OFFLINE=1 huggingface_hub itself serves the pinned revisions from its
     cache: the named build gets its tokenizer (checked against the spec's hashes) and
-    source from there, and a changed cached file is refused."""
+    source from there, a branch is recorded as the commit it names, and a changed cached
+    file is refused."""
     spec = build_spec(DEFAULT_BUILD)
     tokenizer = json.loads((ROOT / "tokenizers" / f"{spec['tokenizer']}.json").read_text())
     hub = tmp_path / "hf" / "hub"
@@ -224,6 +225,16 @@ def test_hub_names_resolve_through_the_hugging_face_cache(kimi_dir, tmp_path):
     assert [f["path"] for f in manifest["source"]["files"]] == ["data/train-00000-of-00001.parquet"]
     assert manifest["tokenizer"]["pinned"] is True
     assert (manifest["tokenizer"]["repo"], manifest["tokenizer"]["revision"]) == (tokenizer["repo"],
+                                                                                    tokenizer["revision"])
+
+    for repo, commit in ((snapshot, tokenizer["revision"]), (data, spec["source_revision"])):
+        (repo.parent.parent / "refs").mkdir()
+        (repo.parent.parent / "refs" / "main").write_text(commit)
+    by_branch = run("build", "--source", spec["source"], "--source-revision", "main", "--tokenizer",
+                    tokenizer["repo"], "--tokenizer-revision", "main", "--out", "main")
+    assert by_branch.returncode == 0, by_branch.stderr
+    manifest = json.loads((tmp_path / "main" / "manifest.json").read_text())
+    assert (manifest["source"]["revision"], manifest["tokenizer"]["revision"]) == (spec["source_revision"],
                                                                                     tokenizer["revision"])
 
     (snapshot / "chat_template.jinja").unlink()
