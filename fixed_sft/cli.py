@@ -64,6 +64,7 @@ def usable_cores() -> int:
 
 def parser() -> argparse.ArgumentParser:
     """The ``build`` and ``verify`` commands and their flags."""
+    from .build import BuildConfig
     from .specs import DEFAULT_BUILD
 
     top = argparse.ArgumentParser(
@@ -78,12 +79,15 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--source", help="Hub dataset id, or a local .parquet/.jsonl file or folder (Tulu schema)")
     build.add_argument("--source-revision", help="dataset revision (required with a Hub id given by --source)")
     build.add_argument("--source-license", help="license recorded in the manifest")
-    build.add_argument("--tokenizer", help="tokenizer spec name (tokenizers/), Hub repo id, or local folder")
+    build.add_argument("--tokenizer", help="tokenizer spec name (tokenizers/), Hub repo id, or local folder "
+                       f"(default: the named build's, else {BuildConfig.tokenizer}, downloaded from the Hub)")
     build.add_argument("--tokenizer-revision", help="tokenizer revision (default: the spec's pinned one)")
-    build.add_argument("--loss-mask-type", help="loss mask type (kimi_k25)")
-    build.add_argument("--rows", type=_rows, default=argparse.SUPPRESS, help="rows to build, or 'all'")
-    build.add_argument("--row-tokens", type=int, help="tokens per row")
-    build.add_argument("--seed", type=int, help="order seed")
+    build.add_argument("--loss-mask-type", help="loss mask type (default and only: kimi_k25)")
+    build.add_argument("--rows", type=_rows, default=argparse.SUPPRESS,
+                       help=f"rows to build, or 'all' (default: the named build's, else {BuildConfig.rows})")
+    build.add_argument("--row-tokens", type=int,
+                       help=f"tokens per row (default: the named build's, else {BuildConfig.row_tokens})")
+    build.add_argument("--seed", type=int, help=f"order seed (default: the named build's, else {BuildConfig.seed})")
     build.add_argument("--workers", type=int, default=usable_cores(),
                        help="encoding processes (default: the cores this process may use)")
     build.add_argument("--check-every", type=int, default=64, help="check 1 in N conversations against the rendered template (0: off)")
