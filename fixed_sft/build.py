@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from . import __version__
 from .chat import MASK_TYPES
-from .encode import EncoderConfig, Encoders
+from .encode import Encoded, EncoderConfig, Encoders
 from .hashes import row_digest, rows_digest, sha256_file
 from .order import permutation
 from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter
@@ -247,23 +247,31 @@ class _Tally:
         }
 
 
-def _pack(config: BuildConfig, source: Source, stream: Iterator, packer: Packer, writer: RowWriter,
-          tally: _Tally, bar: tqdm) -> None:
-    """Feed encoded conversations to the packer and write kept rows until ``config.rows``."""
+def _valid(stream: Iterator[Encoded], source: Source, skip_invalid: bool, tally: _Tally) -> Iterator[Encoded]:
+    """The stream's valid conversations. An invalid one, or one whose id an earlier one
+    used, stops the build naming its file and row, or with ``skip_invalid`` is recorded
+    in ``tally`` and left out."""
     for item in stream:
         reason = item.invalid
         if reason is None and item.id is not None and item.id in tally.seen_ids:
             reason = f"duplicate id (first used by source row {tally.seen_ids[item.id]})"
-        if reason is not None:
-            if not config.skip_invalid:
-                path, row = source.locate(item.index)
-                place = f"line {row + 1}" if path.suffix == ".jsonl" else f"row {row}"
-                where = f"{path}: {place} (source row {item.index}, id {item.id})"
-                raise BuildError(f"{where}: {reason} (--skip-invalid skips such rows and records them)")
+        if reason is None:
+            if item.id is not None:
+                tally.seen_ids[item.id] = item.index
+            yield item
+        elif skip_invalid:
             tally.skipped_invalid.append({"index": item.index, "id": item.id, "reason": reason})
-            continue
-        if item.id is not None:
-            tally.seen_ids[item.id] = item.index
+        else:
+            path, row = source.locate(item.index)
+            place = f"line {row + 1}" if path.suffix == ".jsonl" else f"row {row}"
+            where = f"{path}: {place} (source row {item.index}, id {item.id})"
+            raise BuildError(f"{where}: {reason} (--skip-invalid skips such rows and records them)")
+
+
+def _pack(conversations: Iterator[Encoded], rows: int | None, packer: Packer, writer: RowWriter, tally: _Tally,
+          bar: tqdm) -> None:
+    """Feed conversations to the packer and write kept rows until ``rows`` (``None``: all)."""
+    for item in conversations:
         tally.conversations_encoded += 1
         tally.tokens_encoded += len(item.ids) + 1
         tally.template_checked += item.checked
@@ -277,7 +285,7 @@ def _pack(config: BuildConfig, source: Source, stream: Iterator, packer: Packer,
             tally.supervised += supervised
             tally.rows_per_conversation.update(s.index for s in row.segments)
             bar.update()
-            if writer.rows == config.rows:
+            if writer.rows == rows:
                 tally.tail_tokens = len(item.ids) + 1 - row.segments[-1].end
                 return
     tally.tail_tokens = packer.filled
@@ -336,7 +344,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         stream = encoders.encode(_chunks(source, rank, band_rows))
         try:
             with tqdm(total=config.rows, unit="row", disable=not progress, desc=config.name) as bar:
-                _pack(config, source, stream, packer, writer, tally, bar)
+                _pack(_valid(stream, source, config.skip_invalid, tally), config.rows, packer, writer, tally, bar)
         except BaseException:
             writer.abort()
             raise
