@@ -18,6 +18,7 @@ Every token of system and user messages is 0.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,12 +46,12 @@ class TemplateMismatch(Exception):
 @dataclass(frozen=True, eq=False)
 class RoleLayout:
     """How the template renders a message of one role: ``prefix + content + suffix``.
-    Its first ``header`` tokens have mask 0 and the rest have mask ``supervised``."""
+    Its first ``header`` tokens have mask 0 and the rest have mask ``body_mask``."""
 
     prefix: np.ndarray  # uint32, as ``KimiTokenizer.encode_to_numpy`` gives
     suffix: np.ndarray
     header: int
-    supervised: int
+    body_mask: int
 
     @property
     def size(self) -> int:
@@ -63,9 +64,9 @@ RENDERER_MODULE = "transformers.utils.chat_template_utils"
 
 def render(chat_template: str, messages: list[dict], add_generation_prompt: bool = False, **template_kwargs) -> str:
     """The chat template rendered as transformers renders it for ``apply_chat_template``."""
-    from transformers.utils.chat_template_utils import render_jinja_template  # heavy: only where rendering
+    renderer = importlib.import_module(RENDERER_MODULE)  # heavy: imported only where rendering
 
-    rendered, _ = render_jinja_template(
+    rendered, _ = renderer.render_jinja_template(
         conversations=[messages],
         chat_template=chat_template,
         add_generation_prompt=add_generation_prompt,
@@ -83,6 +84,7 @@ class ChatEncoder:
         if loss_mask_type not in MASK_TYPES:
             raise ValueError(f"unknown loss mask type {loss_mask_type!r} (known: {', '.join(MASK_TYPES)})")
         self.tokenizer = tokenizer
+        self.loss_mask_type = loss_mask_type
         self.template_kwargs = TEMPLATE_KWARGS if template_kwargs is None else template_kwargs
         self._layouts = {role: self._read_layout(role) for role in ROLES}
         self._check_probes()
@@ -99,11 +101,11 @@ class ChatEncoder:
             raise TemplateMismatch(f"the chat template does not bound {role} content with added tokens")
         prefix, suffix = self.tokenizer.encode_to_numpy(before), self.tokenizer.encode_to_numpy(after)
         if role != "assistant":
-            return RoleLayout(prefix, suffix, header=len(prefix), supervised=0)
+            return RoleLayout(prefix, suffix, header=len(prefix), body_mask=0)
         header = prefix.tolist()
         if added.get("<|im_middle|>") not in header:
             raise TemplateMismatch("the chat template's assistant header has no <|im_middle|>, which ends it for kimi_k25")
-        return RoleLayout(prefix, suffix, header=header.index(added["<|im_middle|>"]) + 1, supervised=1)
+        return RoleLayout(prefix, suffix, header=header.index(added["<|im_middle|>"]) + 1, body_mask=1)
 
     def _check_probes(self) -> None:
         """Raise ``TemplateMismatch`` unless the fast path equals the rendered template on
@@ -134,7 +136,7 @@ class ChatEncoder:
             layout = self._layouts[message["role"]]
             body = self.tokenizer.encode_to_numpy(message["content"])
             parts += (layout.prefix, body, layout.suffix)
-            values += (0, layout.supervised)
+            values += (0, layout.body_mask)
             lengths += (layout.header, layout.size - layout.header + len(body))
         ids = np.concatenate(parts).view(np.int32) if parts else np.zeros(0, np.int32)
         return ids, np.repeat(np.array(values, dtype=np.uint8), lengths)

@@ -200,7 +200,7 @@ class Encoders:
             for first_position, chunk in chunks:
                 yield from encode_rows(self._started.result(), chunk, first_position, self.config.check_every)
             return
-        pending: deque = deque()
+        pending: deque[Future] = deque()
         try:
             for first_position, chunk in chunks:
                 self._started.result()
