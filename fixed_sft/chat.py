@@ -29,14 +29,16 @@ from .tokenizer import TEMPLATE_KWARGS, KimiTokenizer
 MASK_TYPES = ("kimi_k25",)
 _PROBE = "\x00fixed-sft-probe\x00"
 # Conversations on which the fast path must equal the template before it is used: every
-# role after every role, at the start and the end, with contents that are empty or start
-# and end with whitespace (which BPE would merge across a message boundary).
+# pair of roles, and longer ones in which every role follows every role and each role
+# ends one; contents are empty, start or end with whitespace (which BPE would merge
+# across a message boundary), or hold ``</think>`` and special-token text.
 PROBE_CONVERSATIONS = (
+    *((first, second) for first in ROLES for second in ROLES),
     ("system", "user", "assistant"),
-    ("user", "assistant", "user", "assistant"),
-    ("assistant", "assistant", "system", "system", "user", "user", "system", "assistant", "user"),
+    ("user", "assistant", "user", "assistant", "user"),
+    ("assistant", "assistant", "system", "system", "user", "user", "system", "assistant", "user", "system"),
 )
-_PROBE_CONTENTS = ("\n probe {}\n", "", " probe {} ", "probe {}\n\n")
+_PROBE_CONTENTS = ("\n probe {}\n", "", " probe {} ", "a</think>probe {}\n\n", "<|im_end|>probe {}<think>")
 
 
 class TemplateMismatch(Exception):
@@ -109,18 +111,29 @@ class ChatEncoder:
 
     def _check_probes(self) -> None:
         """Raise ``TemplateMismatch`` unless the fast path equals the rendered template on
-        ``PROBE_CONVERSATIONS``: a template that renders a message depending on the others
-        (a default system prompt, only the last assistant's reasoning, text between
-        messages that BPE joins) is refused rather than encoded wrongly."""
+        ``PROBE_CONVERSATIONS``, so that a template that renders a message depending on the
+        others (a default system prompt, only the last assistant's reasoning, text between
+        messages that BPE joins) is refused before it is used. A probe the template refuses
+        to render (one that checks the roles alternate) is passed over; a template that
+        renders none is refused. The build's sampled check covers what probes cannot."""
+        rendered = 0
         for roles in PROBE_CONVERSATIONS:
             messages = [{"role": role, "content": _PROBE_CONTENTS[k % len(_PROBE_CONTENTS)].format(k)}
                         for k, role in enumerate(roles)]
-            if self.encode_arrays(messages)[0].tolist() != self.reference_ids(messages):
+            try:
+                expected = self.reference_ids(messages)
+            except Exception:  # template-raised errors, as for roles out of the order it allows
+                continue
+            rendered += 1
+            if self.encode_arrays(messages)[0].tolist() != expected:
                 raise TemplateMismatch(
                     f"{self.tokenizer.directory / 'chat_template.jinja'}: the chat template does not render each "
                     f"message as its role's prefix + content + suffix, whatever the messages around it (a "
                     f"{'/'.join(roles)} conversation differs), so its ids cannot be built per message"
                 )
+        if not rendered:
+            raise TemplateMismatch(f"{self.tokenizer.directory / 'chat_template.jinja'}: the chat template renders "
+                                   "no conversation of more than one message")
 
     def encode(self, messages: list[dict]) -> tuple[list[int], list[int]]:
         """Token ids and loss mask of one conversation (fast path)."""

@@ -95,6 +95,15 @@ HISTORY_ASSISTANT = "<think></think>{{render_content(message)}}\n    {%- if mess
     ("  <|im_end|>\n{%- endfor -%}\n\n{%- for message in suffix_msgs", "  <|im_end|>\n\n{% endfor -%}\n\n{%- for message in suffix_msgs"),
     # a token before the first message
     ("{%- for message in hist_msgs -%}", "{{ bos_token }}{%- for message in hist_msgs -%}"),
+    # a header for two-message conversations only
+    ("{%- for message in hist_msgs -%}", "{%- if messages|length == 2 -%}<|im_system|>two<|im_middle|><|im_end|>"
+     "{%- endif -%}{%- for message in hist_msgs -%}"),
+    # a token after a final system message that follows others
+    ("{%- if add_generation_prompt -%}", "{%- if messages|length > 1 and messages[-1]['role'] == 'system' -%}"
+     "<|im_end|>{%- endif -%}{%- if add_generation_prompt -%}"),
+    # earlier reasoning cut at </think>
+    (HISTORY_ASSISTANT, HISTORY_ASSISTANT.replace("{{render_content(message)}}",
+                                                  "{{render_content(message).split('</think>')[-1]}}")),
 ])
 def test_a_template_that_renders_messages_by_context_is_refused(kimi_dir, tmp_path, old, new):
     """Per-message ids are only used when they equal the template on conversations of
@@ -120,3 +129,17 @@ def test_special_tokens_reach_the_template(kimi_dir, tmp_path, reference):
     assert ids.count(tokenizer.eos_id) == 2  # after each assistant message
     assert ids == ReferenceKimi(folder).chat_ids(messages)
     assert mask == ReferenceKimi(folder).chat_mask(messages)
+
+
+def test_a_template_that_refuses_some_role_orders_is_used_for_the_others(kimi_dir, tmp_path, reference):
+    """Probes the template itself refuses (here: roles must alternate) say nothing against it."""
+    check = ("{%- for m in messages -%}{%- if not loop.first and m['role'] == messages[loop.index0 - 1]['role'] -%}"
+             "{{ raise_exception('roles must alternate') }}{%- endif -%}{%- endfor -%}")
+    tokenizer = _edited_tokenizer(kimi_dir, tmp_path / "tok", "{%- for message in hist_msgs -%}",
+                                  check + "{%- for message in hist_msgs -%}")
+    encoder = ChatEncoder(tokenizer)
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "a"}]
+    assert encoder.encode(messages)[0] == reference.chat_ids(messages)
+    with pytest.raises(Exception, match="roles must alternate"):
+        encoder.render(messages[1:2] * 2)
