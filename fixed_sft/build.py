@@ -9,6 +9,7 @@ renamed into place only after ``manifest.json``, written last, is complete.
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -196,7 +197,8 @@ def _recover(out: Path) -> None:
     """Clean up after a build into ``out`` that was killed: put back a previous build
     that was moved aside but not yet replaced, and delete temporary and old folders."""
     own = re.compile(rf"\.{re.escape(out.name)}\.(tmp|old)-\d+")  # not another target's, such as ``.NAME.old-x.tmp-1``
-    leftovers = sorted(p for p in out.parent.iterdir() if own.fullmatch(p.name))
+    # (glob finds nothing, rather than failing, in a folder that cannot be listed)
+    leftovers = sorted(p for p in out.parent.glob(glob.escape(f".{out.name}.") + "*") if own.fullmatch(p.name))
     if not out.exists():
         previous = next((p for p in leftovers if p.name.startswith(f".{out.name}.old-") and is_build(p)), None)
         if previous is not None:

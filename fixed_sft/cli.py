@@ -119,7 +119,9 @@ def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path, dict | None]:
         spec = build_spec(name) if name else {}
     except SpecError as error:
         raise UsageError(str(error)) from None
-    values = {key: spec[key] for key in SPEC_KEYS if key in spec}
+    values = {key: spec[key] for key in SPEC_KEYS if spec.get(key) is not None}
+    if values.get("rows") == "all":
+        values["rows"] = None
     if args.source is not None:  # another source: the spec's revision, license and size do not apply
         values = {k: v for k, v in values.items() if k not in ("source_revision", "source_license", "source_rows")}
     if "tokenizer" in values:

@@ -26,7 +26,9 @@ class SpecError(Exception):
     """A spec or tokenizer cannot be found or read, or tokenizer files do not match their pinned spec."""
 
 
-# The keys of each kind of spec that the builder reads, their JSON types, and whether a spec must have them.
+# The keys of each kind of spec that the builder reads, their JSON types, and whether a spec
+# must have them (an optional key may be null: not given). A build spec's ``rows`` may also
+# be "all"; it holds no other keys but ``name`` and ``description``.
 BUILD_KEYS = {"source": (str, True), "source_revision": (str, False), "source_license": (str, False),
               "source_rows": (int, False), "tokenizer": (str, False), "loss_mask_type": (str, False),
               "rows": (int, False), "row_tokens": (int, False), "seed": (int, False), "published": (dict, False)}
@@ -37,7 +39,7 @@ TOKENIZER_KEYS = {"name": (str, True), "repo": (str, True), "revision": (str, Tr
 
 def _check_keys(path: Path, spec: dict, keys: dict[str, tuple[type, bool]]) -> None:
     for key, (kind, required) in keys.items():
-        if key not in spec and not required:
+        if spec.get(key) is None and not required:
             continue
         if key not in spec:
             raise SpecError(f"{path}: '{key}' is missing")
@@ -46,7 +48,10 @@ def _check_keys(path: Path, spec: dict, keys: dict[str, tuple[type, bool]]) -> N
 
 
 def _check_build(path: Path, spec: dict) -> None:
-    _check_keys(path, spec, BUILD_KEYS)
+    unknown = sorted(set(spec) - set(BUILD_KEYS) - {"name", "description"})
+    if unknown:
+        raise SpecError(f"{path}: unknown key {unknown[0]!r} (known: {', '.join(BUILD_KEYS)}, name, description)")
+    _check_keys(path, {**spec, "rows": None} if spec.get("rows") == "all" else spec, BUILD_KEYS)
 
 
 def _check_tokenizer(path: Path, spec: dict) -> None:

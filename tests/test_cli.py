@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -227,15 +228,15 @@ def test_hub_names_resolve_through_the_hugging_face_cache(kimi_dir, tmp_path):
     assert (manifest["tokenizer"]["repo"], manifest["tokenizer"]["revision"]) == (tokenizer["repo"],
                                                                                     tokenizer["revision"])
 
-    for repo, commit in ((snapshot, tokenizer["revision"]), (data, spec["source_revision"])):
-        (repo.parent.parent / "refs").mkdir()
-        (repo.parent.parent / "refs" / "main").write_text(commit)
+    for pinned, newer in ((snapshot, "1" * 40), (data, "2" * 40)):  # main is a commit after the pinned one
+        shutil.copytree(pinned, pinned.parent / newer, symlinks=True)
+        (pinned.parent.parent / "refs").mkdir()
+        (pinned.parent.parent / "refs" / "main").write_text(newer)
     by_branch = run("build", "--source", spec["source"], "--source-revision", "main", "--tokenizer",
                     tokenizer["repo"], "--tokenizer-revision", "main", "--out", "main")
     assert by_branch.returncode == 0, by_branch.stderr
     manifest = json.loads((tmp_path / "main" / "manifest.json").read_text())
-    assert (manifest["source"]["revision"], manifest["tokenizer"]["revision"]) == (spec["source_revision"],
-                                                                                    tokenizer["revision"])
+    assert (manifest["source"]["revision"], manifest["tokenizer"]["revision"]) == ("2" * 40, "1" * 40)
 
     (snapshot / "chat_template.jinja").unlink()
     (snapshot / "chat_template.jinja").write_text((kimi_dir / "chat_template.jinja").read_text() + " ")

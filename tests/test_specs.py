@@ -139,3 +139,17 @@ def test_a_build_spec_value_of_the_wrong_type_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(specs, "BUILDS", tmp_path)
     with pytest.raises(SpecError, match="b.json: 'rows' is not a JSON integer"):
         build_spec("b")
+
+
+def test_build_spec_keys(tmp_path, monkeypatch):
+    """Null means not given, rows may be "all", and a misspelt key is named."""
+    from fixed_sft import specs
+    from fixed_sft.cli import _config, parser
+
+    monkeypatch.setattr(specs, "BUILDS", tmp_path)
+    (tmp_path / "all.json").write_text(json.dumps({"source": "x.jsonl", "rows": "all", "seed": None}))
+    config, _, _ = _config(parser().parse_args(["build", "all"]))
+    assert (config.rows, config.seed) == (None, 42)
+    (tmp_path / "typo.json").write_text(json.dumps({"source": "x.jsonl", "row_token": 512}))
+    with pytest.raises(SpecError, match="typo.json: unknown key 'row_token'"):
+        build_spec("typo")
