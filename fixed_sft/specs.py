@@ -189,10 +189,11 @@ def resolve_tokenizer(
     if spec is not None:
         mismatches = _differences(spec, files)
     else:  # name the spec that shares the most files, if any does
-        closest = max(specs.values(), key=lambda s: len(FILES) - len(_differences(s, files)), default=None)
-        shared = closest is not None and len(_differences(closest, files)) < len(FILES)
+        differences = {name: _differences(other, files) for name, other in specs.items()}
+        closest = min(differences, key=lambda name: len(differences[name]), default=None)
+        shared = closest is not None and len(differences[closest]) < len(FILES)
         mismatches = ["the files match no pinned spec"] + (
-            [f"closest is {closest['name']}, from which " + "; ".join(_differences(closest, files))] if shared
+            [f"closest is {closest}, from which " + "; ".join(differences[closest])] if shared
             else [f"{name} sha256 {files[name]['sha256']}" for name in FILES])
     if mismatches and not allow_unpinned:
         pinned = f"the pinned spec {spec['name']}" if spec else f"every pinned spec in {TOKENIZERS}"
