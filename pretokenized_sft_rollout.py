@@ -19,7 +19,8 @@ def apply_row(sample: Any) -> None:
     """Set ``tokens``, ``response_length``, ``loss_mask`` and ``reward`` from the row."""
     row = sample.prompt
     if not isinstance(row, dict) or "input_ids" not in row or "loss_mask" not in row:
-        raise ValueError("sample.prompt is not a fixed-sft row: expected --input-key messages on fixed-sft Parquet")
+        raise ValueError(f"sample.prompt is not a fixed-sft row (a {type(row).__name__}): train on fixed-sft Parquet "
+                         "with --input-key messages and the rollout global dataset on")
     tokens = [int(t) for t in row["input_ids"]]
     mask = [int(m) for m in row["loss_mask"]]
     if len(tokens) != len(mask) or 1 not in mask:
@@ -34,7 +35,7 @@ def apply_row(sample: Any) -> None:
 def generate_rollout(args: Any, rollout_id: int, data_buffer: Any, evaluation: bool = False) -> list[list[Any]]:
     """Take ``args.rollout_batch_size`` groups of samples and fill each from its row."""
     if evaluation:
-        raise ValueError("pretokenized SFT rollout has no evaluation mode")
+        raise ValueError("pretokenized SFT rollout has no evaluation mode: give miles its own --eval-function-path")
     groups = data_buffer.get_samples(args.rollout_batch_size)
     for group in groups:
         for sample in group:

@@ -117,8 +117,10 @@ def test_rollout_response_needs_a_token_before_it(mask, response_length):
 def test_rollout_rejects_a_non_row():
     import pretokenized_sft_rollout
 
-    with pytest.raises(ValueError, match="not a fixed-sft row"):
+    with pytest.raises(ValueError, match="not a fixed-sft row .a list."):
         pretokenized_sft_rollout.apply_row(Sample(prompt=[{"role": "user", "content": "x"}]))
+    with pytest.raises(ValueError, match="not a fixed-sft row .a str.: .*global dataset on"):
+        pretokenized_sft_rollout.apply_row(Sample(prompt=""))  # what miles gives without its global dataset
 
 
 def test_ids_fit_int32(built):
