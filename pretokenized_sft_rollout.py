@@ -7,7 +7,9 @@ Each row's ``messages`` column holds ``{"input_ids": [...], "loss_mask": [...]}`
 the response runs from the first supervised token to the end of the row, but starts at
 position 1 at the earliest: miles predicts a response token from the token before it,
 so at least one token must come first (a row's token 0 has nothing to be predicted
-from). ``loss_mask`` is the row's mask over that response.
+from). ``loss_mask`` is the row's mask over that response. Train with miles'
+``--loss-type sft_loss`` and ``--n-samples-per-prompt 1``, without
+``--rollout-max-prompt-len`` or ``--apply-chat-template`` (README: "Training with miles").
 """
 
 from __future__ import annotations
