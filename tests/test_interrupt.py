@@ -294,13 +294,17 @@ def long_source(tmp_path_factory) -> Path:
 def test_a_signal_stops_workers_without_a_traceback(sig, long_source, kimi_dir, tmp_path):
     """Ctrl-C (sent to the whole process group, as a terminal does) and SIGTERM exit
     130 and 143 with one line; after SIGKILL of the build alone, its workers exit too.
-    Signals land during start-up (the fork server still importing) and during the work."""
+    Signals land as the build starts (the fork server still importing) and during the
+    work; the build has started once it holds its lock, after its handlers are set."""
     before = _pool_processes()
-    for delay in (0.4, 2.0):
+    for delay in (0.3, 1.6):
         args = command(long_source, kimi_dir, tmp_path / f"out-{delay}")
         args[args.index("--rows") + 1], args[args.index("--workers") + 1] = "all", "2"
         process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    start_new_session=True)
+        deadline = time.monotonic() + 60
+        while not (tmp_path / f".out-{delay}.lock").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         time.sleep(delay)
         if sig == signal.SIGINT:
             os.killpg(process.pid, sig)
