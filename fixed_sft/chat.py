@@ -30,8 +30,9 @@ MASK_TYPES = ("kimi_k25",)
 _PROBE = "\x00fixed-sft-probe\x00"
 # Conversations on which the fast path must equal the template before it is used: every
 # pair of roles, and longer ones in which every role follows every role and each role
-# ends one; contents are empty, start or end with whitespace (which BPE would merge
-# across a message boundary), or hold ``</think>`` and special-token text.
+# ends one. Each is probed once per rotation of the contents, so that every content
+# lands on every message: empty, starting or ending with whitespace (which BPE would
+# merge across a message boundary), or holding ``</think>`` and special-token text.
 PROBE_CONVERSATIONS = (
     *((first, second) for first in ROLES for second in ROLES),
     ("system", "user", "assistant"),
@@ -43,6 +44,10 @@ _PROBE_CONTENTS = ("\n probe {}\n", "", " probe {} ", "a</think>probe {}\n\n", "
 
 class TemplateMismatch(Exception):
     """The fast path and the rendered template disagree."""
+
+
+class TemplateRefusal(TemplateMismatch):
+    """The template refuses to render a conversation that the fast path encodes."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,24 +121,25 @@ class ChatEncoder:
         messages that BPE joins) is refused before it is used. A probe the template refuses
         to render (one that checks the roles alternate) is passed over; a template that
         renders none is refused. The build's sampled check covers what probes cannot."""
-        rendered = 0
+        template = self.tokenizer.directory / "chat_template.jinja"
+        rendered, refusal = 0, None
         for roles in PROBE_CONVERSATIONS:
-            messages = [{"role": role, "content": _PROBE_CONTENTS[k % len(_PROBE_CONTENTS)].format(k)}
-                        for k, role in enumerate(roles)]
-            try:
-                expected = self.reference_ids(messages)
-            except Exception:  # template-raised errors, as for roles out of the order it allows
-                continue
-            rendered += 1
-            if self.encode_arrays(messages)[0].tolist() != expected:
-                raise TemplateMismatch(
-                    f"{self.tokenizer.directory / 'chat_template.jinja'}: the chat template does not render each "
-                    f"message as its role's prefix + content + suffix, whatever the messages around it (a "
-                    f"{'/'.join(roles)} conversation differs), so its ids cannot be built per message"
-                )
+            for shift in range(len(_PROBE_CONTENTS)):
+                messages = [{"role": role, "content": _PROBE_CONTENTS[(k + shift) % len(_PROBE_CONTENTS)].format(k)}
+                            for k, role in enumerate(roles)]
+                try:
+                    expected = self._expected_ids(messages)
+                except TemplateRefusal as error:
+                    refusal = refusal or error
+                    continue
+                if self.encode_arrays(messages)[0].tolist() != expected:
+                    raise TemplateMismatch(
+                        f"{template}: the chat template does not render each message as its role's prefix + "
+                        f"content + suffix, whatever the messages around it (a {'/'.join(roles)} conversation "
+                        "differs), so its ids cannot be built per message")
+                rendered += 1
         if not rendered:
-            raise TemplateMismatch(f"{self.tokenizer.directory / 'chat_template.jinja'}: the chat template renders "
-                                   "no conversation of more than one message")
+            raise TemplateMismatch(f"{template}: the chat template renders no probe conversation ({refusal})")
 
     def encode(self, messages: list[dict]) -> tuple[list[int], list[int]]:
         """Token ids and loss mask of one conversation (fast path)."""
@@ -164,8 +170,16 @@ class ChatEncoder:
         """Token ids by rendering the template and encoding the text."""
         return self.tokenizer.encode(self.render(messages))
 
+    def _expected_ids(self, messages: list[dict]) -> list[int]:
+        """``reference_ids``; ``TemplateRefusal`` when the template refuses to render the
+        conversation (an error it raises, as for roles out of the order it allows)."""
+        try:
+            return self.reference_ids(messages)
+        except Exception as error:  # whatever the template raises
+            raise TemplateRefusal(f"the chat template refuses the conversation ({type(error).__name__}: {error})") from None
+
     def check(self, messages: list[dict], ids: list[int] | np.ndarray) -> None:
-        """Raise ``TemplateMismatch`` unless ``ids`` equal the rendered template's ids."""
-        expected = self.reference_ids(messages)
-        if np.asarray(ids).tolist() != expected:
+        """Raise ``TemplateMismatch`` unless ``ids`` equal the rendered template's ids
+        (``TemplateRefusal`` when the template refuses to render the conversation)."""
+        if np.asarray(ids).tolist() != self._expected_ids(messages):
             raise TemplateMismatch("fast-path ids differ from the rendered chat template")

@@ -44,7 +44,8 @@ def _check_keys(path: Path, spec: dict, keys: dict[str, tuple[type, bool]]) -> N
         if key not in spec:
             raise SpecError(f"{path}: '{key}' is missing")
         if not isinstance(spec[key], kind) or isinstance(spec[key], bool):
-            raise SpecError(f"{path}: '{key}' is not a JSON {JSON_TYPES[kind]}")
+            also = ' or "all"' if key == "rows" else ""
+            raise SpecError(f"{path}: '{key}' is not a JSON {JSON_TYPES[kind]}{also}")
 
 
 def _check_build(path: Path, spec: dict) -> None:
@@ -72,7 +73,7 @@ def _load(folder: Path, name: str, kind: str, check: Callable[[Path, dict], None
     if not folder.is_dir():
         raise SpecError(f"{folder} not found: named specs are read from the project's checkout (pip install -e .)")
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in folder.glob("*.json"))) or "none"
+        known = ", ".join(sorted(p.stem for p in folder.glob("*.json") if not p.name.startswith("."))) or "none"
         raise SpecError(f"no {kind} named {name!r} in {folder} (known: {known})")
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))
@@ -96,7 +97,7 @@ def tokenizer_spec(name: str) -> dict:
 
 def tokenizer_specs() -> list[dict]:
     """Every tokenizer spec in ``tokenizers/``, in name order."""
-    return [tokenizer_spec(path.stem) for path in sorted(TOKENIZERS.glob("*.json"))]
+    return [tokenizer_spec(path.stem) for path in sorted(TOKENIZERS.glob("*.json")) if not path.name.startswith(".")]
 
 
 @dataclass

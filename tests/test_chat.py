@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import synthetic
-from fixed_sft.chat import ChatEncoder, TemplateMismatch
+from fixed_sft.chat import ChatEncoder, TemplateMismatch, TemplateRefusal
 
 SPECIALS = ["<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "[EOS]", "[BOS]", "<think>",
             "</think>", "<|reserved_token_163700|>", "<|im_", "<|tool_calls_section_begin|>", "[PAD]"]
@@ -101,9 +101,13 @@ HISTORY_ASSISTANT = "<think></think>{{render_content(message)}}\n    {%- if mess
     # a token after a final system message that follows others
     ("{%- if add_generation_prompt -%}", "{%- if messages|length > 1 and messages[-1]['role'] == 'system' -%}"
      "<|im_end|>{%- endif -%}{%- if add_generation_prompt -%}"),
-    # earlier reasoning cut at </think>
+    # reasoning cut at </think>
     (HISTORY_ASSISTANT, HISTORY_ASSISTANT.replace("{{render_content(message)}}",
                                                   "{{render_content(message).split('</think>')[-1]}}")),
+    # the same, on assistant messages before the last one only
+    (HISTORY_ASSISTANT, HISTORY_ASSISTANT.replace(
+        "{{render_content(message)}}", "{%- if loop.index0 < ns.last_non_tool_call_assistant_msg -%}"
+        "{{ message['content'].split('</think>')[-1] }}{%- else -%}{{render_content(message)}}{%- endif -%}")),
 ])
 def test_a_template_that_renders_messages_by_context_is_refused(kimi_dir, tmp_path, old, new):
     """Per-message ids are only used when they equal the template on conversations of
@@ -141,5 +145,15 @@ def test_a_template_that_refuses_some_role_orders_is_used_for_the_others(kimi_di
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
                 {"role": "assistant", "content": "a"}]
     assert encoder.encode(messages)[0] == reference.chat_ids(messages)
-    with pytest.raises(Exception, match="roles must alternate"):
-        encoder.render(messages[1:2] * 2)
+    refused = messages[1:2] * 2
+    with pytest.raises(TemplateRefusal, match="refuses the conversation .* roles must alternate"):
+        encoder.check(refused, encoder.encode_arrays(refused)[0])
+
+
+def test_a_template_that_refuses_empty_content_is_used_for_other_conversations(kimi_dir, tmp_path, reference):
+    guard = "{%- for m in messages -%}{%- if not m['content'] -%}{{ raise_exception('empty') }}{%- endif -%}{%- endfor -%}"
+    tokenizer = _edited_tokenizer(kimi_dir, tmp_path / "tok", "{%- for message in hist_msgs -%}",
+                                  guard + "{%- for message in hist_msgs -%}")
+    encoder = ChatEncoder(tokenizer)
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    assert encoder.encode(messages)[0] == reference.chat_ids(messages)

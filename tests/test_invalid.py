@@ -355,3 +355,22 @@ def test_json_nested_too_deeply_is_an_invalid_row(kimi_dir, tmp_path):
         build(_config(tmp_path / "deep.jsonl", kimi_dir, rows=1, row_tokens=4), tmp_path / "out")
     manifest = build(_config(tmp_path / "deep.jsonl", kimi_dir, rows=1, row_tokens=4, skip_invalid=True), tmp_path / "out")
     assert [e["index"] for e in manifest["skipped_invalid"]] == [1]
+
+
+def test_a_conversation_the_template_refuses_is_a_mismatch_naming_its_row(kimi_dir, tmp_path):
+    """A template may refuse some conversations (here: roles that do not alternate); a
+    checked one that it refuses stops the build in one line naming the row."""
+    from fixed_sft.chat import TemplateMismatch
+
+    folder = tmp_path / "tok"
+    shutil.copytree(kimi_dir, folder)
+    template = folder / "chat_template.jinja"
+    guard = ("{%- for m in messages -%}{%- if not loop.first and m['role'] == messages[loop.index0 - 1]['role'] -%}"
+             "{{ raise_exception('roles must alternate') }}{%- endif -%}{%- endfor -%}")
+    template.write_text(guard + template.read_text())
+    user = {"role": "user", "content": "q"}
+    (tmp_path / "one.jsonl").write_text(json.dumps({"id": "twice", "messages": [user, user]}) + "\n")
+    config = _config(tmp_path / "one.jsonl", folder, rows=1, row_tokens=4, check_every=1, allow_unpinned_tokenizer=True)
+    with pytest.raises(TemplateMismatch, match=r"source row 0 \(id twice\): the chat template refuses the "
+                                               r"conversation \(TemplateError: roles must alternate\)"):
+        build(config, tmp_path / "out")

@@ -137,7 +137,7 @@ def test_a_build_spec_value_of_the_wrong_type_is_named(tmp_path, monkeypatch):
 
     (tmp_path / "b.json").write_text(json.dumps({"source": "x.jsonl", "rows": "6400"}))
     monkeypatch.setattr(specs, "BUILDS", tmp_path)
-    with pytest.raises(SpecError, match="b.json: 'rows' is not a JSON integer"):
+    with pytest.raises(SpecError, match="b.json: 'rows' is not a JSON integer or \"all\""):
         build_spec("b")
 
 
@@ -153,3 +153,13 @@ def test_build_spec_keys(tmp_path, monkeypatch):
     (tmp_path / "typo.json").write_text(json.dumps({"source": "x.jsonl", "row_token": 512}))
     with pytest.raises(SpecError, match="typo.json: unknown key 'row_token'"):
         build_spec("typo")
+
+
+def test_hidden_files_in_the_spec_folder_are_not_specs(kimi_dir, tmp_path, monkeypatch):
+    """Such as the ``._NAME.json`` files macOS leaves beside copied files."""
+    from fixed_sft import specs
+
+    (tmp_path / "kimi-k2.6.json").write_text((specs.TOKENIZERS / "kimi-k2.6.json").read_text())
+    (tmp_path / "._kimi-k2.6.json").write_bytes(b"\x00\x05\x16\x07")
+    monkeypatch.setattr(specs, "TOKENIZERS", tmp_path)
+    assert resolve_tokenizer(str(kimi_dir)).name == "kimi-k2.6"
