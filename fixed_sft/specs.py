@@ -7,14 +7,13 @@ allows unpinned tokenizers, in which case the difference is recorded.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from .hashes import sha256_file
 from .source import is_hub_id, snapshot_commit
-from .tokenizer import FILES, TEMPLATE_KWARGS
+from .tokenizer import FILES, TEMPLATE_KWARGS, read_json_object
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILDS = ROOT / "data" / "builds"
@@ -75,12 +74,7 @@ def _load(folder: Path, name: str, kind: str, check: Callable[[Path, dict], None
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in folder.glob("*.json") if not p.name.startswith("."))) or "none"
         raise SpecError(f"no {kind} named {name!r} in {folder} (known: {known})")
-    try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise SpecError(f"{path}: cannot read it ({error})") from None
-    if not isinstance(spec, dict):
-        raise SpecError(f"{path}: not a JSON object")
+    spec = read_json_object(path, SpecError)
     check(path, spec)
     return spec
 

@@ -97,15 +97,19 @@ def _overlap(names: Iterable[str]) -> tuple[str, str] | None:
     return None
 
 
-def _config(directory: Path) -> dict:
-    path = Path(directory) / "tokenizer_config.json"
+def read_json_object(path: Path, error: type[Exception]) -> dict:
+    """The JSON object in file ``path``; ``error`` naming the file when it holds none."""
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise TokenizerError(f"{path}: cannot read it ({error})") from None
-    if not isinstance(config, dict):
-        raise TokenizerError(f"{path}: not a JSON object")
-    return config
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as reason:
+        raise error(f"{path}: cannot read it ({reason})") from None
+    if not isinstance(value, dict):
+        raise error(f"{path}: not a JSON object")
+    return value
+
+
+def _config(directory: Path) -> dict:
+    return read_json_object(Path(directory) / "tokenizer_config.json", TokenizerError)
 
 
 def _named(config: dict) -> dict[int, str]:
