@@ -119,7 +119,8 @@ class ResolvedTokenizer:
         }
 
 
-def _download(repo: str, revision: str) -> Path:
+def _download(repo: str, revision: str) -> tuple[Path, str]:
+    """The folder of the tokenizer files at ``revision``, and the commit it resolved to."""
     from huggingface_hub import hf_hub_download
 
     try:
@@ -130,7 +131,7 @@ def _download(repo: str, revision: str) -> Path:
             f"({type(error).__name__}: {error}). Without the Hub, put {', '.join(FILES)} in a folder "
             "and pass --tokenizer FOLDER (README: 'Command line' shows a whole offline build)."
         ) from None
-    return paths[0].parent
+    return paths[0].parent, snapshot_commit(paths[0].parent, revision)
 
 
 def _differences(spec: dict, files: dict[str, dict]) -> list[str]:
@@ -155,9 +156,7 @@ def resolve_tokenizer(
     specs = {spec["name"]: spec for spec in tokenizer_specs()}
     spec = specs.get(tokenizer) or (specs.get(expected) if expected else None)
     if tokenizer in specs:
-        revision = revision or spec["revision"]
-        directory = _download(spec["repo"], revision)
-        revision = snapshot_commit(directory, revision)
+        directory, revision = _download(spec["repo"], revision or spec["revision"])
     elif Path(tokenizer).is_dir():
         directory = Path(tokenizer)
     elif Path(tokenizer).exists():
@@ -167,9 +166,7 @@ def resolve_tokenizer(
         if not (revision or spec):
             raise SpecError(f"tokenizer {tokenizer!r} is not a local folder; as a Hub repo id it is not pinned in "
                             f"{TOKENIZERS}, so it needs --tokenizer-revision")
-        revision = revision or spec["revision"]
-        directory = _download(tokenizer, revision)
-        revision = snapshot_commit(directory, revision)
+        directory, revision = _download(tokenizer, revision or spec["revision"])
     elif tokenizer.startswith((".", "/")):
         raise SpecError(f"tokenizer {tokenizer!r}: no such folder")
     else:
