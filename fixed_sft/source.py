@@ -67,6 +67,19 @@ class SourceError(Exception):
     """The source cannot be read (missing, unreachable, or not in the expected format)."""
 
 
+class SourceUnreachable(SourceError):
+    """A Hub dataset that neither the Hub nor its cache can give; ``reason`` says why."""
+
+    def __init__(self, repo_id: str, revision: str, reason: str):
+        super().__init__(
+            f"cannot get dataset {repo_id}@{revision} from the Hugging Face Hub or its cache ({reason}). "
+            "Without the Hub, download the files elsewhere and pass --source PATH (a .parquet/.jsonl file or a "
+            "folder of them) with --source-revision REV and --source-license LICENSE, after NAME for a named "
+            "build (README: 'Command line')."
+        )
+        self.repo_id, self.revision, self.reason = repo_id, revision, reason
+
+
 class InvalidRow(Exception):
     """A source row that is not a valid conversation."""
 
@@ -109,12 +122,7 @@ def download(repo_id: str, revision: str) -> Path:
             )
         )
     except Exception as error:  # network, offline mode, missing revision: all end the same way
-        raise SourceError(
-            f"cannot get dataset {repo_id}@{revision} from the Hugging Face Hub or its cache "
-            f"({type(error).__name__}: {error}). Without the Hub, download the files elsewhere and pass "
-            "--source PATH (a .parquet/.jsonl file or a folder of them) with --source-revision REV and "
-            "--source-license LICENSE, after NAME for a named build (README: 'Command line')."
-        ) from None
+        raise SourceUnreachable(repo_id, revision, f"{type(error).__name__}: {error}") from None
 
 
 def snapshot_commit(folder: Path, revision: str) -> str:

@@ -196,8 +196,8 @@ def test_main_runs_outside_the_main_thread(tmp_path, capsys):
 def test_hub_names_resolve_through_the_hugging_face_cache(kimi_dir, tmp_path):
     """With HF_HUB_OFFLINE=1 huggingface_hub itself serves the pinned revisions from its
     cache: the named build gets its tokenizer (checked against the spec's hashes) and
-    source from there, a branch is recorded as the commit it names, and a changed cached
-    file is refused."""
+    source from there, a rebuild gets what the manifest records, a branch is recorded as
+    the commit it names, and a changed cached file is refused."""
     spec = build_spec(DEFAULT_BUILD)
     tokenizer = json.loads((ROOT / "tokenizers" / f"{spec['tokenizer']}.json").read_text())
     hub = tmp_path / "hf" / "hub"
@@ -227,6 +227,10 @@ def test_hub_names_resolve_through_the_hugging_face_cache(kimi_dir, tmp_path):
     assert manifest["tokenizer"]["pinned"] is True
     assert (manifest["tokenizer"]["repo"], manifest["tokenizer"]["revision"]) == (tokenizer["repo"],
                                                                                     tokenizer["revision"])
+    rebuilt = subprocess.run([sys.executable, str(ROOT / "generate_fixed_sft.py"), "verify", "o", "--rebuild",
+                              "--workers", "1", "--quiet"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                             timeout=120)  # the recorded source and tokenizer, from the cache
+    assert rebuilt.returncode == 0 and "gives the same rows" in rebuilt.stdout, rebuilt.stdout + rebuilt.stderr
 
     for pinned, newer in ((snapshot, "1" * 40), (data, "2" * 40)):  # main is a commit after the pinned one
         shutil.copytree(pinned, pinned.parent / newer, symlinks=True)
