@@ -61,6 +61,7 @@ class BuildConfig:
     source: str
     source_revision: str | None = None
     source_license: str | None = None
+    source_files: tuple[str, ...] | None = None  # globs choosing the source's files (None: all)
     tokenizer: str = "kimi-k2.6"
     tokenizer_revision: str | None = None
     loss_mask_type: str = "kimi_k25"
@@ -88,6 +89,8 @@ class BuildConfig:
             raise UsageError(f"--workers must be at least 1, got {self.workers}")
         if self.check_every < 0:
             raise UsageError(f"--check-every must be non-negative, got {self.check_every}")
+        if self.source_files is not None and not all(self.source_files):
+            raise UsageError("--source-files must not be empty")
 
 
 def is_build(path: Path) -> bool:
@@ -319,7 +322,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
     encoder_config = EncoderConfig(tokenizer.directory, config.loss_mask_type, tokenizer.template_kwargs,
                                    config.check_every)
     with Encoders(encoder_config, config.workers) as encoders, _cancelling_pool() as hashing:
-        source = open_source(config.source, config.source_revision, license=config.source_license)
+        source = open_source(config.source, config.source_revision, config.source_license, config.source_files)
         if config.source_rows is not None and source.num_rows != config.source_rows:
             raise BuildError(f"source {source.name} has {source.num_rows} rows; {config.name} expects {config.source_rows}")
         source_hashes = [hashing.submit(sha256_file, path) for path in source.files]
@@ -386,6 +389,7 @@ def _manifest(config: BuildConfig, source: Source, source_files: list[dict], tok
             "name": source.name,
             "revision": source.revision,
             "license": source.license,
+            "file_patterns": list(source.patterns) if source.patterns is not None else None,
             "rows": source.num_rows,
             "files": source_files,
         },

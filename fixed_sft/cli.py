@@ -80,6 +80,9 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--source", help="Hub dataset id, or a local .parquet/.jsonl file or folder (Tulu schema)")
     build.add_argument("--source-revision", help="dataset revision (required with a Hub id given by --source)")
     build.add_argument("--source-license", help="license recorded in the manifest")
+    build.add_argument("--source-files", action="append", metavar="GLOB",
+                       help="read only the source's files whose path matches GLOB, such as 'data/train-*' "
+                            "(repeatable; default: every .parquet/.jsonl file)")
     build.add_argument("--tokenizer", help="tokenizer spec name (tokenizers/), Hub repo id, or local folder "
                        f"(default: the named build's, else {BuildConfig.tokenizer}, downloaded from the Hub)")
     build.add_argument("--tokenizer-revision", help="tokenizer revision (default: the spec's pinned one)")
@@ -109,10 +112,11 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-SPEC_KEYS = ("source", "source_revision", "source_license", "source_rows", "tokenizer", "loss_mask_type", "rows",
-             "row_tokens", "seed")
-FLAG_KEYS = ("source", "source_revision", "source_license", "tokenizer", "tokenizer_revision", "loss_mask_type",
-             "row_tokens", "seed", "workers", "check_every", "skip_invalid", "allow_unpinned_tokenizer")
+SPEC_KEYS = ("source", "source_revision", "source_license", "source_files", "source_rows", "tokenizer",
+             "loss_mask_type", "rows", "row_tokens", "seed")
+FLAG_KEYS = ("source", "source_revision", "source_license", "source_files", "tokenizer", "tokenizer_revision",
+             "loss_mask_type", "row_tokens", "seed", "workers", "check_every", "skip_invalid",
+             "allow_unpinned_tokenizer")
 
 
 def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path, dict | None]:
@@ -129,14 +133,17 @@ def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path, dict | None]:
     values = {key: spec[key] for key in SPEC_KEYS if spec.get(key) is not None}
     if values.get("rows") == "all":
         values["rows"] = None
-    if args.source is not None:  # another source: the spec's revision, license and size do not apply
-        values = {k: v for k, v in values.items() if k not in ("source_revision", "source_license", "source_rows")}
+    if args.source is not None:  # another source: the spec's revision, license, files and size do not apply
+        values = {k: v for k, v in values.items()
+                  if k not in ("source_revision", "source_license", "source_files", "source_rows")}
     if "tokenizer" in values:
         values["expected_tokenizer"] = values["tokenizer"]
     flags = {key: getattr(args, key, None) for key in FLAG_KEYS}
     values.update({key: value for key, value in flags.items() if value is not None})
     if "rows" in args:
         values["rows"] = args.rows
+    if "source_files" in values:
+        values["source_files"] = tuple(values["source_files"])
     config = BuildConfig(name=name or "custom", **values)
     return config, Path(args.out or Path("out") / config.name), spec.get("published")
 

@@ -46,6 +46,7 @@ def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | 
         source=source or recorded["name"],
         source_revision=recorded["revision"],
         source_license=recorded["license"],
+        source_files=tuple(recorded["file_patterns"]) if recorded.get("file_patterns") is not None else None,
         source_rows=recorded["rows"],
         tokenizer=tokenizer,
         tokenizer_revision=used["revision"],

@@ -12,6 +12,7 @@ position falls in ``[lo, hi)`` (as Arrow data), so memory holds one band, not th
 from __future__ import annotations
 
 import codecs
+import fnmatch
 import json
 import os
 import re
@@ -27,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 SUFFIXES = (".parquet", ".jsonl")
+_DATA_PATTERNS = tuple(f"*{suffix}" for suffix in SUFFIXES)
 READ_BATCH_ROWS = 4096
 READ_THREADS = 2  # more reader threads raise the peak memory with the source size
 # A reader returns freed decode memory to the OS after decoding this many bytes: at most this
@@ -99,6 +101,7 @@ class Source:
     root: Path  # the folder the files were found in; the manifest's file paths are relative to it
     files: tuple[Path, ...]
     row_counts: tuple[int, ...]
+    patterns: tuple[str, ...] | None = None  # the globs that chose the files (None: every data file)
 
     @property
     def num_rows(self) -> int:
@@ -111,14 +114,15 @@ class Source:
         return self.files[k], index - int(ends[k] - self.row_counts[k])
 
 
-def download(repo_id: str, revision: str) -> Path:
-    """Snapshot of a Hub dataset's data files at ``revision`` (cached; honours HF_HUB_OFFLINE)."""
+def download(repo_id: str, revision: str, patterns: tuple[str, ...] | None = None) -> Path:
+    """Snapshot of a Hub dataset's data files at ``revision``, or of its files that match
+    ``patterns`` (cached; honours HF_HUB_OFFLINE)."""
     from huggingface_hub import snapshot_download
 
     try:
         return Path(
             snapshot_download(
-                repo_id, repo_type="dataset", revision=revision, allow_patterns=[f"*{s}" for s in SUFFIXES]
+                repo_id, repo_type="dataset", revision=revision, allow_patterns=list(patterns or _DATA_PATTERNS)
             )
         )
     except Exception as error:  # network, offline mode, missing revision: all end the same way
@@ -137,21 +141,23 @@ def is_hub_id(name: str) -> bool:
     return "/" in name and not name.startswith((".", "/"))
 
 
-def open_source(source: str, revision: str | None = None, license: str | None = None) -> Source:
-    """Resolve ``source`` (a local file/folder, else a Hub dataset id) and count its rows."""
+def open_source(source: str, revision: str | None = None, license: str | None = None,
+                patterns: tuple[str, ...] | None = None) -> Source:
+    """Resolve ``source`` (a local file/folder, else a Hub dataset id), keep the data
+    files whose path matches one of ``patterns`` (all when ``None``), and count their rows."""
     path = Path(source)
     if not path.exists():
         if not is_hub_id(source):
             raise SourceError(f"source {source!r}: no such file or folder")
         if not revision:
             raise SourceError(f"source {source!r} is not a local file or folder; as a Hub dataset id it needs --source-revision")
-        path = download(source, revision)
+        path = download(source, revision, patterns)
         revision = snapshot_commit(path, revision)
-    files = _data_files(path)
+    files = _data_files(path, patterns)
     counts = tuple(_count_rows(f) for f in files)
     if files[0].suffix == ".parquet":
         _check_parquet_types(files)
-    return Source(source, revision, license, path if path.is_dir() else path.parent, files, counts)
+    return Source(source, revision, license, path if path.is_dir() else path.parent, files, counts, patterns)
 
 
 def _check_parquet_types(files: tuple[Path, ...]) -> None:
@@ -182,25 +188,32 @@ def _is_id_type(kind: pa.DataType) -> bool:
     return pa.types.is_null(kind) or pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
-def _data_files(path: Path) -> tuple[Path, ...]:
+def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Path, ...]:
     """A file, or a folder's .parquet/.jsonl files sorted by their path relative to the
-    folder as a '/'-separated string (code point order)."""
+    folder as a '/'-separated string (code point order); with ``patterns``, those whose
+    path (a file's: its name) matches one of them (``fnmatch``, where ``*`` also matches '/')."""
     if path.is_file():
-        files = [path]
+        files = [path] if patterns is None or _matches(path.name, patterns) else []
     else:
-        found = [p for p in path.rglob("*") if p.suffix in SUFFIXES and (p.is_file() or p.is_symlink())]
+        found = [p for p in path.rglob("*") if p.suffix in SUFFIXES and (p.is_file() or p.is_symlink())
+                 and (patterns is None or _matches(p.relative_to(path).as_posix(), patterns))]
         files = sorted(found, key=lambda p: p.relative_to(path).as_posix())
         broken = next((p for p in files if not p.exists()), None)
         if broken is not None:
             raise SourceError(f"{broken}: a link to a file that does not exist")
     if not files:
-        raise SourceError(f"no .parquet or .jsonl files in {path}")
+        chosen = f" matching {' or '.join(patterns)}" if patterns is not None else ""
+        raise SourceError(f"no .parquet or .jsonl files{chosen} in {path}")
     for f in files:
         if f.suffix not in SUFFIXES:
             raise SourceError(f"{f}: not a .parquet or .jsonl file")
     if len({f.suffix for f in files}) > 1:
         raise SourceError(f"{path} mixes .parquet and .jsonl files; use one format")
     return tuple(files)
+
+
+def _matches(path: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns)
 
 
 def _count_rows(path: Path) -> int:

@@ -29,9 +29,9 @@ class SpecError(Exception):
 # must have them (an optional key may be null: not given). A build spec's ``rows`` may also
 # be "all"; it holds no other keys but ``name`` and ``description``.
 BUILD_KEYS = {"source": (str, True), "source_revision": (str, False), "source_license": (str, False),
-              "source_rows": (int, False), "tokenizer": (str, False), "loss_mask_type": (str, False),
+              "source_files": (list, False), "source_rows": (int, False), "tokenizer": (str, False), "loss_mask_type": (str, False),
               "rows": (int, False), "row_tokens": (int, False), "seed": (int, False), "published": (dict, False)}
-JSON_TYPES = {str: "string", int: "integer", dict: "object"}
+JSON_TYPES = {str: "string", int: "integer", dict: "object", list: "non-empty array of non-empty strings"}
 TOKENIZER_KEYS = {"name": (str, True), "repo": (str, True), "revision": (str, True), "files": (dict, True),
                   "template_kwargs": (dict, True), "loss_mask_type": (str, True)}
 
@@ -42,7 +42,9 @@ def _check_keys(path: Path, spec: dict, keys: dict[str, tuple[type, bool]]) -> N
             continue
         if key not in spec:
             raise SpecError(f"{path}: '{key}' is missing")
-        if not isinstance(spec[key], kind) or isinstance(spec[key], bool):
+        value = spec[key]
+        if (not isinstance(value, kind) or isinstance(value, bool)
+                or (kind is list and not (value and all(isinstance(item, str) and item for item in value)))):
             also = ' or "all"' if key == "rows" else ""
             raise SpecError(f"{path}: '{key}' is not a JSON {JSON_TYPES[kind]}{also}")
 

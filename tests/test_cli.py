@@ -51,7 +51,8 @@ def test_verify_mismatch_exits_1(source, kimi_dir, tmp_path, capsys):
     "extra, message",
     [(["--row-tokens", "1"], "row-tokens"), (["--rows", "0"], "--rows"), (["--seed", "-1"], "seed"),
      (["--seed", str(2**64)], "seed"), (["--loss-mask-type", "other"], "loss-mask-type"),
-     (["--out", "/proc/self/o"], "--out"), (["--out", "/proc/nowhere/o"], "--out")],
+     (["--out", "/proc/self/o"], "--out"), (["--out", "/proc/nowhere/o"], "--out"),
+     (["--source-files", "*", "--source-files", ""], "--source-files must not be empty")],
 )
 def test_bad_parameters_exit_2(source, kimi_dir, tmp_path, capsys, extra, message):
     assert main([*_build_args(source, kimi_dir, tmp_path / "o"), *extra]) == 2

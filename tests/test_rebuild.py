@@ -132,3 +132,15 @@ def test_an_unreachable_hub_source_says_how_to_pass_a_copy(source, kimi_dir, tmp
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir)) == 1
     err = capsys.readouterr().err
     assert f"cannot get dataset owner/dataset@{'0' * 40}" in err and err.strip().endswith("pass --source PATH")
+
+
+def test_the_recorded_source_files_are_read_again(kimi_dir, tmp_path, capsys):
+    """A build of some of a folder's files records their globs; the rebuild reads the same files."""
+    for split, seed in (("train", 1), ("test", 2)):
+        synthetic.write_jsonl(synthetic.conversations(30, seed=seed), tmp_path / "src" / f"{split}.jsonl")
+    _build(tmp_path / "src", kimi_dir, tmp_path / "o", "--rows", "3", "--source-files", "train.*")
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert manifest["source"]["file_patterns"] == ["train.*"]
+    assert [f["path"] for f in manifest["source"]["files"]] == ["train.jsonl"] and manifest["source"]["rows"] == 30
+    capsys.readouterr()
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir)) == 0

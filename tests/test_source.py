@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import numpy as np
@@ -24,6 +25,36 @@ def test_hub_download_is_pinned_and_cached(tmp_path, monkeypatch):
     assert calls == {"repo_id": "org/data", "repo_type": "dataset", "revision": "abc123",
                      "allow_patterns": ["*.parquet", "*.jsonl"]}
     assert src.num_rows == 10 and src.revision == "abc123"
+
+
+def test_hub_source_files_are_chosen_by_glob(tmp_path, monkeypatch):
+    """Only the matching files are downloaded, and only they are read, even where the
+    cached snapshot holds others from an earlier download."""
+    calls = {}
+    for split in ("train", "test"):
+        synthetic.write_parquet(synthetic.conversations(10), tmp_path / "snap" / "data" / f"{split}-0.parquet")
+
+    def fake_snapshot_download(repo_id, **kwargs):
+        calls.update(kwargs)
+        return str(tmp_path / "snap")
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", fake_snapshot_download)
+    src = open_source("org/data", "abc123", patterns=("data/train-*",))
+    assert calls["allow_patterns"] == ["data/train-*"]
+    assert [f.name for f in src.files] == ["train-0.parquet"] and src.patterns == ("data/train-*",)
+
+
+def test_local_source_files_are_chosen_by_glob(tmp_path):
+    for split in ("train", "test", "validation"):
+        synthetic.write_jsonl(synthetic.conversations(3), tmp_path / "data" / f"{split}.jsonl")
+    assert [f.name for f in open_source(str(tmp_path), patterns=("*/t*",)).files] == ["test.jsonl", "train.jsonl"]
+    assert [f.name for f in open_source(str(tmp_path), patterns=("data/train.jsonl", "*/val*")).files] == [
+        "train.jsonl", "validation.jsonl"]
+    assert open_source(str(tmp_path / "data" / "test.jsonl"), patterns=("test.*",)).num_rows == 3
+    with pytest.raises(SourceError, match=re.escape(f"no .parquet or .jsonl files matching train* or x in {tmp_path}")):
+        open_source(str(tmp_path), patterns=("train*", "x"))  # paths are relative to the folder
+    with pytest.raises(SourceError, match="matching other.jsonl"):
+        open_source(str(tmp_path / "data" / "test.jsonl"), patterns=("other.jsonl",))
 
 
 def test_unreachable_hub_says_how_to_use_local_files(monkeypatch):

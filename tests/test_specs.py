@@ -163,3 +163,23 @@ def test_hidden_files_in_the_spec_folder_are_not_specs(kimi_dir, tmp_path, monke
     (tmp_path / "._kimi-k2.6.json").write_bytes(b"\x00\x05\x16\x07")
     monkeypatch.setattr(specs, "TOKENIZERS", tmp_path)
     assert resolve_tokenizer(str(kimi_dir)).name == "kimi-k2.6"
+
+
+def test_source_files_in_a_build_spec(tmp_path, monkeypatch):
+    """A spec's ``source_files`` choose its source's files; another ``--source`` drops
+    them, as it drops the revision; they must be a non-empty list of non-empty globs."""
+    from fixed_sft import specs
+    from fixed_sft.cli import _config, parser
+
+    monkeypatch.setattr(specs, "BUILDS", tmp_path)
+    (tmp_path / "split.json").write_text(json.dumps({"source": "org/data", "source_files": ["data/train-*"]}))
+    config, _, _ = _config(parser().parse_args(["build", "split"]))
+    assert config.source_files == ("data/train-*",)
+    config, _, _ = _config(parser().parse_args(["build", "split", "--source", "x.jsonl"]))
+    assert config.source_files is None
+    config, _, _ = _config(parser().parse_args(["build", "split", "--source-files", "a*", "--source-files", "b*"]))
+    assert config.source_files == ("a*", "b*")
+    for bad in ("data/train-*", [], [""], [3]):
+        (tmp_path / "bad.json").write_text(json.dumps({"source": "org/data", "source_files": bad}))
+        with pytest.raises(SpecError, match="bad.json: 'source_files' is not a JSON non-empty array of non-empty"):
+            build_spec("bad")
