@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from .build import FORMAT, ORDER_RULE, BuildConfig, BuildError, UsageError, build
@@ -41,7 +42,7 @@ def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | 
         if tokenizer is None:
             raise UsageError("the manifest's tokenizer was read from a local folder; pass --tokenizer FOLDER "
                              "(its files are compared with the manifest's hashes)")
-    return BuildConfig(
+    config = BuildConfig(
         name=manifest["name"],
         source=source or recorded["name"],
         source_revision=recorded["revision"],
@@ -60,6 +61,11 @@ def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | 
         check_every=manifest["template_check"]["every"],
         workers=workers,
     )
+    try:
+        replace(config, workers=1).validate()  # the manifest's values; the caller's --workers is the build's to check
+    except UsageError as error:
+        raise BuildError(f"the manifest records a parameter this builder refuses: {error}") from None
+    return config
 
 
 def comparison(manifest: dict, rebuilt: dict) -> list[tuple[str, object, object, bool]]:

@@ -99,6 +99,8 @@ def test_a_source_that_is_gone_must_be_named(source, kimi_dir, tmp_path, capsys)
 @pytest.mark.parametrize("change, says", [
     (lambda m: m["params"].update(order="another-order"), "order another-order"),
     (lambda m: m.pop("template_check"), "cannot read the build it records (KeyError: 'template_check')"),
+    (lambda m: m["params"].update(seed="42"), "cannot read the build it records (TypeError: "),
+    (lambda m: m["params"].update(seed=-1), "a parameter this builder refuses: --seed must be between"),
 ])
 def test_a_manifest_this_builder_cannot_rebuild(source, kimi_dir, tmp_path, capsys, change, says):
     _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
