@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .pack import Row
@@ -98,12 +99,31 @@ class RowWriter:
             os.fsync(f.fileno())
 
 
+class NullValue(ValueError):
+    """A null where the format has a value; the message names the row."""
+
+
+def first_null(array: pa.Array) -> int | None:
+    """The index of ``array``'s first null (its parents' nulls included), or ``None``."""
+    nulls = pc.is_null(array).to_numpy(zero_copy_only=False)
+    return int(np.argmax(nulls)) if nulls.any() else None
+
+
 def read_rows(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(ids, mask, offsets)``: flat int32 ids and uint8 mask of every row, and row
-    offsets into them, read from a built Parquet file."""
+    offsets into them, read from a built Parquet file; ``NullValue`` for a null row or
+    value (which the format never holds, and which NumPy would turn into a number)."""
     messages = pq.read_table(path, columns=["messages"]).column("messages").combine_chunks()
+    if (row := first_null(messages)) is not None:
+        raise NullValue(f"row {row}: messages is null")
     ids = messages.field("input_ids")
     mask = messages.field("loss_mask")
+    for name, column in (("input_ids", ids), ("loss_mask", mask)):
+        if (row := first_null(column)) is not None:
+            raise NullValue(f"row {row}: {name} is null")
+        if (value := first_null(column.flatten())) is not None:
+            starts = column.offsets.to_numpy() - column.offsets[0].as_py()
+            raise NullValue(f"row {int(np.searchsorted(starts, value, side='right')) - 1}: a value in {name} is null")
     offsets = ids.offsets.to_numpy()
     if not np.array_equal(offsets, mask.offsets.to_numpy()):
         raise ValueError("input_ids and loss_mask rows differ in length")

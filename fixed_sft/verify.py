@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .hashes import row_digest, rows_digest, sha256_file
-from .output import MANIFEST_NAME, PARQUET_NAME, SCHEMA, read_rows
+from .output import MANIFEST_NAME, PARQUET_NAME, SCHEMA, NullValue, first_null, read_rows
 
 
 def verify(folder: str | Path) -> list[str]:
@@ -60,6 +60,8 @@ def verify(folder: str | Path) -> list[str]:
         if not schema.equals(SCHEMA, check_metadata=False):
             return problems + [f"{parquet}: schema differs from the format's ({schema.to_string(show_schema_metadata=False)})"]
         ids, mask, offsets = read_rows(parquet)
+    except NullValue as error:
+        return problems + [str(error)]
     except Exception as error:  # any read failure means a damaged file
         return problems + [f"{parquet}: unreadable ({type(error).__name__}: {error})"]
     if len(mask) and mask.max() > 1:
@@ -134,16 +136,23 @@ def _check_metadata(parquet: Path, row_tokens: int) -> list[str]:
     """Each row's ``metadata.row`` is its number and its segments cover ``row_tokens``."""
     try:
         metadata = pq.read_table(parquet, columns=["metadata"]).column("metadata").combine_chunks()
-        numbers = metadata.field("row").to_numpy(zero_copy_only=False)
-        segments = metadata.field("segments")
-        starts, ends = (pc.struct_field(segments.flatten(), key) for key in ("start", "end"))
+        rows, segments = (pc.struct_field(metadata, key) for key in ("row", "segments"))
+        spans = segments.flatten()
+        fields = {key: pc.struct_field(spans, key) for key in ("source_index", "start", "end")}
     except Exception as error:  # any read failure, or a missing field, means a damaged file
         return [f"{parquet}: metadata unreadable ({type(error).__name__}: {error})"]
+    parents = pc.list_parent_indices(segments).to_numpy()
+    checks = [("metadata.row", rows, None), ("metadata.segments", segments, None)]
+    checks += [(f"a metadata segment's {key}", values, parents) for key, values in fields.items()]
+    for name, values, row_of in checks:  # a segment's id may be null (a source row without one)
+        if (first := first_null(values)) is not None:  # struct_field keeps its parents' nulls
+            return [f"row {first if row_of is None else row_of[first]}: {name} is null"]
+    numbers = rows.to_numpy(zero_copy_only=False)
+    starts, ends = fields["start"], fields["end"]
     bad = np.flatnonzero(numbers != np.arange(len(numbers)))
     if len(bad):
         return [f"row {bad[0]}: metadata.row is {numbers[bad[0]]}"]
     spans = pc.subtract(ends, starts).to_numpy(zero_copy_only=False)
-    parents = pc.list_parent_indices(segments).to_numpy()
     bad = np.flatnonzero((spans <= 0) | (starts.to_numpy(zero_copy_only=False) < 0))
     if len(bad):
         return [f"row {parents[bad[0]]}: a metadata segment spans [{starts[bad[0]]}, {ends[bad[0]]})"]

@@ -392,3 +392,49 @@ def test_overlapping_builds_switch_the_allocator_back_once_both_end():
     assert pa.default_memory_pool().backend_name == "system"
     second.__exit__(None, None, None)
     assert pa.default_memory_pool().backend_name == before != "system"
+
+
+def test_refuses_a_file_as_the_output(corpus, kimi_dir, tmp_path):
+    (tmp_path / "notes.txt").write_text("keep me")
+    with pytest.raises(UsageError, match="not a previous build"):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), tmp_path / "notes.txt")
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+def test_a_build_folder_holding_another_file_is_not_replaced(corpus, kimi_dir, tmp_path):
+    """A fixed-sft manifest is not enough: a folder that also holds other files is not a build."""
+    out = tmp_path / "b"
+    build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), out)
+    (out / "notes.txt").write_text("keep")
+    with pytest.raises(UsageError, match="not a previous build"):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=2), out)
+    assert (out / "notes.txt").read_text() == "keep"
+
+
+def test_an_output_inside_a_source_folder_given_relative_is_refused(corpus, kimi_dir, monkeypatch):
+    monkeypatch.chdir(corpus[0])
+    with pytest.raises(UsageError, match="inside the source folder"):
+        build(config("parquet", kimi_dir, rows=1), corpus[0] / "parquet" / "out")
+    assert not (corpus[0] / "parquet" / "out").exists()
+
+
+def test_a_folder_with_a_manifest_of_another_format_is_not_replaced(corpus, kimi_dir, tmp_path):
+    victim = tmp_path / "app"
+    victim.mkdir()
+    (victim / "manifest.json").write_text('{"format": "other/1"}')
+    with pytest.raises(UsageError, match="not a previous build"):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), victim)
+    assert (victim / "manifest.json").read_text() == '{"format": "other/1"}'
+
+
+def test_conversations_are_counted_in_kept_rows_only(kimi_dir, tmp_path):
+    """Conversations in all-0 rows that were dropped are not counted, nor split by them."""
+    rows = [{"id": f"u{i}", "messages": [{"role": "user", "content": "word " * 300}], "source": "t"} for i in range(30)]
+    rows[17]["messages"].append({"role": "assistant", "content": "ok"})
+    synthetic.write_jsonl(rows, tmp_path / "users.jsonl")
+    manifest = build(config(tmp_path / "users.jsonl", kimi_dir, rows=1, row_tokens=64, seed=0), tmp_path / "o")
+    metadata = pq.read_table(tmp_path / "o" / "train.parquet").column("metadata").to_pylist()
+    used = {s["source_index"] for row in metadata for s in row["segments"]}
+    stats = manifest["stats"]
+    assert stats["rows_skipped"] > 0
+    assert (stats["conversations"], stats["conversations_split"]) == (len(used), 0)

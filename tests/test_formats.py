@@ -128,3 +128,37 @@ def test_ids_fit_int32(built):
     ids = pc.list_flatten(pc.struct_field(pq.read_table(out / "train.parquet").column("messages"), "input_ids"))
     assert 0 <= pc.min(ids).as_py() and pc.max(ids).as_py() < 163_840
     assert np.asarray(ids).dtype == np.int32
+
+
+@pytest.mark.parametrize("row", [{"input_ids": [5, 6, 7], "loss_mask": [0, 1]}, {"input_ids": [5, 6], "loss_mask": [0, 0]}])
+def test_rollout_rejects_mismatched_or_unsupervised_rows(row):
+    import pretokenized_sft_rollout
+
+    with pytest.raises(ValueError, match="mismatched ids/mask or no supervised token"):
+        pretokenized_sft_rollout.apply_row(Sample(prompt=row))
+
+
+def test_rollout_rejects_a_dict_without_the_row_keys():
+    import pretokenized_sft_rollout
+
+    with pytest.raises(ValueError, match="not a fixed-sft row .a dict."):
+        pretokenized_sft_rollout.apply_row(Sample(prompt={"input_ids": [5, 6]}))
+
+
+def test_rollout_has_no_evaluation_mode():
+    import pretokenized_sft_rollout
+
+    class Buffer:
+        def get_samples(self, n):
+            return [[Sample(prompt={"input_ids": [5, 6], "loss_mask": [0, 1]})]]
+
+    with pytest.raises(ValueError, match="no evaluation mode"):
+        pretokenized_sft_rollout.generate_rollout(SimpleNamespace(rollout_batch_size=1), 0, Buffer(), evaluation=True)
+
+
+def test_parquet_is_zstd_compressed(built):
+    """data/README.md: the Parquet bytes depend on the writer (pyarrow version, zstd)."""
+    out, _ = built
+    meta = pq.ParquetFile(out / "train.parquet").metadata
+    assert {meta.row_group(g).column(c).compression
+            for g in range(meta.num_row_groups) for c in range(meta.num_columns)} == {"ZSTD"}

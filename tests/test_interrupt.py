@@ -246,6 +246,42 @@ def test_recover_puts_back_a_previous_build_moved_aside(uninterrupted, tmp_path)
     assert leftovers(out, "tmp") == [] and leftovers(out, "old") == []
 
 
+def _fake_build(folder: Path, name: str) -> Path:
+    """A folder that ``is_build`` accepts: a fixed-sft manifest and nothing else."""
+    folder.mkdir()
+    (folder / "manifest.json").write_text(json.dumps({"format": "fixed-sft/1", "name": name}))
+    return folder
+
+
+def test_recover_keeps_a_published_build_and_deletes_the_old_one(tmp_path):
+    """Killed after moving the new build in, before removing the old one: the new one stays."""
+    from fixed_sft.build import _recover
+
+    out = _fake_build(tmp_path / "out", "new")
+    _fake_build(tmp_path / ".out.old-123", "old")
+    _recover(out)
+    assert json.loads((out / "manifest.json").read_text())["name"] == "new"
+    assert leftovers(out, "old") == []
+
+
+def test_recover_never_publishes_a_killed_builds_temporary_folder(tmp_path):
+    """Only a previous build moved aside is put back; a complete temporary folder is deleted."""
+    from fixed_sft.build import _recover
+
+    _fake_build(tmp_path / ".out.tmp-123", "unpublished")
+    _recover(tmp_path / "out")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path / "out", "tmp") == []
+
+
+def test_recover_does_not_put_back_a_half_removed_old_folder(tmp_path):
+    from fixed_sft.build import _recover
+
+    (tmp_path / ".out.old-123").mkdir()
+    (tmp_path / ".out.old-123" / "train.parquet").write_bytes(b"PAR1")  # its manifest already removed
+    _recover(tmp_path / "out")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path / "out", "old") == []
+
+
 def test_cleanup_matches_the_output_name_literally(tmp_path):
     """A name with glob characters never touches another build's folders."""
     from fixed_sft.build import _recover

@@ -374,3 +374,29 @@ def test_a_conversation_the_template_refuses_is_a_mismatch_naming_its_row(kimi_d
     with pytest.raises(TemplateMismatch, match=r"source row 0 \(id twice\): the chat template refuses the "
                                                r"conversation \(TemplateError: roles must alternate\)"):
         build(config, tmp_path / "out")
+
+
+def test_an_id_is_used_only_by_a_valid_row_and_duplicates_name_its_user(kimi_dir, tmp_path):
+    """In packing order: an invalid row with id x, then two valid ones. The invalid row
+    does not use the id, so the first valid row keeps it and the second names that row."""
+    from fixed_sft.order import permutation
+
+    first, second, third = (int(i) for i in permutation(7, 10)[:3])
+    lines = [json.dumps({"id": f"row-{i}", **GOOD}).encode() for i in range(10)]
+    lines[first] = b'{"id": "x"}'
+    lines[second] = lines[third] = json.dumps({"id": "x", **GOOD}).encode()
+    (tmp_path / "src.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    manifest = build(_config(tmp_path / "src.jsonl", kimi_dir, skip_invalid=True), tmp_path / "out")
+    assert manifest["skipped_invalid"] == [
+        {"index": first, "id": "x", "reason": "'messages' is missing"},
+        {"index": third, "id": "x", "reason": f"duplicate id (first used by source row {second})"},
+    ]
+
+
+def test_rows_skipped_counts_only_all_zero_rows(sources, kimi_dir, tmp_path, encoder):
+    """Invalid rows skipped are counted in invalid_rows_skipped, not in rows_skipped: the
+    kept and dropped rows and the tail hold the valid conversations' tokens exactly."""
+    manifest = build(_config(sources[0], kimi_dir, skip_invalid=True), tmp_path / "out")
+    stats = manifest["stats"]
+    unit = len(encoder.encode(GOOD["messages"])[0]) + 1
+    assert (stats["rows"] + stats["rows_skipped"]) * 16 + stats["tail_tokens_dropped"] == (45 - len(BAD_LINES)) * unit

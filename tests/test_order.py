@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from fixed_sft.order import keys, permutation
 
@@ -43,3 +44,9 @@ def test_golden_order():
 def test_seeds_differ():
     assert permutation(1, 100).tolist() != permutation(2, 100).tolist()
 
+
+
+def test_a_seed_outside_64_bits_is_refused():
+    for seed in (-1, 2**64):
+        with pytest.raises(ValueError, match="seed must be in 0 .. 2\\*\\*64 - 1"):
+            keys(seed, 3)

@@ -180,6 +180,7 @@ def _edit_manifest(folder, keys, value):
         (["row_sha256"], ["zz"], "ValueError"),
         (["params", "row_tokens"], 10**400, "params.row_tokens is 1000"),
         (["stats", "rows"], -1, "stats.rows is -1, outside 0 .. 2**63 - 1"),
+        (["parquet", "bytes"], 2**63, "parquet.bytes is 9223372036854775808, outside 0 .. 2**63 - 1"),
     ],
 )
 def test_malformed_manifest_fields(copy, keys, value, says):
@@ -264,3 +265,131 @@ def test_parts_of_the_build_that_are_not_files(copy):
     (copy / "manifest.json").unlink()
     (copy / "manifest.json").symlink_to("/dev/zero")
     assert verify(copy) == [f"{copy / 'manifest.json'}: not a file"]
+
+
+def test_a_mask_value_other_than_0_or_1_at_a_row_start(copy):
+    """A bad value at a row's first position is named by that row, not the one before."""
+    table = pq.read_table(copy / "train.parquet")
+    rows = table.to_pylist()
+    rows[3]["messages"]["loss_mask"][0] = 2
+    _resave(copy, pa.Table.from_pylist(rows, schema=table.schema))
+    assert "row 3: a loss_mask value is 2, not 0 or 1" in verify(copy)
+
+
+def test_only_the_first_row_that_differs_is_named(copy):
+    """A dropped row shifts every later one: one problem names the first, not one per row."""
+    _rewrite(copy, lambda rows: rows[:4] + rows[5:])
+    problems = verify(copy)
+    assert [p for p in problems if "content differs" in p] == ["row 4: content differs from its manifest hash"]
+
+
+def test_a_row_of_the_wrong_length_is_named_with_its_length(copy):
+    def shorten(rows):
+        rows[5]["messages"]["input_ids"].pop()
+        rows[5]["messages"]["loss_mask"].pop()
+        return rows
+
+    _rewrite(copy, shorten)
+    assert "row 5: 511 tokens, expected 512" in verify(copy)
+
+
+def test_an_extra_row_at_the_end(copy):
+    """Rows past the manifest's list are reported (not an IndexError), with the row count."""
+    _rewrite(copy, lambda rows: rows + [rows[-1]])
+    problems = verify(copy)
+    assert "row 12: content differs from its manifest hash" in problems
+    assert f"{copy / 'train.parquet'}: 13 rows, manifest lists 12" in problems
+
+
+def test_a_missing_last_row_is_counted(copy):
+    _rewrite(copy, lambda rows: rows[:-1])
+    assert f"{copy / 'train.parquet'}: 11 rows, manifest lists 12" in verify(copy)
+
+
+def test_edited_stats_rows(copy):
+    _edit_manifest(copy, ["stats", "rows"], 13)
+    assert "manifest.json: lists 12 row hashes but stats.rows is 13" in verify(copy)
+
+
+def test_edited_parquet_sha256(copy):
+    """Same size, other bytes: only the file hash can tell."""
+    _edit_manifest(copy, ["parquet", "sha256"], "0" * 64)
+    assert verify(copy) == [f"{copy / 'train.parquet'}: sha256 differs from the manifest"]
+
+
+def test_ids_and_mask_rows_of_different_lengths(copy):
+    """A mask value moved from row 4 to row 3 leaves the flat arrays, and so every hash, unchanged."""
+    table = pq.read_table(copy / "train.parquet")
+    rows = table.to_pylist()
+    rows[3]["messages"]["loss_mask"].append(rows[4]["messages"]["loss_mask"].pop(0))
+    _resave(copy, pa.Table.from_pylist(rows, schema=table.schema))
+    (problem,) = verify(copy)
+    assert problem.startswith(f"{copy / 'train.parquet'}: unreadable") and "differ in length" in problem
+
+
+def test_segments_must_not_be_empty(copy):
+    """An empty segment [s, s) covers nothing, so coverage alone would not catch it."""
+    def empty(rows):
+        rows[2]["metadata"]["segments"].append({**rows[2]["metadata"]["segments"][0], "start": 3, "end": 3})
+        return rows
+
+    _rewrite(copy, empty)
+    assert any(p.startswith("row 2: a metadata segment spans [3, 3)") for p in verify(copy))
+
+
+def test_segments_must_not_start_before_0(copy):
+    def shift(rows):
+        first = rows[0]["metadata"]["segments"][0]
+        first["start"], first["end"] = first["start"] - 1, first["end"] - 1  # same span
+        return rows
+
+    _rewrite(copy, shift)
+    assert any(p.startswith("row 0: a metadata segment spans [-1,") for p in verify(copy))
+
+
+def test_a_last_row_without_segments(copy):
+    def strip(rows):
+        rows[-1]["metadata"]["segments"] = []
+        return rows
+
+    _rewrite(copy, strip)
+    assert "row 11: metadata.segments cover 0 tokens, not 512" in verify(copy)
+
+
+def _null(copy, change):
+    table = pq.read_table(copy / "train.parquet")
+    rows = table.to_pylist()
+    change(rows)
+    _resave(copy, pa.Table.from_pylist(rows, schema=table.schema))
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda rows: rows[1]["metadata"]["segments"][0].update(start=None), "row 1: a metadata segment's start is null"),
+    (lambda rows: rows[2]["metadata"]["segments"][-1].update(end=None), "row 2: a metadata segment's end is null"),
+    (lambda rows: rows[3]["metadata"]["segments"][0].update(source_index=None),
+     "row 3: a metadata segment's source_index is null"),
+    (lambda rows: rows[4]["metadata"].update(segments=None), "row 4: metadata.segments is null"),
+    (lambda rows: rows[5].update(metadata=None), "row 5: metadata.row is null"),
+    (lambda rows: rows[6]["messages"]["input_ids"].__setitem__(7, None), "row 6: a value in input_ids is null"),
+    (lambda rows: rows[7]["messages"].update(loss_mask=None), "row 7: loss_mask is null"),
+    (lambda rows: rows[8].update(messages=None), "row 8: messages is null"),
+])
+def test_a_null_is_named_by_its_row(copy, change, says):
+    """The format never holds a null (a segment's id aside); the schema allows them."""
+    _null(copy, change)
+    assert says in verify(copy)
+
+
+def test_a_null_mask_value_is_not_a_0(copy):
+    """NumPy would read a null as NaN, which hashes as 0: with the supervised count edited
+    to match, only the null check tells."""
+    def null_a_zero(rows):
+        mask = next(r for r in rows if 0 in r["messages"]["loss_mask"])["messages"]["loss_mask"]
+        mask[mask.index(0)] = None
+
+    _null(copy, null_a_zero)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["stats"]["supervised_tokens"] += 1
+    manifest["stats"]["supervised_token_ratio"] = manifest["stats"]["supervised_tokens"] / manifest["stats"]["tokens"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert any(problem.endswith("a value in loss_mask is null") for problem in verify(copy))
