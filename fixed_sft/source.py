@@ -185,7 +185,7 @@ def _check_parquet_types(files: tuple[Path, ...]) -> None:
 def _is_id_type(kind: pa.DataType) -> bool:
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
-    return pa.types.is_null(kind) or pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    return pa.types.is_null(kind) or pa.types.is_integer(kind) or kind in (pa.string(), pa.large_string(), pa.string_view())
 
 
 def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Path, ...]:
@@ -324,10 +324,10 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
                 for batch in file.iter_batches(batch_size=READ_BATCH_ROWS, row_groups=[group], columns=columns):
                     wanted = np.flatnonzero(inside[start : start + batch.num_rows])
                     if len(wanted):
-                        table = pa.Table.from_batches([batch.take(pa.array(wanted))])
+                        table = pa.Table.from_batches([batch])
                         if "id" in columns:  # ids are text in every file, whatever type this one stores
                             table = table.set_column(0, "id", table.column("id").cast(pa.string()))
-                        yield start + wanted, table
+                        yield start + wanted, table.take(pa.array(wanted))
                     start += batch.num_rows
                 decoded += meta.total_byte_size
                 if decoded >= RELEASE_BYTES:  # give freed decode buffers back to the OS

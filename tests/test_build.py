@@ -152,6 +152,18 @@ def test_workers_do_not_change_output(fixture_build, corpus, kimi_dir, tmp_path,
     assert (tmp_path / "w" / "train.parquet").read_bytes() == (out / "train.parquet").read_bytes()
 
 
+def test_workers_check_the_same_positions_whatever_the_chunk_size(fixture_build, corpus, kimi_dir, tmp_path,
+                                                                  monkeypatch):
+    """Chunks that start at packing positions that are not multiples of check_every
+    (chunks of 3, checks every 8): workers check the positions 0, 8, 16 ... all the same."""
+    monkeypatch.setattr(build_module, "CHUNK_ROWS", 3)
+    _, manifest = fixture_build
+    other = build(config(corpus[0] / "parquet", kimi_dir, workers=2), tmp_path / "w")
+    used = other["stats"]["conversations"]
+    assert other["template_check"] == {"every": 8, "checked": len(range(0, used, 8))} == manifest["template_check"]
+    assert other == manifest
+
+
 def test_bands_chunks_and_batches_do_not_change_output(fixture_build, corpus, kimi_dir, tmp_path, monkeypatch):
     """Many consecutive bands of a few rows, cut into chunks of 2 and read in batches of 7
     rows (smaller than a row group): the same build."""

@@ -104,6 +104,22 @@ HISTORY_ASSISTANT = "<think></think>{{render_content(message)}}\n    {%- if mess
     # reasoning cut at </think>
     (HISTORY_ASSISTANT, HISTORY_ASSISTANT.replace("{{render_content(message)}}",
                                                   "{{render_content(message).split('</think>')[-1]}}")),
+    # conversations of the lengths of the longer probes: three, five and ten messages
+    ("{%- for message in hist_msgs -%}", "{%- if messages|length == 3 -%}<|im_system|>three<|im_middle|><|im_end|>"
+     "{%- endif -%}{%- for message in hist_msgs -%}"),
+    ("{%- for message in hist_msgs -%}", "{%- if messages|length == 5 -%}<|im_system|>five<|im_middle|><|im_end|>"
+     "{%- endif -%}{%- for message in hist_msgs -%}"),
+    ("{%- for message in hist_msgs -%}", "{%- if messages|length > 5 -%}<|im_system|>long<|im_middle|><|im_end|>"
+     "{%- endif -%}{%- for message in hist_msgs -%}"),
+    # messages with empty content left out
+    ("{%- for message in hist_msgs -%}", "{%- for message in hist_msgs if message['content'] -%}"),
+    # assistant content with its leading newlines, or leading spaces, or <|im_end|> text removed
+    (HISTORY_ASSISTANT, HISTORY_ASSISTANT.replace("{{render_content(message)}}",
+                                                  "{{render_content(message).lstrip('\\n')}}")),
+    (HISTORY_ASSISTANT, HISTORY_ASSISTANT.replace("{{render_content(message)}}",
+                                                  "{{render_content(message).lstrip(' ')}}")),
+    (HISTORY_ASSISTANT, HISTORY_ASSISTANT.replace("{{render_content(message)}}",
+                                                  "{{render_content(message).replace('<|im_end|>', '')}}")),
     # the same, on assistant messages before the last one only
     (HISTORY_ASSISTANT, HISTORY_ASSISTANT.replace(
         "{{render_content(message)}}", "{%- if loop.index0 < ns.last_non_tool_call_assistant_msg -%}"
@@ -157,3 +173,42 @@ def test_a_template_that_refuses_empty_content_is_used_for_other_conversations(k
     encoder = ChatEncoder(tokenizer)
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     assert encoder.encode(messages)[0] == reference.chat_ids(messages)
+
+
+def test_a_template_that_renders_no_probe_conversation_is_refused(kimi_dir, tmp_path):
+    """A template that renders single messages but refuses every probe conversation
+    leaves the per-message ids unchecked: it is refused when it loads."""
+    guard = "{%- if messages|length > 1 -%}{{ raise_exception('one message at a time') }}{%- endif -%}"
+    tokenizer = _edited_tokenizer(kimi_dir, tmp_path / "tok", "{%- for message in hist_msgs -%}",
+                                  guard + "{%- for message in hist_msgs -%}")
+    with pytest.raises(TemplateMismatch, match=r"renders no probe conversation .*one message at a time"):
+        ChatEncoder(tokenizer)
+
+
+@pytest.mark.parametrize("new", ["字{{ c }}", "{{ c }}字"])
+def test_content_not_bounded_by_added_tokens_on_either_side_is_refused(kimi_dir, tmp_path, new):
+    """Text that BPE may join with the content (here a Han character, which joins a
+    content that starts or ends with one, as no probe content does) is refused on
+    either side of the content."""
+    tokenizer = _edited_tokenizer(kimi_dir, tmp_path / "tok", "{{ c }}", new)
+    with pytest.raises(TemplateMismatch, match="does not bound system content with added tokens"):
+        ChatEncoder(tokenizer)
+
+
+def test_template_kwargs_reach_the_template(kimi_dir, tmp_path):
+    """The template variables given (a tokenizer spec's ``template_kwargs``) are what
+    the template renders with, in the builder's process and in a worker's."""
+    from fixed_sft.encode import EncoderConfig
+    from fixed_sft.tokenizer import TEMPLATE_KWARGS
+
+    folder = tmp_path / "tok"
+    _edited_tokenizer(kimi_dir, folder, "<|im_user|>{{role_name}}<|im_middle|>",
+                      "<|im_user|>{{role_name}}{{ marker | default('') }}<|im_middle|>")
+    kwargs = {**TEMPLATE_KWARGS, "marker": "!"}
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    encoder = EncoderConfig(folder, "kimi_k25", kwargs, 0).load()
+    ids, _ = encoder.encode(messages)
+    assert encoder.template_kwargs == kwargs
+    added = encoder.tokenizer.added
+    assert ids[:4] == [added["<|im_user|>"], *encoder.tokenizer.encode("user!"), added["<|im_middle|>"]]
+    assert ids == encoder.tokenizer.encode(encoder.render(messages))

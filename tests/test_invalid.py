@@ -84,6 +84,14 @@ def test_skip_invalid_records_every_bad_row(sources, kimi_dir, tmp_path):
     assert manifest["stats"]["invalid_rows_skipped"] == len(BAD_LINES)
 
 
+def test_workers_record_the_same_skipped_rows(sources, kimi_dir, tmp_path):
+    """Invalid rows encoded in worker processes keep their ids and reasons."""
+    one = build(_config(sources[0], kimi_dir, skip_invalid=True), tmp_path / "one")
+    two = build(_config(sources[0], kimi_dir, skip_invalid=True, workers=2), tmp_path / "two")
+    assert {e["index"]: e["id"] for e in two["skipped_invalid"]}[3] == "no-messages"
+    assert two == one
+
+
 def test_skipping_never_shifts_the_rows_used(sources, kimi_dir, tmp_path):
     """The order is over all rows: the valid conversations keep their positions."""
     def order_of_use(folder):

@@ -208,3 +208,48 @@ def test_a_file_of_another_kind_is_refused(tmp_path):
     (tmp_path / "rows.txt").write_text("{}\n")
     with pytest.raises(SourceError, match="rows.txt: not a .parquet or .jsonl file"):
         open_source(str(tmp_path / "rows.txt"))
+
+
+def test_a_message_is_reduced_to_its_role_and_content():
+    """Other message keys (``name``, ``reasoning_content`` ...) are ignored: the
+    template, which the build's check renders, never sees them."""
+    from fixed_sft.source import conversation
+
+    record = {"id": 7, "messages": [{"role": "user", "content": "q", "name": "bob"},
+                                    {"role": "assistant", "content": "a", "reasoning_content": "r", "tool_calls": []}]}
+    assert conversation(record) == ("7", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
+
+
+@pytest.mark.parametrize("ids, expected", [
+    (lambda pa: pa.array([None, None], pa.null()), [None, None]),
+    (lambda pa: pa.array(["a", "b"]).dictionary_encode(), ["a", "b"]),
+    (lambda pa: pa.array(["a", "b"], pa.large_string()), ["a", "b"]),
+    (lambda pa: pa.array(["a", "b"], pa.string_view()), ["a", "b"]),
+    (lambda pa: pa.array([7, -1], pa.int32()), ["7", "-1"]),
+], ids=["null", "dictionary", "large_string", "string_view", "int32"])
+def test_parquet_id_columns_of_strings_integers_or_nulls_are_read_as_text(tmp_path, ids, expected):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(synthetic.conversations(2, seed=1), schema=synthetic.TULU_SCHEMA)
+    pq.write_table(table.set_column(0, "id", ids(pa)), tmp_path / "src.parquet")
+    src = open_source(str(tmp_path / "src.parquet"))
+    assert [r["id"] for _, r in records(next(read_band(src, np.arange(2), 0, 2).chunks(10)))] == expected
+
+
+def test_a_folder_named_like_a_data_file_is_not_a_file(tmp_path):
+    """Such as the ``NAME.parquet/`` folder of part files Spark writes: its files are
+    read, the folder itself is not."""
+    synthetic.write_parquet(synthetic.conversations(3), tmp_path / "src" / "set.parquet" / "part-0.parquet")
+    src = open_source(str(tmp_path / "src"))
+    assert src.files == (tmp_path / "src" / "set.parquet" / "part-0.parquet",) and src.num_rows == 3
+
+
+def test_an_empty_jsonl_file_has_no_rows(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.jsonl").write_bytes(b"")
+    synthetic.write_jsonl(synthetic.conversations(2), tmp_path / "src" / "b.jsonl")
+    src = open_source(str(tmp_path / "src"))
+    assert src.row_counts == (0, 2)
+    got = [r["id"] for _, r in records(next(read_band(src, np.arange(2), 0, 2).chunks(10)))]
+    assert got == ["synthetic_0", "synthetic_1"]

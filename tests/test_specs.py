@@ -183,3 +183,97 @@ def test_source_files_in_a_build_spec(tmp_path, monkeypatch):
         (tmp_path / "bad.json").write_text(json.dumps({"source": "org/data", "source_files": bad}))
         with pytest.raises(SpecError, match="bad.json: 'source_files' is not a JSON non-empty array of non-empty"):
             build_spec("bad")
+
+
+@pytest.mark.parametrize("key", ["rows", "seed", "source_rows"])
+def test_a_build_spec_boolean_is_not_an_integer(tmp_path, monkeypatch, key):
+    from fixed_sft import specs
+
+    (tmp_path / "b.json").write_text(json.dumps({"source": "x.jsonl", key: True}))
+    monkeypatch.setattr(specs, "BUILDS", tmp_path)
+    with pytest.raises(SpecError, match=f"b.json: '{key}' is not a JSON integer"):
+        build_spec("b")
+
+
+def test_a_spec_that_is_not_a_json_object_is_named(tmp_path, monkeypatch):
+    from fixed_sft import specs
+
+    (tmp_path / "b.json").write_text("[]")
+    monkeypatch.setattr(specs, "BUILDS", tmp_path)
+    with pytest.raises(SpecError, match="b.json: not a JSON object"):
+        build_spec("b")
+
+
+def test_an_unknown_spec_name_lists_the_known_ones():
+    with pytest.raises(SpecError, match=f"no build spec named 'nope' in .*known: .*{DEFAULT_BUILD}"):
+        build_spec("nope")
+
+
+def test_spec_name_downloads_at_the_revision_given(fake_hub):
+    """--tokenizer-revision overrides the spec's pinned revision."""
+    resolved = resolve_tokenizer("kimi-k2.6", revision="abc")
+    assert {rev for _, _, rev in fake_hub} == {"abc"}
+    assert resolved.revision == "abc" and resolved.pinned
+
+
+def test_the_spec_decides_template_kwargs_and_loss_mask(kimi_dir, tmp_path, monkeypatch):
+    """A pinned spec's template_kwargs and loss_mask_type are what the build uses."""
+    from fixed_sft import specs
+
+    spec = json.loads((specs.TOKENIZERS / "kimi-k2.6.json").read_text())
+    spec.update(template_kwargs={"thinking": False}, loss_mask_type="other")
+    (tmp_path / "kimi-k2.6.json").write_text(json.dumps(spec))
+    monkeypatch.setattr(specs, "TOKENIZERS", tmp_path)
+    resolved = resolve_tokenizer(str(kimi_dir))
+    assert (resolved.template_kwargs, resolved.loss_mask_type) == ({"thinking": False}, "other")
+
+
+def _folder_of(kimi_dir, folder, changed: dict[str, bytes]) -> Path:
+    folder.mkdir()
+    for name in ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja"):
+        if name in changed:
+            (folder / name).write_bytes(changed[name])
+        else:
+            (folder / name).symlink_to(Path(kimi_dir) / name)
+    return folder
+
+
+def test_an_unpinned_folder_records_no_repo(kimi_dir, tmp_path):
+    """A folder matching no spec has a null repo: the manifest holds no path of this machine."""
+    folder = _folder_of(kimi_dir, tmp_path / "tok", {"chat_template.jinja": b"{{ x }}"})
+    resolved = resolve_tokenizer(str(folder), allow_unpinned=True)
+    assert (resolved.name, resolved.repo, resolved.pinned) == (None, None, False)
+
+
+def test_the_closest_spec_is_the_one_sharing_most_files(kimi_dir, tmp_path, monkeypatch):
+    from fixed_sft import specs
+
+    spec = json.loads((specs.TOKENIZERS / "kimi-k2.6.json").read_text())
+    other = {**spec, "name": "other", "files": {name: {"bytes": 1, "sha256": "0" * 64} for name in spec["files"]}}
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "kimi-k2.6.json").write_text(json.dumps(spec))
+    (tmp_path / "specs" / "other.json").write_text(json.dumps(other))
+    monkeypatch.setattr(specs, "TOKENIZERS", tmp_path / "specs")
+    folder = _folder_of(kimi_dir, tmp_path / "tok", {"chat_template.jinja": b"{{ x }}"})
+    mismatches = resolve_tokenizer(str(folder), allow_unpinned=True).mismatches
+    assert mismatches[1].startswith("closest is kimi-k2.6, from which chat_template.jinja: expected")
+
+
+def test_files_sharing_nothing_with_any_spec_are_named_by_their_hashes(kimi_dir, tmp_path):
+    from fixed_sft.hashes import sha256_file
+
+    changed = {"tiktoken.model": b"a", "tokenizer_config.json": b"{}", "chat_template.jinja": b"{{ x }}"}
+    folder = _folder_of(kimi_dir, tmp_path / "tok", changed)
+    mismatches = resolve_tokenizer(str(folder), allow_unpinned=True).mismatches
+    assert mismatches == ["the files match no pinned spec"] + [
+        f"{name} sha256 {sha256_file(folder / name)}" for name in ("tiktoken.model", "tokenizer_config.json",
+                                                                   "chat_template.jinja")]
+
+
+def test_a_build_spec_without_a_source_is_named(tmp_path, monkeypatch):
+    from fixed_sft import specs
+
+    (tmp_path / "b.json").write_text(json.dumps({"rows": 10}))
+    monkeypatch.setattr(specs, "BUILDS", tmp_path)
+    with pytest.raises(SpecError, match="b.json: 'source' is missing"):
+        build_spec("b")

@@ -145,3 +145,42 @@ def test_a_changed_tiktoken_model_at_the_same_path_is_read_again(kimi_dir, tmp_p
         KimiTokenizer(folder)
     model.write_bytes(good)
     assert KimiTokenizer(folder).encode("hello there") == KimiTokenizer(kimi_dir).encode("hello there")
+
+
+def _edited_config(kimi_dir, folder, edit):
+    import json
+
+    folder.mkdir()
+    for name in ("tiktoken.model", "chat_template.jinja"):
+        (folder / name).symlink_to(kimi_dir / name)
+    config = json.loads((kimi_dir / "tokenizer_config.json").read_text())
+    edit(config)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("token_id", [163583, 163840, 170000])
+def test_an_added_token_outside_the_special_ids_is_refused(kimi_dir, tmp_path, token_id):
+    """Added tokens must have ids 163584..163839: one outside is not a tiktoken special
+    token, so the one-call path and the step-by-step path would encode it differently."""
+    from fixed_sft.tokenizer import KimiTokenizer, TokenizerError
+
+    entry = {"content": "<|extra|>", "lstrip": False, "rstrip": False, "normalized": False, "single_word": False,
+             "special": True}
+    folder = _edited_config(kimi_dir, tmp_path / "tok",
+                            lambda config: config["added_tokens_decoder"].update({str(token_id): entry}))
+    with pytest.raises(TokenizerError, match=r"an added token's id is outside 163584\.\.163839"):
+        KimiTokenizer(folder)
+
+
+def test_special_tokens_written_as_added_token_objects_reach_the_template_as_text(kimi_dir, tmp_path):
+    """``eos_token`` written as transformers' added-token object is passed to the
+    template as its ``content``, as ``apply_chat_template`` passes it."""
+    from fixed_sft.tokenizer import KimiTokenizer
+
+    def edit(config):
+        config["eos_token"] = {"content": config["eos_token"], "lstrip": False, "rstrip": False, "special": True}
+
+    tokenizer = KimiTokenizer(_edited_config(kimi_dir, tmp_path / "tok", edit))
+    assert tokenizer.special_tokens["eos_token"] == "[EOS]"
+    assert tokenizer.eos_id == 163585
