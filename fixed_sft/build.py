@@ -89,7 +89,7 @@ class BuildConfig:
             raise UsageError(f"--workers must be at least 1, got {self.workers}")
         if self.check_every < 0:
             raise UsageError(f"--check-every must be non-negative, got {self.check_every}")
-        if self.source_files is not None and not all(self.source_files):
+        if self.source_files is not None and not (self.source_files and all(self.source_files)):
             raise UsageError("--source-files must not be empty")
 
 

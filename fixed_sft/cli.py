@@ -107,7 +107,8 @@ def parser() -> argparse.ArgumentParser:
                         help="also rebuild from the inputs the manifest records, and compare")
     verify.add_argument("--source", help="with --rebuild: where the source is, if not where the manifest says")
     verify.add_argument("--tokenizer", help="with --rebuild: a tokenizer folder, if not the manifest's spec or repo")
-    verify.add_argument("--workers", type=int, default=usable_cores(), help="with --rebuild: encoding processes")
+    verify.add_argument("--workers", type=int, help="with --rebuild: encoding processes (default: the cores this "
+                        "process may use)")
     verify.add_argument("--quiet", action="store_true", help="with --rebuild: no progress bar")
     return top
 
@@ -182,12 +183,12 @@ def _verify(args: argparse.Namespace) -> int:
 
     from .build import UsageError
     from .output import MANIFEST_NAME
-    from .rebuild import rebuild
+    from .rebuild import rebuild, report
     from .specs import SpecError, build_spec
     from .verify import verify
 
-    if not args.rebuild and (args.source or args.tokenizer):
-        raise UsageError("--source and --tokenizer say where a rebuild reads its inputs; add --rebuild")
+    if not args.rebuild and (args.source or args.tokenizer or args.workers is not None or args.quiet):
+        raise UsageError("--source, --tokenizer, --workers and --quiet are for a rebuild; add --rebuild")
     published = None
     if args.published is not None:
         try:
@@ -209,44 +210,13 @@ def _verify(args: argparse.Namespace) -> int:
         manifest = json.loads((args.folder / MANIFEST_NAME).read_text(encoding="utf-8"))
         same = _report_published(manifest, published, args.published)
     if args.rebuild:
-        if args.workers > 1:
+        workers = usable_cores() if args.workers is None else args.workers
+        if workers > 1:
             _start_forkserver()
-        same = _report_rebuild(rebuild(args.folder, args.source, args.tokenizer, args.workers, not args.quiet)) and same
+        proven, lines = report(rebuild(args.folder, args.source, args.tokenizer, workers, not args.quiet))
+        print("\n".join(lines))
+        same = proven and same
     return 0 if same else FAILURE
-
-
-def _report_rebuild(results: list[tuple[str, object, object, bool]]) -> bool:
-    from .rebuild import PROOF
-
-    proven = all(equal for key, *_, equal in results if key in PROOF)
-    print("the rebuild from the recorded inputs gives the same rows" if proven else
-          "the rebuild from the recorded inputs does not give the same rows")
-    for key, theirs, mine, equal in results:
-        if equal:
-            print(f"  {key}: same")
-        else:
-            print(f"  {key}: differs ({_difference(key, theirs, mine)})")
-    return proven
-
-
-def _difference(key: str, theirs: object, mine: object) -> str:
-    """One line on how a compared value differs: the folder's, then the rebuild's."""
-    if key == "stats":
-        return "; ".join(f"{k} {theirs.get(k)} here, {mine.get(k)} rebuilt" for k in theirs if theirs[k] != mine.get(k))
-    if key == "tokenizer files":
-        return "; ".join(f"{name} sha256 {theirs[name]['sha256']} here, {mine.get(name, {}).get('sha256')} rebuilt"
-                         for name in theirs if theirs[name] != mine.get(name))
-    if key == "source files":
-        if len(theirs) != len(mine):
-            return f"{len(theirs)} files here, {len(mine)} rebuilt"
-        n = next(n for n, (a, b) in enumerate(zip(theirs, mine)) if a != b)
-        return f"file {n + 1} of {len(theirs)}: sha256 {theirs[n][0]} here, {mine[n][0]} rebuilt"
-    if key == "parquet":
-        return (f"sha256 {theirs[0]} ({theirs[1]} bytes) here, {mine[0]} ({mine[1]} bytes) rebuilt; "
-                "the same rows can be encoded differently by another pyarrow")
-    if key == "code_sha256":
-        return f"{theirs} here, {mine} rebuilt: other code built the folder"
-    return f"{theirs} here, {mine} rebuilt"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -104,7 +104,7 @@ class NullValue(ValueError):
 
 
 def first_null(array: pa.Array) -> int | None:
-    """The index of ``array``'s first null (its parents' nulls included), or ``None``."""
+    """The index of ``array``'s first null, or ``None``."""
     nulls = pc.is_null(array).to_numpy(zero_copy_only=False)
     return int(np.argmax(nulls)) if nulls.any() else None
 

@@ -1,11 +1,15 @@
 """A build's manifest -> the same build run again from the inputs it records, compared.
 
-The rebuild takes the manifest's parameters, its source (name, revision, license, row
-count) and its tokenizer (spec name or repo, at the recorded revision), unless the caller
-names where the source or tokenizer files are. The rows are proven to come from the
-recorded inputs when the rebuild read files with the recorded hashes and made rows with
-the same ``rows_sha256`` and stats. The Parquet bytes and the code are compared too, for
-information: the same rows may be encoded by another writer, or built by other code.
+The rebuild takes the manifest's parameters, its source (name, revision, license, file
+globs, row count) and its tokenizer (spec name or repo, at the recorded revision), unless
+the caller names where the source or tokenizer files are. Tokenizer files other than the
+recorded ones are refused before building. The rows are proven to come from the recorded
+inputs when everything the manifest says about the rows and their making is the same in
+the rebuild: the row hashes, the provenance in the Parquet file, the stats, the skipped
+rows (their reasons aside), the loss mask, the template check, the parameters, and the
+source and tokenizer (their files' hashes; names and paths too where not given by the
+caller). The Parquet bytes and the code are compared for information: the same rows may
+be encoded by another writer, or built by other code.
 """
 
 from __future__ import annotations
@@ -14,40 +18,94 @@ import json
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
+
+import pyarrow.parquet as pq
 
 from .build import FORMAT, ORDER_RULE, BuildConfig, BuildError, UsageError, build
-from .output import MANIFEST_NAME
+from .output import MANIFEST_NAME, PARQUET_NAME
 from .source import SourceError, SourceUnreachable, is_hub_id
-from .specs import tokenizer_specs
+from .specs import resolve_tokenizer, tokenizer_specs
 
-PROOF = ("rows_sha256", "stats", "source files", "tokenizer files")  # what must be the same
+# The manifest fields a rebuild reads, and the values each may take: JSON types, or constants.
+RECORDED = {
+    ("format",): (str,), ("name",): (str,),
+    ("params", "rows"): (int, "all"), ("params", "row_tokens"): (int,), ("params", "seed"): (int,),
+    ("params", "order"): (str,), ("params", "loss_mask_type"): (str,), ("params", "skip_invalid"): (bool,),
+    ("source", "name"): (str,), ("source", "revision"): (str, None), ("source", "license"): (str, None),
+    ("source", "rows"): (int,), ("source", "files"): (list,),
+    ("tokenizer", "name"): (str, None), ("tokenizer", "repo"): (str, None), ("tokenizer", "revision"): (str, None),
+    ("tokenizer", "files"): (dict,), ("tokenizer", "pinned"): (bool,),
+    ("template_check", "every"): (int,), ("stats",): (dict,), ("skipped_invalid",): (list,), ("loss_mask",): (dict,),
+    ("parquet",): (dict,), ("code_version", "code_sha256"): (str,),
+}
+NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "an array", dict: "an object",
+         None: "null", "all": '"all"'}
+
+
+class Compared(NamedTuple):
+    """One value of the folder's manifest beside the rebuild's; ``proof``: the verdict
+    depends on it."""
+
+    key: str
+    here: object
+    rebuilt: object
+    proof: bool
+
+    @property
+    def same(self) -> bool:
+        return self.here == self.rebuilt
+
+
+def check_recorded(manifest: dict) -> None:
+    """Raise ``BuildError`` naming the first field of ``RECORDED`` that is missing or of
+    another type, or ``source.file_patterns`` when it is neither null nor a non-empty
+    array of non-empty strings."""
+    for keys, allowed in RECORDED.items():
+        value = manifest
+        for key in keys:
+            value = value.get(key, KeyError) if isinstance(value, dict) else KeyError
+        if not any(value == kind if not isinstance(kind, type) else
+                   isinstance(value, kind) and (kind is bool or not isinstance(value, bool)) for kind in allowed):
+            found = "missing" if value is KeyError else f"{json.dumps(value)[:60]}, not {' or '.join(NAMES[k] for k in allowed)}"
+            raise BuildError(f"{'.'.join(keys)} is {found}")
+    patterns = manifest["source"].get("file_patterns")
+    if patterns is not None and not (isinstance(patterns, list) and patterns
+                                     and all(isinstance(p, str) and p for p in patterns)):
+        raise BuildError(f"source.file_patterns is {json.dumps(patterns)[:60]}, not null or an array of globs")
 
 
 def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | None = None,
                     workers: int = 1) -> BuildConfig:
-    """The build ``manifest`` records, reading the source from ``source`` and the
-    tokenizer from ``tokenizer`` when given (else from where the manifest says)."""
+    """The build ``manifest`` records (checked by ``check_recorded``), reading the source
+    from ``source`` and the tokenizer from ``tokenizer`` when given, else from where the
+    manifest says: a recorded path is relative to the current folder; a tokenizer built
+    from a folder must be given."""
+    check_recorded(manifest)
     if manifest["format"] != FORMAT or manifest["params"]["order"] != ORDER_RULE:
         raise BuildError(f"the manifest is format {manifest['format']} with order {manifest['params']['order']}; "
                          f"this builder makes {FORMAT} with {ORDER_RULE}")
-    recorded = manifest["source"]
-    if source is None and not (Path(recorded["name"]).exists() or is_hub_id(recorded["name"])):
-        raise UsageError(f"the manifest's source {recorded['name']!r} is not here; pass --source PATH "
-                         "(its files are compared with the manifest's hashes)")
-    params, used = manifest["params"], manifest["tokenizer"]
-    specs = {spec["name"] for spec in tokenizer_specs()}
-    spec = used["name"] if used["name"] in specs else None
+    recorded, used, params = manifest["source"], manifest["tokenizer"], manifest["params"]
+    hub_source = recorded["revision"] is not None and is_hub_id(recorded["name"])  # a path may hold '/' too
+    if source is None and not (Path(recorded["name"]).exists() or hub_source):
+        raise UsageError(f"the manifest's source {recorded['name']!r} is not here (a recorded path is relative to "
+                         "the current folder); pass --source PATH")
+    spec = used["name"] if used["name"] in {s["name"] for s in tokenizer_specs()} else None
     if tokenizer is None:
-        tokenizer = spec or used["repo"]
+        if used["pinned"] or used["name"] is None:  # a pinned spec, or an unpinned Hub repo
+            tokenizer = spec or used["repo"]
         if tokenizer is None:
-            raise UsageError("the manifest's tokenizer was read from a local folder; pass --tokenizer FOLDER "
-                             "(its files are compared with the manifest's hashes)")
+            raise UsageError("the manifest's tokenizer files are not a pinned spec's and may come from a local "
+                             "folder; pass --tokenizer FOLDER")
+    patterns = recorded.get("file_patterns")
+    if source is not None and Path(source).is_file():
+        patterns = None  # a file named by the caller is the source, whatever the recorded globs chose
     config = BuildConfig(
         name=manifest["name"],
         source=source or recorded["name"],
         source_revision=recorded["revision"],
         source_license=recorded["license"],
-        source_files=tuple(recorded["file_patterns"]) if recorded.get("file_patterns") is not None else None,
+        source_files=None if patterns is None else tuple(patterns),
         source_rows=recorded["rows"],
         tokenizer=tokenizer,
         tokenizer_revision=used["revision"],
@@ -68,40 +126,101 @@ def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | 
     return config
 
 
-def comparison(manifest: dict, rebuilt: dict) -> list[tuple[str, object, object, bool]]:
-    """``(key, folder's, rebuilt, equal)`` for the values a rebuild is judged by
-    (``PROOF``), then the Parquet file and the code. Source files are compared by
-    content and order (their paths depend on where they were found)."""
+def _check_tokenizer(config: BuildConfig, recorded: dict) -> None:
+    """Raise ``BuildError`` unless the rebuild's tokenizer files are the recorded ones."""
+    found = resolve_tokenizer(config.tokenizer, config.tokenizer_revision, expected=config.expected_tokenizer,
+                              allow_unpinned=True)
+    other = [name for name, file in found.files.items() if recorded.get(name) != file]
+    if other:
+        raise BuildError(f"the tokenizer files in {found.directory} are not the ones the manifest records "
+                         f"({', '.join(other)} differ); pass --tokenizer FOLDER holding those")
 
-    def values(m: dict) -> dict:
-        return {
-            "rows_sha256": m["rows_sha256"],
-            "stats": m["stats"],
-            "source files": [(f["sha256"], f["bytes"]) for f in m["source"]["files"]],
-            "tokenizer files": m["tokenizer"]["files"],
-            "parquet": (m["parquet"]["sha256"], m["parquet"]["bytes"]),
-            "code_sha256": m["code_version"]["code_sha256"],
-        }
 
-    theirs, mine = values(manifest), values(rebuilt)
-    return [(key, theirs[key], mine[key], theirs[key] == mine[key]) for key in theirs]
+def _view(manifest: dict, given_source: bool, given_tokenizer: bool) -> dict:
+    """What a rebuild must reproduce: the manifest without the Parquet file and the code,
+    reasons of skipped rows, and the names and paths of inputs the caller gave."""
+    source = {"file_patterns": None, **manifest["source"]}  # (manifests before globs lack the key)
+    source = {key: value for key, value in source.items() if not (given_source and key in ("name", "file_patterns"))}
+    source["files"] = [file if not given_source or not isinstance(file, dict) else
+                       {k: v for k, v in file.items() if k != "path"} for file in source["files"]]
+    tokenizer = {key: value for key, value in manifest["tokenizer"].items()
+                 if key != "mismatches" and not (given_tokenizer and key in ("name", "repo", "revision"))}
+    return {
+        "rows_sha256": manifest["rows_sha256"],
+        "stats": manifest["stats"],
+        "skipped_invalid": [{k: v for k, v in row.items() if k != "reason"} if isinstance(row, dict) else row
+                            for row in manifest["skipped_invalid"]],
+        "loss_mask": manifest["loss_mask"],
+        "template_check": manifest["template_check"],
+        "params": manifest["params"],
+        "source": source,
+        "tokenizer": tokenizer,
+    }
+
+
+def _provenance(folder: Path) -> list:
+    return pq.read_table(folder / PARQUET_NAME, columns=["metadata"]).column("metadata").to_pylist()
+
+
+def comparison(manifest: dict, rebuilt: dict, folder: Path, rebuilt_folder: Path, given_source: bool = False,
+               given_tokenizer: bool = False) -> list[Compared]:
+    """The folder's manifest and Parquet provenance beside the rebuild's (see the module
+    docstring for what is compared, and how)."""
+    here, again = _view(manifest, given_source, given_tokenizer), _view(rebuilt, given_source, given_tokenizer)
+    return [
+        *(Compared(key, here[key], again[key], True) for key in here),
+        Compared("provenance", _provenance(folder), _provenance(rebuilt_folder), True),
+        Compared("parquet", manifest["parquet"], rebuilt["parquet"], False),
+        Compared("code_sha256", manifest["code_version"]["code_sha256"], rebuilt["code_version"]["code_sha256"],
+                 False),
+    ]
 
 
 def rebuild(folder: Path, source: str | None = None, tokenizer: str | None = None, workers: int = 1,
-            progress: bool = False) -> list[tuple[str, object, object, bool]]:
-    """Rebuild ``folder``'s manifest into a temporary folder (deleted after) and compare
-    (see ``comparison``)."""
-    manifest = json.loads((Path(folder) / MANIFEST_NAME).read_text(encoding="utf-8"))
+            progress: bool = False) -> list[Compared]:
+    """Rebuild ``folder``'s manifest into a temporary folder (in the system's, deleted
+    after) and compare (see ``comparison``)."""
+    folder = Path(folder)
+    manifest = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
     try:
         config = recorded_config(manifest, source, tokenizer, workers)
-    except (KeyError, TypeError) as error:  # verify reads fewer fields than a rebuild needs
-        raise BuildError(f"{Path(folder) / MANIFEST_NAME}: cannot read the build it records "
-                         f"({type(error).__name__}: {error})") from None
+    except BuildError as error:
+        raise BuildError(f"{folder / MANIFEST_NAME}: cannot rebuild: {error}") from None
+    _check_tokenizer(config, manifest["tokenizer"]["files"])
     with tempfile.TemporaryDirectory(prefix="fixed-sft-rebuild-") as scratch:
+        out = Path(scratch) / "rebuilt"
         try:
-            rebuilt = build(config, Path(scratch) / "rebuilt", progress)
+            rebuilt = build(config, out, progress)
         except SourceUnreachable as error:  # the build's advice names flags a rebuild does not need
-            raise SourceError(f"cannot get dataset {error.repo_id}@{error.revision} from the Hugging Face Hub or its "
-                              f"cache ({error.reason}). Without the Hub, download its files at that revision "
-                              "elsewhere and pass --source PATH") from None
-    return comparison(manifest, rebuilt)
+            raise SourceError(f"{error.problem}. Without the Hub, download its files at that revision elsewhere "
+                              "and pass --source PATH") from None
+        return comparison(manifest, rebuilt, folder, out, source is not None, tokenizer is not None)
+
+
+def difference(here: object, rebuilt: object, path: str = "") -> str:
+    """The first place where two JSON-like values differ, with both values there."""
+    if isinstance(here, dict) and isinstance(rebuilt, dict):
+        key = next(k for k in {**here, **rebuilt} if here.get(k) != rebuilt.get(k))
+        return difference(here.get(key), rebuilt.get(key), f"{path}.{key}" if path else str(key))
+    if isinstance(here, list) and isinstance(rebuilt, list):
+        if len(here) != len(rebuilt):
+            return f"{path or 'items'}: {len(here)} here, {len(rebuilt)} rebuilt"
+        n = next(n for n, (a, b) in enumerate(zip(here, rebuilt)) if a != b)
+        return difference(here[n], rebuilt[n], f"{path}[{n}]")
+    return f"{path + ': ' if path else ''}{json.dumps(here)[:80]} here, {json.dumps(rebuilt)[:80]} rebuilt"
+
+
+def report(results: list[Compared]) -> tuple[bool, list[str]]:
+    """Whether every ``proof`` value is the same, and a line per value: same, or where it differs."""
+    proven = all(r.same for r in results if r.proof)
+    lines = ["the rebuild from the recorded inputs " + ("gives the same rows" if proven else
+                                                        "does not give the same rows")]
+    for r in results:
+        if r.same:
+            lines.append(f"  {r.key}: same")
+        elif r.key == "parquet" and proven:
+            lines.append(f"  {r.key}: differs ({difference(r.here, r.rebuilt)}): the same rows and provenance, "
+                         "encoded otherwise (by another pyarrow, say)")
+        else:
+            lines.append(f"  {r.key}: differs ({difference(r.here, r.rebuilt)})")
+    return proven, lines

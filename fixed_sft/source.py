@@ -12,7 +12,6 @@ position falls in ``[lo, hi)`` (as Arrow data), so memory holds one band, not th
 from __future__ import annotations
 
 import codecs
-import fnmatch
 import json
 import os
 import re
@@ -70,16 +69,16 @@ class SourceError(Exception):
 
 
 class SourceUnreachable(SourceError):
-    """A Hub dataset that neither the Hub nor its cache can give; ``reason`` says why."""
+    """A Hub dataset that neither the Hub nor its cache can give: ``problem``, then
+    advice for a build."""
 
-    def __init__(self, repo_id: str, revision: str, reason: str):
+    def __init__(self, problem: str):
         super().__init__(
-            f"cannot get dataset {repo_id}@{revision} from the Hugging Face Hub or its cache ({reason}). "
-            "Without the Hub, download the files elsewhere and pass --source PATH (a .parquet/.jsonl file or a "
-            "folder of them) with --source-revision REV and --source-license LICENSE, after NAME for a named "
-            "build (README: 'Command line')."
+            f"{problem}. Without the Hub, download the files elsewhere and pass --source PATH (a .parquet/.jsonl "
+            "file or a folder of them) with --source-revision REV and --source-license LICENSE, after NAME for a "
+            "named build (README: 'Command line')."
         )
-        self.repo_id, self.revision, self.reason = repo_id, revision, reason
+        self.problem = problem
 
 
 class InvalidRow(Exception):
@@ -126,7 +125,8 @@ def download(repo_id: str, revision: str, patterns: tuple[str, ...] | None = Non
             )
         )
     except Exception as error:  # network, offline mode, missing revision: all end the same way
-        raise SourceUnreachable(repo_id, revision, f"{type(error).__name__}: {error}") from None
+        raise SourceUnreachable(f"cannot get dataset {repo_id}@{revision} from the Hugging Face Hub or its cache "
+                                f"({type(error).__name__}: {error})") from None
 
 
 def snapshot_commit(folder: Path, revision: str) -> str:
@@ -191,29 +191,30 @@ def _is_id_type(kind: pa.DataType) -> bool:
 def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Path, ...]:
     """A file, or a folder's .parquet/.jsonl files sorted by their path relative to the
     folder as a '/'-separated string (code point order); with ``patterns``, those whose
-    path (a file's: its name) matches one of them (``fnmatch``, where ``*`` also matches '/')."""
-    if path.is_file():
-        files = [path] if patterns is None or _matches(path.name, patterns) else []
-    else:
-        found = [p for p in path.rglob("*") if p.suffix in SUFFIXES and (p.is_file() or p.is_symlink())
-                 and (patterns is None or _matches(p.relative_to(path).as_posix(), patterns))]
-        files = sorted(found, key=lambda p: p.relative_to(path).as_posix())
+    path (a file's: its name) matches one of them, as huggingface_hub's ``allow_patterns``
+    match (``fnmatch``, where ``*`` also matches '/', and ``dir/`` means ``dir/*``)."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    def name(p: Path) -> str:
+        return p.name if p == path else p.relative_to(path).as_posix()
+
+    found = [path] if path.is_file() else [
+        p for p in path.rglob("*") if p.suffix in SUFFIXES and (p.is_file() or p.is_symlink())]
+    chosen = filter_repo_objects(found, allow_patterns=None if patterns is None else list(patterns), key=name)
+    files = sorted(chosen, key=name)
+    if not path.is_file():
         broken = next((p for p in files if not p.exists()), None)
         if broken is not None:
             raise SourceError(f"{broken}: a link to a file that does not exist")
     if not files:
-        chosen = f" matching {' or '.join(patterns)}" if patterns is not None else ""
-        raise SourceError(f"no .parquet or .jsonl files{chosen} in {path}")
+        matching = f" matching {' or '.join(patterns)}" if patterns is not None else ""
+        raise SourceError(f"no .parquet or .jsonl files{matching} in {path}")
     for f in files:
         if f.suffix not in SUFFIXES:
             raise SourceError(f"{f}: not a .parquet or .jsonl file")
     if len({f.suffix for f in files}) > 1:
         raise SourceError(f"{path} mixes .parquet and .jsonl files; use one format")
     return tuple(files)
-
-
-def _matches(path: str, patterns: tuple[str, ...]) -> bool:
-    return any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns)
 
 
 def _count_rows(path: Path) -> int:
@@ -325,7 +326,9 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
                     wanted = np.flatnonzero(inside[start : start + batch.num_rows])
                     if len(wanted):
                         table = pa.Table.from_batches([batch])
-                        if "id" in columns:  # ids are text in every file, whatever type this one stores
+                        # ids are text in every file, whatever type this one stores (cast before
+                        # ``take``, which has no kernel for string_view)
+                        if "id" in columns:
                             table = table.set_column(0, "id", table.column("id").cast(pa.string()))
                         yield start + wanted, table.take(pa.array(wanted))
                     start += batch.num_rows

@@ -7,7 +7,7 @@ and has the format's schema (so no value can wrap into a hash); every row reads,
 ``row_tokens`` ids and mask values, each mask value 0 or 1, and hashes to its recorded
 row hash (the first bad row is named); the row count and supervised-token count match;
 each row's ``metadata.row`` is its number and its segments, each a non-empty span from a
-non-negative start, cover ``row_tokens`` tokens.
+non-negative start, cover ``row_tokens`` tokens. No value may be null but a segment's ``id``.
 """
 
 from __future__ import annotations
@@ -142,7 +142,8 @@ def _check_metadata(parquet: Path, row_tokens: int) -> list[str]:
     except Exception as error:  # any read failure, or a missing field, means a damaged file
         return [f"{parquet}: metadata unreadable ({type(error).__name__}: {error})"]
     parents = pc.list_parent_indices(segments).to_numpy()
-    checks = [("metadata.row", rows, None), ("metadata.segments", segments, None)]
+    checks = [("metadata", metadata, None), ("metadata.row", rows, None), ("metadata.segments", segments, None),
+              ("a metadata segment", spans, parents)]
     checks += [(f"a metadata segment's {key}", values, parents) for key, values in fields.items()]
     for name, values, row_of in checks:  # a segment's id may be null (a source row without one)
         if (first := first_null(values)) is not None:  # struct_field keeps its parents' nulls

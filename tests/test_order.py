@@ -45,7 +45,6 @@ def test_seeds_differ():
     assert permutation(1, 100).tolist() != permutation(2, 100).tolist()
 
 
-
 def test_a_seed_outside_64_bits_is_refused():
     for seed in (-1, 2**64):
         with pytest.raises(ValueError, match="seed must be in 0 .. 2\\*\\*64 - 1"):

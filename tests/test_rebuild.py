@@ -1,15 +1,23 @@
 """``verify DIR --rebuild``: the build a manifest records, run again from its inputs and
-compared (same rows only from files with the recorded hashes)."""
+compared (the same rows only from the recorded input files, and only when everything
+the manifest says of them is so)."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import synthetic
 from fixed_sft.cli import main
+from fixed_sft.hashes import sha256_file
+
+KEYS = ("rows_sha256", "stats", "skipped_invalid", "loss_mask", "template_check", "params", "source", "tokenizer",
+        "provenance", "parquet", "code_sha256")
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +35,7 @@ def _build(source, tokenizer, out, *extra):
 
 def _rebuild(folder, *extra):
     """(A pinned tokenizer would come from the Hub: test_cli's Hub cache test rebuilds that way.)"""
-    return main(["verify", str(folder), "--rebuild", "--workers", "1", "--quiet", *extra])
+    return main(["verify", str(folder), "--rebuild", "--quiet", *extra])
 
 
 def _edit(folder, change):
@@ -36,28 +44,52 @@ def _edit(folder, change):
     (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
-@pytest.mark.parametrize("rows", ["3", "all"])
-def test_the_recorded_inputs_give_the_same_rows(source, kimi_dir, tmp_path, capsys, rows):
-    _build(source, kimi_dir, tmp_path / "o", "--rows", rows)
+@pytest.mark.parametrize("rows, workers", [("3", "1"), ("all", "2")])
+def test_the_recorded_inputs_give_the_same_rows(source, kimi_dir, tmp_path, capsys, monkeypatch, rows, workers):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    _build(source, kimi_dir, tmp_path / "o", "--rows", rows, "--skip-invalid")
     capsys.readouterr()
-    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir)) == 0
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", workers) == 0
     out = capsys.readouterr().out
-    assert "gives the same rows" in out
-    for key in ("rows_sha256", "stats", "source files", "tokenizer files", "parquet", "code_sha256"):
-        assert f"  {key}: same" in out
-    assert not list(tmp_path.glob("fixed-sft-rebuild-*"))
+    assert "gives the same rows" in out and all(f"  {key}: same\n" in out for key in KEYS)
+    assert not list(tmp_path.glob("fixed-sft-rebuild-*"))  # the rebuild's folder is gone
 
 
-def test_a_manifest_that_misstates_a_parameter_is_caught(source, kimi_dir, tmp_path, capsys):
-    """verify checks the rows against the manifest; only a rebuild shows that the stated
-    seed does not give them."""
+@pytest.mark.parametrize("change, says", [
+    (lambda m: m["params"].update(seed=42), "rows_sha256: differs"),
+    (lambda m: m["loss_mask"]["template_kwargs"].update(thinking=False),
+     "loss_mask: differs (template_kwargs.thinking: false here, true rebuilt)"),
+    (lambda m: m["template_check"].update(checked=5), "template_check: differs (checked: 5 here, 1 rebuilt)"),
+    (lambda m: m["stats"].update(rows_skipped=2), "stats: differs (rows_skipped: 2 here, 1 rebuilt)"),
+    (lambda m: m["skipped_invalid"].append({"index": 5, "id": "x", "reason": "r"}), "skipped_invalid: differs (items: 1 here, 0 rebuilt)"),
+])
+def test_a_manifest_that_misstates_the_build_is_caught(source, kimi_dir, tmp_path, capsys, change, says):
+    """verify checks the rows against the manifest; only a rebuild shows that what the
+    manifest says of their making is not so."""
     _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
-    _edit(tmp_path / "o", lambda m: m["params"].update(seed=42))
+    _edit(tmp_path / "o", change)
     assert main(["verify", str(tmp_path / "o")]) == 0
     capsys.readouterr()
-    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir)) == 1
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
     out = capsys.readouterr().out
-    assert "does not give the same rows" in out and "rows_sha256: differs" in out and "source files: same" in out
+    assert "does not give the same rows" in out and says in out
+
+
+def test_forged_provenance_is_caught(source, kimi_dir, tmp_path, capsys):
+    """Rows whose segments name other source rows, with the file's hash re-recorded."""
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    parquet = tmp_path / "o" / "train.parquet"
+    table = pq.read_table(parquet)
+    rows = table.to_pylist()
+    rows[1]["metadata"]["segments"][0]["source_index"] += 1000
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), parquet)
+    _edit(tmp_path / "o", lambda m: m["parquet"].update(bytes=parquet.stat().st_size, sha256=sha256_file(parquet)))
+    assert main(["verify", str(tmp_path / "o")]) == 0
+    capsys.readouterr()
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
+    out = capsys.readouterr().out
+    assert "rows_sha256: same" in out and "provenance: differs ([1].segments[0].source_index: " in out
+    assert "parquet: differs (" in out and "encoded otherwise" not in out
 
 
 def test_a_source_with_other_bytes_is_not_the_recorded_input(source, kimi_dir, tmp_path, capsys):
@@ -66,62 +98,94 @@ def test_a_source_with_other_bytes_is_not_the_recorded_input(source, kimi_dir, t
     lines = source.read_text().splitlines(keepends=True)
     (tmp_path / "copy.jsonl").write_text("".join(lines[:-1]) + lines[-1].replace('"', ' "', 1))
     capsys.readouterr()
-    assert _rebuild(tmp_path / "o", "--source", str(tmp_path / "copy.jsonl"), "--tokenizer", str(kimi_dir)) == 1
+    assert _rebuild(tmp_path / "o", "--source", str(tmp_path / "copy.jsonl"), "--tokenizer", str(kimi_dir),
+                    "--workers", "1") == 1
     out = capsys.readouterr().out
-    assert "rows_sha256: same" in out and "source files: differs (file 1 of 1: sha256" in out
+    assert "rows_sha256: same" in out and "source: differs (files[0].bytes: " in out
 
 
-def test_an_unpinned_tokenizer_folder_must_be_named_again(source, kimi_dir, tmp_path, capsys):
+def test_tokenizer_files_other_than_the_recorded_ones_are_refused(source, kimi_dir, tmp_path, capsys):
     tokenizer = tmp_path / "tok"
     shutil.copytree(kimi_dir, tokenizer)
     with (tokenizer / "chat_template.jinja").open("a") as f:
         f.write("{#- a comment changes the hash, not the rows -#}")
     _build(source, tokenizer, tmp_path / "o", "--rows", "3", "--allow-unpinned-tokenizer")
     capsys.readouterr()
-    assert _rebuild(tmp_path / "o") == 2
+    assert _rebuild(tmp_path / "o", "--workers", "1") == 2  # a folder: no Hub repo to get it from
     assert "pass --tokenizer FOLDER" in capsys.readouterr().err
-    assert _rebuild(tmp_path / "o", "--tokenizer", str(tokenizer)) == 0
-    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir)) == 1  # the same rows, from other files
-    assert "tokenizer files: differs (chat_template.jinja sha256" in capsys.readouterr().out
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(tokenizer), "--workers", "1") == 0
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1  # same rows, other files
+    err = capsys.readouterr().err
+    assert "are not the ones the manifest records (chat_template.jinja differ)" in err
+    _edit(tmp_path / "o", lambda m: m["tokenizer"].update(name="kimi-k2.6", repo="moonshotai/Kimi-K2.6"))
+    assert _rebuild(tmp_path / "o", "--workers", "1") == 2  # a named build's folder records its spec's name
+    assert "pass --tokenizer FOLDER" in capsys.readouterr().err
 
 
-def test_a_source_that_is_gone_must_be_named(source, kimi_dir, tmp_path, capsys):
-    moved = tmp_path / "rows.jsonl"
-    shutil.copy(source, moved)
-    _build(moved, kimi_dir, tmp_path / "o", "--rows", "3")
-    moved.rename(tmp_path / "elsewhere.jsonl")
+def test_a_source_that_is_not_where_recorded_must_be_named(source, kimi_dir, tmp_path, capsys, monkeypatch):
+    """A recorded path is relative to the folder the build ran in; with a '/' and no
+    revision it is still a path, not a Hub id."""
+    (tmp_path / "data").mkdir()
+    shutil.copy(source, tmp_path / "data" / "rows.jsonl")
+    monkeypatch.chdir(tmp_path)
+    _build("data/rows.jsonl", kimi_dir, tmp_path / "o", "--rows", "3")
+    monkeypatch.chdir(tmp_path / "data")
     capsys.readouterr()
-    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir)) == 2
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 2
     assert "pass --source PATH" in capsys.readouterr().err
-    assert _rebuild(tmp_path / "o", "--source", str(tmp_path / "elsewhere.jsonl"), "--tokenizer", str(kimi_dir)) == 0
+    assert _rebuild(tmp_path / "o", "--source", "rows.jsonl", "--tokenizer", str(kimi_dir), "--workers", "1") == 0
+
+
+def test_the_recorded_source_files_are_read_again(kimi_dir, tmp_path, capsys):
+    """A build of some of a folder's files records their globs; the rebuild reads the
+    same files, from the folder or from the one file named."""
+    for split, seed in (("train", 1), ("test", 2)):
+        synthetic.write_jsonl(synthetic.conversations(30, seed=seed), tmp_path / "src" / "data" / f"{split}.jsonl")
+    _build(tmp_path / "src", kimi_dir, tmp_path / "o", "--rows", "3", "--source-files", "data/train.*")
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert manifest["source"]["file_patterns"] == ["data/train.*"]
+    assert [f["path"] for f in manifest["source"]["files"]] == ["data/train.jsonl"] and manifest["source"]["rows"] == 30
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 0
+    assert _rebuild(tmp_path / "o", "--source", str(tmp_path / "src" / "data" / "train.jsonl"),
+                    "--tokenizer", str(kimi_dir), "--workers", "1") == 0
+    _edit(tmp_path / "o", lambda m: m["source"].pop("file_patterns"))  # as before globs: every file
+    capsys.readouterr()
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
+    assert "/src has 60 rows; custom expects 30" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("change, says", [
-    (lambda m: m["params"].update(order="another-order"), "order another-order"),
-    (lambda m: m.pop("template_check"), "cannot read the build it records (KeyError: 'template_check')"),
-    (lambda m: m["params"].update(seed="42"), "cannot read the build it records (TypeError: "),
-    (lambda m: m["params"].update(seed=-1), "a parameter this builder refuses: --seed must be between"),
+    (lambda m: m["params"].update(order="another-order"), "the manifest is format fixed-sft/1 with order another-order"),
+    (lambda m: m.pop("template_check"), "template_check.every is missing"),
+    (lambda m: m["params"].update(seed="42"), 'params.seed is "42", not an integer'),
+    (lambda m: m["params"].update(seed=-1), "the manifest records a parameter this builder refuses: --seed must"),
+    (lambda m: m["params"].update(skip_invalid="no"), 'params.skip_invalid is "no", not true or false'),
+    (lambda m: m["source"].update(files="x"), 'source.files is "x", not an array'),
+    (lambda m: m["source"].update(file_patterns="data/*"), "source.file_patterns is \"data/*\", not null or an array"),
+    (lambda m: m["source"].update(file_patterns=[]), "source.file_patterns is [], not null or an array"),
+    (lambda m: m["tokenizer"].pop("pinned"), "tokenizer.pinned is missing"),
+    (lambda m: m["code_version"].pop("code_sha256"), "code_version.code_sha256 is missing"),
 ])
 def test_a_manifest_this_builder_cannot_rebuild(source, kimi_dir, tmp_path, capsys, change, says):
     _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
     _edit(tmp_path / "o", change)
     capsys.readouterr()
-    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir)) == 1
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
     err = capsys.readouterr().err
-    assert says in err and len(err.strip().splitlines()) == 1
+    assert f"manifest.json: cannot rebuild: {says}" in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_damaged_folder_is_not_rebuilt(source, kimi_dir, tmp_path, capsys):
     _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
     _edit(tmp_path / "o", lambda m: m.update(rows_sha256="0" * 64))
     capsys.readouterr()
-    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir)) == 1
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
     assert "MISMATCH" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flag", ["--source", "--tokenizer"])
-def test_input_flags_need_rebuild(tmp_path, capsys, flag):
-    assert main(["verify", str(tmp_path), flag, "x"]) == 2
+@pytest.mark.parametrize("flags", [["--source", "x"], ["--tokenizer", "x"], ["--workers", "2"], ["--quiet"]])
+def test_rebuild_flags_need_rebuild(tmp_path, capsys, flags):
+    assert main(["verify", str(tmp_path), *flags]) == 2
     assert "add --rebuild" in capsys.readouterr().err
 
 
@@ -131,18 +195,6 @@ def test_an_unreachable_hub_source_says_how_to_pass_a_copy(source, kimi_dir, tmp
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # read by huggingface_hub at each call
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf"))
     capsys.readouterr()
-    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir)) == 1
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
     err = capsys.readouterr().err
     assert f"cannot get dataset owner/dataset@{'0' * 40}" in err and err.strip().endswith("pass --source PATH")
-
-
-def test_the_recorded_source_files_are_read_again(kimi_dir, tmp_path, capsys):
-    """A build of some of a folder's files records their globs; the rebuild reads the same files."""
-    for split, seed in (("train", 1), ("test", 2)):
-        synthetic.write_jsonl(synthetic.conversations(30, seed=seed), tmp_path / "src" / f"{split}.jsonl")
-    _build(tmp_path / "src", kimi_dir, tmp_path / "o", "--rows", "3", "--source-files", "train.*")
-    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
-    assert manifest["source"]["file_patterns"] == ["train.*"]
-    assert [f["path"] for f in manifest["source"]["files"]] == ["train.jsonl"] and manifest["source"]["rows"] == 30
-    capsys.readouterr()
-    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir)) == 0
