@@ -51,6 +51,7 @@ def test_local_source_files_are_chosen_by_glob(tmp_path):
     assert [f.name for f in open_source(str(tmp_path), patterns=("data/train.jsonl", "*/val*")).files] == [
         "train.jsonl", "validation.jsonl"]
     assert open_source(str(tmp_path / "data" / "test.jsonl"), patterns=("test.*",)).num_rows == 3
+    assert len(open_source(str(tmp_path), patterns=("data/",)).files) == 3  # a folder, as huggingface_hub reads it
     with pytest.raises(SourceError, match=re.escape(f"no .parquet or .jsonl files matching train* or x in {tmp_path}")):
         open_source(str(tmp_path), patterns=("train*", "x"))  # paths are relative to the folder
     with pytest.raises(SourceError, match="matching other.jsonl"):
