@@ -4,12 +4,13 @@ The rebuild takes the manifest's parameters, its source (name, revision, license
 globs, row count) and its tokenizer (spec name or repo, at the recorded revision), unless
 the caller names where the source or tokenizer files are. Tokenizer files other than the
 recorded ones are refused before building. The rows are proven to come from the recorded
-inputs when everything the manifest says about the rows and their making is the same in
-the rebuild: the row hashes, the provenance in the Parquet file, the stats, the skipped
-rows (their reasons aside), the loss mask, the template check, the parameters, and the
-source and tokenizer (their files' hashes; names and paths too where not given by the
-caller). The Parquet bytes and the code are compared for information: the same rows may
-be encoded by another writer, or built by other code.
+inputs when the rebuild's manifest is the folder's, compared as JSON, and so is the
+provenance in the Parquet file (its ``metadata`` column and key-value metadata); not
+compared for that: the reasons of skipped rows (their wording is the code's), and the
+names, globs and paths of inputs the caller gave. Values the rebuild copies from the
+manifest (license, revisions) are the same by construction. The Parquet file's size and
+hash, and ``code_sha256``, are compared for information: the same rows may be encoded by
+another writer, or built by other code.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ RECORDED = {
     ("template_check", "every"): (int,), ("stats",): (dict,), ("skipped_invalid",): (list,), ("loss_mask",): (dict,),
     ("parquet",): (dict,), ("code_version", "code_sha256"): (str,),
 }
+MISSING = object()  # a key one side lacks
 NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "an array", dict: "an object",
          None: "null", "all": '"all"'}
 
@@ -54,7 +56,7 @@ class Compared(NamedTuple):
 
     @property
     def same(self) -> bool:
-        return self.here == self.rebuilt
+        return _same(self.here, self.rebuilt)
 
 
 def check_recorded(manifest: dict) -> None:
@@ -81,6 +83,8 @@ def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | 
     from ``source`` and the tokenizer from ``tokenizer`` when given, else from where the
     manifest says: a recorded path is relative to the current folder; a tokenizer built
     from a folder must be given."""
+    if source == "" or tokenizer == "":
+        raise UsageError("--source and --tokenizer must not be empty")
     check_recorded(manifest)
     if manifest["format"] != FORMAT or manifest["params"]["order"] != ORDER_RULE:
         raise BuildError(f"the manifest is format {manifest['format']} with order {manifest['params']['order']}; "
@@ -96,7 +100,7 @@ def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | 
             tokenizer = spec or used["repo"]
         if tokenizer is None:
             raise UsageError("the manifest's tokenizer files are not a pinned spec's and may come from a local "
-                             "folder; pass --tokenizer FOLDER")
+                             "folder or another revision; pass --tokenizer FOLDER or HF_REPO")
     patterns = recorded.get("file_patterns")
     if source is not None and Path(source).is_file():
         patterns = None  # a file named by the caller is the source, whatever the recorded globs chose
@@ -136,30 +140,32 @@ def _check_tokenizer(config: BuildConfig, recorded: dict) -> None:
                          f"({', '.join(other)} differ); pass --tokenizer FOLDER holding those")
 
 
+INFORMATION = ("parquet", "code_version")  # compared, but the verdict does not depend on them
+
+
 def _view(manifest: dict, given_source: bool, given_tokenizer: bool) -> dict:
-    """What a rebuild must reproduce: the manifest without the Parquet file and the code,
-    reasons of skipped rows, and the names and paths of inputs the caller gave."""
+    """What a rebuild must reproduce: the whole manifest but ``INFORMATION``, the reasons
+    of skipped rows (their wording is the code's), and the names, globs and paths of
+    inputs the caller gave."""
     source = {"file_patterns": None, **manifest["source"]}  # (manifests before globs lack the key)
     source = {key: value for key, value in source.items() if not (given_source and key in ("name", "file_patterns"))}
     source["files"] = [file if not given_source or not isinstance(file, dict) else
                        {k: v for k, v in file.items() if k != "path"} for file in source["files"]]
     tokenizer = {key: value for key, value in manifest["tokenizer"].items()
-                 if key != "mismatches" and not (given_tokenizer and key in ("name", "repo", "revision"))}
-    return {
-        "rows_sha256": manifest["rows_sha256"],
-        "stats": manifest["stats"],
-        "skipped_invalid": [{k: v for k, v in row.items() if k != "reason"} if isinstance(row, dict) else row
-                            for row in manifest["skipped_invalid"]],
-        "loss_mask": manifest["loss_mask"],
-        "template_check": manifest["template_check"],
-        "params": manifest["params"],
-        "source": source,
-        "tokenizer": tokenizer,
-    }
+                 if not (given_tokenizer and key in ("name", "repo", "revision"))}
+    skipped = [{k: v for k, v in row.items() if k != "reason"} if isinstance(row, dict) else row
+               for row in manifest["skipped_invalid"]]
+    view = {key: value for key, value in manifest.items() if key not in INFORMATION}
+    return {**view, "source": source, "tokenizer": tokenizer, "skipped_invalid": skipped}
 
 
-def _provenance(folder: Path) -> list:
-    return pq.read_table(folder / PARQUET_NAME, columns=["metadata"]).column("metadata").to_pylist()
+def _provenance(folder: Path) -> dict:
+    """The Parquet file's ``metadata`` column, and its key-value metadata but the Arrow schema."""
+    path = folder / PARQUET_NAME
+    metadata = {key.decode(errors="replace"): value.decode(errors="replace")
+                for key, value in (pq.read_metadata(path).metadata or {}).items() if key != b"ARROW:schema"}
+    return {"rows": pq.read_table(path, columns=["metadata"]).column("metadata").to_pylist(),
+            "file metadata": metadata}
 
 
 def comparison(manifest: dict, rebuilt: dict, folder: Path, rebuilt_folder: Path, given_source: bool = False,
@@ -168,7 +174,7 @@ def comparison(manifest: dict, rebuilt: dict, folder: Path, rebuilt_folder: Path
     docstring for what is compared, and how)."""
     here, again = _view(manifest, given_source, given_tokenizer), _view(rebuilt, given_source, given_tokenizer)
     return [
-        *(Compared(key, here[key], again[key], True) for key in here),
+        *(Compared(key, here.get(key, MISSING), again.get(key, MISSING), True) for key in {**here, **again}),
         Compared("provenance", _provenance(folder), _provenance(rebuilt_folder), True),
         Compared("parquet", manifest["parquet"], rebuilt["parquet"], False),
         Compared("code_sha256", manifest["code_version"]["code_sha256"], rebuilt["code_version"]["code_sha256"],
@@ -197,30 +203,45 @@ def rebuild(folder: Path, source: str | None = None, tokenizer: str | None = Non
         return comparison(manifest, rebuilt, folder, out, source is not None, tokenizer is not None)
 
 
+def _same(a: object, b: object) -> bool:
+    """Equal as JSON (so ``true``, ``1`` and ``1.0`` differ; ``MISSING`` only to itself)."""
+    if a is MISSING or b is MISSING:
+        return a is b
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 def difference(here: object, rebuilt: object, path: str = "") -> str:
     """The first place where two JSON-like values differ, with both values there."""
     if isinstance(here, dict) and isinstance(rebuilt, dict):
-        key = next(k for k in {**here, **rebuilt} if here.get(k) != rebuilt.get(k))
-        return difference(here.get(key), rebuilt.get(key), f"{path}.{key}" if path else str(key))
+        key = next(k for k in {**here, **rebuilt} if not _same(here.get(k, MISSING), rebuilt.get(k, MISSING)))
+        return difference(here.get(key, MISSING), rebuilt.get(key, MISSING), f"{path}.{key}" if path else str(key))
     if isinstance(here, list) and isinstance(rebuilt, list):
         if len(here) != len(rebuilt):
-            return f"{path or 'items'}: {len(here)} here, {len(rebuilt)} rebuilt"
-        n = next(n for n, (a, b) in enumerate(zip(here, rebuilt)) if a != b)
+            return f"{path or 'list'}: {len(here)} items here, {len(rebuilt)} rebuilt"
+        n = next(n for n, (a, b) in enumerate(zip(here, rebuilt)) if not _same(a, b))
         return difference(here[n], rebuilt[n], f"{path}[{n}]")
-    return f"{path + ': ' if path else ''}{json.dumps(here)[:80]} here, {json.dumps(rebuilt)[:80]} rebuilt"
+    return f"{path + ': ' if path else ''}{_show(here)} here, {_show(rebuilt)} rebuilt"
+
+
+def _show(value: object) -> str:
+    return "missing" if value is MISSING else json.dumps(value)[:80]
 
 
 def report(results: list[Compared]) -> tuple[bool, list[str]]:
     """Whether every ``proof`` value is the same, and a line per value: same, or where it differs."""
     proven = all(r.same for r in results if r.proof)
-    lines = ["the rebuild from the recorded inputs " + ("gives the same rows" if proven else
-                                                        "does not give the same rows")]
+    rows = all(r.same for r in results if r.key in ("rows_sha256", "provenance"))
+    verdict = ("gives the same rows and manifest" if proven else
+               "gives the same rows, but not what the manifest says of them" if rows else
+               "does not give the same rows")
+    lines = [f"the rebuild from the recorded inputs {verdict}"]
     for r in results:
+        info = "" if r.proof else " (for information)"
         if r.same:
-            lines.append(f"  {r.key}: same")
-        elif r.key == "parquet" and proven:
-            lines.append(f"  {r.key}: differs ({difference(r.here, r.rebuilt)}): the same rows and provenance, "
-                         "encoded otherwise (by another pyarrow, say)")
+            lines.append(f"  {r.key}: same{info}")
+        elif r.key == "parquet" and rows:
+            lines.append(f"  {r.key}: differs{info} ({difference(r.here, r.rebuilt)}): the same rows and "
+                         "provenance, encoded otherwise (by another pyarrow, say)")
         else:
-            lines.append(f"  {r.key}: differs ({difference(r.here, r.rebuilt)})")
+            lines.append(f"  {r.key}: differs{info} ({difference(r.here, r.rebuilt)})")
     return proven, lines

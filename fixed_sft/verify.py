@@ -36,7 +36,7 @@ def verify(folder: str | Path) -> list[str]:
         expected = [bytes.fromhex(h) for h in manifest["row_sha256"]]
     except FileNotFoundError:
         return [f"{folder / MANIFEST_NAME}: missing"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
         return [f"{folder / MANIFEST_NAME}: unreadable ({type(error).__name__}: {error})"]
     rows_sha256, parquet_info, stats = manifest["rows_sha256"], manifest["parquet"], manifest["stats"]
     row_tokens = manifest["params"]["row_tokens"]

@@ -16,8 +16,8 @@ import synthetic
 from fixed_sft.cli import main
 from fixed_sft.hashes import sha256_file
 
-KEYS = ("rows_sha256", "stats", "skipped_invalid", "loss_mask", "template_check", "params", "source", "tokenizer",
-        "provenance", "parquet", "code_sha256")
+KEYS = ("format", "name", "params", "source", "tokenizer", "loss_mask", "template_check", "stats", "skipped_invalid",
+        "rows_sha256", "row_sha256", "provenance")
 
 
 @pytest.fixture(scope="module")
@@ -51,17 +51,23 @@ def test_the_recorded_inputs_give_the_same_rows(source, kimi_dir, tmp_path, caps
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", workers) == 0
     out = capsys.readouterr().out
-    assert "gives the same rows" in out and all(f"  {key}: same\n" in out for key in KEYS)
+    assert "gives the same rows and manifest" in out and all(f"  {key}: same\n" in out for key in KEYS)
+    assert "  parquet: same (for information)\n  code_sha256: same (for information)" in out
     assert not list(tmp_path.glob("fixed-sft-rebuild-*"))  # the rebuild's folder is gone
 
 
 @pytest.mark.parametrize("change, says", [
-    (lambda m: m["params"].update(seed=42), "rows_sha256: differs"),
+    (lambda m: m["params"].update(seed=42), "does not give the same rows\n"),
     (lambda m: m["loss_mask"]["template_kwargs"].update(thinking=False),
      "loss_mask: differs (template_kwargs.thinking: false here, true rebuilt)"),
     (lambda m: m["template_check"].update(checked=5), "template_check: differs (checked: 5 here, 1 rebuilt)"),
     (lambda m: m["stats"].update(rows_skipped=2), "stats: differs (rows_skipped: 2 here, 1 rebuilt)"),
-    (lambda m: m["skipped_invalid"].append({"index": 5, "id": "x", "reason": "r"}), "skipped_invalid: differs (items: 1 here, 0 rebuilt)"),
+    (lambda m: m["skipped_invalid"].append({"index": 5, "id": "x", "reason": "r"}),
+     "skipped_invalid: differs (list: 1 items here, 0 rebuilt)"),
+    (lambda m: m["stats"].update(note=None), "stats: differs (note: null here, missing rebuilt)"),
+    (lambda m: m["template_check"].update(checked=True), "template_check: differs (checked: true here, 1 rebuilt)"),
+    (lambda m: m["tokenizer"].update(mismatches=["made up"]), 'tokenizer: differs (mismatches: ["made up"] here'),
+    (lambda m: m.update(built_with={"seed": 1}), 'built_with: differs ({"seed": 1} here, missing rebuilt)'),
 ])
 def test_a_manifest_that_misstates_the_build_is_caught(source, kimi_dir, tmp_path, capsys, change, says):
     """verify checks the rows against the manifest; only a rebuild shows that what the
@@ -72,7 +78,8 @@ def test_a_manifest_that_misstates_the_build_is_caught(source, kimi_dir, tmp_pat
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
     out = capsys.readouterr().out
-    assert "does not give the same rows" in out and says in out
+    assert "rows_sha256: differs" in out if "does not give" in says else "but not what the manifest says" in out
+    assert says in out
 
 
 def test_forged_provenance_is_caught(source, kimi_dir, tmp_path, capsys):
@@ -88,8 +95,21 @@ def test_forged_provenance_is_caught(source, kimi_dir, tmp_path, capsys):
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
     out = capsys.readouterr().out
-    assert "rows_sha256: same" in out and "provenance: differs ([1].segments[0].source_index: " in out
+    assert "the rebuild from the recorded inputs does not give the same rows" in out
+    assert "rows_sha256: same" in out and "provenance: differs (rows[1].segments[0].source_index: " in out
     assert "parquet: differs (" in out and "encoded otherwise" not in out
+
+
+def test_parquet_key_value_metadata_is_provenance(source, kimi_dir, tmp_path, capsys):
+    """The file's own metadata may say where the rows came from, too."""
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    parquet = tmp_path / "o" / "train.parquet"
+    table = pq.read_table(parquet)
+    pq.write_table(table.replace_schema_metadata({b"about": b"seed 1"}), parquet)
+    _edit(tmp_path / "o", lambda m: m["parquet"].update(bytes=parquet.stat().st_size, sha256=sha256_file(parquet)))
+    capsys.readouterr()
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
+    assert 'provenance: differs (file metadata.about: "seed 1" here, missing rebuilt)' in capsys.readouterr().out
 
 
 def test_a_source_with_other_bytes_is_not_the_recorded_input(source, kimi_dir, tmp_path, capsys):
@@ -181,6 +201,13 @@ def test_a_damaged_folder_is_not_rebuilt(source, kimi_dir, tmp_path, capsys):
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
     assert "MISMATCH" in capsys.readouterr().out
+
+
+def test_empty_input_flags_are_refused(source, kimi_dir, tmp_path, capsys):
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    capsys.readouterr()
+    assert _rebuild(tmp_path / "o", "--source", "", "--workers", "1") == 2
+    assert "must not be empty" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags", [["--source", "x"], ["--tokenizer", "x"], ["--workers", "2"], ["--quiet"]])

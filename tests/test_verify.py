@@ -198,6 +198,12 @@ def test_malformed_manifest_fields(copy, keys, value, says):
     assert problem.startswith(f"{copy / 'manifest.json'}: unreadable") and says in problem
 
 
+def test_a_manifest_nested_too_deep_to_read(copy):
+    (copy / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    (problem,) = verify(copy)
+    assert problem.startswith(f"{copy / 'manifest.json'}: unreadable (RecursionError")
+
+
 def test_missing_folder(tmp_path):
     assert verify(tmp_path / "nowhere") == [f"{tmp_path / 'nowhere'}: no such folder"]
 
