@@ -105,10 +105,12 @@ def parser() -> argparse.ArgumentParser:
     verify.add_argument("--published", metavar="NAME", help="also compare with a named build's published values")
     verify.add_argument("--rebuild", action="store_true",
                         help="also rebuild from the inputs the manifest records, and compare")
-    verify.add_argument("--source", help="with --rebuild: where the source is, if not where the manifest says")
-    verify.add_argument("--tokenizer", help="with --rebuild: a tokenizer folder, if not the manifest's spec or repo")
-    verify.add_argument("--workers", type=int, help="with --rebuild: encoding processes (default: the cores this "
-                        "process may use)")
+    verify.add_argument("--source", metavar="PATH|HF_ID",
+                        help="with --rebuild: where the source is, if not where the manifest says")
+    verify.add_argument("--tokenizer", metavar="FOLDER|HF_REPO",
+                        help="with --rebuild: where the tokenizer files are, if not the manifest's spec or repo")
+    verify.add_argument("--workers", type=int, metavar="N",
+                        help="with --rebuild: encoding processes (default: the cores this process may use)")
     verify.add_argument("--quiet", action="store_true", help="with --rebuild: no progress bar")
     return top
 
