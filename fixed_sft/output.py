@@ -105,6 +105,8 @@ class NullValue(ValueError):
 
 def first_null(array: pa.Array) -> int | None:
     """The index of ``array``'s first null, or ``None``."""
+    if not array.null_count:
+        return None
     nulls = pc.is_null(array).to_numpy(zero_copy_only=False)
     return int(np.argmax(nulls)) if nulls.any() else None
 

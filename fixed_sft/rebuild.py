@@ -66,15 +66,15 @@ def check_recorded(manifest: dict) -> None:
     for keys, allowed in RECORDED.items():
         value = manifest
         for key in keys:
-            value = value.get(key, KeyError) if isinstance(value, dict) else KeyError
+            value = value.get(key, MISSING) if isinstance(value, dict) else MISSING
         if not any(value == kind if not isinstance(kind, type) else
                    isinstance(value, kind) and (kind is bool or not isinstance(value, bool)) for kind in allowed):
-            found = "missing" if value is KeyError else f"{json.dumps(value)[:60]}, not {' or '.join(NAMES[k] for k in allowed)}"
+            found = "missing" if value is MISSING else f"{_show(value)}, not {' or '.join(NAMES[k] for k in allowed)}"
             raise BuildError(f"{'.'.join(keys)} is {found}")
     patterns = manifest["source"].get("file_patterns")
     if patterns is not None and not (isinstance(patterns, list) and patterns
                                      and all(isinstance(p, str) and p for p in patterns)):
-        raise BuildError(f"source.file_patterns is {json.dumps(patterns)[:60]}, not null or an array of globs")
+        raise BuildError(f"source.file_patterns is {_show(patterns)}, not null or an array of globs")
 
 
 def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | None = None,

@@ -175,7 +175,7 @@ def test_the_recorded_source_files_are_read_again(kimi_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("change, says", [
-    (lambda m: m["params"].update(order="another-order"), "the manifest is format fixed-sft/1 with order another-order"),
+    (lambda m: m["params"].update(order="other"), "the manifest is format fixed-sft/1 with order other"),
     (lambda m: m.pop("template_check"), "template_check.every is missing"),
     (lambda m: m["params"].update(seed="42"), 'params.seed is "42", not an integer'),
     (lambda m: m["params"].update(seed=-1), "the manifest records a parameter this builder refuses: --seed must"),
