@@ -229,15 +229,16 @@ def _show(value: object) -> str:
 
 def report(results: list[Compared]) -> tuple[bool, list[str]]:
     """Whether every ``proof`` value is the same, and a line per value: same, or where it differs."""
-    proven = all(r.same for r in results if r.proof)
-    rows = all(r.same for r in results if r.key in ("rows_sha256", "provenance"))
+    same = {r.key: r.same for r in results}  # each compared once: the provenance holds every row
+    proven = all(same[r.key] for r in results if r.proof)
+    rows = same["rows_sha256"] and same["provenance"]
     verdict = ("gives the same rows and manifest" if proven else
                "gives the same rows, but not what the manifest says of them" if rows else
                "does not give the same rows")
     lines = [f"the rebuild from the recorded inputs {verdict}"]
     for r in results:
         info = "" if r.proof else " (for information)"
-        if r.same:
+        if same[r.key]:
             lines.append(f"  {r.key}: same{info}")
         elif r.key == "parquet" and rows:
             lines.append(f"  {r.key}: differs{info} ({difference(r.here, r.rebuilt)}): the same rows and "
