@@ -30,7 +30,7 @@ from tqdm import tqdm
 from . import __version__
 from .chat import MASK_TYPES
 from .encode import Encoded, EncoderConfig, Encoders
-from .hashes import row_digest, rows_digest, sha256_file
+from .hashes import cache_damage, row_digest, rows_digest, sha256_file
 from .order import permutation
 from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter
 from .pack import Packer
@@ -365,6 +365,10 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             {"path": path.relative_to(source.root).as_posix(), "bytes": path.stat().st_size, "sha256": digest.result()}
             for path, digest in zip(source.files, source_hashes)
         ]
+        damage = next(filter(None, (cache_damage(path, f["sha256"]) for path, f in zip(source.files, source_files))),
+                      None)
+        if damage:
+            raise BuildError(damage)
     manifest = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME)
     _write_manifest(folder / MANIFEST_NAME, manifest)
     return manifest

@@ -1,4 +1,4 @@
-"""SHA-256 of files and of row content.
+"""SHA-256 of files and of row content, and the Hugging Face cache's own file digests.
 
 Row hash: ``sha256(ids as int32 little-endian bytes || mask as uint8 bytes)``.
 ``rows_sha256``: ``sha256`` of the concatenated 32-byte row digests, in row order.
@@ -8,6 +8,7 @@ Both depend on the row content alone, not on how Parquet encodes it.
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import numpy as np
@@ -29,3 +30,26 @@ def sha256_file(path: Path) -> str:
     """Hex sha256 of a file's bytes."""
     with Path(path).open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def cache_damage(path: Path, sha256: str) -> str | None:
+    """How a file of the Hugging Face cache whose sha256 is ``sha256`` differs from what
+    the Hub says it holds, or ``None`` (also for a file outside the cache). A snapshot
+    file ``REPO/snapshots/COMMIT/NAME`` links to ``REPO/blobs/ETAG``, and the etag is
+    the file's sha256 when Git LFS stores it, else its Git blob sha1."""
+    path = Path(path)
+    blob = path.resolve()
+    snapshots = next((folder for folder in path.parents if folder.name == "snapshots"), None)
+    if snapshots is None or blob.parent != snapshots.parent.resolve() / "blobs":
+        return None
+    if re.fullmatch("[0-9a-f]{64}", blob.name):
+        found = sha256
+    elif re.fullmatch("[0-9a-f]{40}", blob.name):
+        data = blob.read_bytes()  # the Hub keeps files over 10 MB in LFS, so this one is small
+        found = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    else:
+        return None
+    if found == blob.name:
+        return None
+    return (f"{path} is damaged in the Hugging Face cache: the Hub's digest of it is {blob.name}, its bytes give "
+            f"{found}; delete {blob} and run again to download it anew")

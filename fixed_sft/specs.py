@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .hashes import sha256_file
+from .hashes import cache_damage, sha256_file
 from .source import is_hub_id, snapshot_commit
 from .tokenizer import FILES, TEMPLATE_KWARGS, read_json_object
 
@@ -178,6 +178,9 @@ def resolve_tokenizer(
     if missing:
         raise SpecError(f"tokenizer folder {directory} lacks {', '.join(missing)}")
     files = {name: {"bytes": (directory / name).stat().st_size, "sha256": sha256_file(directory / name)} for name in FILES}
+    damage = next(filter(None, (cache_damage(directory / name, files[name]["sha256"]) for name in FILES)), None)
+    if damage:
+        raise SpecError(damage)
     if spec is None:
         spec = next((s for s in specs.values() if all(s["files"][n] == files[n] for n in FILES)), None)
     if spec is not None:

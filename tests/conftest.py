@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import sys
 from pathlib import Path
 
@@ -38,3 +40,16 @@ def reference(kimi_dir):
     from reference_kimi import ReferenceKimi
 
     return ReferenceKimi(kimi_dir)
+
+
+def cache_link(snapshot: Path, name: str, blob: bytes, etag: str | None = None) -> Path:
+    """Lay out ``snapshot/NAME`` as huggingface_hub caches a file stored with Git LFS: a
+    link to ``../blobs/ETAG`` holding ``blob`` (``snapshot`` is ``REPO/snapshots/COMMIT``;
+    ``etag`` defaults to the blob's sha256)."""
+    target = snapshot.parent.parent / "blobs" / (etag or hashlib.sha256(blob).hexdigest())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(blob)
+    link = snapshot / name
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(os.path.relpath(target, link.parent))
+    return link

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections import Counter
@@ -13,6 +14,7 @@ import pytest
 
 from fixed_sft import build as build_module
 import synthetic
+from conftest import cache_link
 from fixed_sft.build import BuildConfig, BuildError, UsageError, build
 from fixed_sft.chat import ChatEncoder
 from fixed_sft.output import read_rows
@@ -450,3 +452,19 @@ def test_conversations_are_counted_in_kept_rows_only(kimi_dir, tmp_path):
     stats = manifest["stats"]
     assert stats["rows_skipped"] > 0
     assert (stats["conversations"], stats["conversations_split"]) == (len(used), 0)
+
+
+def test_a_source_file_damaged_in_the_hub_cache_stops_the_build(kimi_dir, tmp_path):
+    """A cached source file whose bytes are not the ones the Hub named it by (here a valid
+    Parquet file, so the rows read well) fails the build, and nothing is published."""
+    rows = synthetic.write_parquet(synthetic.conversations(60, seed=2), tmp_path / "rows.parquet")[0].read_bytes()
+    snapshot = tmp_path / "hub" / "datasets--o--d" / "snapshots" / ("c" * 40)
+    cache_link(snapshot, "data/train.parquet", rows)
+    assert build(config(snapshot, kimi_dir, rows=2, row_tokens=256), tmp_path / "ok")["stats"]["rows"] == 2
+
+    other = hashlib.sha256(b"the bytes the Hub holds").hexdigest()
+    (snapshot / "data" / "train.parquet").unlink()
+    cache_link(snapshot, "data/train.parquet", rows, etag=other)
+    with pytest.raises(BuildError, match="data/train.parquet is damaged in the Hugging Face cache"):
+        build(config(snapshot, kimi_dir, rows=2, row_tokens=256), tmp_path / "damaged")
+    assert not (tmp_path / "damaged").exists()

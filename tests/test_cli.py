@@ -11,10 +11,10 @@ import sys
 import pytest
 
 import synthetic
+from conftest import ROOT, cache_link
 from fixed_sft.cli import main
 from fixed_sft.specs import DEFAULT_BUILD, build_spec
 from fixed_sft.verify import published_comparison
-from conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +198,8 @@ def test_hub_names_resolve_through_the_hugging_face_cache(kimi_dir, tmp_path):
     """With HF_HUB_OFFLINE=1 huggingface_hub itself serves the pinned revisions from its
     cache: the named build gets its tokenizer (checked against the spec's hashes) and
     source from there, a rebuild gets what the manifest records, a branch is recorded as
-    the commit it names, and a changed cached file is refused."""
+    the commit it names, and a changed cached file is refused: a source file whose bytes
+    are not the ones its blob is named by, and a tokenizer file unlike the spec's."""
     spec = build_spec(DEFAULT_BUILD)
     tokenizer = json.loads((ROOT / "tokenizers" / f"{spec['tokenizer']}.json").read_text())
     hub = tmp_path / "hf" / "hub"
@@ -207,7 +208,8 @@ def test_hub_names_resolve_through_the_hugging_face_cache(kimi_dir, tmp_path):
     for name in tokenizer["files"]:
         (snapshot / name).symlink_to(kimi_dir / name)
     data = hub / f"datasets--{spec['source'].replace('/', '--')}" / "snapshots" / spec["source_revision"]
-    synthetic.write_parquet(synthetic.conversations(200, seed=5), data / "data" / "train-00000-of-00001.parquet")
+    shard = synthetic.write_parquet(synthetic.conversations(200, seed=5), tmp_path / "shard.parquet")[0]
+    cache_link(data, "data/train-00000-of-00001.parquet", shard.read_bytes())  # stored with Git LFS
     (data / "README.md").write_text("not data\n")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
 
@@ -242,6 +244,13 @@ def test_hub_names_resolve_through_the_hugging_face_cache(kimi_dir, tmp_path):
     assert by_branch.returncode == 0, by_branch.stderr
     manifest = json.loads((tmp_path / "main" / "manifest.json").read_text())
     assert (manifest["source"]["revision"], manifest["tokenizer"]["revision"]) == ("2" * 40, "1" * 40)
+
+    blob = (data / "data" / "train-00000-of-00001.parquet").resolve()
+    synthetic.write_parquet(synthetic.conversations(200, seed=6), blob)  # other rows under the Hub's sha256
+    damaged = run("build", "--source", spec["source"], "--source-revision", spec["source_revision"], "--out", "o3")
+    assert damaged.returncode == 1 and "Traceback" not in damaged.stderr, damaged.stderr
+    assert "train-00000-of-00001.parquet is damaged in the Hugging Face cache" in damaged.stderr
+    assert f"delete {blob} and run again" in damaged.stderr and not (tmp_path / "o3").exists()
 
     (snapshot / "chat_template.jinja").unlink()
     (snapshot / "chat_template.jinja").write_text((kimi_dir / "chat_template.jinja").read_text() + " ")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 
@@ -9,6 +10,8 @@ import numpy as np
 import pytest
 
 import synthetic
+from conftest import cache_link
+from fixed_sft.hashes import cache_damage
 from fixed_sft.source import InvalidRow, SourceError, open_source, read_band, records
 
 
@@ -254,3 +257,33 @@ def test_an_empty_jsonl_file_has_no_rows(tmp_path):
     assert src.row_counts == (0, 2)
     got = [r["id"] for _, r in records(next(read_band(src, np.arange(2), 0, 2).chunks(10)))]
     assert got == ["synthetic_0", "synthetic_1"]
+
+
+def test_a_cached_file_is_checked_against_its_etag(tmp_path):
+    """The Hugging Face cache names a Git LFS file's blob by its sha256 and a Git file's
+    by its Git blob sha1 (``git hash-object``: ce013625... for "hello\\n")."""
+    snapshot = tmp_path / "hub" / "datasets--o--d" / "snapshots" / ("c" * 40)
+    lfs = cache_link(snapshot, "data/train.parquet", b"rows")
+    git = cache_link(snapshot, "README.md", b"hello\n", etag="ce013625030ba8dba906f756967f9e9ca394464a")
+    assert cache_damage(lfs, hashlib.sha256(b"rows").hexdigest()) is None
+    assert cache_damage(git, "any sha256: a Git file is checked by its sha1") is None
+
+    damage = cache_damage(lfs, hashlib.sha256(b"other rows").hexdigest())
+    blob = tmp_path / "hub" / "datasets--o--d" / "blobs" / hashlib.sha256(b"rows").hexdigest()
+    assert damage.startswith(f"{lfs} is damaged in the Hugging Face cache") and f"delete {blob} and" in damage
+    git.resolve().write_bytes(b"hellO\n")
+    assert "its bytes give " + hashlib.sha1(b"blob 6\0hellO\n").hexdigest() in cache_damage(git, "")
+
+
+def test_files_outside_the_cache_have_no_etag_to_check(tmp_path):
+    plain = tmp_path / "snapshots" / "c" / "train.parquet"  # a folder named like the cache's, without links
+    plain.parent.mkdir(parents=True)
+    plain.write_bytes(b"rows")
+    assert cache_damage(plain, "0" * 64) is None
+    elsewhere = tmp_path / "store" / "blobs" / ("a" * 64)  # a link to a blob of another repo
+    elsewhere.parent.mkdir(parents=True)
+    elsewhere.write_bytes(b"rows")
+    (tmp_path / "snapshots" / "c" / "link.parquet").symlink_to(elsewhere)
+    assert cache_damage(tmp_path / "snapshots" / "c" / "link.parquet", "0" * 64) is None
+    named = cache_link(tmp_path / "r" / "snapshots" / "c", "x.parquet", b"rows", etag="not-a-digest")
+    assert cache_damage(named, "0" * 64) is None

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import synthetic
+from conftest import cache_link
 from fixed_sft.cli import main
 from fixed_sft.specs import DEFAULT_BUILD, SpecError, build_spec, resolve_tokenizer, tokenizer_spec
 
@@ -277,3 +278,17 @@ def test_a_build_spec_without_a_source_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(specs, "BUILDS", tmp_path)
     with pytest.raises(SpecError, match="b.json: 'source' is missing"):
         build_spec("b")
+
+
+def test_a_damaged_cached_tokenizer_file_is_refused(kimi_dir, tmp_path, monkeypatch):
+    """A cached tokenizer file whose bytes are not the ones the Hub named it by is refused,
+    even where it would pass the spec's check, naming the blob to delete."""
+    snapshot = tmp_path / "hub" / "models--moonshotai--Kimi-K2.6" / "snapshots" / tokenizer_spec("kimi-k2.6")["revision"]
+    for name in ("tokenizer_config.json", "chat_template.jinja"):
+        (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / name).symlink_to(kimi_dir / name)
+    cache_link(snapshot, "tiktoken.model", (kimi_dir / "tiktoken.model").read_bytes(), etag="e" * 64)
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", lambda repo_id, filename, **kwargs: str(snapshot / filename))
+    with pytest.raises(SpecError, match=re.escape(f"{snapshot / 'tiktoken.model'} is damaged in the Hugging Face "
+                                                  f"cache: the Hub's digest of it is {'e' * 64}")):
+        resolve_tokenizer("kimi-k2.6")
