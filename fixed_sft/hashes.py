@@ -8,6 +8,7 @@ Both depend on the row content alone, not on how Parquet encodes it.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 
@@ -38,9 +39,11 @@ def cache_damage(path: Path, sha256: str) -> str | None:
     file ``REPO/snapshots/COMMIT/NAME`` links to ``REPO/blobs/ETAG``, and the etag is
     the file's sha256 when Git LFS stores it, else its Git blob sha1."""
     path = Path(path)
-    blob = path.resolve()
     snapshots = next((folder for folder in path.parents if folder.name == "snapshots"), None)
-    if snapshots is None or blob.parent != snapshots.parent.resolve() / "blobs":
+    if snapshots is None or not path.is_symlink():
+        return None
+    blob = Path(os.path.normpath(path.parent / os.readlink(path)))  # itself maybe a link, into a shared store
+    if blob.parent.resolve() != (snapshots.parent / "blobs").resolve():
         return None
     if re.fullmatch("[0-9a-f]{64}", blob.name):
         found = sha256
@@ -51,5 +54,7 @@ def cache_damage(path: Path, sha256: str) -> str | None:
         return None
     if found == blob.name:
         return None
+    stored = blob.resolve()
+    delete = f"{blob} and {stored}" if stored != blob else f"{blob}"
     return (f"{path} is damaged in the Hugging Face cache: the Hub's digest of it is {blob.name}, its bytes give "
-            f"{found}; delete {blob} and run again to download it anew")
+            f"{found}; delete {delete} and run again to download it anew")

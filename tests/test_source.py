@@ -275,6 +275,21 @@ def test_a_cached_file_is_checked_against_its_etag(tmp_path):
     assert "its bytes give " + hashlib.sha1(b"blob 6\0hellO\n").hexdigest() in cache_damage(git, "")
 
 
+def test_a_cached_blob_kept_in_a_shared_store_is_checked_by_its_etag(tmp_path):
+    """huggingface_hub may keep a blob in a store shared by repos, named by another hash,
+    and link ``blobs/ETAG`` to it: the etag still says what the bytes must be, and both
+    the link and the stored file must go for a new download."""
+    snapshot = tmp_path / "hub" / "datasets--o--d" / "snapshots" / ("c" * 40)
+    link = cache_link(snapshot, "train.parquet", b"rows")
+    blob = link.resolve()
+    stored = tmp_path / "hub" / "store" / ("5" * 64)
+    stored.parent.mkdir()
+    blob.rename(stored)
+    blob.symlink_to(stored)
+    assert cache_damage(link, hashlib.sha256(b"rows").hexdigest()) is None
+    assert f"delete {blob} and {stored} and run again" in cache_damage(link, "0" * 64)
+
+
 def test_files_outside_the_cache_have_no_etag_to_check(tmp_path):
     plain = tmp_path / "snapshots" / "c" / "train.parquet"  # a folder named like the cache's, without links
     plain.parent.mkdir(parents=True)
