@@ -24,25 +24,23 @@ from typing import NamedTuple
 import pyarrow.parquet as pq
 
 from .build import FORMAT, ORDER_RULE, BuildConfig, BuildError, UsageError, build
+from .fields import GLOBS, MISSING, first_problem, show
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .source import SourceError, SourceUnreachable, is_hub_id
 from .specs import resolve_tokenizer, tokenizer_specs
 
-# The manifest fields a rebuild reads, and the values each may take: JSON types, or constants.
+# The manifest fields a rebuild reads, and the kinds of value each may take (``fields``).
 RECORDED = {
     ("format",): (str,), ("name",): (str,),
     ("params", "rows"): (int, "all"), ("params", "row_tokens"): (int,), ("params", "seed"): (int,),
     ("params", "order"): (str,), ("params", "loss_mask_type"): (str,), ("params", "skip_invalid"): (bool,),
     ("source", "name"): (str,), ("source", "revision"): (str, None), ("source", "license"): (str, None),
-    ("source", "rows"): (int,), ("source", "files"): (list,),
+    ("source", "file_patterns"): (None, GLOBS, MISSING), ("source", "rows"): (int,), ("source", "files"): (list,),
     ("tokenizer", "name"): (str, None), ("tokenizer", "repo"): (str, None), ("tokenizer", "revision"): (str, None),
     ("tokenizer", "files"): (dict,), ("tokenizer", "pinned"): (bool,),
     ("template_check", "every"): (int,), ("stats",): (dict,), ("skipped_invalid",): (list,), ("loss_mask",): (dict,),
     ("parquet",): (dict,), ("code_version", "code_sha256"): (str,),
 }
-MISSING = object()  # a key one side lacks
-NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "an array", dict: "an object",
-         None: "null", "all": '"all"'}
 
 
 class Compared(NamedTuple):
@@ -60,21 +58,10 @@ class Compared(NamedTuple):
 
 
 def check_recorded(manifest: dict) -> None:
-    """Raise ``BuildError`` naming the first field of ``RECORDED`` that is missing or of
-    another type, or ``source.file_patterns`` when it is neither null nor a non-empty
-    array of non-empty strings."""
-    for keys, allowed in RECORDED.items():
-        value = manifest
-        for key in keys:
-            value = value.get(key, MISSING) if isinstance(value, dict) else MISSING
-        if not any(value == kind if not isinstance(kind, type) else
-                   isinstance(value, kind) and (kind is bool or not isinstance(value, bool)) for kind in allowed):
-            found = "missing" if value is MISSING else f"{_show(value)}, not {' or '.join(NAMES[k] for k in allowed)}"
-            raise BuildError(f"{'.'.join(keys)} is {found}")
-    patterns = manifest["source"].get("file_patterns")
-    if patterns is not None and not (isinstance(patterns, list) and patterns
-                                     and all(isinstance(p, str) and p for p in patterns)):
-        raise BuildError(f"source.file_patterns is {_show(patterns)}, not null or an array of globs")
+    """Raise ``BuildError`` naming the first field of ``RECORDED`` that is missing or of another kind."""
+    wrong = first_problem(manifest, RECORDED)
+    if wrong:
+        raise BuildError(wrong)
 
 
 def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | None = None,
@@ -220,11 +207,7 @@ def difference(here: object, rebuilt: object, path: str = "") -> str:
             return f"{path or 'list'}: {len(here)} items here, {len(rebuilt)} rebuilt"
         n = next(n for n, (a, b) in enumerate(zip(here, rebuilt)) if not _same(a, b))
         return difference(here[n], rebuilt[n], f"{path}[{n}]")
-    return f"{path + ': ' if path else ''}{_show(here)} here, {_show(rebuilt)} rebuilt"
-
-
-def _show(value: object) -> str:
-    return "missing" if value is MISSING else json.dumps(value)[:80]
+    return f"{path + ': ' if path else ''}{show(here)} here, {show(rebuilt)} rebuilt"
 
 
 def report(results: list[Compared]) -> tuple[bool, list[str]]:

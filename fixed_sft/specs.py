@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .fields import GLOBS, MISSING, first_problem
 from .hashes import cache_damage, sha256_file
 from .source import is_hub_id, snapshot_commit
 from .tokenizer import FILES, TEMPLATE_KWARGS, read_json_object
@@ -25,35 +26,29 @@ class SpecError(Exception):
     """A spec or tokenizer cannot be found or read, or tokenizer files do not match their pinned spec."""
 
 
-# The keys of each kind of spec that the builder reads, their JSON types, and whether a spec
-# must have them (an optional key may be null: not given). A build spec's ``rows`` may also
-# be "all"; it holds no other keys but ``name`` and ``description``.
-BUILD_KEYS = {"source": (str, True), "source_revision": (str, False), "source_license": (str, False),
-              "source_files": (list, False), "source_rows": (int, False), "tokenizer": (str, False), "loss_mask_type": (str, False),
-              "rows": (int, False), "row_tokens": (int, False), "seed": (int, False), "published": (dict, False)}
-JSON_TYPES = {str: "string", int: "integer", dict: "object", list: "non-empty array of non-empty strings"}
-TOKENIZER_KEYS = {"name": (str, True), "repo": (str, True), "revision": (str, True), "files": (dict, True),
-                  "template_kwargs": (dict, True), "loss_mask_type": (str, True)}
+# The keys of each kind of spec that the builder reads, and the kinds of value each may take
+# (``fields``; null, or no key, means not given). A build spec holds no other keys but
+# ``name`` and ``description``.
+NOT_GIVEN = (None, MISSING)
+BUILD_KEYS = {"source": (str,), "source_revision": (str, *NOT_GIVEN), "source_license": (str, *NOT_GIVEN),
+              "source_files": (GLOBS, *NOT_GIVEN), "source_rows": (int, *NOT_GIVEN), "tokenizer": (str, *NOT_GIVEN),
+              "loss_mask_type": (str, *NOT_GIVEN), "rows": (int, "all", *NOT_GIVEN), "row_tokens": (int, *NOT_GIVEN),
+              "seed": (int, *NOT_GIVEN), "published": (dict, *NOT_GIVEN)}
+TOKENIZER_KEYS = {"name": (str,), "repo": (str,), "revision": (str,), "files": (dict,), "template_kwargs": (dict,),
+                  "loss_mask_type": (str,)}
 
 
-def _check_keys(path: Path, spec: dict, keys: dict[str, tuple[type, bool]]) -> None:
-    for key, (kind, required) in keys.items():
-        if spec.get(key) is None and not required:
-            continue
-        if key not in spec:
-            raise SpecError(f"{path}: '{key}' is missing")
-        value = spec[key]
-        if (not isinstance(value, kind) or isinstance(value, bool)
-                or (kind is list and not (value and all(isinstance(item, str) and item for item in value)))):
-            also = ' or "all"' if key == "rows" else ""
-            raise SpecError(f"{path}: '{key}' is not a JSON {JSON_TYPES[kind]}{also}")
+def _check_keys(path: Path, spec: dict, keys: dict[str, tuple]) -> None:
+    wrong = first_problem(spec, {(key,): kinds for key, kinds in keys.items()})
+    if wrong:
+        raise SpecError(f"{path}: {wrong}")
 
 
 def _check_build(path: Path, spec: dict) -> None:
     unknown = sorted(set(spec) - set(BUILD_KEYS) - {"name", "description"})
     if unknown:
         raise SpecError(f"{path}: unknown key {unknown[0]!r} (known: {', '.join(BUILD_KEYS)}, name, description)")
-    _check_keys(path, {**spec, "rows": None} if spec.get("rows") == "all" else spec, BUILD_KEYS)
+    _check_keys(path, spec, BUILD_KEYS)
 
 
 def _check_tokenizer(path: Path, spec: dict) -> None:

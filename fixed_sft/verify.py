@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .fields import first_problem, show, value_at
 from .hashes import row_digest, rows_digest, sha256_file
 from .output import MANIFEST_NAME, PARQUET_NAME, SCHEMA, NullValue, first_null, read_rows
 
@@ -32,11 +33,13 @@ def verify(folder: str | Path) -> list[str]:
         return [f"{folder / MANIFEST_NAME}: not a file"]
     try:
         manifest = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
-        _check_types(manifest)
+        wrong = _check_fields(manifest)
+        if wrong:
+            return [f"{folder / MANIFEST_NAME}: {wrong}"]
         expected = [bytes.fromhex(h) for h in manifest["row_sha256"]]
     except FileNotFoundError:
         return [f"{folder / MANIFEST_NAME}: missing"]
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
+    except (OSError, ValueError, TypeError, RecursionError) as error:
         return [f"{folder / MANIFEST_NAME}: unreadable ({type(error).__name__}: {error})"]
     rows_sha256, parquet_info, stats = manifest["rows_sha256"], manifest["parquet"], manifest["stats"]
     row_tokens = manifest["params"]["row_tokens"]
@@ -86,35 +89,33 @@ def verify(folder: str | Path) -> list[str]:
     return problems + _check_metadata(parquet, row_tokens)
 
 
-FIELDS = {  # the manifest fields verify reads, and their JSON types
-    ("row_sha256",): list,
-    ("rows_sha256",): str,
-    ("params", "row_tokens"): int,
-    ("stats", "rows"): int,
-    ("stats", "supervised_tokens"): int,
-    ("parquet", "path"): str,
-    ("parquet", "bytes"): int,
-    ("parquet", "sha256"): str,
+FIELDS = {  # the manifest fields verify reads, and their kinds (``fields``)
+    ("row_sha256",): (list,),
+    ("rows_sha256",): (str,),
+    ("params", "row_tokens"): (int,),
+    ("stats", "rows"): (int,),
+    ("stats", "supervised_tokens"): (int,),
+    ("parquet", "path"): (str,),
+    ("parquet", "bytes"): (int,),
+    ("parquet", "sha256"): (str,),
 }
 
 
-JSON_NAMES = {list: "an array", str: "a string", int: "an integer"}
-
-
-def _check_types(manifest: object) -> None:
-    """Raise ``TypeError`` or ``KeyError`` unless each field verify reads is there with its type."""
-    for keys, kind in FIELDS.items():
-        value = manifest
-        for key in keys:
-            if not isinstance(value, dict):
-                raise TypeError(f"{'.'.join(keys[:-1]) or 'the manifest'} is not an object")
-            value = value[key]
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise TypeError(f"{'.'.join(keys)} is not {JSON_NAMES[kind]}")
-        if kind is int and not 0 <= value < 2**63:
-            raise ValueError(f"{'.'.join(keys)} is {value}, outside 0 .. 2**63 - 1")
+def _check_fields(manifest: object) -> str | None:
+    """What is wrong with the fields verify reads: the first one missing, of another
+    kind, or (a count) outside 0 .. 2**63 - 1; ``None`` when nothing is."""
+    if not isinstance(manifest, dict):
+        return "not a JSON object"
+    wrong = first_problem(manifest, FIELDS)
+    if wrong:
+        return wrong
+    counts = {keys: value_at(manifest, keys) for keys, kinds in FIELDS.items() if kinds == (int,)}
+    outside = next((keys for keys, value in counts.items() if not 0 <= value < 2**63), None)
+    if outside:
+        return f"{'.'.join(outside)} is {show(counts[outside])}, outside 0 .. 2**63 - 1"
     if manifest["parquet"]["path"] != PARQUET_NAME:
-        raise ValueError(f"parquet.path is {manifest['parquet']['path']!r}, not {PARQUET_NAME!r}")
+        return f"parquet.path is {show(manifest['parquet']['path'])}, not {show(PARQUET_NAME)}"
+    return None
 
 
 def _check_stats(manifest: dict, rows: int, row_tokens: int) -> list[str]:

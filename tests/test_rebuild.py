@@ -176,13 +176,13 @@ def test_the_recorded_source_files_are_read_again(kimi_dir, tmp_path, capsys):
 
 @pytest.mark.parametrize("change, says", [
     (lambda m: m["params"].update(order="other"), "the manifest is format fixed-sft/1 with order other"),
-    (lambda m: m.pop("template_check"), "template_check.every is missing"),
+    (lambda m: m.pop("template_check"), "template_check is missing"),
     (lambda m: m["params"].update(seed="42"), 'params.seed is "42", not an integer'),
     (lambda m: m["params"].update(seed=-1), "the manifest records a parameter this builder refuses: --seed must"),
     (lambda m: m["params"].update(skip_invalid="no"), 'params.skip_invalid is "no", not true or false'),
     (lambda m: m["source"].update(files="x"), 'source.files is "x", not an array'),
-    (lambda m: m["source"].update(file_patterns="data/*"), "source.file_patterns is \"data/*\", not null or an array"),
-    (lambda m: m["source"].update(file_patterns=[]), "source.file_patterns is [], not null or an array"),
+    (lambda m: m["source"].update(file_patterns="data/*"), 'source.file_patterns is "data/*", not null or a non-empty'),
+    (lambda m: m["source"].update(file_patterns=[]), "source.file_patterns is [], not null or a non-empty array"),
     (lambda m: m["tokenizer"].pop("pinned"), "tokenizer.pinned is missing"),
     (lambda m: m["code_version"].pop("code_sha256"), "code_version.code_sha256 is missing"),
 ])
