@@ -126,7 +126,7 @@ def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path, dict | None]:
     """The build's parameters (the named spec's, overridden by the flags given), its
     output folder, and the values published for the named build."""
     from .build import BuildConfig, UsageError
-    from .specs import DEFAULT_BUILD, SpecError, build_spec
+    from .specs import BUILDS, DEFAULT_BUILD, SpecError, build_spec
 
     name = args.name or (DEFAULT_BUILD if args.source is None else None)
     try:
@@ -136,6 +136,13 @@ def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path, dict | None]:
     values = {key: spec[key] for key in SPEC_KEYS if spec.get(key) is not None}
     if values.get("rows") == "all":
         values["rows"] = None
+    if "source_files" in values:
+        values["source_files"] = tuple(values["source_files"])
+    if name:  # the spec's own values must be in range, whatever flags override them
+        try:
+            BuildConfig(name=name, **values).validate()
+        except UsageError as error:
+            raise UsageError(f"{BUILDS / name}.json: {error}") from None
     if args.source is not None:  # another source: the spec's revision, license, files and size do not apply
         values = {k: v for k, v in values.items()
                   if k not in ("source_revision", "source_license", "source_files", "source_rows")}
@@ -145,7 +152,7 @@ def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path, dict | None]:
     values.update({key: value for key, value in flags.items() if value is not None})
     if "rows" in args:
         values["rows"] = args.rows
-    if "source_files" in values:
+    if isinstance(values.get("source_files"), list):
         values["source_files"] = tuple(values["source_files"])
     config = BuildConfig(name=name or "custom", **values)
     return config, Path(args.out or Path("out") / config.name), spec.get("published")

@@ -292,3 +292,21 @@ def test_a_damaged_cached_tokenizer_file_is_refused(kimi_dir, tmp_path, monkeypa
     with pytest.raises(SpecError, match=re.escape(f"{snapshot / 'tiktoken.model'} is damaged in the Hugging Face "
                                                   f"cache: the Hub's digest of it is {'e' * 64}")):
         resolve_tokenizer("kimi-k2.6")
+
+
+@pytest.mark.parametrize(("values", "says"), [
+    ({"row_tokens": 1}, "--row-tokens must be between 2 and"),
+    ({"rows": 0}, "--rows must be a positive number or 'all', got 0"),
+    ({"seed": -1}, "--seed must be between 0 and 2**64 - 1"),
+    ({"loss_mask_type": "other"}, "unknown --loss-mask-type 'other'"),
+])
+def test_a_build_spec_value_out_of_range_names_the_spec(tmp_path, monkeypatch, capsys, values, says):
+    """Even where a flag gives the value the build uses: the spec file itself is wrong."""
+    from fixed_sft import specs
+
+    (tmp_path / "b.json").write_text(json.dumps({"source": "x.jsonl", **values}))
+    monkeypatch.setattr(specs, "BUILDS", tmp_path)
+    assert main(["build", "b", "--row-tokens", "256", "--rows", "2", "--seed", "1", "--loss-mask-type", "kimi_k25",
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'b.json'}: {says}") and len(err.strip().splitlines()) == 1
