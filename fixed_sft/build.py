@@ -53,6 +53,15 @@ class BuildError(Exception):
     """The build cannot finish (exit code 1)."""
 
 
+class InvalidSourceRow(BuildError):
+    """A source row that is not a valid conversation stopped the build: ``problem`` names
+    it and says why, the message also how to skip such rows."""
+
+    def __init__(self, problem: str):
+        super().__init__(f"{problem} (--skip-invalid skips such rows and records them)")
+        self.problem = problem
+
+
 @dataclass
 class BuildConfig:
     """A build's parameters (the CLI's flags; defaults: the default build's)."""
@@ -270,7 +279,7 @@ def _valid(stream: Iterator[Encoded], source: Source, skip_invalid: bool, tally:
             path, row = source.locate(item.index)
             place = f"line {row + 1}" if path.suffix == ".jsonl" else f"row {row}"
             where = f"{path}: {place} (source row {item.index}, id {item.id})"
-            raise BuildError(f"{where}: {reason} (--skip-invalid skips such rows and records them)")
+            raise InvalidSourceRow(f"{where}: {reason}")
 
 
 def _pack(conversations: Iterator[Encoded], rows: int | None, packer: Packer, writer: RowWriter, tally: _Tally,

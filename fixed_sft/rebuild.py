@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import pyarrow.parquet as pq
 
-from .build import FORMAT, ORDER_RULE, BuildConfig, BuildError, UsageError, build
+from .build import FORMAT, ORDER_RULE, BuildConfig, BuildError, InvalidSourceRow, UsageError, build
 from .fields import GLOBS, MISSING, first_problem, show
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .source import SourceError, SourceUnreachable, is_hub_id
@@ -187,6 +187,9 @@ def rebuild(folder: Path, source: str | None = None, tokenizer: str | None = Non
         except SourceUnreachable as error:  # the build's advice names flags a rebuild does not need
             raise SourceError(f"{error.problem}. Without the Hub, download its files at that revision elsewhere "
                               "and pass --source PATH") from None
+        except InvalidSourceRow as error:  # the recorded build read no invalid row, or skipped it
+            raise BuildError(f"{error.problem}; the recorded build did not stop at this row, so its source was "
+                             "another") from None
         return comparison(manifest, rebuilt, folder, out, source is not None, tokenizer is not None)
 
 

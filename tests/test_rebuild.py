@@ -225,3 +225,21 @@ def test_an_unreachable_hub_source_says_how_to_pass_a_copy(source, kimi_dir, tmp
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
     err = capsys.readouterr().err
     assert f"cannot get dataset owner/dataset@{'0' * 40}" in err and err.strip().endswith("pass --source PATH")
+
+
+def test_an_invalid_row_in_a_given_source_says_the_source_is_another(source, kimi_dir, tmp_path, capsys):
+    """The recorded build read its rows without stopping: a row of the given source that
+    stops the rebuild shows that source is another, and ``--skip-invalid`` (a build's
+    flag) is not offered."""
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    rows = synthetic.read_jsonl(source)
+    metadata = pq.read_table(tmp_path / "o" / "train.parquet").column("metadata").to_pylist()
+    index = metadata[0]["segments"][0]["source_index"]  # a row the build read
+    rows[index]["messages"] = "hi"
+    synthetic.write_jsonl(rows, tmp_path / "other.jsonl")
+    capsys.readouterr()
+    assert _rebuild(tmp_path / "o", "--source", str(tmp_path / "other.jsonl"), "--tokenizer", str(kimi_dir),
+                    "--workers", "1") == 1
+    err = capsys.readouterr().err
+    assert f"line {index + 1} (source row {index}" in err and "the recorded build did not stop at this row" in err
+    assert "--skip-invalid" not in err and len(err.strip().splitlines()) == 1
