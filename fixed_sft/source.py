@@ -396,14 +396,16 @@ def conversation(record: object) -> tuple[str | None, list[dict]]:
 
     Valid: ``messages`` is a non-empty list of objects whose ``role`` is system, user
     or assistant and whose ``content`` is a string of valid Unicode (no lone
-    surrogate); ``id``, where present and not null, is a string or an integer, whose
-    decimal text is the id."""
+    surrogate); ``id``, where present and not null, is a string of valid Unicode or an
+    integer, whose decimal text is the id."""
     if isinstance(record, InvalidRow):
         raise record
     row_id = record.get("id")
     if isinstance(row_id, bool) or not isinstance(row_id, (str, int, type(None))):
         raise InvalidRow(f"'id' is a {type(row_id).__name__}, not a string or integer")
     row_id = None if row_id is None else str(row_id)
+    if row_id is not None and not row_id.isascii() and not _is_unicode(row_id):
+        raise InvalidRow("'id' has a lone surrogate", row_id.encode("utf-8", "backslashreplace").decode())
     messages = record.get("messages")
     if messages is None:
         raise InvalidRow("'messages' is missing", row_id)
@@ -422,10 +424,16 @@ def conversation(record: object) -> tuple[str | None, list[dict]]:
         if not isinstance(content, str):
             why = "has no content" if content is None else f"content is a {type(content).__name__}, not a string"
             raise InvalidRow(f"message {n} {why}", row_id)
-        if not content.isascii():
-            try:
-                content.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InvalidRow(f"message {n} content has a lone surrogate", row_id) from None
+        if not content.isascii() and not _is_unicode(content):
+            raise InvalidRow(f"message {n} content has a lone surrogate", row_id)
         clean.append({"role": role, "content": content})
     return row_id, clean
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (has no lone surrogate, which UTF-8 cannot hold)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

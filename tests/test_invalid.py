@@ -29,6 +29,8 @@ BAD_LINES = {
     29: (b'{"id": "utf8", "messages": [{"role": "user", "content": "\xff\xfe"}]}', "invalid UTF-8"),
     32: (b"this is not json", "not JSON"),
     35: (b'{"id": "surrogate", "messages": [{"role": "user", "content": "\\ud800"}]}', "lone surrogate"),
+    36: (b'{"id": "x\\udfff", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}',
+         "'id' has a lone surrogate"),
     38: (b'{"id": "list", "messages": ["hello"]}', "message 0 is a str, not an object"),
     41: (b"[1, 2]", "not a JSON object"),
     40: (b"", "not JSON"),  # a blank line is a row too
@@ -81,6 +83,7 @@ def test_skip_invalid_records_every_bad_row(sources, kimi_dir, tmp_path):
     for index, (_, reason) in BAD_LINES.items():
         assert reason in skipped[index]["reason"], (index, skipped[index])
     assert skipped[26]["id"] == "row-1" and skipped[3]["id"] == "no-messages"
+    assert skipped[36]["id"] == "x\\udfff"  # the id's text, escaped: the manifest is valid UTF-8
     assert manifest["stats"]["invalid_rows_skipped"] == len(BAD_LINES)
 
 
