@@ -34,7 +34,7 @@ from .hashes import cache_damage, row_digest, rows_digest, sha256_file
 from .order import permutation
 from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter
 from .pack import Packer
-from .source import Source, bytes_per_row, open_source, read_band, system_allocator
+from .source import Source, SourceError, bytes_per_row, open_source, read_band, system_allocator
 from .specs import ResolvedTokenizer, resolve_tokenizer
 from .tokenizer import eos_id
 
@@ -43,6 +43,7 @@ ORDER_RULE = "splitmix64-key-v1"
 CHUNK_ROWS = 128
 BAND_BYTES = 256 << 20
 MAX_ROW_TOKENS = 1 << 20
+MAX_WORKERS = 1024
 
 
 class UsageError(Exception):
@@ -94,8 +95,8 @@ class BuildConfig:
             raise UsageError(f"--seed must be between 0 and 2**64 - 1, got {self.seed}")
         if self.loss_mask_type not in MASK_TYPES:
             raise UsageError(f"unknown --loss-mask-type {self.loss_mask_type!r} (known: {', '.join(MASK_TYPES)})")
-        if self.workers < 1:
-            raise UsageError(f"--workers must be at least 1, got {self.workers}")
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise UsageError(f"--workers must be between 1 and {MAX_WORKERS}, got {self.workers}")
         if self.check_every < 0:
             raise UsageError(f"--check-every must be non-negative, got {self.check_every}")
         if self.source_files is not None and not (self.source_files and all(self.source_files)):
@@ -186,7 +187,10 @@ class _Lock:
 def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
     """Build ``config`` into folder ``out``; return the manifest."""
     config.validate()
-    out = Path(out).resolve()  # a link to a build is rebuilt where it points
+    try:
+        out = Path(out).resolve()  # a link to a build is rebuilt where it points
+    except RuntimeError:  # a loop of links (Python < 3.13; later ones raise OSError)
+        raise UsageError(f"output {out} is a loop of symbolic links; choose another --out") from None
     check_target(out, config.source)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -370,9 +374,15 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             raise BuildError(
                 f"the source fills only {writer.rows} rows of {config.row_tokens} tokens with supervised tokens; {wanted}"
             )
+        try:
+            digests = [digest.result() for digest in source_hashes]
+        except OSError as error:
+            source.check_unchanged()  # a file that went away is named as changed
+            raise SourceError(f"{error.filename}: cannot read ({error.strerror})") from None
+        source.check_unchanged()  # so the rows, the counts and the hashes are of the same bytes
         source_files = [
-            {"path": path.relative_to(source.root).as_posix(), "bytes": path.stat().st_size, "sha256": digest.result()}
-            for path, digest in zip(source.files, source_hashes)
+            {"path": path.relative_to(source.root).as_posix(), "bytes": size, "sha256": digest}
+            for path, (size, _), digest in zip(source.files, source.stamps, digests)
         ]
         damage = next(filter(None, (cache_damage(path, f["sha256"]) for path, f in zip(source.files, source_files))),
                       None)

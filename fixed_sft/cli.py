@@ -234,9 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # no "PyTorch was not found" notice
     if not argv or argv[0] not in ("build", "verify", "-h", "--help"):
         argv.insert(0, "build")
-    args = parser().parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _terminate) if _owns_signals() else None
     try:
+        args = parser().parse_args(argv)  # (imports, which Ctrl-C may interrupt too)
         return _build(args) if args.command == "build" else _verify(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -248,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         code = _exit_code(error)
         if code is None and os.environ.get("FIXED_SFT_DEBUG"):
             raise
-        detail = str(error) if code else f"internal error ({type(error).__name__}: {error}); FIXED_SFT_DEBUG=1 shows the traceback"
+        detail = _describe(error) if code else (f"internal error ({type(error).__name__}: {error}); "
+                                                "FIXED_SFT_DEBUG=1 shows the traceback")
         print(f"error: {detail}", file=sys.stderr)
         return code or FAILURE
     finally:
@@ -265,6 +266,12 @@ def _exit_code(error: Exception) -> int | None:
 
     if isinstance(error, UsageError):
         return USAGE_ERROR
-    if isinstance(error, (BuildError, SourceError, SpecError, TemplateMismatch, TokenizerError)):
-        return FAILURE
+    if isinstance(error, (BuildError, SourceError, SpecError, TemplateMismatch, TokenizerError, OSError)):
+        return FAILURE  # (an OSError: what the system refused, such as a file it may not read)
     return None
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, OSError) and error.filename is not None:
+        return f"{error.filename}: {error.strerror}"
+    return str(error)

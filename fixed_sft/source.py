@@ -101,10 +101,22 @@ class Source:
     files: tuple[Path, ...]
     row_counts: tuple[int, ...]
     patterns: tuple[str, ...] | None = None  # the globs that chose the files (None: every data file)
+    stamps: tuple[tuple[int, int], ...] = ()  # each file's (bytes, modification time in ns) when opened
 
     @property
     def num_rows(self) -> int:
         return sum(self.row_counts)
+
+    def check_unchanged(self) -> None:
+        """Raise ``SourceError`` naming a file whose size or modification time is not what
+        it was when the source was opened: its rows, count and hash may be of two versions."""
+        for path, stamp in zip(self.files, self.stamps):
+            try:
+                now = _stamp(path)
+            except OSError:
+                now = None
+            if now != stamp:
+                raise SourceError(f"{path} changed while the build read it; build from files that stay unchanged")
 
     def locate(self, index: int) -> tuple[Path, int]:
         """The file holding global row ``index``, and the row's number in that file."""
@@ -154,10 +166,17 @@ def open_source(source: str, revision: str | None = None, license: str | None = 
         path = download(source, revision, patterns)
         revision = snapshot_commit(path, revision)
     files = _data_files(path, patterns)
+    stamps = tuple(_stamp(f) for f in files)
     counts = tuple(_count_rows(f) for f in files)
     if files[0].suffix == ".parquet":
         _check_parquet_types(files)
-    return Source(source, revision, license, path if path.is_dir() else path.parent, files, counts, patterns)
+    return Source(source, revision, license, path if path.is_dir() else path.parent, files, counts, patterns, stamps)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    """A file's size and modification time (ns): a write changes one or both."""
+    status = path.stat()
+    return status.st_size, status.st_mtime_ns
 
 
 def _check_parquet_types(files: tuple[Path, ...]) -> None:
@@ -203,9 +222,11 @@ def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Pa
     chosen = filter_repo_objects(found, allow_patterns=None if patterns is None else list(patterns), key=name)
     files = sorted(chosen, key=name)
     if not path.is_file():
-        broken = next((p for p in files if not p.exists()), None)
-        if broken is not None:
-            raise SourceError(f"{broken}: a link to a file that does not exist")
+        for p in files:
+            if not p.exists():
+                raise SourceError(f"{p}: a link to a file that does not exist")
+            if not p.is_file():
+                raise SourceError(f"{p}: a link to something that is not a file")
     if not files:
         matching = f" matching {' or '.join(patterns)}" if patterns is not None else ""
         raise SourceError(f"no .parquet or .jsonl files{matching} in {path}")
@@ -225,10 +246,13 @@ def _count_rows(path: Path) -> int:
             raise SourceError(f"{path}: not a readable Parquet file ({error})") from None
     lines = 0
     last = b"\n"
-    with path.open("rb") as f:
-        while block := f.read(1 << 24):
-            lines += block.count(b"\n")
-            last = block[-1:]
+    try:
+        with path.open("rb") as f:
+            while block := f.read(1 << 24):
+                lines += block.count(b"\n")
+                last = block[-1:]
+    except OSError as error:
+        raise SourceError(f"{path}: cannot read ({error.strerror or error})") from None
     return lines + (last != b"\n")
 
 
@@ -345,11 +369,16 @@ def _read_jsonl(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa
     """``(local indices, raw lines)`` of the wanted rows; a UTF-8 byte-order mark that
     starts the file is not part of its first line."""
     local, lines = [], []
-    with path.open("rb") as f:
-        for n, line in enumerate(f):
-            if inside[n]:
-                local.append(n)
-                lines.append(line.removeprefix(codecs.BOM_UTF8) if n == 0 else line)
+    try:
+        with path.open("rb") as f:
+            for n, line in enumerate(f):
+                if n == len(inside):
+                    raise SourceError(f"{path} changed while the build read it; build from files that stay unchanged")
+                if inside[n]:
+                    local.append(n)
+                    lines.append(line.removeprefix(codecs.BOM_UTF8) if n == 0 else line)
+    except OSError as error:
+        raise SourceError(f"{path}: cannot read ({error.strerror or error})") from None
     yield np.array(local, dtype=np.int64), pa.table({"line": pa.array(lines, pa.large_binary())})
 
 

@@ -113,11 +113,20 @@ def _config(directory: Path) -> dict:
 
 
 def _named(config: dict) -> dict[int, str]:
-    """Named added tokens by id, from ``added_tokens_decoder``."""
+    """Named added tokens by id, from ``added_tokens_decoder``: each name a non-empty
+    string that no other id has."""
     try:
-        return {int(i): entry["content"] for i, entry in config["added_tokens_decoder"].items()}
+        named = {int(i): entry["content"] for i, entry in config["added_tokens_decoder"].items()}
     except (KeyError, TypeError, ValueError, AttributeError):
         raise TokenizerError("tokenizer_config.json: 'added_tokens_decoder' is missing or malformed") from None
+    ids: dict[str, int] = {}
+    for i, name in sorted(named.items()):
+        if not (isinstance(name, str) and name):
+            raise TokenizerError(f"tokenizer_config.json: added token {i} is named {name!r}, not a non-empty string")
+        if name in ids:
+            raise TokenizerError(f"tokenizer_config.json: added tokens {ids[name]} and {i} are both named {name!r}")
+        ids[name] = i
+    return named
 
 
 def _special_id(config: dict, added: dict[str, int], key: str, default: str) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -18,6 +19,7 @@ from conftest import cache_link
 from fixed_sft.build import BuildConfig, BuildError, UsageError, build
 from fixed_sft.chat import ChatEncoder
 from fixed_sft.output import read_rows
+from fixed_sft.source import SourceError
 
 # rows_sha256 of FIXTURE built from synthetic.conversations(1200, seed=5). A change here
 # changes the row stream: bump the format version and say why in the commit.
@@ -468,3 +470,24 @@ def test_a_source_file_damaged_in_the_hub_cache_stops_the_build(kimi_dir, tmp_pa
     with pytest.raises(BuildError, match="data/train.parquet is damaged in the Hugging Face cache"):
         build(config(snapshot, kimi_dir, rows=2, row_tokens=256), tmp_path / "damaged")
     assert not (tmp_path / "damaged").exists()
+
+
+@pytest.mark.parametrize("when", ["before reading", "after reading"])
+def test_a_source_file_that_changes_during_the_build_is_an_error(kimi_dir, tmp_path, monkeypatch, when):
+    """Rows, row count, size and hash must all be of one version of each file: a file
+    written to while the build reads it stops the build, and nothing is published."""
+    source = synthetic.write_jsonl(synthetic.conversations(60, seed=2), tmp_path / "rows.jsonl")
+    extra = (json.dumps(synthetic.conversations(61, seed=2)[60]) + "\n").encode()
+    patched = "open_source" if when == "before reading" else "read_band"
+    original = getattr(build_module, patched)
+
+    def then_append(*args, **kwargs):
+        result = original(*args, **kwargs)
+        with open(source, "ab") as f:
+            f.write(extra)
+        return result
+
+    monkeypatch.setattr(build_module, patched, then_append)
+    with pytest.raises(SourceError, match=re.escape(f"{source} changed while the build read it")):
+        build(config(source, kimi_dir, rows=2, row_tokens=256), tmp_path / "o")
+    assert not (tmp_path / "o").exists()

@@ -52,7 +52,9 @@ def test_verify_mismatch_exits_1(source, kimi_dir, tmp_path, capsys):
     [(["--row-tokens", "1"], "row-tokens"), (["--rows", "0"], "--rows"), (["--seed", "-1"], "seed"),
      (["--seed", str(2**64)], "seed"), (["--loss-mask-type", "other"], "loss-mask-type"),
      (["--out", "/proc/self/o"], "--out"), (["--out", "/proc/nowhere/o"], "--out"),
-     (["--source-files", "*", "--source-files", ""], "--source-files must not be empty")],
+     (["--source-files", "*", "--source-files", ""], "--source-files must not be empty"),
+     (["--workers", "0"], "--workers must be between 1 and 1024, got 0"),
+     (["--workers", str(10**20)], "--workers must be between 1 and 1024")],
 )
 def test_bad_parameters_exit_2(source, kimi_dir, tmp_path, capsys, extra, message):
     assert main([*_build_args(source, kimi_dir, tmp_path / "o"), *extra]) == 2
@@ -156,6 +158,26 @@ def test_ctrl_c_exits_130(monkeypatch, capsys):
     monkeypatch.setattr("fixed_sft.build.build", interrupted)
     assert main(["build", "--source", "x.jsonl"]) == 130
     assert capsys.readouterr().err.strip() == "interrupted"
+
+
+def test_ctrl_c_while_the_command_line_loads_exits_130(monkeypatch, capsys):
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("fixed_sft.cli.parser", interrupted)
+    assert main(["build", "--source", "x.jsonl"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+
+
+def test_what_the_system_refuses_is_one_line_naming_the_file(source, kimi_dir, tmp_path, capsys):
+    long_name = str(tmp_path / ("x" * 300 + ".jsonl"))  # past the file system's name limit
+    assert main(["build", "--source", long_name, "--tokenizer", str(kimi_dir), "--workers", "1", "--quiet"]) == 1
+    assert capsys.readouterr().err == f"error: {long_name}: File name too long\n"
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    assert main(_build_args(source, kimi_dir, tmp_path / "a")) in (1, 2)  # a usage error, or the system's (3.13+)
+    err = capsys.readouterr().err
+    assert str(tmp_path / "a") in err and len(err.strip().splitlines()) == 1 and "internal error" not in err
 
 
 def test_an_internal_error_is_one_line_unless_debugging(monkeypatch, capsys):

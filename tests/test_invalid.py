@@ -238,12 +238,17 @@ def test_parquet_content_that_is_not_utf8_names_the_id(kimi_dir, tmp_path):
         build(_config(tmp_path / "src.parquet", kimi_dir), tmp_path / "out")
 
 
-def test_a_broken_link_in_a_source_folder_is_named(kimi_dir, tmp_path):
+def test_a_link_in_a_source_folder_to_no_file_is_named(kimi_dir, tmp_path):
     from fixed_sft.source import SourceError
 
     synthetic.write_parquet(synthetic.conversations(10, seed=2), tmp_path / "src" / "a.parquet")
     (tmp_path / "src" / "b.parquet").symlink_to(tmp_path / "gone.parquet")
     with pytest.raises(SourceError, match=re.escape(f"{tmp_path / 'src' / 'b.parquet'}: a link to a file that does not exist")):
+        build(_config(tmp_path / "src", kimi_dir), tmp_path / "out")
+    (tmp_path / "src" / "b.parquet").unlink()
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "src" / "b.parquet").symlink_to(tmp_path / "folder")
+    with pytest.raises(SourceError, match=re.escape(f"{tmp_path / 'src' / 'b.parquet'}: a link to something that is not")):
         build(_config(tmp_path / "src", kimi_dir), tmp_path / "out")
 
 
@@ -355,6 +360,25 @@ def test_unusable_tokenizer_config_is_one_clear_error(sources, kimi_dir, tmp_pat
     shutil.copytree(kimi_dir, folder)
     config_path = folder / "tokenizer_config.json"
     config_path.write_text(json.dumps({**json.loads(config_path.read_text()), **edit}))
+    with pytest.raises(TokenizerError, match=re.escape(says)):
+        build(_config(sources[1], folder, allow_unpinned_tokenizer=True), tmp_path / "out")
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    (5, "added token 163587 is named 5, not a non-empty string"),
+    ("", "added token 163587 is named '', not a non-empty string"),
+    ("<|im_assistant|>", "added tokens 163587 and 163588 are both named '<|im_assistant|>'"),
+])
+def test_added_tokens_need_distinct_names(sources, kimi_dir, tmp_path, content, says):
+    """Whatever the flags: a name shared by two ids would leave one of them unreachable from text."""
+    from fixed_sft.tokenizer import TokenizerError
+
+    folder = tmp_path / "tok"
+    shutil.copytree(kimi_dir, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    assert config["added_tokens_decoder"]["163588"]["content"] == "<|im_assistant|>"
+    config["added_tokens_decoder"]["163587"]["content"] = content
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
     with pytest.raises(TokenizerError, match=re.escape(says)):
         build(_config(sources[1], folder, allow_unpinned_tokenizer=True), tmp_path / "out")
 
