@@ -32,13 +32,12 @@ from .chat import MASK_TYPES
 from .encode import Encoded, EncoderConfig, Encoders
 from .hashes import cache_damage, row_digest, rows_digest, sha256_file
 from .order import permutation
-from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter
+from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, RowWriter
 from .pack import Packer
 from .source import Source, SourceError, bytes_per_row, open_source, read_band, system_allocator
 from .specs import ResolvedTokenizer, resolve_tokenizer
 from .tokenizer import eos_id
 
-FORMAT = "fixed-sft/1"
 ORDER_RULE = "splitmix64-key-v1"
 CHUNK_ROWS = 128
 BAND_BYTES = 256 << 20

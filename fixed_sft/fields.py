@@ -24,6 +24,21 @@ GLOBS = _Kind("a non-empty array of non-empty strings")
 NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "an array", dict: "an object", None: "null"}
 
 
+def loads(text: str) -> object:
+    """The JSON document ``text``; ``ValueError`` for an object that repeats a key (readers
+    that keep the first value and readers that keep the last would read two documents)."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    document = {}
+    for key, value in pairs:
+        if key in document:
+            raise ValueError(f"duplicate key {key!r}")
+        document[key] = value
+    return document
+
+
 def value_at(document: object, keys: tuple[str, ...]) -> object:
     """The value at ``keys``, or ``MISSING`` where a key is absent or its parent is not an object."""
     for key in keys:
@@ -34,6 +49,13 @@ def value_at(document: object, keys: tuple[str, ...]) -> object:
 def show(value: object) -> str:
     """A value as JSON, cut to 80 characters; ``missing`` for ``MISSING``."""
     return "missing" if value is MISSING else json.dumps(value)[:80]
+
+
+def same(a: object, b: object) -> bool:
+    """Equal as JSON (so ``true``, ``1`` and ``1.0`` differ; ``MISSING`` only to itself)."""
+    if a is MISSING or b is MISSING:
+        return a is b
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def _is(value: object, kind: object) -> bool:

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from .pack import Row
 
+FORMAT = "fixed-sft/1"  # the format of the folder: its Parquet schema and manifest (data/README.md)
 PARQUET_NAME = "train.parquet"
 MANIFEST_NAME = "manifest.json"
 ROWS_PER_GROUP = 128

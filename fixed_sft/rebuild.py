@@ -15,7 +15,6 @@ another writer, or built by other code.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -23,24 +22,12 @@ from typing import NamedTuple
 
 import pyarrow.parquet as pq
 
-from .build import FORMAT, ORDER_RULE, BuildConfig, BuildError, InvalidSourceRow, UsageError, build
-from .fields import GLOBS, MISSING, first_problem, show
+from .build import ORDER_RULE, BuildConfig, BuildError, InvalidSourceRow, UsageError, build
+from .fields import MISSING, first_problem, loads, same, show
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .source import SourceError, SourceUnreachable, is_hub_id
 from .specs import resolve_tokenizer, tokenizer_specs
-
-# The manifest fields a rebuild reads, and the kinds of value each may take (``fields``).
-RECORDED = {
-    ("format",): (str,), ("name",): (str,),
-    ("params", "rows"): (int, "all"), ("params", "row_tokens"): (int,), ("params", "seed"): (int,),
-    ("params", "order"): (str,), ("params", "loss_mask_type"): (str,), ("params", "skip_invalid"): (bool,),
-    ("source", "name"): (str,), ("source", "revision"): (str, None), ("source", "license"): (str, None),
-    ("source", "file_patterns"): (None, GLOBS, MISSING), ("source", "rows"): (int,), ("source", "files"): (list,),
-    ("tokenizer", "name"): (str, None), ("tokenizer", "repo"): (str, None), ("tokenizer", "revision"): (str, None),
-    ("tokenizer", "files"): (dict,), ("tokenizer", "pinned"): (bool,),
-    ("template_check", "every"): (int,), ("stats",): (dict,), ("skipped_invalid",): (list,), ("loss_mask",): (dict,),
-    ("parquet",): (dict,), ("code_version", "code_sha256"): (str,),
-}
+from .verify import MANIFEST_FIELDS
 
 
 class Compared(NamedTuple):
@@ -54,12 +41,13 @@ class Compared(NamedTuple):
 
     @property
     def same(self) -> bool:
-        return _same(self.here, self.rebuilt)
+        return same(self.here, self.rebuilt)
 
 
 def check_recorded(manifest: dict) -> None:
-    """Raise ``BuildError`` naming the first field of ``RECORDED`` that is missing or of another kind."""
-    wrong = first_problem(manifest, RECORDED)
+    """Raise ``BuildError`` naming the first field of the manifest that is missing or of
+    another kind (``verify.MANIFEST_FIELDS``)."""
+    wrong = first_problem(manifest, MANIFEST_FIELDS)
     if wrong:
         raise BuildError(wrong)
 
@@ -73,9 +61,8 @@ def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | 
     if source == "" or tokenizer == "":
         raise UsageError("--source and --tokenizer must not be empty")
     check_recorded(manifest)
-    if manifest["format"] != FORMAT or manifest["params"]["order"] != ORDER_RULE:
-        raise BuildError(f"the manifest is format {manifest['format']} with order {manifest['params']['order']}; "
-                         f"this builder makes {FORMAT} with {ORDER_RULE}")
+    if manifest["params"]["order"] != ORDER_RULE:
+        raise BuildError(f"params.order is {show(manifest['params']['order'])}; this builder orders by {ORDER_RULE}")
     recorded, used, params = manifest["source"], manifest["tokenizer"], manifest["params"]
     hub_source = recorded["revision"] is not None and is_hub_id(recorded["name"])  # a path may hold '/' too
     if source is None and not (Path(recorded["name"]).exists() or hub_source):
@@ -174,7 +161,7 @@ def rebuild(folder: Path, source: str | None = None, tokenizer: str | None = Non
     """Rebuild ``folder``'s manifest into a temporary folder (in the system's, deleted
     after) and compare (see ``comparison``)."""
     folder = Path(folder)
-    manifest = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+    manifest = loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
     try:
         config = recorded_config(manifest, source, tokenizer, workers)
     except BuildError as error:
@@ -193,22 +180,15 @@ def rebuild(folder: Path, source: str | None = None, tokenizer: str | None = Non
         return comparison(manifest, rebuilt, folder, out, source is not None, tokenizer is not None)
 
 
-def _same(a: object, b: object) -> bool:
-    """Equal as JSON (so ``true``, ``1`` and ``1.0`` differ; ``MISSING`` only to itself)."""
-    if a is MISSING or b is MISSING:
-        return a is b
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-
-
 def difference(here: object, rebuilt: object, path: str = "") -> str:
     """The first place where two JSON-like values differ, with both values there."""
     if isinstance(here, dict) and isinstance(rebuilt, dict):
-        key = next(k for k in {**here, **rebuilt} if not _same(here.get(k, MISSING), rebuilt.get(k, MISSING)))
+        key = next(k for k in {**here, **rebuilt} if not same(here.get(k, MISSING), rebuilt.get(k, MISSING)))
         return difference(here.get(key, MISSING), rebuilt.get(key, MISSING), f"{path}.{key}" if path else str(key))
     if isinstance(here, list) and isinstance(rebuilt, list):
         if len(here) != len(rebuilt):
             return f"{path or 'list'}: {len(here)} items here, {len(rebuilt)} rebuilt"
-        n = next(n for n, (a, b) in enumerate(zip(here, rebuilt)) if not _same(a, b))
+        n = next(n for n, (a, b) in enumerate(zip(here, rebuilt)) if not same(a, b))
         return difference(here[n], rebuilt[n], f"{path}[{n}]")
     return f"{path + ': ' if path else ''}{show(here)} here, {show(rebuilt)} rebuilt"
 

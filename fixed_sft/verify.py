@@ -1,27 +1,31 @@
 """A built folder -> the list of ways it differs from its manifest (empty when it matches).
 
-Checks, in order: the manifest reads, with each field verify uses of its type; values
-derived from others (tokens, padding, ratio, rows) agree, and ``rows_sha256`` equals the
-hash of its own row hashes; the Parquet file exists with the recorded size and sha256,
-and has the format's schema (so no value can wrap into a hash); every row reads, has
-``row_tokens`` ids and mask values, each mask value 0 or 1, and hashes to its recorded
-row hash (the first bad row is named); the row count and supervised-token count match;
-each row's ``metadata.row`` is its number and its segments, each a non-empty span from a
-non-negative start, cover ``row_tokens`` tokens. No value may be null but a segment's ``id``.
+Checks, in order: the manifest reads, repeats no key, and has every field of the format
+(``MANIFEST_FIELDS``) of its kind, with each row hash 64 lowercase hex digits; values
+derived from others (tokens, padding, ratio, rows) agree, as JSON (``1`` is not ``1.0``),
+and ``rows_sha256`` equals the hash of its own row hashes; the Parquet file exists with
+the recorded size and sha256, and has the format's schema (so no value can wrap into a
+hash); every row reads, has ``row_tokens`` ids and mask values, each mask value 0 or 1,
+and hashes to its recorded row hash (the first bad row is named); the row count and
+supervised-token count match; each row's ``metadata.row`` is its number and its
+segments, each a non-empty span from a non-negative start, cover ``row_tokens`` tokens;
+the conversations the segments name, and those in more than one row, are the stats'
+counts. No value may be null but a segment's ``id``. What the manifest says of how the
+rows were made (seed, source, tokenizer, checks, skipped rows) only a rebuild proves.
 """
 
 from __future__ import annotations
 
-import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .fields import first_problem, show, value_at
+from .fields import GLOBS, MISSING, first_problem, loads, same, show, value_at
 from .hashes import row_digest, rows_digest, sha256_file
-from .output import MANIFEST_NAME, PARQUET_NAME, SCHEMA, NullValue, first_null, read_rows
+from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, SCHEMA, NullValue, first_null, read_rows
 
 
 def verify(folder: str | Path) -> list[str]:
@@ -32,8 +36,8 @@ def verify(folder: str | Path) -> list[str]:
     if (folder / MANIFEST_NAME).exists() and not (folder / MANIFEST_NAME).is_file():
         return [f"{folder / MANIFEST_NAME}: not a file"]
     try:
-        manifest = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
-        wrong = _check_fields(manifest)
+        manifest = loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+        wrong = _check_fields(manifest) or _check_row_hashes(manifest["row_sha256"])
         if wrong:
             return [f"{folder / MANIFEST_NAME}: {wrong}"]
         expected = [bytes.fromhex(h) for h in manifest["row_sha256"]]
@@ -86,36 +90,50 @@ def verify(folder: str | Path) -> list[str]:
     supervised = int(np.count_nonzero(mask))
     if supervised != stats.get("supervised_tokens"):
         problems.append(f"{parquet}: {supervised} supervised tokens, manifest says {stats.get('supervised_tokens')}")
-    return problems + _check_metadata(parquet, row_tokens)
+    return problems + _check_metadata(parquet, row_tokens, stats)
 
 
-FIELDS = {  # the manifest fields verify reads, and their kinds (``fields``)
-    ("row_sha256",): (list,),
-    ("rows_sha256",): (str,),
-    ("params", "row_tokens"): (int,),
-    ("stats", "rows"): (int,),
-    ("stats", "supervised_tokens"): (int,),
-    ("parquet", "path"): (str,),
-    ("parquet", "bytes"): (int,),
-    ("parquet", "sha256"): (str,),
+# Every manifest field that verify or a rebuild reads, and the kinds of value each may take
+# (``fields``); the counts among them must also lie in 0 .. 2**63 - 1.
+MANIFEST_FIELDS = {
+    ("format",): (FORMAT,), ("name",): (str,),
+    ("params", "rows"): (int, "all"), ("params", "row_tokens"): (int,), ("params", "seed"): (int,),
+    ("params", "order"): (str,), ("params", "loss_mask_type"): (str,), ("params", "skip_invalid"): (bool,),
+    ("source", "name"): (str,), ("source", "revision"): (str, None), ("source", "license"): (str, None),
+    ("source", "file_patterns"): (None, GLOBS, MISSING), ("source", "rows"): (int,), ("source", "files"): (list,),
+    ("tokenizer", "name"): (str, None), ("tokenizer", "repo"): (str, None), ("tokenizer", "revision"): (str, None),
+    ("tokenizer", "files"): (dict,), ("tokenizer", "pinned"): (bool,),
+    ("loss_mask",): (dict,), ("template_check", "every"): (int,), ("template_check", "checked"): (int,),
+    ("stats", "rows"): (int,), ("stats", "tokens"): (int,), ("stats", "supervised_tokens"): (int,),
+    ("stats", "padding_tokens"): (int,), ("stats", "conversations"): (int,), ("stats", "conversations_split"): (int,),
+    ("skipped_invalid",): (list,),
+    ("parquet", "path"): (PARQUET_NAME,), ("parquet", "bytes"): (int,), ("parquet", "sha256"): (str,),
+    ("code_version", "code_sha256"): (str,), ("rows_sha256",): (str,), ("row_sha256",): (list,),
 }
+COUNTS = (("params", "row_tokens"), ("stats", "rows"), ("stats", "supervised_tokens"), ("parquet", "bytes"))
 
 
 def _check_fields(manifest: object) -> str | None:
-    """What is wrong with the fields verify reads: the first one missing, of another
-    kind, or (a count) outside 0 .. 2**63 - 1; ``None`` when nothing is."""
+    """What is wrong with the manifest's fields: the first one missing, of another kind,
+    or (a count) outside 0 .. 2**63 - 1; ``None`` when nothing is."""
     if not isinstance(manifest, dict):
         return "not a JSON object"
-    wrong = first_problem(manifest, FIELDS)
+    wrong = first_problem(manifest, MANIFEST_FIELDS)
     if wrong:
         return wrong
-    counts = {keys: value_at(manifest, keys) for keys, kinds in FIELDS.items() if kinds == (int,)}
-    outside = next((keys for keys, value in counts.items() if not 0 <= value < 2**63), None)
+    outside = next((keys for keys in COUNTS if not 0 <= value_at(manifest, keys) < 2**63), None)
     if outside:
-        return f"{'.'.join(outside)} is {show(counts[outside])}, outside 0 .. 2**63 - 1"
-    if manifest["parquet"]["path"] != PARQUET_NAME:
-        return f"parquet.path is {show(manifest['parquet']['path'])}, not {show(PARQUET_NAME)}"
+        return f"{'.'.join(outside)} is {show(value_at(manifest, outside))}, outside 0 .. 2**63 - 1"
     return None
+
+
+def _check_row_hashes(hashes: list) -> str | None:
+    """The first entry of ``row_sha256`` that is not 64 lowercase hex digits, or ``None``."""
+    bad = next((n for n, h in enumerate(hashes) if not (isinstance(h, str) and _HEX64.fullmatch(h))), None)
+    return None if bad is None else f"row_sha256[{bad}] is {show(hashes[bad])}, not 64 lowercase hex digits"
+
+
+_HEX64 = re.compile("[0-9a-f]{64}")
 
 
 def _check_stats(manifest: dict, rows: int, row_tokens: int) -> list[str]:
@@ -123,18 +141,21 @@ def _check_stats(manifest: dict, rows: int, row_tokens: int) -> list[str]:
     stats, params = manifest["stats"], manifest["params"]
     tokens = rows * row_tokens
     derived = {
-        "stats.tokens": (stats.get("tokens"), tokens),
-        "stats.padding_tokens": (stats.get("padding_tokens"), 0),
+        "stats.tokens": (stats["tokens"], tokens),
+        "stats.padding_tokens": (stats["padding_tokens"], 0),
         "stats.supervised_token_ratio": (
             stats.get("supervised_token_ratio"), stats.get("supervised_tokens", 0) / tokens if tokens else 0.0),
     }
     if params.get("rows") != "all":
         derived["params.rows"] = (params.get("rows"), rows)
-    return [f"{MANIFEST_NAME}: {key} is {got}, expected {want}" for key, (got, want) in derived.items() if got != want]
+    return [f"{MANIFEST_NAME}: {key} is {show(got)}, expected {show(want)}"
+            for key, (got, want) in derived.items() if not same(got, want)]
 
 
-def _check_metadata(parquet: Path, row_tokens: int) -> list[str]:
-    """Each row's ``metadata.row`` is its number and its segments cover ``row_tokens``."""
+def _check_metadata(parquet: Path, row_tokens: int, stats: dict) -> list[str]:
+    """Each row's ``metadata.row`` is its number, its segments cover ``row_tokens``, and
+    the conversations they name are the ``stats``' count (and count of those in more
+    than one row)."""
     try:
         metadata = pq.read_table(parquet, columns=["metadata"]).column("metadata").combine_chunks()
         rows, segments = (pc.struct_field(metadata, key) for key in ("row", "segments"))
@@ -160,7 +181,13 @@ def _check_metadata(parquet: Path, row_tokens: int) -> list[str]:
         return [f"row {parents[bad[0]]}: a metadata segment spans [{starts[bad[0]]}, {ends[bad[0]]})"]
     covered = np.bincount(parents, weights=spans, minlength=len(numbers))
     bad = np.flatnonzero(covered != row_tokens)
-    return [f"row {bad[0]}: metadata.segments cover {int(covered[bad[0]])} tokens, not {row_tokens}"] if len(bad) else []
+    if len(bad):
+        return [f"row {bad[0]}: metadata.segments cover {int(covered[bad[0]])} tokens, not {row_tokens}"]
+    # a conversation is in a row at most once, so its segments count the rows holding it
+    _, per_conversation = np.unique(fields["source_index"].to_numpy(zero_copy_only=False), return_counts=True)
+    held = {"conversations": len(per_conversation), "conversations_split": int(np.count_nonzero(per_conversation > 1))}
+    return [f"{MANIFEST_NAME}: stats.{key} is {show(stats[key])}, the rows hold {value}"
+            for key, value in held.items() if not same(stats[key], value)]
 
 
 def published_comparison(manifest: dict, published: dict) -> list[tuple[str, object, object, bool]]:

@@ -130,13 +130,31 @@ def test_garbled_manifest(copy):
 
 @pytest.mark.parametrize(
     "key, value",
-    [("supervised_token_ratio", 0.666), ("tokens", 1), ("padding_tokens", 3)],
+    [("supervised_token_ratio", 0.666), ("supervised_token_ratio", 1), ("tokens", 1), ("padding_tokens", 3),
+     ("conversations", 1), ("conversations_split", 0)],
 )
 def test_edited_derived_stats(copy, key, value):
+    """Stats that follow from the rows are checked, as JSON: an integer is not a decimal."""
     manifest = json.loads((copy / "manifest.json").read_text())
+    assert manifest["stats"][key] != value
     manifest["stats"][key] = value
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    assert any(f"stats.{key} is {value}" in p for p in verify(copy))
+    assert any(f"stats.{key} is {value}," in p for p in verify(copy))
+
+
+def test_a_manifest_that_repeats_a_key_is_refused(copy):
+    """Readers that keep the first value and readers that keep the last would read two manifests."""
+    text = (copy / "manifest.json").read_text()
+    (copy / "manifest.json").write_text(text.replace("{", '{"rows_sha256": "' + "0" * 64 + '", ', 1))
+    assert verify(copy) == [f"{copy / 'manifest.json'}: unreadable (ValueError: duplicate key 'rows_sha256')"]
+
+
+def test_row_hashes_are_lowercase_hex(copy):
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["row_sha256"][3] = manifest["row_sha256"][3].upper()
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert verify(copy) == [f"{copy / 'manifest.json'}: row_sha256[3] is \"{manifest['row_sha256'][3]}\", not 64 "
+                            "lowercase hex digits"]
 
 
 def test_edited_params_rows(copy):
@@ -186,7 +204,12 @@ def _edit_manifest(folder, keys, value):
         (["stats", "supervised_tokens"], "many", 'stats.supervised_tokens is "many", not an integer'),
         (["params", "row_tokens"], True, "params.row_tokens is true, not an integer"),
         (["parquet", "path"], "../elsewhere.parquet", 'parquet.path is "../elsewhere.parquet", not "train.parquet"'),
-        (["row_sha256"], ["zz"], "unreadable (ValueError"),
+        (["row_sha256"], ["zz"], 'row_sha256[0] is "zz", not 64 lowercase hex digits'),
+        (["format"], "other/9", 'format is "other/9", not "fixed-sft/1"'),
+        (["tokenizer"], None, "tokenizer is missing"),
+        (["source", "files"], {}, "source.files is {}, not an array"),
+        (["stats", "padding_tokens"], False, "stats.padding_tokens is false, not an integer"),
+        (["template_check", "checked"], True, "template_check.checked is true, not an integer"),
         (["params", "row_tokens"], 10**400, "params.row_tokens is 1000"),
         (["stats", "rows"], -1, "stats.rows is -1, outside 0 .. 2**63 - 1"),
         (["parquet", "bytes"], 2**63, "parquet.bytes is 9223372036854775808, outside 0 .. 2**63 - 1"),
