@@ -23,7 +23,7 @@ from typing import NamedTuple
 import pyarrow.parquet as pq
 
 from .build import ORDER_RULE, BuildConfig, BuildError, InvalidSourceRow, UsageError, build
-from .fields import MISSING, first_problem, loads, same, show
+from .fields import MISSING, first_problem, loads, same, show, value_at
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .source import SourceError, SourceUnreachable, is_hub_id
 from .specs import resolve_tokenizer, tokenizer_specs
@@ -151,8 +151,8 @@ def comparison(manifest: dict, rebuilt: dict, folder: Path, rebuilt_folder: Path
         *(Compared(key, here.get(key, MISSING), again.get(key, MISSING), True) for key in {**here, **again}),
         Compared("provenance", _provenance(folder), _provenance(rebuilt_folder), True),
         Compared("parquet", manifest["parquet"], rebuilt["parquet"], False),
-        Compared("code_sha256", manifest["code_version"]["code_sha256"], rebuilt["code_version"]["code_sha256"],
-                 False),
+        Compared("code_sha256", value_at(manifest, ("code_version", "code_sha256")),
+                 rebuilt["code_version"]["code_sha256"], False),
     ]
 
 

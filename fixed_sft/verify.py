@@ -108,7 +108,8 @@ MANIFEST_FIELDS = {
     ("stats", "padding_tokens"): (int,), ("stats", "conversations"): (int,), ("stats", "conversations_split"): (int,),
     ("skipped_invalid",): (list,),
     ("parquet", "path"): (PARQUET_NAME,), ("parquet", "bytes"): (int,), ("parquet", "sha256"): (str,),
-    ("code_version", "code_sha256"): (str,), ("rows_sha256",): (str,), ("row_sha256",): (list,),
+    ("code_version",): (dict,), ("code_version", "code_sha256"): (str, MISSING),  # (the first builds lack it)
+    ("rows_sha256",): (str,), ("row_sha256",): (list,),
 }
 COUNTS = (("params", "row_tokens"), ("stats", "rows"), ("stats", "supervised_tokens"), ("parquet", "bytes"))
 
