@@ -1,9 +1,10 @@
 """The fields a reader takes from a JSON document (a spec, a manifest), checked by kind.
 
 A field is a key path, such as ``("params", "rows")``. The kinds a field may take are
-JSON types (``str``, ``int``, ``bool``, ``list``, ``dict``; a boolean is never an
-integer), ``None`` for null, ``GLOBS`` for a non-empty array of non-empty strings,
-``MISSING`` for a key the document may lack, or a constant such as ``"all"``.
+JSON types (``str``, ``int``, ``float`` (a number written with a point or exponent),
+``bool``, ``list``, ``dict``; a boolean is never an integer), ``None`` for null,
+``GLOBS`` for a non-empty array of non-empty strings, ``MISSING`` for a key the
+document may lack, or a constant such as ``"all"``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ class _Kind:
 
 MISSING = _Kind("missing")  # also the value of a key the document lacks
 GLOBS = _Kind("a non-empty array of non-empty strings")
-NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "an array", dict: "an object", None: "null"}
+NAMES = {str: "a string", int: "an integer", float: "a decimal number", bool: "true or false", list: "an array",
+         dict: "an object", None: "null"}
 
 
 def loads(text: str) -> object:

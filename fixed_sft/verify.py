@@ -1,7 +1,7 @@
 """A built folder -> the list of ways it differs from its manifest (empty when it matches).
 
-Checks, in order: the manifest reads, repeats no key, and has every field of the format
-(``MANIFEST_FIELDS``) of its kind, with each row hash 64 lowercase hex digits; values
+Checks, in order: the manifest reads, repeats no key, and has the format's fields
+(``MANIFEST_FIELDS``), each of its kind, with each row hash 64 lowercase hex digits; values
 derived from others (tokens, padding, ratio, rows) agree, as JSON (``1`` is not ``1.0``),
 and ``rows_sha256`` equals the hash of its own row hashes; the Parquet file exists with
 the recorded size and sha256, and has the format's schema (so no value can wrap into a
@@ -51,8 +51,8 @@ def verify(folder: str | Path) -> list[str]:
     problems = _check_stats(manifest, len(expected), row_tokens)
     if rows_digest(expected) != rows_sha256:
         problems.append(f"{MANIFEST_NAME}: rows_sha256 does not match the hash of its row_sha256 list (edited manifest)")
-    if len(expected) != stats.get("rows"):
-        problems.append(f"{MANIFEST_NAME}: lists {len(expected)} row hashes but stats.rows is {stats.get('rows')}")
+    if len(expected) != stats["rows"]:
+        problems.append(f"{MANIFEST_NAME}: lists {len(expected)} row hashes but stats.rows is {stats['rows']}")
 
     parquet = folder / PARQUET_NAME
     if not parquet.is_file():
@@ -88,13 +88,14 @@ def verify(folder: str | Path) -> list[str]:
     if count != len(expected):
         problems.append(f"{parquet}: {count} rows, manifest lists {len(expected)}")
     supervised = int(np.count_nonzero(mask))
-    if supervised != stats.get("supervised_tokens"):
-        problems.append(f"{parquet}: {supervised} supervised tokens, manifest says {stats.get('supervised_tokens')}")
+    if supervised != stats["supervised_tokens"]:
+        problems.append(f"{parquet}: {supervised} supervised tokens, manifest says {stats['supervised_tokens']}")
     return problems + _check_metadata(parquet, row_tokens, stats)
 
 
-# Every manifest field that verify or a rebuild reads, and the kinds of value each may take
-# (``fields``); the counts among them must also lie in 0 .. 2**63 - 1.
+# The fields of a manifest (data/README.md) and the kinds of value each may take (``fields``);
+# the counts verify uses must also lie in 0 .. 2**63 - 1. The entries of ``source.files``,
+# ``tokenizer.files`` and ``skipped_invalid`` only a rebuild compares.
 MANIFEST_FIELDS = {
     ("format",): (FORMAT,), ("name",): (str,),
     ("params", "rows"): (int, "all"), ("params", "row_tokens"): (int,), ("params", "seed"): (int,),
@@ -103,12 +104,16 @@ MANIFEST_FIELDS = {
     ("source", "file_patterns"): (None, GLOBS, MISSING), ("source", "rows"): (int,), ("source", "files"): (list,),
     ("tokenizer", "name"): (str, None), ("tokenizer", "repo"): (str, None), ("tokenizer", "revision"): (str, None),
     ("tokenizer", "files"): (dict,), ("tokenizer", "pinned"): (bool,),
-    ("loss_mask",): (dict,), ("template_check", "every"): (int,), ("template_check", "checked"): (int,),
+    ("loss_mask", "type"): (str,), ("loss_mask", "template_kwargs"): (dict,),
+    ("template_check", "every"): (int,), ("template_check", "checked"): (int,),
     ("stats", "rows"): (int,), ("stats", "tokens"): (int,), ("stats", "supervised_tokens"): (int,),
-    ("stats", "padding_tokens"): (int,), ("stats", "conversations"): (int,), ("stats", "conversations_split"): (int,),
+    ("stats", "supervised_token_ratio"): (float,), ("stats", "padding_tokens"): (int,),
+    ("stats", "conversations"): (int,), ("stats", "conversations_split"): (int,), ("stats", "rows_skipped"): (int,),
+    ("stats", "tail_tokens_dropped"): (int,), ("stats", "invalid_rows_skipped"): (int,),
     ("skipped_invalid",): (list,),
     ("parquet", "path"): (PARQUET_NAME,), ("parquet", "bytes"): (int,), ("parquet", "sha256"): (str,),
-    ("code_version",): (dict,), ("code_version", "code_sha256"): (str, MISSING),  # (the first builds lack it)
+    ("code_version", "fixed_sft"): (str,), ("code_version", "format"): (str,),
+    ("code_version", "code_sha256"): (str, MISSING),  # (the first builds lack it)
     ("rows_sha256",): (str,), ("row_sha256",): (list,),
 }
 COUNTS = (("params", "row_tokens"), ("stats", "rows"), ("stats", "supervised_tokens"), ("parquet", "bytes"))
@@ -145,10 +150,10 @@ def _check_stats(manifest: dict, rows: int, row_tokens: int) -> list[str]:
         "stats.tokens": (stats["tokens"], tokens),
         "stats.padding_tokens": (stats["padding_tokens"], 0),
         "stats.supervised_token_ratio": (
-            stats.get("supervised_token_ratio"), stats.get("supervised_tokens", 0) / tokens if tokens else 0.0),
+            stats["supervised_token_ratio"], stats["supervised_tokens"] / tokens if tokens else 0.0),
     }
-    if params.get("rows") != "all":
-        derived["params.rows"] = (params.get("rows"), rows)
+    if params["rows"] != "all":
+        derived["params.rows"] = (params["rows"], rows)
     return [f"{MANIFEST_NAME}: {key} is {show(got)}, expected {show(want)}"
             for key, (got, want) in derived.items() if not same(got, want)]
 
