@@ -30,7 +30,7 @@ from tqdm import tqdm
 from . import __version__
 from .chat import MASK_TYPES
 from .encode import Encoded, EncoderConfig, Encoders
-from .hashes import cache_damage, row_digest, rows_digest, sha256_file
+from .hashes import cache_damage, first_cache_damage, row_digest, rows_digest, sha256_file
 from .order import permutation
 from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, RowWriter
 from .pack import Packer
@@ -187,9 +187,12 @@ def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
     """Build ``config`` into folder ``out``; return the manifest."""
     config.validate()
     try:
-        out = Path(out).resolve()  # a link to a build is rebuilt where it points
-    except RuntimeError:  # a loop of links (Python < 3.13; later ones raise OSError)
-        raise UsageError(f"output {out} is a loop of symbolic links; choose another --out") from None
+        resolved = Path(out).resolve()  # a link to a build is rebuilt where it points
+    except RuntimeError:  # a loop of links, before Python 3.13
+        resolved = None
+    if resolved is None or resolved.is_symlink():  # (from 3.13, resolve leaves a loop's link unresolved)
+        raise UsageError(f"output {out} is a loop of symbolic links; choose another --out")
+    out = resolved
     check_target(out, config.source)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -336,7 +339,8 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
     with Encoders(encoder_config, config.workers) as encoders, _cancelling_pool() as hashing:
         source = open_source(config.source, config.source_revision, config.source_license, config.source_files)
         if config.source_rows is not None and source.num_rows != config.source_rows:
-            raise BuildError(f"source {source.name} has {source.num_rows} rows; {config.name} expects {config.source_rows}")
+            raise _explained(BuildError(f"source {source.name} has {source.num_rows} rows; {config.name} expects "
+                                        f"{config.source_rows}"), source)
         source_hashes = [hashing.submit(sha256_file, path) for path in source.files]
         order = permutation(config.seed, source.num_rows)
         rank = np.empty_like(order)
@@ -362,6 +366,9 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         try:
             with tqdm(total=config.rows, unit="row", disable=not progress, desc=config.name) as bar:
                 _pack(_valid(stream, source, config.skip_invalid, tally), config.rows, packer, writer, tally, bar)
+        except (SourceError, InvalidSourceRow) as error:
+            writer.abort()
+            raise _explained(error, source) from None
         except BaseException:
             writer.abort()
             raise
@@ -385,11 +392,18 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         ]
         damage = next(filter(None, (cache_damage(path, f["sha256"]) for path, f in zip(source.files, source_files))),
                       None)
-        if damage:
+        if damage:  # (bytes that read well, but are not the Hub's)
             raise BuildError(damage)
     manifest = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME)
     _write_manifest(folder / MANIFEST_NAME, manifest)
     return manifest
+
+
+def _explained(error: Exception, source: Source) -> Exception:
+    """``error``, or a ``BuildError`` naming a source file damaged in the Hugging Face
+    cache, which explains it better (a damaged file reads badly, or not at all)."""
+    damage = first_cache_damage(source.files)
+    return BuildError(damage) if damage else error
 
 
 def _manifest(config: BuildConfig, source: Source, source_files: list[dict], tokenizer: ResolvedTokenizer,

@@ -59,8 +59,12 @@ def _rows(value: str) -> int | None:
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the OS has one)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The cores this process may run on (its CPU affinity where the OS has one), at most
+    the most workers a build takes."""
+    from .build import MAX_WORKERS
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(cores, MAX_WORKERS)
 
 
 def parser() -> argparse.ArgumentParser:

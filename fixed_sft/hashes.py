@@ -11,6 +11,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
@@ -33,17 +34,24 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def cache_damage(path: Path, sha256: str) -> str | None:
-    """How a file of the Hugging Face cache whose sha256 is ``sha256`` differs from what
-    the Hub says it holds, or ``None`` (also for a file outside the cache). A snapshot
-    file ``REPO/snapshots/COMMIT/NAME`` links to ``REPO/blobs/ETAG``, and the etag is
-    the file's sha256 when Git LFS stores it, else its Git blob sha1."""
+def cached_blob(path: Path) -> Path | None:
+    """The blob a file of the Hugging Face cache holds its bytes in, or ``None`` for a file
+    outside the cache: a snapshot file ``REPO/snapshots/COMMIT/NAME`` links to
+    ``REPO/blobs/ETAG`` (itself maybe a link into a store shared by repos)."""
     path = Path(path)
     snapshots = next((folder for folder in path.parents if folder.name == "snapshots"), None)
     if snapshots is None or not path.is_symlink():
         return None
-    blob = Path(os.path.normpath(path.parent / os.readlink(path)))  # itself maybe a link, into a shared store
-    if blob.parent.resolve() != (snapshots.parent / "blobs").resolve():
+    blob = Path(os.path.normpath(path.parent / os.readlink(path)))
+    return blob if blob.parent.resolve() == (snapshots.parent / "blobs").resolve() else None
+
+
+def cache_damage(path: Path, sha256: str) -> str | None:
+    """How a file of the Hugging Face cache whose sha256 is ``sha256`` differs from what
+    the Hub says it holds, or ``None`` (also for a file outside the cache). The etag that
+    names its blob is the file's sha256 when Git LFS stores it, else its Git blob sha1."""
+    blob = cached_blob(path)
+    if blob is None:
         return None
     if re.fullmatch("[0-9a-f]{64}", blob.name):
         found = sha256
@@ -58,3 +66,10 @@ def cache_damage(path: Path, sha256: str) -> str | None:
     delete = f"{blob} and {stored}" if stored != blob else f"{blob}"
     return (f"{path} is damaged in the Hugging Face cache: the Hub's digest of it is {blob.name}, its bytes give "
             f"{found}; delete {delete} and run again to download it anew")
+
+
+def first_cache_damage(paths: Iterable[Path]) -> str | None:
+    """``cache_damage`` of the first damaged file among ``paths`` that the cache holds,
+    hashing each of those (for an error that damage may explain)."""
+    cached = (path for path in paths if cached_blob(path) is not None)
+    return next(filter(None, (cache_damage(path, sha256_file(path)) for path in cached)), None)

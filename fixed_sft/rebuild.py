@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import pyarrow.parquet as pq
 
-from .build import ORDER_RULE, BuildConfig, BuildError, InvalidSourceRow, UsageError, build
+from .build import ORDER_RULE, BuildConfig, BuildError, InvalidSourceRow, UsageError, build, code_version
 from .fields import MISSING, first_problem, loads, same, show, value_at
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .source import SourceError, SourceUnreachable, is_hub_id
@@ -174,9 +174,10 @@ def rebuild(folder: Path, source: str | None = None, tokenizer: str | None = Non
         except SourceUnreachable as error:  # the build's advice names flags a rebuild does not need
             raise SourceError(f"{error.problem}. Without the Hub, download its files at that revision elsewhere "
                               "and pass --source PATH") from None
-        except InvalidSourceRow as error:  # the recorded build read no invalid row, or skipped it
-            raise BuildError(f"{error.problem}; the recorded build did not stop at this row, so its source was "
-                             "another") from None
+        except InvalidSourceRow as error:  # the recorded build read the row without stopping
+            same_code = value_at(manifest, ("code_version", "code_sha256")) == code_version()["code_sha256"]
+            other = "its source was another" if same_code else "its source or its code (code_sha256) was another"
+            raise BuildError(f"{error.problem}; the recorded build did not stop at this row, so {other}") from None
         return comparison(manifest, rebuilt, folder, out, source is not None, tokenizer is not None)
 
 

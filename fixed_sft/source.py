@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .hashes import first_cache_damage
+
 SUFFIXES = (".parquet", ".jsonl")
 _DATA_PATTERNS = tuple(f"*{suffix}" for suffix in SUFFIXES)
 READ_BATCH_ROWS = 4096
@@ -100,8 +102,8 @@ class Source:
     root: Path  # the folder the files were found in; the manifest's file paths are relative to it
     files: tuple[Path, ...]
     row_counts: tuple[int, ...]
+    stamps: tuple[tuple[int, int], ...]  # each file's (bytes, modification time in ns) when opened
     patterns: tuple[str, ...] | None = None  # the globs that chose the files (None: every data file)
-    stamps: tuple[tuple[int, int], ...] = ()  # each file's (bytes, modification time in ns) when opened
 
     @property
     def num_rows(self) -> int:
@@ -166,11 +168,17 @@ def open_source(source: str, revision: str | None = None, license: str | None = 
         path = download(source, revision, patterns)
         revision = snapshot_commit(path, revision)
     files = _data_files(path, patterns)
-    stamps = tuple(_stamp(f) for f in files)
-    counts = tuple(_count_rows(f) for f in files)
-    if files[0].suffix == ".parquet":
-        _check_parquet_types(files)
-    return Source(source, revision, license, path if path.is_dir() else path.parent, files, counts, patterns, stamps)
+    try:
+        stamps = tuple(_stamp(f) for f in files)
+        counts = tuple(_count_rows(f) for f in files)
+        if files[0].suffix == ".parquet":
+            _check_parquet_types(files)
+    except SourceError:
+        damage = first_cache_damage(files)  # a damaged cached file explains the error better
+        if damage:
+            raise SourceError(damage) from None
+        raise
+    return Source(source, revision, license, path if path.is_dir() else path.parent, files, counts, stamps, patterns)
 
 
 def _stamp(path: Path) -> tuple[int, int]:

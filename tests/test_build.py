@@ -491,3 +491,22 @@ def test_a_source_file_that_changes_during_the_build_is_an_error(kimi_dir, tmp_p
     with pytest.raises(SourceError, match=re.escape(f"{source} changed while the build read it")):
         build(config(source, kimi_dir, rows=2, row_tokens=256), tmp_path / "o")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_damaged_cached_source_is_named_whatever_error_it_causes(kimi_dir, tmp_path):
+    """Damaged bytes usually fail before the end of the build, where every file's hash is
+    compared: the error they cause is explained by naming the damaged file instead."""
+    good = synthetic.write_jsonl(synthetic.conversations(60, seed=2), tmp_path / "rows.jsonl").read_bytes()
+    snapshot = tmp_path / "hub" / "datasets--o--d" / "snapshots" / ("c" * 40)
+    link = cache_link(snapshot, "rows.jsonl", good)
+    link.resolve().write_bytes(good.replace(b'"messages"', b'"massages"'))  # every row now invalid
+    with pytest.raises(BuildError, match=re.escape(f"{link} is damaged in the Hugging Face cache")):
+        build(config(snapshot, kimi_dir, rows=2, row_tokens=256), tmp_path / "o")
+
+    shard = synthetic.write_parquet(synthetic.conversations(60, seed=2), tmp_path / "rows.parquet")[0].read_bytes()
+    snapshot = tmp_path / "hub" / "datasets--o--p" / "snapshots" / ("c" * 40)
+    link = cache_link(snapshot, "rows.parquet", shard)
+    link.resolve().write_bytes(shard[: len(shard) // 2])  # cut short: not even readable Parquet
+    with pytest.raises(SourceError, match=re.escape(f"{link} is damaged in the Hugging Face cache")):
+        build(config(snapshot, kimi_dir, rows=2, row_tokens=256), tmp_path / "o")
+    assert not (tmp_path / "o").exists()

@@ -262,8 +262,13 @@ def test_an_invalid_row_in_a_given_source_says_the_source_is_another(source, kim
     assert _rebuild(tmp_path / "o", "--source", str(tmp_path / "other.jsonl"), "--tokenizer", str(kimi_dir),
                     "--workers", "1") == 1
     err = capsys.readouterr().err
-    assert f"line {index + 1} (source row {index}" in err and "the recorded build did not stop at this row" in err
+    assert f"line {index + 1} (source row {index}" in err
+    assert err.strip().endswith("the recorded build did not stop at this row, so its source was another")
     assert "--skip-invalid" not in err and len(err.strip().splitlines()) == 1
+    _edit(tmp_path / "o", lambda m: m["code_version"].update(code_sha256="0" * 64))  # built by other code
+    assert _rebuild(tmp_path / "o", "--source", str(tmp_path / "other.jsonl"), "--tokenizer", str(kimi_dir),
+                    "--workers", "1") == 1
+    assert capsys.readouterr().err.strip().endswith("so its source or its code (code_sha256) was another")
 
 
 def test_a_manifest_without_code_sha256_verifies_and_rebuilds(source, kimi_dir, tmp_path, capsys):
