@@ -30,7 +30,7 @@ from tqdm import tqdm
 from . import __version__
 from .chat import MASK_TYPES
 from .encode import Encoded, EncoderConfig, Encoders
-from .hashes import cache_damage, first_cache_damage, row_digest, rows_digest, sha256_file
+from .hashes import first_cache_damage, row_digest, rows_digest, sha256_file
 from .order import permutation
 from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, RowWriter
 from .pack import Packer
@@ -390,8 +390,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             {"path": path.relative_to(source.root).as_posix(), "bytes": size, "sha256": digest}
             for path, (size, _), digest in zip(source.files, source.stamps, digests)
         ]
-        damage = next(filter(None, (cache_damage(path, f["sha256"]) for path, f in zip(source.files, source_files))),
-                      None)
+        damage = first_cache_damage(source.files, digests)
         if damage:  # (bytes that read well, but are not the Hub's)
             raise BuildError(damage)
     manifest = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME)

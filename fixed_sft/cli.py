@@ -140,8 +140,6 @@ def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path, dict | None]:
     values = {key: spec[key] for key in SPEC_KEYS if spec.get(key) is not None}
     if values.get("rows") == "all":
         values["rows"] = None
-    if "source_files" in values:
-        values["source_files"] = tuple(values["source_files"])
     if name:  # the spec's own values must be in range, whatever flags override them
         try:
             BuildConfig(name=name, **values).validate()
@@ -156,7 +154,7 @@ def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path, dict | None]:
     values.update({key: value for key, value in flags.items() if value is not None})
     if "rows" in args:
         values["rows"] = args.rows
-    if isinstance(values.get("source_files"), list):
+    if values.get("source_files") is not None:
         values["source_files"] = tuple(values["source_files"])
     config = BuildConfig(name=name or "custom", **values)
     return config, Path(args.out or Path("out") / config.name), spec.get("published")

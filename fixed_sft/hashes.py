@@ -11,7 +11,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import Sequence
 
 import numpy as np
 
@@ -68,8 +68,12 @@ def cache_damage(path: Path, sha256: str) -> str | None:
             f"{found}; delete {delete} and run again to download it anew")
 
 
-def first_cache_damage(paths: Iterable[Path]) -> str | None:
-    """``cache_damage`` of the first damaged file among ``paths`` that the cache holds,
-    hashing each of those (for an error that damage may explain)."""
-    cached = (path for path in paths if cached_blob(path) is not None)
-    return next(filter(None, (cache_damage(path, sha256_file(path)) for path in cached)), None)
+def first_cache_damage(paths: Sequence[Path], sha256s: Sequence[str] | None = None) -> str | None:
+    """``cache_damage`` of the first damaged file among ``paths`` that the cache holds;
+    their sha256s are ``sha256s``, or are computed (for an error that damage may explain)."""
+    for k, path in enumerate(paths):
+        if cached_blob(path) is not None:
+            damage = cache_damage(path, sha256_file(path) if sha256s is None else sha256s[k])
+            if damage:
+                return damage
+    return None

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from .fields import GLOBS, MISSING, first_problem
-from .hashes import cache_damage, sha256_file
+from .hashes import first_cache_damage, sha256_file
 from .source import is_hub_id, snapshot_commit
 from .tokenizer import FILES, TEMPLATE_KWARGS, read_json_object
 
@@ -173,7 +173,7 @@ def resolve_tokenizer(
     if missing:
         raise SpecError(f"tokenizer folder {directory} lacks {', '.join(missing)}")
     files = {name: {"bytes": (directory / name).stat().st_size, "sha256": sha256_file(directory / name)} for name in FILES}
-    damage = next(filter(None, (cache_damage(directory / name, files[name]["sha256"]) for name in FILES)), None)
+    damage = first_cache_damage([directory / name for name in FILES], [files[name]["sha256"] for name in FILES])
     if damage:
         raise SpecError(damage)
     if spec is None:
