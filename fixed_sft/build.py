@@ -84,22 +84,24 @@ class BuildConfig:
     expected_tokenizer: str | None = None  # the spec a tokenizer folder must match
     source_rows: int | None = None  # the row count the source must have, when known
 
-    def validate(self) -> None:
-        """Raise ``UsageError`` for a parameter outside its range."""
+    def validate(self, name: Callable[[str], str] = lambda field: "--" + field.replace("_", "-")) -> None:
+        """Raise ``UsageError`` for a parameter outside its range, calling it by
+        ``name(field)`` (by default the flag that sets it)."""
         if not 2 <= self.row_tokens <= MAX_ROW_TOKENS:
-            raise UsageError(f"--row-tokens must be between 2 and {MAX_ROW_TOKENS}, got {self.row_tokens}")
+            raise UsageError(f"{name('row_tokens')} must be between 2 and {MAX_ROW_TOKENS}, got {self.row_tokens}")
         if self.rows is not None and self.rows < 1:
-            raise UsageError(f"--rows must be a positive number or 'all', got {self.rows}")
+            raise UsageError(f"{name('rows')} must be a positive number or 'all', got {self.rows}")
         if not 0 <= self.seed < 2**64:
-            raise UsageError(f"--seed must be between 0 and 2**64 - 1, got {self.seed}")
+            raise UsageError(f"{name('seed')} must be between 0 and 2**64 - 1, got {self.seed}")
         if self.loss_mask_type not in MASK_TYPES:
-            raise UsageError(f"unknown --loss-mask-type {self.loss_mask_type!r} (known: {', '.join(MASK_TYPES)})")
+            raise UsageError(f"unknown {name('loss_mask_type')} {self.loss_mask_type!r} "
+                             f"(known: {', '.join(MASK_TYPES)})")
         if not 1 <= self.workers <= MAX_WORKERS:
-            raise UsageError(f"--workers must be between 1 and {MAX_WORKERS}, got {self.workers}")
+            raise UsageError(f"{name('workers')} must be between 1 and {MAX_WORKERS}, got {self.workers}")
         if self.check_every < 0:
-            raise UsageError(f"--check-every must be non-negative, got {self.check_every}")
+            raise UsageError(f"{name('check_every')} must be non-negative, got {self.check_every}")
         if self.source_files is not None and not (self.source_files and all(self.source_files)):
-            raise UsageError("--source-files must not be empty")
+            raise UsageError(f"{name('source_files')} must not be empty")
 
 
 def is_build(path: Path) -> bool:

@@ -142,7 +142,7 @@ def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path, dict | None]:
         values["rows"] = None
     if name:  # the spec's own values must be in range, whatever flags override them
         try:
-            BuildConfig(name=name, **values).validate()
+            BuildConfig(name=name, **values).validate(name=str)  # (named by the spec's keys)
         except UsageError as error:
             raise UsageError(f"{BUILDS / name}.json: {error}") from None
     if args.source is not None:  # another source: the spec's revision, license, files and size do not apply

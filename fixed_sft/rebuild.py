@@ -52,6 +52,11 @@ def check_recorded(manifest: dict) -> None:
         raise BuildError(wrong)
 
 
+RECORDED_AS = {"rows": "params.rows", "row_tokens": "params.row_tokens", "seed": "params.seed",
+               "loss_mask_type": "params.loss_mask_type", "check_every": "template_check.every",
+               "source_files": "source.file_patterns"}  # the manifest keys of BuildConfig's fields
+
+
 def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | None = None,
                     workers: int = 1) -> BuildConfig:
     """The build ``manifest`` records (checked by ``check_recorded``), reading the source
@@ -97,8 +102,8 @@ def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | 
         check_every=manifest["template_check"]["every"],
         workers=workers,
     )
-    try:
-        replace(config, workers=1).validate()  # the manifest's values; the caller's --workers is the build's to check
+    try:  # the manifest's values, named by their keys (the caller's --workers is the build's to check)
+        replace(config, workers=1).validate(name=lambda field: RECORDED_AS.get(field, field))
     except UsageError as error:
         raise BuildError(f"the manifest records a parameter this builder refuses: {error}") from None
     return config

@@ -205,7 +205,7 @@ def test_a_manifest_of_another_shape_fails_verify_before_any_rebuild(source, kim
 
 @pytest.mark.parametrize("change, says", [
     (lambda m: m["params"].update(order="other"), 'params.order is "other"; this builder orders by splitmix64'),
-    (lambda m: m["params"].update(seed=-1), "the manifest records a parameter this builder refuses: --seed must"),
+    (lambda m: m["params"].update(seed=-1), "the manifest records a parameter this builder refuses: params.seed must"),
 ])
 def test_a_manifest_this_builder_cannot_rebuild(source, kimi_dir, tmp_path, capsys, change, says):
     _build(source, kimi_dir, tmp_path / "o", "--rows", "3")

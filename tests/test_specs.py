@@ -295,10 +295,10 @@ def test_a_damaged_cached_tokenizer_file_is_refused(kimi_dir, tmp_path, monkeypa
 
 
 @pytest.mark.parametrize(("values", "says"), [
-    ({"row_tokens": 1}, "--row-tokens must be between 2 and"),
-    ({"rows": 0}, "--rows must be a positive number or 'all', got 0"),
-    ({"seed": -1}, "--seed must be between 0 and 2**64 - 1"),
-    ({"loss_mask_type": "other"}, "unknown --loss-mask-type 'other'"),
+    ({"row_tokens": 1}, "row_tokens must be between 2 and"),
+    ({"rows": 0}, "rows must be a positive number or 'all', got 0"),
+    ({"seed": -1}, "seed must be between 0 and 2**64 - 1"),
+    ({"loss_mask_type": "other"}, "unknown loss_mask_type 'other'"),
 ])
 def test_a_build_spec_value_out_of_range_names_the_spec(tmp_path, monkeypatch, capsys, values, says):
     """Even where a flag gives the value the build uses: the spec file itself is wrong."""
