@@ -34,7 +34,7 @@ from .hashes import first_cache_damage, row_digest, rows_digest, sha256_file
 from .order import permutation
 from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, RowWriter
 from .pack import Packer
-from .source import Source, SourceError, bytes_per_row, open_source, read_band, system_allocator
+from .source import Source, SourceError, bytes_per_row, open_source, read_band, system_allocator, unreadable
 from .specs import ResolvedTokenizer, resolve_tokenizer
 from .tokenizer import eos_id
 
@@ -386,7 +386,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             digests = [digest.result() for digest in source_hashes]
         except OSError as error:
             source.check_unchanged()  # a file that went away is named as changed
-            raise SourceError(f"{error.filename}: cannot read ({error.strerror})") from None
+            raise unreadable(Path(error.filename), error) from None
         source.check_unchanged()  # so the rows, the counts and the hashes are of the same bytes
         source_files = [
             {"path": path.relative_to(source.root).as_posix(), "bytes": size, "sha256": digest}

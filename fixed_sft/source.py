@@ -83,6 +83,16 @@ class SourceUnreachable(SourceError):
         self.problem = problem
 
 
+def changed(path: Path) -> SourceError:
+    """The error for a source file written to while the build read it."""
+    return SourceError(f"{path} changed while the build read it; build from files that stay unchanged")
+
+
+def unreadable(path: Path, error: OSError) -> SourceError:
+    """The error for a source file the system would not let the build read."""
+    return SourceError(f"{path}: cannot read ({error.strerror or error})")
+
+
 class InvalidRow(Exception):
     """A source row that is not a valid conversation."""
 
@@ -118,7 +128,7 @@ class Source:
             except OSError:
                 now = None
             if now != stamp:
-                raise SourceError(f"{path} changed while the build read it; build from files that stay unchanged")
+                raise changed(path)
 
     def locate(self, index: int) -> tuple[Path, int]:
         """The file holding global row ``index``, and the row's number in that file."""
@@ -260,7 +270,7 @@ def _count_rows(path: Path) -> int:
                 lines += block.count(b"\n")
                 last = block[-1:]
     except OSError as error:
-        raise SourceError(f"{path}: cannot read ({error.strerror or error})") from None
+        raise unreadable(path, error) from None
     return lines + (last != b"\n")
 
 
@@ -381,12 +391,12 @@ def _read_jsonl(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa
         with path.open("rb") as f:
             for n, line in enumerate(f):
                 if n == len(inside):
-                    raise SourceError(f"{path} changed while the build read it; build from files that stay unchanged")
+                    raise changed(path)
                 if inside[n]:
                     local.append(n)
                     lines.append(line.removeprefix(codecs.BOM_UTF8) if n == 0 else line)
     except OSError as error:
-        raise SourceError(f"{path}: cannot read ({error.strerror or error})") from None
+        raise unreadable(path, error) from None
     yield np.array(local, dtype=np.int64), pa.table({"line": pa.array(lines, pa.large_binary())})
 
 
