@@ -514,13 +514,11 @@ def used_conversations(out: Path) -> list[int]:
 def read_proxy(source_dir: Path) -> dict[str, Any]:
     """The fastest of ``PROXY_PASSES`` ``read_band`` passes over ``source_dir`` keeping
     ``KEEP_FRACTION`` of its rows (warm page cache), scaled linearly to ``TULU_PARQUET_BYTES``."""
-    from fixed_sft.order import permutation
+    from fixed_sft.order import permutation, positions
     from fixed_sft.source import open_source, read_band
 
     source = open_source(str(source_dir))
-    order = permutation(ORDER_SEED, source.num_rows)
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
+    rank = positions(permutation(ORDER_SEED, source.num_rows))
     keep = max(1, round(source.num_rows * KEEP_FRACTION))
     source_bytes = sum(path.stat().st_size for path in source.files)
     seconds = float("inf")

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 from collections import Counter
 from contextlib import contextmanager
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -31,7 +31,7 @@ from . import __version__
 from .chat import MASK_TYPES
 from .encode import Encoded, EncoderConfig, Encoders
 from .hashes import first_cache_damage, row_digest, rows_digest, sha256_file
-from .order import permutation
+from .order import permutation, positions
 from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, RowWriter
 from .pack import Packer
 from .source import Source, SourceError, bytes_per_row, open_source, read_band, system_allocator, unreadable
@@ -84,24 +84,24 @@ class BuildConfig:
     expected_tokenizer: str | None = None  # the spec a tokenizer folder must match
     source_rows: int | None = None  # the row count the source must have, when known
 
-    def validate(self, name: Callable[[str], str] = lambda field: "--" + field.replace("_", "-")) -> None:
+    def validate(self, label: Callable[[str], str] = lambda key: "--" + key.replace("_", "-")) -> None:
         """Raise ``UsageError`` for a parameter outside its range, calling it by
-        ``name(field)`` (by default the flag that sets it)."""
+        ``label(key)`` (by default the flag that sets it)."""
         if not 2 <= self.row_tokens <= MAX_ROW_TOKENS:
-            raise UsageError(f"{name('row_tokens')} must be between 2 and {MAX_ROW_TOKENS}, got {self.row_tokens}")
+            raise UsageError(f"{label('row_tokens')} must be between 2 and {MAX_ROW_TOKENS}, got {self.row_tokens}")
         if self.rows is not None and self.rows < 1:
-            raise UsageError(f"{name('rows')} must be a positive number or 'all', got {self.rows}")
+            raise UsageError(f"{label('rows')} must be a positive number or 'all', got {self.rows}")
         if not 0 <= self.seed < 2**64:
-            raise UsageError(f"{name('seed')} must be between 0 and 2**64 - 1, got {self.seed}")
+            raise UsageError(f"{label('seed')} must be between 0 and 2**64 - 1, got {self.seed}")
         if self.loss_mask_type not in MASK_TYPES:
-            raise UsageError(f"unknown {name('loss_mask_type')} {self.loss_mask_type!r} "
+            raise UsageError(f"unknown {label('loss_mask_type')} {self.loss_mask_type!r} "
                              f"(known: {', '.join(MASK_TYPES)})")
         if not 1 <= self.workers <= MAX_WORKERS:
-            raise UsageError(f"{name('workers')} must be between 1 and {MAX_WORKERS}, got {self.workers}")
+            raise UsageError(f"{label('workers')} must be between 1 and {MAX_WORKERS}, got {self.workers}")
         if self.check_every < 0:
-            raise UsageError(f"{name('check_every')} must be non-negative, got {self.check_every}")
+            raise UsageError(f"{label('check_every')} must be non-negative, got {self.check_every}")
         if self.source_files is not None and not (self.source_files and all(self.source_files)):
-            raise UsageError(f"{name('source_files')} must not be empty")
+            raise UsageError(f"{label('source_files')} must not be empty")
 
 
 def is_build(path: Path) -> bool:
@@ -326,6 +326,7 @@ def _cancelling_pool() -> Iterator[ThreadPoolExecutor]:
 
 
 def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
+    """Build ``config`` into the empty folder ``folder``, manifest last; return the manifest."""
     tokenizer = resolve_tokenizer(
         config.tokenizer,
         config.tokenizer_revision,
@@ -344,9 +345,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             raise _explained(BuildError(f"source {source.name} has {source.num_rows} rows; {config.name} expects "
                                         f"{config.source_rows}"), source)
         source_hashes = [hashing.submit(sha256_file, path) for path in source.files]
-        order = permutation(config.seed, source.num_rows)
-        rank = np.empty_like(order)
-        rank[order] = np.arange(len(order))
+        rank = positions(permutation(config.seed, source.num_rows))
         packer = Packer(config.row_tokens, eos_id(tokenizer.directory))
         writer = RowWriter(folder / PARQUET_NAME)
         tally = _Tally(config.row_tokens)
@@ -382,22 +381,30 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             raise BuildError(
                 f"the source fills only {writer.rows} rows of {config.row_tokens} tokens with supervised tokens; {wanted}"
             )
-        try:
-            digests = [digest.result() for digest in source_hashes]
-        except OSError as error:
-            source.check_unchanged()  # a file that went away is named as changed
-            raise unreadable(Path(error.filename), error) from None
-        source.check_unchanged()  # so the rows, the counts and the hashes are of the same bytes
-        source_files = [
-            {"path": path.relative_to(source.root).as_posix(), "bytes": size, "sha256": digest}
-            for path, (size, _), digest in zip(source.files, source.stamps, digests)
-        ]
-        damage = first_cache_damage(source.files, digests)
-        if damage:  # (bytes that read well, but are not the Hub's)
-            raise BuildError(damage)
+        source_files = _source_files(source, source_hashes)
     manifest = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME)
     _write_manifest(folder / MANIFEST_NAME, manifest)
     return manifest
+
+
+def _source_files(source: Source, hashes: list[Future]) -> list[dict]:
+    """The manifest's ``source.files``, from the files' hashes; a ``SourceError`` for a
+    file that went away or changed since the source was opened (so the rows, the counts
+    and the hashes are all of the same bytes), a ``BuildError`` for one damaged in the
+    Hugging Face cache (bytes that read well, but are not the Hub's)."""
+    try:
+        digests = [digest.result() for digest in hashes]
+    except OSError as error:
+        source.check_unchanged()  # a file that went away is named as changed
+        raise unreadable(Path(error.filename), error) from None
+    source.check_unchanged()
+    damage = first_cache_damage(source.files, digests)
+    if damage:
+        raise BuildError(damage)
+    return [
+        {"path": path.relative_to(source.root).as_posix(), "bytes": size, "sha256": digest}
+        for path, (size, _), digest in zip(source.files, source.stamps, digests)
+    ]
 
 
 def _explained(error: Exception, source: Source) -> Exception:

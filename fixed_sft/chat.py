@@ -69,19 +69,6 @@ class RoleLayout:
 RENDERER_MODULE = "transformers.utils.chat_template_utils"
 
 
-def render(chat_template: str, messages: list[dict], add_generation_prompt: bool = False, **template_kwargs) -> str:
-    """The chat template rendered as transformers renders it for ``apply_chat_template``."""
-    renderer = importlib.import_module(RENDERER_MODULE)  # heavy: imported only where rendering
-
-    rendered, _ = renderer.render_jinja_template(
-        conversations=[messages],
-        chat_template=chat_template,
-        add_generation_prompt=add_generation_prompt,
-        **template_kwargs,
-    )
-    return rendered[0]
-
-
 class ChatEncoder:
     """Encodes conversations of ``{"role": system|user|assistant, "content": str}``."""
 
@@ -91,7 +78,6 @@ class ChatEncoder:
         if loss_mask_type not in MASK_TYPES:
             raise ValueError(f"unknown loss mask type {loss_mask_type!r} (known: {', '.join(MASK_TYPES)})")
         self.tokenizer = tokenizer
-        self.loss_mask_type = loss_mask_type
         self.template_kwargs = TEMPLATE_KWARGS if template_kwargs is None else template_kwargs
         self._layouts = {role: self._read_layout(role) for role in ROLES}
         self._check_probes()
@@ -128,7 +114,7 @@ class ChatEncoder:
                 messages = [{"role": role, "content": _PROBE_CONTENTS[(k + shift) % len(_PROBE_CONTENTS)].format(k)}
                             for k, role in enumerate(roles)]
                 try:
-                    expected = self._expected_ids(messages)
+                    expected = self.reference_ids(messages)
                 except TemplateRefusal as error:
                     refusal = refusal or error
                     continue
@@ -161,25 +147,29 @@ class ChatEncoder:
         return ids, np.repeat(np.array(values, dtype=np.uint8), lengths)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
-        """``render`` with this tokenizer's template, its special tokens (``bos_token``, ...)
-        and the template arguments, as the model's ``apply_chat_template`` passes them."""
+        """The chat template rendered as transformers renders it for ``apply_chat_template``:
+        with this tokenizer's special tokens (``bos_token``, ...) and the template arguments."""
+        renderer = importlib.import_module(RENDERER_MODULE)  # heavy: imported only where rendering
         variables = {**self.tokenizer.special_tokens, **self.template_kwargs}
-        return render(self.tokenizer.chat_template, messages, add_generation_prompt, **variables)
+        rendered, _ = renderer.render_jinja_template(
+            conversations=[messages],
+            chat_template=self.tokenizer.chat_template,
+            add_generation_prompt=add_generation_prompt,
+            **variables,
+        )
+        return rendered[0]
 
     def reference_ids(self, messages: list[dict]) -> list[int]:
-        """Token ids by rendering the template and encoding the text."""
-        return self.tokenizer.encode(self.render(messages))
-
-    def _expected_ids(self, messages: list[dict]) -> list[int]:
-        """``reference_ids``; ``TemplateRefusal`` when the template refuses to render the
-        conversation (an error it raises, as for roles out of the order it allows)."""
+        """Token ids by rendering the template and encoding the text; ``TemplateRefusal``
+        when the template refuses to render the conversation (an error it raises, as for
+        roles out of the order it allows)."""
         try:
-            return self.reference_ids(messages)
+            return self.tokenizer.encode(self.render(messages))
         except Exception as error:  # whatever the template raises
             raise TemplateRefusal(f"the chat template refuses the conversation ({type(error).__name__}: {error})") from None
 
     def check(self, messages: list[dict], ids: list[int] | np.ndarray) -> None:
         """Raise ``TemplateMismatch`` unless ``ids`` equal the rendered template's ids
         (``TemplateRefusal`` when the template refuses to render the conversation)."""
-        if np.asarray(ids).tolist() != self._expected_ids(messages):
+        if np.asarray(ids).tolist() != self.reference_ids(messages):
             raise TemplateMismatch("fast-path ids differ from the rendered chat template")

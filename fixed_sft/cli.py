@@ -98,7 +98,8 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--seed", type=int, help=f"order seed (default: the named build's, else {BuildConfig.seed})")
     build.add_argument("--workers", type=int, default=usable_cores(),
                        help="encoding processes (default: the cores this process may use)")
-    build.add_argument("--check-every", type=int, default=64, help="check 1 in N conversations against the rendered template (0: off)")
+    build.add_argument("--check-every", type=int, default=BuildConfig.check_every,
+                       help=f"check 1 in N conversations against the rendered template (0: off; default {BuildConfig.check_every})")
     build.add_argument("--skip-invalid", action="store_true", help="skip invalid source rows and record them")
     build.add_argument("--allow-unpinned-tokenizer", action="store_true", help="build with tokenizer files that differ from their spec, and record it")
     build.add_argument("--trust-remote-code", action="store_true", help="accepted for compatibility; no remote code is run")
@@ -142,7 +143,7 @@ def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path, dict | None]:
         values["rows"] = None
     if name:  # the spec's own values must be in range, whatever flags override them
         try:
-            BuildConfig(name=name, **values).validate(name=str)  # (named by the spec's keys)
+            BuildConfig(name=name, **values).validate(label=str)  # (named by the spec's keys)
         except UsageError as error:
             raise UsageError(f"{BUILDS / name}.json: {error}") from None
     if args.source is not None:  # another source: the spec's revision, license, files and size do not apply

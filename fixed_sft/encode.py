@@ -45,11 +45,11 @@ class Encoded(NamedTuple):
 @dataclass
 class EncodedChunk:
     """A chunk's results packed for transfer between processes: per conversation its
-    index, id, length (-1 when invalid, reason in ``invalid``) and check flag; the
-    valid conversations' ids and masks back to back."""
+    source index, row id, length (-1 when invalid, reason in ``invalid``) and check
+    flag; the valid conversations' token ids and masks back to back."""
 
     indices: list[int]
-    ids: list[str | None]
+    row_ids: list[str | None]
     lengths: np.ndarray
     checked: np.ndarray
     tokens: np.ndarray
@@ -58,7 +58,7 @@ class EncodedChunk:
 
     def __iter__(self) -> Iterator[Encoded]:
         offset = 0
-        for index, row_id, length, checked in zip(self.indices, self.ids, self.lengths.tolist(), self.checked.tolist()):
+        for index, row_id, length, checked in zip(self.indices, self.row_ids, self.lengths.tolist(), self.checked.tolist()):
             if length < 0:
                 yield Encoded(index, row_id, None, None, self.invalid[index])
             else:
@@ -105,7 +105,7 @@ def encode_chunk(encoder: ChatEncoder, chunk: pa.Table, first_position: int, che
     valid = [item for item in items if item.invalid is None]
     return EncodedChunk(
         indices=[item.index for item in items],
-        ids=[item.id for item in items],
+        row_ids=[item.id for item in items],
         lengths=np.array([-1 if item.invalid is not None else len(item.ids) for item in items], dtype=np.int64),
         checked=np.array([item.checked for item in items], dtype=bool),
         tokens=np.concatenate([item.ids for item in valid]) if valid else np.zeros(0, np.int32),
@@ -186,8 +186,9 @@ class Encoders:
         return self
 
     def _start_workers(self) -> None:
+        """Start every worker process now: the pool starts one per task submitted."""
         for _ in range(self.workers):
-            self._pool.submit(int)
+            self._pool.submit(int)  # a task that does nothing
 
     def __exit__(self, *exc: object) -> None:
         self._started.exception()  # wait until start-up is over

@@ -46,3 +46,10 @@ def keys(seed: int, num_rows: int) -> np.ndarray:
 def permutation(seed: int, num_rows: int) -> np.ndarray:
     """Source row indices in packing order (``order[p]`` is the row packed p-th)."""
     return np.argsort(keys(seed, num_rows), kind="stable").astype(np.int64)
+
+
+def positions(order: np.ndarray) -> np.ndarray:
+    """The inverse of ``order``: ``positions(order)[i]`` is the packing position of source row ``i``."""
+    position = np.empty_like(order)
+    position[order] = np.arange(len(order))
+    return position

@@ -109,7 +109,7 @@ def first_null(array: pa.Array) -> int | None:
     if not array.null_count:
         return None
     nulls = pc.is_null(array).to_numpy(zero_copy_only=False)
-    return int(np.argmax(nulls)) if nulls.any() else None
+    return int(np.argmax(nulls))
 
 
 def read_rows(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

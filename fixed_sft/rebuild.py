@@ -103,7 +103,7 @@ def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | 
         workers=workers,
     )
     try:  # the manifest's values, named by their keys (the caller's --workers is the build's to check)
-        replace(config, workers=1).validate(name=lambda field: RECORDED_AS.get(field, field))
+        replace(config, workers=1).validate(label=lambda key: RECORDED_AS.get(key, key))
     except UsageError as error:
         raise BuildError(f"the manifest records a parameter this builder refuses: {error}") from None
     return config
@@ -201,16 +201,16 @@ def difference(here: object, rebuilt: object, path: str = "") -> str:
 
 def report(results: list[Compared]) -> tuple[bool, list[str]]:
     """Whether every ``proof`` value is the same, and a line per value: same, or where it differs."""
-    same = {r.key: r.same for r in results}  # each compared once: the provenance holds every row
-    proven = all(same[r.key] for r in results if r.proof)
-    rows = same["rows_sha256"] and same["provenance"]
+    agrees = {r.key: r.same for r in results}  # each compared once: the provenance holds every row
+    proven = all(agrees[r.key] for r in results if r.proof)
+    rows = agrees["rows_sha256"] and agrees["provenance"]
     verdict = ("gives the same rows and manifest" if proven else
                "gives the same rows, but not what the manifest says of them" if rows else
                "does not give the same rows")
     lines = [f"the rebuild from the recorded inputs {verdict}"]
     for r in results:
         info = "" if r.proof else " (for information)"
-        if same[r.key]:
+        if agrees[r.key]:
             lines.append(f"  {r.key}: same{info}")
         elif r.key == "parquet" and rows:
             lines.append(f"  {r.key}: differs{info} ({difference(r.here, r.rebuilt)}): the same rows and "

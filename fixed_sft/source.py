@@ -401,8 +401,8 @@ def _read_jsonl(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa
 
 
 def records(chunk: pa.Table) -> list[tuple[int, object]]:
-    """``(row index, record)`` pairs of a band slice; a record is the row as a dict, or
-    an ``InvalidRow`` when the row cannot even be decoded."""
+    """``(row index, record)`` pairs of a chunk; a record is the row as a dict, or an
+    ``InvalidRow`` when the row cannot even be decoded."""
     indices = chunk.column("index").to_pylist()
     if "line" in chunk.column_names:
         return [(i, _parse_json_line(line)) for i, line in zip(indices, chunk.column("line").to_pylist())]

@@ -57,10 +57,10 @@ def _whitespace_codepoints() -> np.ndarray:
     return np.array([m.start() for m in re.finditer(r"\s", everything)], dtype=np.uint32)
 
 
-def split_runs(text: str, max_run: int = MAX_RUN) -> list[str]:
+def split_runs(text: str) -> list[str]:
     """Cut ``text`` before each character that would extend a whitespace or
-    non-whitespace run past ``max_run`` characters (the run then restarts at 1)."""
-    if len(text) <= max_run:
+    non-whitespace run past ``MAX_RUN`` characters (the run then restarts at 1)."""
+    if len(text) <= MAX_RUN:
         return [text]
     codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
     space = np.isin(codes, _whitespace_codepoints())
@@ -69,8 +69,8 @@ def split_runs(text: str, max_run: int = MAX_RUN) -> list[str]:
     ends = np.concatenate((change, [len(text)]))
     cuts = [
         cut
-        for k in np.flatnonzero(ends - starts > max_run)
-        for cut in range(int(starts[k]) + max_run, int(ends[k]), max_run)
+        for k in np.flatnonzero(ends - starts > MAX_RUN)
+        for cut in range(int(starts[k]) + MAX_RUN, int(ends[k]), MAX_RUN)
     ]
     bounds = [0, *cuts, len(text)]
     return [text[a:b] for a, b in zip(bounds, bounds[1:])]

@@ -117,6 +117,7 @@ MANIFEST_FIELDS = {
     ("rows_sha256",): (str,), ("row_sha256",): (list,),
 }
 COUNTS = (("params", "row_tokens"), ("stats", "rows"), ("stats", "supervised_tokens"), ("parquet", "bytes"))
+_HEX64 = re.compile("[0-9a-f]{64}")
 
 
 def _check_fields(manifest: object) -> str | None:
@@ -137,9 +138,6 @@ def _check_row_hashes(hashes: list) -> str | None:
     """The first entry of ``row_sha256`` that is not 64 lowercase hex digits, or ``None``."""
     bad = next((n for n, h in enumerate(hashes) if not (isinstance(h, str) and _HEX64.fullmatch(h))), None)
     return None if bad is None else f"row_sha256[{bad}] is {show(hashes[bad])}, not 64 lowercase hex digits"
-
-
-_HEX64 = re.compile("[0-9a-f]{64}")
 
 
 def _check_stats(manifest: dict, rows: int, row_tokens: int) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fixed_sft.order import keys, permutation
+from fixed_sft.order import keys, permutation, positions
 
 M = 2**64
 
@@ -29,6 +29,13 @@ def test_keys_follow_the_documented_rule():
 def test_permutation_is_a_permutation():
     order = permutation(42, 10_000)
     assert np.array_equal(np.sort(order), np.arange(10_000))
+
+
+def test_positions_invert_the_order():
+    order = permutation(3, 1000)
+    position = positions(order)
+    assert np.array_equal(order[position], np.arange(1000))
+    assert np.array_equal(position[order], np.arange(1000))
 
 
 def test_prefix_stable_ranks():

@@ -12,6 +12,7 @@ import pytest
 import synthetic
 from conftest import cache_link
 from fixed_sft.hashes import cache_damage
+from fixed_sft.order import positions
 from fixed_sft.source import InvalidRow, SourceError, open_source, read_band, records
 
 
@@ -93,8 +94,7 @@ def test_band_chunks_follow_the_packing_order(tmp_path, seed):
     synthetic.write_parquet(rows, tmp_path / "src", rows_per_file=int(rng.integers(1, 20)))
     src = open_source(str(tmp_path / "src"))
     order = rng.permutation(61)  # order[p]: the row at packing position p
-    rank = np.empty_like(order)
-    rank[order] = np.arange(61)
+    rank = positions(order)
     lo, hi = sorted(rng.integers(0, 62, size=2).tolist())
     size = int(rng.integers(1, 9))
     chunks = list(read_band(src, rank, lo, hi).chunks(size))
