@@ -8,9 +8,10 @@ inputs when the rebuild's manifest is the folder's, compared as JSON, and so is 
 provenance in the Parquet file (its ``metadata`` column and key-value metadata); not
 compared for that: the reasons of skipped rows (their wording is the code's), and the
 names, globs and paths of inputs the caller gave. Values the rebuild copies from the
-manifest (license, revisions) are the same by construction. The Parquet file's size and
-hash, and ``code_sha256``, are compared for information: the same rows may be encoded by
-another writer, or built by other code.
+manifest (the build's name, the license, revisions) are the same by construction. The
+Parquet file's size and hash, and ``code_version`` (package version, ``code_sha256``, git
+commit), are compared for information: the same rows may be encoded by another writer,
+or built by other code.
 """
 
 from __future__ import annotations

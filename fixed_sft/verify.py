@@ -112,7 +112,7 @@ MANIFEST_FIELDS = {
     ("stats", "tail_tokens_dropped"): (int,), ("stats", "invalid_rows_skipped"): (int,),
     ("skipped_invalid",): (list,),
     ("parquet", "path"): (PARQUET_NAME,), ("parquet", "bytes"): (int,), ("parquet", "sha256"): (str,),
-    ("code_version", "fixed_sft"): (str,), ("code_version", "format"): (str,),
+    ("code_version", "fixed_sft"): (str,), ("code_version", "format"): (FORMAT,),
     ("code_version", "code_sha256"): (str, MISSING),  # (the first builds lack it)
     ("rows_sha256",): (str,), ("row_sha256",): (list,),
 }

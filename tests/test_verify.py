@@ -206,6 +206,7 @@ def _edit_manifest(folder, keys, value):
         (["parquet", "path"], "../elsewhere.parquet", 'parquet.path is "../elsewhere.parquet", not "train.parquet"'),
         (["row_sha256"], ["zz"], 'row_sha256[0] is "zz", not 64 lowercase hex digits'),
         (["format"], "other/9", 'format is "other/9", not "fixed-sft/1"'),
+        (["code_version", "format"], "fixed-sft/0", 'code_version.format is "fixed-sft/0", not "fixed-sft/1"'),
         (["tokenizer"], None, "tokenizer is missing"),
         (["source", "files"], {}, "source.files is {}, not an array"),
         (["stats", "padding_tokens"], False, "stats.padding_tokens is false, not an integer"),
