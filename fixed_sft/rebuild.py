@@ -9,9 +9,9 @@ provenance in the Parquet file (its ``metadata`` column and key-value metadata);
 compared for that: the reasons of skipped rows (their wording is the code's), and the
 names, globs and paths of inputs the caller gave. Values the rebuild copies from the
 manifest (the build's name, the license, revisions) are the same by construction. The
-Parquet file's size and hash, and ``code_version`` (package version, ``code_sha256``, git
-commit), are compared for information: the same rows may be encoded by another writer,
-or built by other code.
+Parquet file's size and hash, and ``code_sha256``, are compared for information: the same
+rows may be encoded by another writer, or built by other code; the rest of
+``code_version`` (package version, git commit) says which code ran, and is not compared.
 """
 
 from __future__ import annotations

@@ -24,6 +24,13 @@ from fixed_sft.source import SourceError
 # rows_sha256 of FIXTURE built from synthetic.conversations(1200, seed=5). A change here
 # changes the row stream: bump the format version and say why in the commit.
 GOLDEN_ROWS_SHA256 = "d070b2aa5f53eba051762f22ed55189f5e56b5ace97f41e73cb27ab114daa91d"
+# and the provenance and counts that go with those rows: sha256 of the ``metadata`` column
+# as JSON (sorted keys), and the manifest's stats and template check
+GOLDEN_METADATA_SHA256 = "d46d59980e91631379f058479c79e27ec719abff53322dc6a48bbb085b6b719a"
+GOLDEN_STATS = {"rows": 40, "tokens": 40960, "supervised_tokens": 31223, "supervised_token_ratio": 0.7622802734375,
+                "padding_tokens": 0, "conversations": 18, "conversations_split": 9, "rows_skipped": 0,
+                "tail_tokens_dropped": 1758, "invalid_rows_skipped": 0}
+GOLDEN_TEMPLATE_CHECK = {"every": 8, "checked": 3}
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +58,13 @@ def fixture_build(corpus, kimi_dir, tmp_path_factory):
 def test_golden_rows_sha256(fixture_build):
     _, manifest = fixture_build
     assert manifest["rows_sha256"] == GOLDEN_ROWS_SHA256
+
+
+def test_golden_provenance_and_stats(fixture_build):
+    out, manifest = fixture_build
+    metadata = pq.read_table(out / "train.parquet", columns=["metadata"]).column("metadata").to_pylist()
+    assert hashlib.sha256(json.dumps(metadata, sort_keys=True).encode()).hexdigest() == GOLDEN_METADATA_SHA256
+    assert (manifest["stats"], manifest["template_check"]) == (GOLDEN_STATS, GOLDEN_TEMPLATE_CHECK)
 
 
 def test_manifest_describes_the_rows(fixture_build, corpus):
@@ -87,9 +101,18 @@ def test_code_version_identifies_the_package_files(fixture_build):
     assert manifest["code_version"]["format"] == "fixed-sft/1"
 
 
-def test_git_commit_is_recorded_only_from_the_project_checkout(tmp_path):
-    """In this checkout the commit is HEAD's; a copy of the package inside another
-    repository records no commit."""
+def _code_version_in(folder: Path) -> dict:
+    """``code_version()`` as a process importing the package from ``folder`` records it."""
+    import subprocess
+
+    probe = [sys.executable, "-c", "import json, fixed_sft.build as b; print(json.dumps(b.code_version()))"]
+    return json.loads(subprocess.run(probe, cwd=folder, capture_output=True, text=True, check=True).stdout)
+
+
+def test_git_commit_and_dirty_are_recorded_from_the_project_checkout(tmp_path):
+    """In the project's own checkout the commit is HEAD's, and ``git_dirty`` says whether
+    ``fixed_sft/`` differs from it; a copy of the package inside another repository
+    records neither."""
     import shutil
     import subprocess
 
@@ -97,19 +120,29 @@ def test_git_commit_is_recorded_only_from_the_project_checkout(tmp_path):
     from fixed_sft.build import code_version
 
     package = Path(fixed_sft.__file__).parent
-    head = subprocess.run(["git", "-C", str(package), "rev-parse", "HEAD"], capture_output=True, text=True)
-    if head.returncode == 0:
-        assert code_version()["git_commit"] == head.stdout.strip()
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+    project = tmp_path / "project"
+    shutil.copytree(package, project / "fixed_sft")
+    git = ["git", "-C", str(project), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "project"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    clean = _code_version_in(project)
+    assert (clean["git_commit"], clean["git_dirty"], clean["code_sha256"]) == \
+        (head, False, code_version()["code_sha256"])
+    with (project / "fixed_sft" / "pack.py").open("a") as f:
+        f.write("# edited\n")
+    dirty = _code_version_in(project)
+    assert (dirty["git_commit"], dirty["git_dirty"]) == (head, True) and dirty["code_sha256"] != clean["code_sha256"]
+
+    other = tmp_path / "other"
+    subprocess.run(["git", "init", "-q", str(other)], check=True)
+    subprocess.run(["git", "-C", str(other), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
                     "--allow-empty", "-m", "other project"], check=True)
-    shutil.copytree(package, tmp_path / "venv" / "site-packages" / "fixed_sft")
-    copied = subprocess.run(
-        [sys.executable, "-c", "import json, fixed_sft.build as b; print(json.dumps(b.code_version()))"],
-        cwd=tmp_path / "venv" / "site-packages", capture_output=True, text=True, check=True,
-    )
-    version = json.loads(copied.stdout)
-    assert "git_commit" not in version and version["code_sha256"] == code_version()["code_sha256"]
+    shutil.copytree(package, other / "venv" / "site-packages" / "fixed_sft")
+    copied = _code_version_in(other / "venv" / "site-packages")
+    assert "git_commit" not in copied and "git_dirty" not in copied
+    assert copied["code_sha256"] == code_version()["code_sha256"]
 
 
 def test_rows_are_the_ordered_conversation_stream(fixture_build, corpus, encoder):
@@ -280,14 +313,23 @@ def test_lazy_build_encodes_only_needed_conversations(corpus, kimi_dir, tmp_path
 
 
 def test_rows_all_packs_everything(corpus, kimi_dir, tmp_path, encoder):
+    """Every full row of the whole stream; the partial last one is dropped."""
+    from fixed_sft.order import permutation
+
     rows = corpus[1][:60]
     synthetic.write_jsonl(rows, tmp_path / "small.jsonl")
     manifest = build(config(tmp_path / "small.jsonl", kimi_dir, rows=None, row_tokens=512), tmp_path / "all")
-    total = sum(len(encoder.encode(r["messages"])[0]) + 1 for r in rows)
+    owner, mask = [], []  # per token of the stream: its conversation, its mask
+    for index in permutation(5, len(rows)).tolist():
+        unit_mask = encoder.encode(rows[index]["messages"])[1] + [0]
+        owner += [index] * len(unit_mask)
+        mask += unit_mask
+    full = len(mask) // 512
+    kept = [k for k in range(full) if any(mask[k * 512 : (k + 1) * 512])]
     stats = manifest["stats"]
-    assert (stats["rows"] + stats["rows_skipped"]) * 512 + stats["tail_tokens_dropped"] == total
-    assert stats["tail_tokens_dropped"] < 512
-    assert stats["conversations"] == 60 or stats["tail_tokens_dropped"] > 0
+    assert (stats["rows"], stats["rows_skipped"], stats["tail_tokens_dropped"]) == \
+        (len(kept), full - len(kept), len(mask) % 512)
+    assert stats["conversations"] == len({owner[t] for k in kept for t in range(k * 512, (k + 1) * 512)})
 
 
 def test_too_many_rows_is_an_error(corpus, kimi_dir, tmp_path):
@@ -458,16 +500,18 @@ def test_conversations_are_counted_in_kept_rows_only(kimi_dir, tmp_path):
 
 def test_a_source_file_damaged_in_the_hub_cache_stops_the_build(kimi_dir, tmp_path):
     """A cached source file whose bytes are not the ones the Hub named it by (here a valid
-    Parquet file, so the rows read well) fails the build, and nothing is published."""
-    rows = synthetic.write_parquet(synthetic.conversations(60, seed=2), tmp_path / "rows.parquet")[0].read_bytes()
+    Parquet file, so the rows read well) fails the build naming it, and nothing is
+    published; each file of the source is checked against its own digest."""
+    shards = synthetic.write_parquet(synthetic.conversations(60, seed=2), tmp_path / "rows", rows_per_file=30)
     snapshot = tmp_path / "hub" / "datasets--o--d" / "snapshots" / ("c" * 40)
-    cache_link(snapshot, "data/train.parquet", rows)
+    for shard in shards:
+        cache_link(snapshot, f"data/{shard.name}", shard.read_bytes())
     assert build(config(snapshot, kimi_dir, rows=2, row_tokens=256), tmp_path / "ok")["stats"]["rows"] == 2
 
     other = hashlib.sha256(b"the bytes the Hub holds").hexdigest()
-    (snapshot / "data" / "train.parquet").unlink()
-    cache_link(snapshot, "data/train.parquet", rows, etag=other)
-    with pytest.raises(BuildError, match="data/train.parquet is damaged in the Hugging Face cache"):
+    (snapshot / "data" / shards[1].name).unlink()
+    cache_link(snapshot, f"data/{shards[1].name}", shards[1].read_bytes(), etag=other)
+    with pytest.raises(BuildError, match=f"data/{shards[1].name} is damaged in the Hugging Face cache"):
         build(config(snapshot, kimi_dir, rows=2, row_tokens=256), tmp_path / "damaged")
     assert not (tmp_path / "damaged").exists()
 

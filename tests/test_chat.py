@@ -65,6 +65,17 @@ def test_check_catches_a_difference(encoder):
         encoder.check(messages, ids[:-1])
 
 
+def test_check_catches_one_token_changed(encoder):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    ids, _ = encoder.encode(messages)
+    encoder.check(messages, ids)
+    for k in (0, len(ids) // 2, len(ids) - 1):
+        wrong = list(ids)
+        wrong[k] = 163600 if wrong[k] != 163600 else 163601
+        with pytest.raises(TemplateMismatch):
+            encoder.check(messages, wrong)
+
+
 def test_unknown_mask_type_is_refused(tokenizer):
     with pytest.raises(ValueError, match="unknown loss mask type"):
         ChatEncoder(tokenizer, "llama3")

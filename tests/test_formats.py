@@ -162,3 +162,20 @@ def test_parquet_is_zstd_compressed(built):
     meta = pq.ParquetFile(out / "train.parquet").metadata
     assert {meta.row_group(g).column(c).compression
             for g in range(meta.num_row_groups) for c in range(meta.num_columns)} == {"ZSTD"}
+
+
+def test_parquet_writer_settings(built):
+    """The settings the Parquet bytes depend on, beside the codec: no column statistics,
+    ``ROWS_PER_GROUP`` rows a group, dictionary-encoded ids and masks."""
+    from fixed_sft.output import ROWS_PER_GROUP
+
+    out, manifest = built
+    meta = pq.ParquetFile(out / "train.parquet").metadata
+    columns = [meta.row_group(g).column(c) for g in range(meta.num_row_groups) for c in range(meta.num_columns)]
+    assert not any(column.is_stats_set for column in columns)
+    rows = manifest["stats"]["rows"]
+    assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == \
+        [min(ROWS_PER_GROUP, rows - start) for start in range(0, rows, ROWS_PER_GROUP)]
+    for column in columns[: meta.num_columns]:
+        if column.path_in_schema.startswith("messages."):
+            assert "RLE_DICTIONARY" in column.encodings

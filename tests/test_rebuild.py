@@ -84,6 +84,21 @@ def test_a_manifest_that_misstates_the_build_is_caught(source, kimi_dir, tmp_pat
     assert says in out
 
 
+def test_the_reason_of_a_skipped_row_is_not_compared(kimi_dir, tmp_path, capsys):
+    """Its wording is the code's: a manifest from code that worded it otherwise still
+    gives the same rows and manifest."""
+    lines = [json.dumps(row) for row in synthetic.conversations(60, seed=8)]
+    lines[3] = '{"id": "bad"}'
+    (tmp_path / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    _build(tmp_path / "rows.jsonl", kimi_dir, tmp_path / "o", "--rows", "all", "--skip-invalid")
+    assert [row["index"] for row in json.loads((tmp_path / "o" / "manifest.json").read_text())["skipped_invalid"]] == [3]
+    _edit(tmp_path / "o", lambda m: m["skipped_invalid"][0].update(reason="worded by other code"))
+    capsys.readouterr()
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 0
+    out = capsys.readouterr().out
+    assert "gives the same rows and manifest" in out and "  skipped_invalid: same\n" in out
+
+
 def test_forged_provenance_is_caught(source, kimi_dir, tmp_path, capsys):
     """Rows whose segments name another source row (wherever they named one, so the
     counts of conversations still hold), with the file's hash re-recorded."""

@@ -85,6 +85,15 @@ def test_reserved_token_cut_by_a_window_is_text(tokenizer, reference):
     assert 163700 not in ids
 
 
+def test_reserved_token_in_a_long_text_is_its_id(tokenizer, reference):
+    """A text past ``MAX_RUN`` takes the cut path, where special-token text still becomes its id."""
+    text = "word " * 6000 + "<|reserved_token_163700|> end"
+    assert len(text) > MAX_RUN
+    ids = tokenizer.encode(text)
+    assert ids == reference.encode(text)
+    assert 163700 in ids
+
+
 def test_overlapping_special_names_are_found():
     from fixed_sft.tokenizer import _overlap
 

@@ -166,12 +166,13 @@ def test_edited_params_rows(copy):
 
 def test_edited_provenance(copy):
     def renumber(rows):
+        rows[9]["metadata"]["row"] = 90
         rows[4]["metadata"]["row"] = 40
         return rows
 
     _rewrite(copy, renumber)
     problems = verify(copy)
-    assert "row 4: metadata.row is 40" in problems
+    assert "row 4: metadata.row is 40" in problems  # the first of the two
 
 
 def test_edited_segment_span(copy):
@@ -393,6 +394,9 @@ def test_a_last_row_without_segments(copy):
     (lambda rows: rows[6]["messages"]["input_ids"].__setitem__(7, None), "row 6: a value in input_ids is null"),
     (lambda rows: rows[7]["messages"].update(loss_mask=None), "row 7: loss_mask is null"),
     (lambda rows: rows[8].update(messages=None), "row 8: messages is null"),
+    (lambda rows: [rows[k]["messages"].update(loss_mask=None) for k in (7, 2)], "row 2: loss_mask is null"),
+    (lambda rows: [rows[k]["messages"]["input_ids"].__setitem__(5, None) for k in (9, 3)],
+     "row 3: a value in input_ids is null"),
 ])
 def test_a_null_is_named_by_its_row(copy, change, says):
     """The format never holds a null (a segment's id aside); the schema allows them."""
