@@ -120,13 +120,18 @@ def test_git_commit_and_dirty_are_recorded_from_the_project_checkout(tmp_path):
     from fixed_sft.build import code_version
 
     package = Path(fixed_sft.__file__).parent
+
+    def commit_all(repo: Path) -> str:
+        """A new repository at ``repo`` with everything in it committed; its HEAD."""
+        git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run(["git", "init", "-q", str(repo)], check=True)
+        subprocess.run([*git, "add", "."], check=True)
+        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "c"], check=True)
+        return subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+
     project = tmp_path / "project"
     shutil.copytree(package, project / "fixed_sft")
-    git = ["git", "-C", str(project), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(project)], check=True)
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "project"], check=True)
-    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    head = commit_all(project)
     clean = _code_version_in(project)
     assert (clean["git_commit"], clean["git_dirty"], clean["code_sha256"]) == \
         (head, False, code_version()["code_sha256"])
@@ -136,9 +141,8 @@ def test_git_commit_and_dirty_are_recorded_from_the_project_checkout(tmp_path):
     assert (dirty["git_commit"], dirty["git_dirty"]) == (head, True) and dirty["code_sha256"] != clean["code_sha256"]
 
     other = tmp_path / "other"
-    subprocess.run(["git", "init", "-q", str(other)], check=True)
-    subprocess.run(["git", "-C", str(other), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
-                    "--allow-empty", "-m", "other project"], check=True)
+    other.mkdir()
+    commit_all(other)
     shutil.copytree(package, other / "venv" / "site-packages" / "fixed_sft")
     copied = _code_version_in(other / "venv" / "site-packages")
     assert "git_commit" not in copied and "git_dirty" not in copied
