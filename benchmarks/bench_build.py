@@ -384,40 +384,37 @@ def child_main(spec_path: Path) -> None:
     Path(spec["result"]).write_text(json.dumps(result))
 
 
-def children_cpu_s() -> float:
-    """CPU time (s) of this process' children and of their waited-for descendants
-    (/proc ``utime + stime + cutime + cstime``; 0 where there is no /proc). The workers'
-    fork server reaps each worker, so its ``cutime`` holds the workers' CPU once the pool
-    has shut down."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
+def proc_stats() -> dict[int, list[str]]:
+    """Each process' ``/proc/PID/stat`` fields after the command name (``[0]`` is field 3,
+    the state; ``[1]`` the parent's pid); empty where there is no /proc."""
     try:
         entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
     except OSError:
-        return 0.0
+        return {}
+    stats = {}
     for name in entries:
         try:
-            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+            stats[int(name)] = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == os.getpid():  # fields[1]: ppid; [11:15]: utime, stime, cutime, cstime
-            total += sum(map(int, fields[11:15]))
-    return total / tick
+    return stats
+
+
+def children_cpu_s() -> float:
+    """CPU time (s) of this process' children and of their waited-for descendants
+    (``utime + stime + cutime + cstime``, fields 14-17; 0 where there is no /proc). The
+    workers' fork server reaps each worker, so its ``cutime`` holds the workers' CPU
+    once the pool has shut down."""
+    own = os.getpid()
+    ticks = sum(sum(map(int, fields[11:15])) for fields in proc_stats().values() if int(fields[1]) == own)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def tree_rss(root: int) -> int:
     """Summed RSS (bytes) of ``root`` and all its descendants, from /proc (0 elsewhere)."""
     children: dict[int, list[int]] = {}
-    try:
-        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
-    except OSError:
-        return 0
-    for name in entries:
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(name))
+    for pid, fields in proc_stats().items():
+        children.setdefault(int(fields[1]), []).append(pid)
     page = os.sysconf("SC_PAGE_SIZE")
     total, todo = 0, [root]
     while todo:
