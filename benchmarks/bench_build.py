@@ -37,9 +37,10 @@ Figures (targets from the project issue "Speed and memory"):
 3. **Workers**: whole-build wall time with ``--workers 2`` against ``--workers 1``
    (same parameters, fresh builds). Target: speedup >= 1.8x. ``--workers-max N`` adds
    4, 8, ... and N workers (info rows). ``rows_sha256`` must be identical for every
-   worker count and every repeat. Info rows give each build's CPU time, all its
-   processes together (the build process, the workers' fork server and the workers),
-   against the 1-worker build's; the cores the 1-worker build keeps busy (its CPU time
+   worker count and every repeat. Info rows give the CPU time of each count's kept
+   (fastest) build, all its processes together (the build process, the workers' fork
+   server and the workers, read from /proc: left out where there is none), against the
+   1-worker build's; the cores the 1-worker build keeps busy (its CPU time
    over its wall time: the Parquet writer, source hashing and reading run in threads
    beside the encoder); and, on a 2-core machine, the most two workers can gain there
    for the CPU they used: 2 x (1-worker wall time) / (2-worker CPU time), the speedup
@@ -177,7 +178,7 @@ class BuildRun:
     time of the build process in it, all its threads (worker processes not included);
     ``tree_cpu_s``: the same plus the CPU time of every process the build started (the
     workers' fork server, the workers it forked, multiprocessing's resource tracker),
-    read from /proc once the build has returned (0 elsewhere); ``read_s`` and
+    read from /proc once the build has returned (None where there is no /proc); ``read_s`` and
     ``read_passes``: time in, and calls of, ``read_band`` inside it; ``peak_rss``:
     the build process' ``VmHWM`` (bytes); ``tree_rss``: the sampled peak of the
     summed RSS of the build's process tree (0 when not sampled)."""
@@ -189,7 +190,7 @@ class BuildRun:
     workers: int
     wall_s: float
     cpu_s: float
-    tree_cpu_s: float
+    tree_cpu_s: float | None
     read_s: float
     read_passes: int
     peak_rss: int
@@ -367,13 +368,14 @@ def child_main(spec_path: Path) -> None:
 
         build_module.read_band = timed_read_band  # instrumentation only; the build is unchanged
         config = build_module.BuildConfig(**spec["config"])
-        start, cpu = time.perf_counter(), time.process_time()
+        start, cpu_start = time.perf_counter(), time.process_time()
         manifest = build_module.build(config, Path(spec["out"]))
-        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+        children = children_cpu_s()  # no child runs before the build
         result = {
             "wall_s": wall,
             "cpu_s": cpu,
-            "tree_cpu_s": cpu + children_cpu_s(),  # no child runs before the build
+            "tree_cpu_s": None if children is None else cpu + children,
             "read_s": reads["seconds"],
             "read_passes": reads["calls"],
             "rows_sha256": manifest["rows_sha256"],
@@ -384,13 +386,13 @@ def child_main(spec_path: Path) -> None:
     Path(spec["result"]).write_text(json.dumps(result))
 
 
-def proc_stats() -> dict[int, list[str]]:
+def proc_stats() -> dict[int, list[str]] | None:
     """Each process' ``/proc/PID/stat`` fields after the command name (``[0]`` is field 3,
-    the state; ``[1]`` the parent's pid); empty where there is no /proc."""
+    the state; ``[1]`` the parent's pid); None where there is no /proc."""
     try:
         entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
     except OSError:
-        return {}
+        return None
     stats = {}
     for name in entries:
         try:
@@ -400,20 +402,23 @@ def proc_stats() -> dict[int, list[str]]:
     return stats
 
 
-def children_cpu_s() -> float:
-    """CPU time (s) of this process' children and of their waited-for descendants
-    (``utime + stime + cutime + cstime``, fields 14-17; 0 where there is no /proc). The
-    workers' fork server reaps each worker, so its ``cutime`` holds the workers' CPU
-    once the pool has shut down."""
+def children_cpu_s() -> float | None:
+    """CPU time (s) of this process' live children and of the descendants they have
+    waited for (``utime + stime + cutime + cstime``, fields 14-17); None where there is
+    no /proc. The workers' fork server reaps each worker, so its ``cutime`` holds the
+    workers' CPU once the pool has shut down."""
+    stats = proc_stats()
+    if stats is None:
+        return None
     own = os.getpid()
-    ticks = sum(sum(map(int, fields[11:15])) for fields in proc_stats().values() if int(fields[1]) == own)
+    ticks = sum(sum(map(int, fields[11:15])) for fields in stats.values() if int(fields[1]) == own)  # fields 14-17
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def tree_rss(root: int) -> int:
     """Summed RSS (bytes) of ``root`` and all its descendants, from /proc (0 elsewhere)."""
     children: dict[int, list[int]] = {}
-    for pid, fields in proc_stats().items():
+    for pid, fields in (proc_stats() or {}).items():
         children.setdefault(int(fields[1]), []).append(pid)
     page = os.sysconf("SC_PAGE_SIZE")
     total, todo = 0, [root]
@@ -711,8 +716,9 @@ class Benchmark:
 
     def workers(self, curve: dict[int, BuildRun], used: list[list[dict]]) -> None:
         """Figure 3: speedup of 2 (and more) workers over 1; identical rows at every count.
-        Under each count, the speedup the machine gives perfectly parallel work there
-        (``parallel_bpe``, fastest of ``PARALLEL_PASSES`` interleaved passes)."""
+        Under each count, the CPU its build used in all processes against 1 worker's, and
+        the speedup the machine gives perfectly parallel work there (``parallel_bpe``,
+        fastest of ``PARALLEL_PASSES`` interleaved passes)."""
         one = curve[1]
         contents = [m["content"] for messages in used[::PARALLEL_SHARE] for m in messages]
         rates: dict[int, float] = {}
@@ -731,21 +737,23 @@ class Benchmark:
                             f">= {TARGET_TWO_WORKER_SPEEDUP}x" if main else "info",
                             (speedup >= TARGET_TWO_WORKER_SPEEDUP) if main else None,
                             numbers={"workers": w, "wall_s": run.wall_s, "speedup": speedup}))
-            cpu = run.tree_cpu_s / one.tree_cpu_s
-            self.add(Figure("   CPU of all its processes", fmt_s(run.tree_cpu_s), f"1 worker {fmt_s(one.tree_cpu_s)}",
-                            f"{cpu:.2f}x", numbers={"workers": w, "tree_cpu_s": run.tree_cpu_s, "ratio": cpu}))
+            if run.tree_cpu_s is not None and one.tree_cpu_s is not None:
+                cpu = run.tree_cpu_s / one.tree_cpu_s
+                self.add(Figure("   CPU of all its processes", fmt_s(run.tree_cpu_s),
+                                f"1 worker {fmt_s(one.tree_cpu_s)}", f"{cpu:.2f}x",
+                                numbers={"workers": w, "tree_cpu_s": run.tree_cpu_s, "ratio": cpu}))
             ceiling = rates[w] / rates[1]
             self.add(Figure(f"   raw BPE in {w} processes (machine ceiling)", fmt_rate(rates[w]),
                             f"1 process {fmt_rate(rates[1])}", f"{ceiling:.2f}x",
                             numbers={"processes": w, "tokens_per_s": rates[w], "speedup": ceiling}))
         if len(curve) == 1:
             self.add(Figure("3. build wall, 2 workers", "not run", target="--workers-max >= 2"))
-        busy = one.tree_cpu_s / one.wall_s
+        busy = one.cpu_s / one.wall_s  # one worker encodes in the build process
         self.add(Figure("   cores busy in the 1-worker build", f"{busy:.2f}",
-                        f"CPU {fmt_s(one.tree_cpu_s)} / wall {fmt_s(one.wall_s)}",
-                        numbers={"cpu_s": one.tree_cpu_s, "busy_cores": busy}))
+                        f"CPU {fmt_s(one.cpu_s)} / wall {fmt_s(one.wall_s)}",
+                        numbers={"cpu_s": one.cpu_s, "busy_cores": busy}))
         two = curve.get(2)
-        if two is not None and self.cores == 2:
+        if two is not None and two.tree_cpu_s is not None and self.cores == 2:
             allowed = 2 * one.wall_s / two.tree_cpu_s
             self.add(Figure("   2 workers with both cores busy throughout", f"{allowed:.2f}x",
                             f"2 x {fmt_s(one.wall_s)} / {fmt_s(two.tree_cpu_s)} of CPU",
