@@ -40,7 +40,8 @@ Figures (targets from the project issue "Speed and memory"):
    worker count and every repeat. Info rows give the CPU time of each count's kept
    (fastest) build, all its processes together (the build process, the workers' fork
    server and the workers, read from /proc: left out where there is none), against the
-   1-worker build's; the cores the 1-worker build keeps busy (its CPU time
+   1-worker build's, and how it splits between the build process, the fork server
+   (with multiprocessing's resource tracker) and the workers; the cores the 1-worker build keeps busy (its CPU time
    over its wall time: the Parquet writer, source hashing and reading run in threads
    beside the encoder); and, on a 2-core machine, the most two workers can gain there
    for the CPU they used: 2 x (1-worker wall time) / (2-worker CPU time), the speedup
@@ -178,7 +179,9 @@ class BuildRun:
     time of the build process in it, all its threads (worker processes not included);
     ``tree_cpu_s``: the same plus the CPU time of every process the build started (the
     workers' fork server, the workers it forked, multiprocessing's resource tracker),
-    read from /proc once the build has returned (None where there is no /proc); ``read_s`` and
+    read from /proc once the build has returned (None where there is no /proc);
+    ``worker_cpu_s``: the part of it spent in processes that those reaped (the workers,
+    which the fork server reaps); ``read_s`` and
     ``read_passes``: time in, and calls of, ``read_band`` inside it; ``peak_rss``:
     the build process' ``VmHWM`` (bytes); ``tree_rss``: the sampled peak of the
     summed RSS of the build's process tree (0 when not sampled)."""
@@ -191,6 +194,7 @@ class BuildRun:
     wall_s: float
     cpu_s: float
     tree_cpu_s: float | None
+    worker_cpu_s: float | None
     read_s: float
     read_passes: int
     peak_rss: int
@@ -371,11 +375,12 @@ def child_main(spec_path: Path) -> None:
         start, cpu_start = time.perf_counter(), time.process_time()
         manifest = build_module.build(config, Path(spec["out"]))
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-        children = children_cpu_s()  # no child runs before the build
+        children = children_cpu()  # no child runs before the build
         result = {
             "wall_s": wall,
             "cpu_s": cpu,
-            "tree_cpu_s": None if children is None else cpu + children,
+            "tree_cpu_s": None if children is None else cpu + sum(children),
+            "worker_cpu_s": None if children is None else children[1],
             "read_s": reads["seconds"],
             "read_passes": reads["calls"],
             "rows_sha256": manifest["rows_sha256"],
@@ -402,17 +407,17 @@ def proc_stats() -> dict[int, list[str]] | None:
     return stats
 
 
-def children_cpu_s() -> float | None:
-    """CPU time (s) of this process' live children and of the descendants they have
-    waited for (``utime + stime + cutime + cstime``, fields 14-17); None where there is
-    no /proc. The workers' fork server reaps each worker, so its ``cutime`` holds the
-    workers' CPU once the pool has shut down."""
+def children_cpu() -> tuple[float, float] | None:
+    """CPU time (s) of this process' live children themselves (``utime + stime``, fields
+    14-15) and of the descendants they have reaped (``cutime + cstime``, fields 16-17);
+    None where there is no /proc. The workers' fork server reaps each worker, so the
+    second holds the workers' CPU once the pool has shut down."""
     stats = proc_stats()
     if stats is None:
         return None
-    own = os.getpid()
-    ticks = sum(sum(map(int, fields[11:15])) for fields in stats.values() if int(fields[1]) == own)  # fields 14-17
-    return ticks / os.sysconf("SC_CLK_TCK")
+    children = [list(map(int, fields[11:15])) for fields in stats.values() if int(fields[1]) == os.getpid()]
+    tick = os.sysconf("SC_CLK_TCK")
+    return sum(c[0] + c[1] for c in children) / tick, sum(c[2] + c[3] for c in children) / tick
 
 
 def tree_rss(root: int) -> int:
@@ -486,7 +491,7 @@ def child_build(label: str, source: Path, out: Path, rows: int, row_tokens: int,
     result, tree = run_child({"config": config, "out": str(out)}, work, sample_tree)
     run = BuildRun(label=label, source=source.name, rows=result["rows"], row_tokens=row_tokens, workers=workers,
                    wall_s=result["wall_s"], cpu_s=result["cpu_s"],
-                   tree_cpu_s=result["tree_cpu_s"], read_s=result["read_s"], read_passes=result["read_passes"],
+                   tree_cpu_s=result["tree_cpu_s"], worker_cpu_s=result["worker_cpu_s"], read_s=result["read_s"], read_passes=result["read_passes"],
                    peak_rss=result["peak_rss"], tree_rss=tree, rows_sha256=result["rows_sha256"],
                    conversations=result["conversations"], out=str(out))
     print(f"  {label}: {run.rows} x {row_tokens} tokens, {workers} worker(s): {run.wall_s:.2f} s "
@@ -742,6 +747,11 @@ class Benchmark:
                 self.add(Figure("   CPU of all its processes", fmt_s(run.tree_cpu_s),
                                 f"1 worker {fmt_s(one.tree_cpu_s)}", f"{cpu:.2f}x",
                                 numbers={"workers": w, "tree_cpu_s": run.tree_cpu_s, "ratio": cpu}))
+                helpers = run.tree_cpu_s - run.cpu_s - run.worker_cpu_s
+                self.add(Figure("   ... build process / fork server / workers",
+                                f"{run.cpu_s:.1f} / {helpers:.1f} / {run.worker_cpu_s:.1f} s",
+                                numbers={"build_process_s": run.cpu_s, "fork_server_s": helpers,
+                                         "workers_s": run.worker_cpu_s}))
             ceiling = rates[w] / rates[1]
             self.add(Figure(f"   raw BPE in {w} processes (machine ceiling)", fmt_rate(rates[w]),
                             f"1 process {fmt_rate(rates[1])}", f"{ceiling:.2f}x",
