@@ -41,12 +41,12 @@ Figures (targets from the project issue "Speed and memory"):
    (fastest) build, all its processes together (the build process, the workers' fork
    server and the workers, read from /proc: left out where there is none), against the
    1-worker build's, and how it splits between the build process, the fork server
-   (with multiprocessing's resource tracker) and the workers; the cores the 1-worker build keeps busy (its CPU time
-   over its wall time: the Parquet writer, source hashing and reading run in threads
-   beside the encoder); and, on a 2-core machine, the most two workers can gain there
-   for the CPU they used: 2 x (1-worker wall time) / (2-worker CPU time), the speedup
-   if both cores were busy from start to end. Under each worker
-   count, an info row gives the machine's own ceiling in the same run: N forked
+   (with multiprocessing's resource tracker) and the workers; the cores the 1-worker
+   build keeps busy (its CPU time over its wall time: the Parquet writer, source
+   hashing and reading run in threads beside the encoder); and, on a 2-core machine,
+   the most two workers can gain there for the CPU they used: 2 x (1-worker wall time)
+   / (2-worker CPU time), the speedup if both cores were busy from start to end. Under
+   each worker count, an info row gives the machine's own ceiling in the same run: N forked
    processes each running raw ``encode_ordinary`` over every 4th used conversation's
    contents, released together, against 1 process (perfectly parallel work, no
    transfers), fastest of 3 passes over all counts; on a shared VM it moves from run to
@@ -490,8 +490,8 @@ def child_build(label: str, source: Path, out: Path, rows: int, row_tokens: int,
                   seed=ORDER_SEED, workers=workers)
     result, tree = run_child({"config": config, "out": str(out)}, work, sample_tree)
     run = BuildRun(label=label, source=source.name, rows=result["rows"], row_tokens=row_tokens, workers=workers,
-                   wall_s=result["wall_s"], cpu_s=result["cpu_s"],
-                   tree_cpu_s=result["tree_cpu_s"], worker_cpu_s=result["worker_cpu_s"], read_s=result["read_s"], read_passes=result["read_passes"],
+                   wall_s=result["wall_s"], cpu_s=result["cpu_s"], tree_cpu_s=result["tree_cpu_s"],
+                   worker_cpu_s=result["worker_cpu_s"], read_s=result["read_s"], read_passes=result["read_passes"],
                    peak_rss=result["peak_rss"], tree_rss=tree, rows_sha256=result["rows_sha256"],
                    conversations=result["conversations"], out=str(out))
     print(f"  {label}: {run.rows} x {row_tokens} tokens, {workers} worker(s): {run.wall_s:.2f} s "
