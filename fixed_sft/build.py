@@ -12,6 +12,7 @@ import fcntl
 import glob
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -351,19 +352,22 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         tally = _Tally(config.row_tokens)
         bytes_row = bytes_per_row(source)
 
-        def band_rows() -> int:
-            """Rows in the next band: what the rows still to fill need (from the tokens per
-            conversation so far; before any, a token per 4 source bytes), plus a fifth,
-            capped by the band memory budget."""
-            cap = int(BAND_BYTES / max(bytes_row, 1.0))
+        def wanted() -> float:
+            """Conversations the rows still to fill need, plus a fifth: their tokens over
+            the tokens per conversation so far (before any, a token per 4 source bytes);
+            without a row count, all."""
             if config.rows is None:
-                return cap
+                return math.inf
             tokens_left = (config.rows - writer.rows) * config.row_tokens - packer.filled
             encoded = tally.conversations_encoded
             per_conversation = tally.tokens_encoded / encoded if encoded else bytes_row / 4
-            return min(cap, int(1.2 * tokens_left / max(per_conversation, 1.0)) + CHUNK_ROWS)
+            return 1.2 * tokens_left / max(per_conversation, 1.0)
 
-        stream = encoders.encode(_chunks(source, rank, band_rows))
+        def band_rows() -> int:
+            """Rows in the next band: those wanted, and a chunk, within the band memory budget."""
+            return int(min(BAND_BYTES / max(bytes_row, 1.0), wanted() + CHUNK_ROWS))
+
+        stream = encoders.encode(_chunks(source, rank, band_rows), wanted)
         try:
             with tqdm(total=config.rows, unit="row", disable=not progress, desc=config.name) as bar:
                 _pack(_valid(stream, source, config.skip_invalid, tally), config.rows, packer, writer, tally, bar)

@@ -11,6 +11,7 @@ the rendered chat template; a difference stops the build.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
@@ -21,7 +22,7 @@ from multiprocessing import forkserver, get_context, parent_process
 from multiprocessing.context import BaseContext
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -162,7 +163,7 @@ def start_forkserver() -> None:
 class Encoders:
     """Where conversations are encoded: in this process (``workers == 1``), one
     conversation at a time and only when asked, or in a pool of worker processes that
-    keeps ``2 * workers`` chunks in flight; workers fork from a server that has
+    keeps up to ``2 * workers`` chunks in flight; workers fork from a server that has
     imported this module and the template renderer once. Start-up (loading the
     encoder, or starting the workers) runs in a helper thread from entering on, so it
     overlaps the caller's first source read; ``encode`` raises its errors."""
@@ -195,21 +196,34 @@ class Encoders:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
 
-    def encode(self, chunks: Iterable[tuple[int, pa.Table]]) -> Iterator[Encoded]:
-        """Encoded conversations in the order of ``chunks``."""
+    def encode(self, chunks: Iterable[tuple[int, pa.Table]], wanted: Callable[[], float] = lambda: math.inf
+               ) -> Iterator[Encoded]:
+        """Encoded conversations in the order of ``chunks``. Workers get the next chunk
+        only while fewer than ``2 * workers`` chunks, holding fewer than ``wanted()``
+        conversations (the caller's estimate of what it still needs), are in flight."""
         if self._pool is None:
             for first_position, chunk in chunks:
                 yield from encode_rows(self._started.result(), chunk, first_position, self.config.check_every)
             return
-        pending: deque[Future] = deque()
+        pending: deque[tuple[Future, int]] = deque()
+        in_flight = 0  # conversations in the pending chunks
+
+        def next_results() -> EncodedChunk:
+            nonlocal in_flight
+            future, size = pending.popleft()
+            in_flight -= size
+            return future.result()
+
         try:
             for first_position, chunk in chunks:
+                while pending and (len(pending) >= 2 * self.workers or in_flight >= wanted()):
+                    yield from next_results()
                 self._started.result()
-                pending.append(self._pool.submit(_encode_in_worker, chunk, first_position, self.config.check_every))
-                if len(pending) >= 2 * self.workers:
-                    yield from pending.popleft().result()
+                pending.append((self._pool.submit(_encode_in_worker, chunk, first_position, self.config.check_every),
+                                chunk.num_rows))
+                in_flight += chunk.num_rows
             while pending:
-                yield from pending.popleft().result()
+                yield from next_results()
         finally:
-            for future in pending:
+            for future, _ in pending:
                 future.cancel()
