@@ -205,25 +205,16 @@ class Encoders:
             for first_position, chunk in chunks:
                 yield from encode_rows(self._started.result(), chunk, first_position, self.config.check_every)
             return
-        pending: deque[tuple[Future, int]] = deque()
-        in_flight = 0  # conversations in the pending chunks
-
-        def next_results() -> EncodedChunk:
-            nonlocal in_flight
-            future, size = pending.popleft()
-            in_flight -= size
-            return future.result()
-
+        pending: deque[tuple[Future, int]] = deque()  # with the conversations in each chunk
         try:
             for first_position, chunk in chunks:
-                while pending and (len(pending) >= 2 * self.workers or in_flight >= wanted()):
-                    yield from next_results()
+                while pending and (len(pending) >= 2 * self.workers or sum(n for _, n in pending) >= wanted()):
+                    yield from pending.popleft()[0].result()
                 self._started.result()
                 pending.append((self._pool.submit(_encode_in_worker, chunk, first_position, self.config.check_every),
                                 chunk.num_rows))
-                in_flight += chunk.num_rows
             while pending:
-                yield from next_results()
+                yield from pending.popleft()[0].result()
         finally:
             for future, _ in pending:
                 future.cancel()
