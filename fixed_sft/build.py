@@ -381,9 +381,9 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             stream.close()
         writer.close()
         if writer.rows == 0 or (config.rows is not None and writer.rows < config.rows):
-            wanted = f"--rows is {config.rows}" if config.rows is not None else "a build needs at least one"
+            needed = f"--rows is {config.rows}" if config.rows is not None else "a build needs at least one"
             raise BuildError(
-                f"the source fills only {writer.rows} rows of {config.row_tokens} tokens with supervised tokens; {wanted}"
+                f"the source fills only {writer.rows} rows of {config.row_tokens} tokens with supervised tokens; {needed}"
             )
         source_files = _source_files(source, source_hashes)
     manifest = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME)
