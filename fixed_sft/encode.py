@@ -6,12 +6,12 @@ results packed for transfer from a worker process) are pure functions of the chu
 tokenizer: workers may run chunks in any order or place, and the builder consumes the
 results in packing order.
 Conversations whose position is a multiple of ``check_every`` are also encoded through
-the rendered chat template; a difference stops the build.
+the rendered chat template; a difference stops the build when the build reaches that
+conversation, not before (so a chunk's later rows cannot fail a build that ends earlier).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import threading
@@ -47,7 +47,9 @@ class Encoded(NamedTuple):
 class EncodedChunk:
     """A chunk's results packed for transfer between processes: per conversation its
     source index, row id, length (-1 when invalid, reason in ``invalid``) and check
-    flag; the valid conversations' token ids and masks back to back."""
+    flag; the valid conversations' token ids and masks back to back. ``mismatch``, when
+    set, is the ``TemplateMismatch`` of the conversation after the last one listed: it is
+    raised where that conversation would be yielded."""
 
     indices: list[int]
     row_ids: list[str | None]
@@ -56,6 +58,7 @@ class EncodedChunk:
     tokens: np.ndarray
     mask: np.ndarray
     invalid: dict[int, str]
+    mismatch: TemplateMismatch | None = None
 
     def __iter__(self) -> Iterator[Encoded]:
         offset = 0
@@ -66,6 +69,8 @@ class EncodedChunk:
                 end = offset + length
                 yield Encoded(index, row_id, self.tokens[offset:end], self.mask[offset:end], None, checked)
                 offset = end
+        if self.mismatch is not None:
+            raise self.mismatch
 
 
 @dataclass(frozen=True)
@@ -101,8 +106,15 @@ def encode_rows(encoder: ChatEncoder, chunk: pa.Table, first_position: int, chec
 
 
 def encode_chunk(encoder: ChatEncoder, chunk: pa.Table, first_position: int, check_every: int) -> EncodedChunk:
-    """All of a chunk's conversations, packed for transfer (see ``EncodedChunk``)."""
-    items = list(encode_rows(encoder, chunk, first_position, check_every))
+    """A chunk's conversations, packed for transfer (see ``EncodedChunk``): all of them,
+    or those before the first whose template check fails, and that failure."""
+    items: list[Encoded] = []
+    mismatch = None
+    try:
+        for item in encode_rows(encoder, chunk, first_position, check_every):
+            items.append(item)
+    except TemplateMismatch as error:
+        mismatch = error
     valid = [item for item in items if item.invalid is None]
     return EncodedChunk(
         indices=[item.index for item in items],
@@ -112,6 +124,7 @@ def encode_chunk(encoder: ChatEncoder, chunk: pa.Table, first_position: int, che
         tokens=np.concatenate([item.ids for item in valid]) if valid else np.zeros(0, np.int32),
         mask=np.concatenate([item.mask for item in valid]) if valid else np.zeros(0, np.uint8),
         invalid={item.index: item.invalid for item in items if item.invalid is not None},
+        mismatch=mismatch,
     )
 
 
@@ -196,8 +209,7 @@ class Encoders:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
 
-    def encode(self, chunks: Iterable[tuple[int, pa.Table]], wanted: Callable[[], float] = lambda: math.inf
-               ) -> Iterator[Encoded]:
+    def encode(self, chunks: Iterable[tuple[int, pa.Table]], wanted: Callable[[], float]) -> Iterator[Encoded]:
         """Encoded conversations in the order of ``chunks``. Workers get the next chunk
         only while fewer than ``2 * workers`` chunks, holding fewer than ``wanted()``
         conversations (the caller's estimate of what it still needs), are in flight."""

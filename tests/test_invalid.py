@@ -411,6 +411,39 @@ def test_a_conversation_the_template_refuses_is_a_mismatch_naming_its_row(kimi_d
         build(config, tmp_path / "out")
 
 
+@pytest.mark.parametrize("position", [0, 30], ids=["reached", "past-the-last-row"])
+def test_a_template_failure_stops_the_build_where_it_reaches_it_at_any_worker_count(kimi_dir, tmp_path, position):
+    """Workers encode whole chunks ahead of the build; a checked conversation the template
+    refuses stops the build only when the build reaches it, as with one worker: past
+    the last row the build needs, it changes nothing."""
+    from fixed_sft.chat import TemplateMismatch
+    from fixed_sft.order import permutation
+
+    folder = tmp_path / "tok"
+    shutil.copytree(kimi_dir, folder)
+    template = folder / "chat_template.jinja"
+    guard = "{%- for m in messages if m['content'] == 'BOOM' -%}{{ raise_exception('boom') }}{%- endfor -%}"
+    template.write_text(guard + template.read_text())
+    bad = int(permutation(7, 40)[position])
+    rows = [{"id": f"row-{i}", "messages": [{"role": "user", "content": "BOOM" if i == bad else "hi"},
+                                            GOOD["messages"][1]]} for i in range(40)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    manifests = []
+    for workers in (1, 2):
+        config = _config(tmp_path / "rows.jsonl", folder, rows=1, row_tokens=16, check_every=1, workers=workers,
+                         allow_unpinned_tokenizer=True)
+        if position == 0:
+            with pytest.raises(TemplateMismatch, match=rf"source row {bad} \(id row-{bad}\): the chat template refuses "
+                                                       r"the conversation \(TemplateError: boom\)"):
+                build(config, tmp_path / f"out{workers}")
+            assert not (tmp_path / f"out{workers}").exists()
+        else:
+            manifest = build(config, tmp_path / f"out{workers}")
+            assert manifest["stats"]["conversations"] < position
+            manifests.append({key: manifest[key] for key in ("rows_sha256", "parquet", "template_check", "stats")})
+    assert manifests == ([] if position == 0 else [manifests[0]] * 2)
+
+
 def test_an_id_is_used_only_by_a_valid_row_and_duplicates_name_its_user(kimi_dir, tmp_path):
     """In packing order: an invalid row with id x, then two valid ones. The invalid row
     does not use the id, so the first valid row keeps it and the second names that row."""
