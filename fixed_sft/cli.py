@@ -120,8 +120,6 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-SPEC_KEYS = ("source", "source_revision", "source_license", "source_files", "source_rows", "tokenizer",
-             "loss_mask_type", "rows", "row_tokens", "seed")
 FLAG_KEYS = ("source", "source_revision", "source_license", "source_files", "tokenizer", "tokenizer_revision",
              "loss_mask_type", "row_tokens", "seed", "workers", "check_every", "skip_invalid",
              "allow_unpinned_tokenizer")
@@ -131,14 +129,14 @@ def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path, dict | None]:
     """The build's parameters (the named spec's, overridden by the flags given), its
     output folder, and the values published for the named build."""
     from .build import BuildConfig, UsageError
-    from .specs import BUILDS, DEFAULT_BUILD, SpecError, build_spec
+    from .specs import BUILD_KEYS, BUILDS, DEFAULT_BUILD, SpecError, build_spec
 
     name = args.name or (DEFAULT_BUILD if args.source is None else None)
     try:
         spec = build_spec(name) if name else {}
     except SpecError as error:
         raise UsageError(str(error)) from None
-    values = {key: spec[key] for key in SPEC_KEYS if spec.get(key) is not None}
+    values = {key: spec[key] for key in BUILD_KEYS if key != "published" and spec.get(key) is not None}
     if values.get("rows") == "all":
         values["rows"] = None
     if name:  # the spec's own values must be in range, whatever flags override them

@@ -10,6 +10,7 @@ document may lack, or a constant such as ``"all"``.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 
 class _Kind:
@@ -30,6 +31,18 @@ def loads(text: str) -> object:
     """The JSON document ``text``; ``ValueError`` for an object that repeats a key (readers
     that keep the first value and readers that keep the last would read two documents)."""
     return json.loads(text, object_pairs_hook=_unique_keys)
+
+
+def read_json_object(path: Path, error: type[Exception]) -> dict:
+    """The JSON object in file ``path`` (read by ``loads``); ``error`` naming the file
+    when it holds none."""
+    try:
+        value = loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as reason:
+        raise error(f"{path}: cannot read it ({reason})") from None
+    if not isinstance(value, dict):
+        raise error(f"{path}: not a JSON object")
+    return value
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:

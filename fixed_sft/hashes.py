@@ -56,8 +56,9 @@ def cache_damage(path: Path, sha256: str) -> str | None:
     if re.fullmatch("[0-9a-f]{64}", blob.name):
         found = sha256
     elif re.fullmatch("[0-9a-f]{40}", blob.name):
-        data = blob.read_bytes()  # the Hub keeps files over 10 MB in LFS, so this one is small
-        found = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        from huggingface_hub.utils.sha import git_hash
+
+        found = git_hash(blob.read_bytes())  # the Hub keeps files over 10 MB in LFS, so this one is small
     else:
         return None
     if found == blob.name:

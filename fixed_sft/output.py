@@ -1,4 +1,4 @@
-"""Rows -> one Parquet file, written a row group at a time (format: data/README.md)."""
+"""Rows -> one Parquet file, written a row group at a time, and read back (format: data/README.md)."""
 
 from __future__ import annotations
 

@@ -62,8 +62,8 @@ def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | 
                     workers: int = 1) -> BuildConfig:
     """The build ``manifest`` records (checked by ``check_recorded``), reading the source
     from ``source`` and the tokenizer from ``tokenizer`` when given, else from where the
-    manifest says: a recorded path is relative to the current folder; a tokenizer built
-    from a folder must be given."""
+    manifest says: a recorded path is relative to the current folder; a tokenizer whose
+    files matched no pinned spec, read from a folder, must be given."""
     if source == "" or tokenizer == "":
         raise UsageError("--source and --tokenizer must not be empty")
     check_recorded(manifest)

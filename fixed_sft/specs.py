@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .fields import GLOBS, MISSING, first_problem
+from .fields import GLOBS, MISSING, first_problem, read_json_object
 from .hashes import first_cache_damage, sha256_file
 from .source import is_hub_id, snapshot_commit
-from .tokenizer import FILES, TEMPLATE_KWARGS, read_json_object
+from .tokenizer import FILES, TEMPLATE_KWARGS
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILDS = ROOT / "data" / "builds"
@@ -28,7 +28,8 @@ class SpecError(Exception):
 
 # The keys of each kind of spec that the builder reads, and the kinds of value each may take
 # (``fields``; null, or no key, means not given). A build spec holds no other keys but
-# ``name`` and ``description``.
+# ``name`` and ``description``, a tokenizer spec none but ``code_files`` (the model's
+# remote code, for information: its rules are fixed_sft/tokenizer.py's).
 NOT_GIVEN = (None, MISSING)
 BUILD_KEYS = {"source": (str,), "source_revision": (str, *NOT_GIVEN), "source_license": (str, *NOT_GIVEN),
               "source_files": (GLOBS, *NOT_GIVEN), "source_rows": (int, *NOT_GIVEN), "tokenizer": (str, *NOT_GIVEN),
@@ -44,14 +45,19 @@ def _check_keys(path: Path, spec: dict, keys: dict[str, tuple]) -> None:
         raise SpecError(f"{path}: {wrong}")
 
 
-def _check_build(path: Path, spec: dict) -> None:
-    unknown = sorted(set(spec) - set(BUILD_KEYS) - {"name", "description"})
+def _check_known(path: Path, spec: dict, known: list[str]) -> None:
+    unknown = sorted(set(spec) - set(known))
     if unknown:
-        raise SpecError(f"{path}: unknown key {unknown[0]!r} (known: {', '.join(BUILD_KEYS)}, name, description)")
+        raise SpecError(f"{path}: unknown key {unknown[0]!r} (known: {', '.join(known)})")
+
+
+def _check_build(path: Path, spec: dict) -> None:
+    _check_known(path, spec, [*BUILD_KEYS, "name", "description"])
     _check_keys(path, spec, BUILD_KEYS)
 
 
 def _check_tokenizer(path: Path, spec: dict) -> None:
+    _check_known(path, spec, [*TOKENIZER_KEYS, "code_files"])
     _check_keys(path, spec, TOKENIZER_KEYS)
     if spec["name"] != path.stem:
         raise SpecError(f"{path}: 'name' is {spec['name']!r}, not the file's name {path.stem!r}")

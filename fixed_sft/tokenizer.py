@@ -18,7 +18,6 @@ Special ids follow the ranks: ``num_ranks .. num_ranks + 255``, named from
 from __future__ import annotations
 
 import functools
-import json
 import re
 from pathlib import Path
 from typing import Iterable
@@ -27,6 +26,7 @@ import numpy as np
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
+from .fields import read_json_object
 from .hashes import sha256_file
 
 PATTERN = "|".join(
@@ -97,17 +97,6 @@ def _overlap(names: Iterable[str]) -> tuple[str, str] | None:
     return None
 
 
-def read_json_object(path: Path, error: type[Exception]) -> dict:
-    """The JSON object in file ``path``; ``error`` naming the file when it holds none."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as reason:
-        raise error(f"{path}: cannot read it ({reason})") from None
-    if not isinstance(value, dict):
-        raise error(f"{path}: not a JSON object")
-    return value
-
-
 def _config(directory: Path) -> dict:
     return read_json_object(Path(directory) / "tokenizer_config.json", TokenizerError)
 
@@ -129,14 +118,14 @@ def _named(config: dict) -> dict[int, str]:
     return named
 
 
-def _special_id(config: dict, added: dict[str, int], key: str, default: str) -> int:
-    """The id in ``added`` (text -> id) of ``config[key]``: an added token's text, or an
-    added-token object holding it as ``content``."""
-    name = config.get(key, default)
+def _eos_id(config: dict, added: dict[str, int]) -> int:
+    """The id in ``added`` (text -> id) of ``config["eos_token"]`` (default ``[EOS]``): an
+    added token's text, or an added-token object holding it as ``content``."""
+    name = config.get("eos_token", "[EOS]")
     if isinstance(name, dict):
         name = name.get("content")
     if not isinstance(name, str) or name not in added:
-        raise TokenizerError(f"tokenizer_config.json: {key} {name!r} is not an added token")
+        raise TokenizerError(f"tokenizer_config.json: eos_token {name!r} is not an added token")
     return added[name]
 
 
@@ -155,12 +144,12 @@ def _special_tokens(config: dict) -> dict[str, str]:
 def eos_id(directory: str | Path) -> int:
     """The id of the eos token (``[EOS]``), read from ``tokenizer_config.json`` alone."""
     config = _config(Path(directory))
-    return _special_id(config, {text: i for i, text in _named(config).items()}, "eos_token", "[EOS]")
+    return _eos_id(config, {text: i for i, text in _named(config).items()})
 
 
 class KimiTokenizer:
-    """The Kimi tokenizer read from a folder holding ``tiktoken.model`` and
-    ``tokenizer_config.json`` (and ``chat_template.jinja`` for the chat path)."""
+    """The Kimi tokenizer read from a folder holding ``FILES``: the BPE ranks, the added
+    tokens and the chat template that ``ChatEncoder`` renders."""
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
@@ -187,7 +176,7 @@ class KimiTokenizer:
         self._added_split = re.compile("(" + "|".join(map(re.escape, self.added)) + ")")
         self._special = re.compile("|".join(map(re.escape, specials)))
         self._special_firsts = sorted({text[0] for text in specials})
-        self.eos_id = _special_id(config, self.added, "eos_token", "[EOS]")
+        self.eos_id = _eos_id(config, self.added)
         self.special_tokens = _special_tokens(config)
         try:
             self.chat_template = (self.directory / "chat_template.jinja").read_text(encoding="utf-8")

@@ -118,6 +118,8 @@ def test_verify_refuses_a_published_name_that_is_not_a_name(name, tmp_path, caps
     ({"template_kwargs": None}, "template_kwargs is null, not an object"),
     ({"files": {"tiktoken.model": {"bytes": 1}}}, "'files' needs tiktoken.model with its 'bytes' and 'sha256'"),
     ({"name": "other"}, "'name' is 'other', not the file's name 'zz'"),
+    ({"chat_template": "other.jinja"}, "unknown key 'chat_template' (known: name, repo, revision"),
+    ('{"name": "zz", "name": "zz"}', "cannot read it (duplicate key 'name')"),
 ])
 def test_a_broken_tokenizer_spec_is_named(kimi_dir, tmp_path, monkeypatch, edit, says):
     """Every build reads all tokenizer specs: one that is broken is named, whatever the tokenizer used."""
@@ -127,7 +129,8 @@ def test_a_broken_tokenizer_spec_is_named(kimi_dir, tmp_path, monkeypatch, edit,
     folder.mkdir()
     spec = json.loads((specs.TOKENIZERS / "kimi-k2.6.json").read_text())
     (folder / "kimi-k2.6.json").write_text(json.dumps(spec))
-    (folder / "zz.json").write_text("{broken" if edit is None else json.dumps({**spec, "name": "zz", **edit}))
+    text = edit if isinstance(edit, str) else json.dumps({**spec, "name": "zz", **edit}) if edit else "{broken"
+    (folder / "zz.json").write_text(text)
     monkeypatch.setattr(specs, "TOKENIZERS", folder)
     with pytest.raises(SpecError, match=re.escape(f"{folder / 'zz.json'}: ") + ".*" + re.escape(says)):
         resolve_tokenizer(str(kimi_dir))
@@ -310,3 +313,12 @@ def test_a_build_spec_value_out_of_range_names_the_spec(tmp_path, monkeypatch, c
                  "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {tmp_path / 'b.json'}: {says}") and len(err.strip().splitlines()) == 1
+
+
+def test_build_config_defaults_are_the_default_builds():
+    """A ``--source`` build without a name takes these defaults (README: the default build's)."""
+    from fixed_sft.build import BuildConfig
+
+    spec, defaults = build_spec(DEFAULT_BUILD), BuildConfig(name="x", source="x")
+    assert {key: getattr(defaults, key) for key in ("tokenizer", "loss_mask_type", "rows", "row_tokens", "seed")} == \
+        {key: spec[key] for key in ("tokenizer", "loss_mask_type", "rows", "row_tokens", "seed")}
