@@ -35,7 +35,8 @@ from .hashes import first_cache_damage, row_digest, rows_digest, sha256_file
 from .order import permutation, positions
 from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, RowWriter
 from .pack import Packer
-from .source import Source, SourceError, bytes_per_row, open_source, read_band, system_allocator, unreadable
+from .source import (Source, SourceError, bytes_per_row, non_unicode, open_source, read_band, system_allocator,
+                     unreadable)
 from .specs import ResolvedTokenizer, resolve_tokenizer
 from .tokenizer import eos_id
 
@@ -196,6 +197,8 @@ def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
     if resolved is None or resolved.is_symlink():  # (from 3.13, resolve leaves a loop's link unresolved)
         raise UsageError(f"output {out} is a loop of symbolic links; choose another --out")
     out = resolved
+    if (shown := non_unicode(out)) is not None:
+        raise UsageError(f"output {shown}: the path is not valid UTF-8, which pyarrow cannot write; choose another --out")
     check_target(out, config.source)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

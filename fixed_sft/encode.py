@@ -178,8 +178,9 @@ class Encoders:
     conversation at a time and only when asked, or in a pool of worker processes that
     keeps up to ``2 * workers`` chunks in flight; workers fork from a server that has
     imported this module and the template renderer once. Start-up (loading the
-    encoder, or starting the workers) runs in a helper thread from entering on, so it
-    overlaps the caller's first source read; ``encode`` raises its errors."""
+    encoder, or starting a worker per core, up to ``workers``: more start only when
+    chunks wait for them) runs in a helper thread from entering on, so it overlaps the
+    caller's first source read; ``encode`` raises its errors."""
 
     def __init__(self, config: EncoderConfig, workers: int):
         self.config = config
@@ -200,8 +201,9 @@ class Encoders:
         return self
 
     def _start_workers(self) -> None:
-        """Start every worker process now: the pool starts one per task submitted."""
-        for _ in range(self.workers):
+        """Start a worker process per core now, up to ``workers``: the pool starts one per
+        task submitted while none is idle, so any others start only when chunks wait."""
+        for _ in range(min(self.workers, os.cpu_count() or 1)):
             self._pool.submit(int)  # a task that does nothing
 
     def __exit__(self, *exc: object) -> None:

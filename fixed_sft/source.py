@@ -251,6 +251,8 @@ def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Pa
     for f in files:
         if f.suffix not in SUFFIXES:
             raise SourceError(f"{f}: not a .parquet or .jsonl file")
+        if (shown := non_unicode(f)) is not None:
+            raise SourceError(f"{shown}: the path is not valid UTF-8, which a manifest cannot record; rename it")
     if len({f.suffix for f in files}) > 1:
         raise SourceError(f"{path} mixes .parquet and .jsonl files; use one format")
     return tuple(files)
@@ -475,6 +477,13 @@ def conversation(record: object) -> tuple[str | None, list[dict]]:
             raise InvalidRow(f"message {n} content has a lone surrogate", row_id)
         clean.append({"role": role, "content": content})
     return row_id, clean
+
+
+def non_unicode(path: Path) -> str | None:
+    """``path`` as text with its undecodable bytes shown as ``\\xNN``, when it is not valid
+    UTF-8 (which neither pyarrow nor a JSON manifest takes); ``None`` when it is."""
+    text = str(path)
+    return None if _is_unicode(text) else os.fsencode(text).decode("utf-8", "backslashreplace")
 
 
 def _is_unicode(text: str) -> bool:

@@ -26,11 +26,14 @@ import pyarrow.parquet as pq
 from .fields import GLOBS, MISSING, first_problem, loads, same, show, value_at
 from .hashes import row_digest, rows_digest, sha256_file
 from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, SCHEMA, NullValue, first_null, read_rows
+from .source import non_unicode
 
 
 def verify(folder: str | Path) -> list[str]:
     """The ways built ``folder`` differs from its manifest (the checks of the module docstring); empty when none."""
     folder = Path(folder)
+    if (shown := non_unicode(folder)) is not None:
+        return [f"{shown}: the path is not valid UTF-8, which pyarrow cannot open; rename it"]
     if not folder.is_dir():
         return [f"{folder}: {'not a folder' if folder.exists() else 'no such folder'}"]
     if (folder / MANIFEST_NAME).exists() and not (folder / MANIFEST_NAME).is_file():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import sys
 from collections import Counter
@@ -332,6 +333,19 @@ def test_workers_get_little_more_than_the_rows_need(corpus, kimi_dir, tmp_path, 
     manifest = build(config(corpus[0] / "parquet", kimi_dir, rows=200, workers=4), tmp_path / "w")
     used = manifest["stats"]["conversations"]
     assert used <= sum(read) <= used + 3 * 4  # 2 x 4 chunks of 4 in flight would reach 28 past
+
+
+def test_workers_start_one_per_core_and_more_only_for_waiting_chunks(corpus, kimi_dir, tmp_path, monkeypatch):
+    """16 workers asked on 2 cores, for one chunk: 2 processes start at once, and at most
+    one more for the chunk (when it arrives before either is ready)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    started = []
+    spawn = ProcessPoolExecutor._spawn_process
+    monkeypatch.setattr(ProcessPoolExecutor, "_spawn_process", lambda self: started.append(1) or spawn(self))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    manifest = build(config(corpus[0] / "parquet", kimi_dir, rows=1, row_tokens=64, workers=16), tmp_path / "w")
+    assert manifest["stats"]["rows"] == 1 and 2 <= len(started) <= 3
 
 
 def test_rows_all_packs_everything(corpus, kimi_dir, tmp_path, encoder):

@@ -185,6 +185,29 @@ def test_what_the_system_refuses_is_one_line_naming_the_file(source, kimi_dir, t
         assert main(_build_args(source, kimi_dir, tmp_path / "a")) == 2 and capsys.readouterr().err == loop
 
 
+def test_a_path_that_is_not_utf8_is_one_line_naming_it(source, kimi_dir, tmp_path, capsys):
+    """pyarrow cannot open such a path, nor a manifest record it: a source file, an output
+    or a folder to verify whose path is not UTF-8 is named, its bytes shown as \\xNN."""
+    bad = os.fsdecode(b"\xff")
+    shown = str(tmp_path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    (tmp_path / "src").mkdir()
+    synthetic.write_parquet(synthetic.conversations(20, seed=1), tmp_path / "src" / "a.parquet")
+    (tmp_path / "src" / "a.parquet").rename(tmp_path / "src" / f"{bad}.parquet")
+    assert main(_build_args(tmp_path / "src", kimi_dir, tmp_path / "o")) == 1
+    assert capsys.readouterr().err == \
+        f"error: {shown}/src/\\xff.parquet: the path is not valid UTF-8, which a manifest cannot record; rename it\n"
+    assert main(_build_args(source, kimi_dir, tmp_path / bad)) == 2
+    assert capsys.readouterr().err == \
+        f"error: output {shown}/\\xff: the path is not valid UTF-8, which pyarrow cannot write; choose another --out\n"
+    assert main(_build_args(source, kimi_dir, tmp_path / "o")) == 0
+    (tmp_path / "o").rename(tmp_path / bad)
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / bad)]) == 1
+    assert capsys.readouterr().out == \
+        f"MISMATCH {shown}/\\xff: the path is not valid UTF-8, which pyarrow cannot open; rename it\n"
+    assert [p.name for p in tmp_path.glob(".*")] == [".o.lock"]  # nothing for the refused output
+
+
 def test_an_internal_error_is_one_line_unless_debugging(monkeypatch, capsys):
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
