@@ -16,10 +16,13 @@ rows may be encoded by another writer, or built by other code; the rest of
 
 from __future__ import annotations
 
+import fcntl
+import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import pyarrow.parquet as pq
 
@@ -56,6 +59,29 @@ def check_recorded(manifest: dict) -> None:
 RECORDED_AS = {"rows": "params.rows", "row_tokens": "params.row_tokens", "seed": "params.seed",
                "loss_mask_type": "params.loss_mask_type", "check_every": "template_check.every",
                "source_files": "source.file_patterns"}  # the manifest keys of BuildConfig's fields
+
+
+SCRATCH_PREFIX = "fixed-sft-rebuild-"
+
+
+@contextmanager
+def _scratch() -> Iterator[Path]:
+    """A new folder for the rebuilt rows in the temporary folder, deleted afterwards. While
+    in use it holds a locked ``.lock`` (locked before it gets that name), so the folders
+    that killed rebuilds left, whose ``.lock`` no process holds, are deleted first."""
+    for stale in Path(tempfile.gettempdir()).glob(SCRATCH_PREFIX + "*"):
+        try:
+            with (stale / ".lock").open("rb") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:  # in use, being created, or another user's
+            pass
+    with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, ignore_cleanup_errors=True) as scratch:
+        folder = Path(scratch)
+        with (folder / ".lock.new").open("wb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            (folder / ".lock.new").rename(folder / ".lock")
+            yield folder
 
 
 def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | None = None,
@@ -173,8 +199,8 @@ def rebuild(folder: Path, source: str | None = None, tokenizer: str | None = Non
     except BuildError as error:
         raise BuildError(f"{folder / MANIFEST_NAME}: cannot rebuild: {error}") from None
     _check_tokenizer(config, manifest["tokenizer"]["files"])
-    with tempfile.TemporaryDirectory(prefix="fixed-sft-rebuild-") as scratch:
-        out = Path(scratch) / "rebuilt"
+    with _scratch() as scratch:
+        out = scratch / "rebuilt"
         try:
             rebuilt = build(config, out, progress)
         except SourceUnreachable as error:  # the build's advice names flags a rebuild does not need

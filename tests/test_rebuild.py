@@ -59,6 +59,25 @@ def test_the_recorded_inputs_give_the_same_rows(source, kimi_dir, tmp_path, caps
     assert not list(tmp_path.glob("fixed-sft-rebuild-*"))  # the rebuild's folder is gone
 
 
+def test_the_folder_a_killed_rebuild_left_is_deleted_by_the_next(source, kimi_dir, tmp_path, capsys, monkeypatch):
+    """A rebuild killed with SIGKILL leaves its folder; the next rebuild deletes it, but
+    not the folder of a rebuild still running (which holds its lock)."""
+    import fcntl
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    killed, running = (tmp_path / "tmp" / f"fixed-sft-rebuild-{name}" for name in ("killed", "running"))
+    for folder in killed, running:
+        (folder / ".rebuilt.tmp-1").mkdir(parents=True)
+        (folder / ".rebuilt.tmp-1" / "train.parquet").write_bytes(b"partial")
+        (folder / ".lock").touch()
+    with (running / ".lock").open("rb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir)) == 0
+    assert [p.name for p in (tmp_path / "tmp").glob("fixed-sft-rebuild-*")] == [running.name]
+
+
 @pytest.mark.parametrize("change, says", [
     (lambda m: m["params"].update(seed=42), "does not give the same rows\n"),
     (lambda m: m["loss_mask"]["template_kwargs"].update(thinking=False),
