@@ -37,7 +37,10 @@ Figures (targets from the project issue "Speed and memory"):
 3. **Workers**: whole-build wall time with ``--workers 2`` against ``--workers 1``
    (same parameters, fresh builds). Target: speedup >= 1.8x. ``--workers-max N`` adds
    4, 8, ... and N workers (info rows). ``rows_sha256`` must be identical for every
-   worker count and every repeat. Info rows give the CPU time of each count's kept
+   worker count and every repeat. An info row gives the speedup of each repeat's
+   N-worker build over the 1-worker build run just before it (median and range: on a
+   machine whose speed drifts, adjacent builds are the fairest pairs, while the
+   fastest of each count may come from different moments). Info rows give the CPU time of each count's kept
    (fastest) build, all its processes together (the build process, the workers' fork
    server and the workers, read from /proc: left out where there is none), against the
    1-worker build's, and how it splits between the build process, the fork server
@@ -97,6 +100,7 @@ import os
 import platform
 import random
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -659,6 +663,7 @@ class Benchmark:
                 runs[w].append(self.build(f"speed-w{w}-{k}", self.corpus.large, plan.speed_rows,
                                           DEFAULT_ROW_TOKENS, w))
         self.digests = {run.rows_sha256 for batch in runs.values() for run in batch}
+        self.runs = runs
         return {w: min(batch, key=lambda r: r.wall_s) for w, batch in runs.items()}
 
     def pipeline(self, one: BuildRun, used: list[list[dict]]) -> None:
@@ -742,6 +747,11 @@ class Benchmark:
                             f">= {TARGET_TWO_WORKER_SPEEDUP}x" if main else "info",
                             (speedup >= TARGET_TWO_WORKER_SPEEDUP) if main else None,
                             numbers={"workers": w, "wall_s": run.wall_s, "speedup": speedup}))
+            pairs = [first.wall_s / other.wall_s for first, other in zip(self.runs[1], self.runs[w])]
+            self.add(Figure(f"   adjacent pairs, {w} workers vs 1",
+                            f"median {statistics.median(pairs):.2f}x", f"{len(pairs)} pairs",
+                            f"{min(pairs):.2f}-{max(pairs):.2f}x",
+                            numbers={"workers": w, "speedups": pairs, "median": statistics.median(pairs)}))
             if run.tree_cpu_s is not None and one.tree_cpu_s is not None:
                 cpu = run.tree_cpu_s / one.tree_cpu_s
                 self.add(Figure("   CPU of all its processes", fmt_s(run.tree_cpu_s),
