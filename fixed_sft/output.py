@@ -18,6 +18,9 @@ PARQUET_NAME = "train.parquet"
 MANIFEST_NAME = "manifest.json"
 ROWS_PER_GROUP = 128
 WRITE_BATCH_VALUES = 1 << 20  # values per encoding batch: a row group's column in few pages (~10% less CPU)
+# Only the token ids are dictionary-encoded: for the mask (two values) and the metadata,
+# zstd alone gives files as small with ~15% less writer CPU.
+DICTIONARY_COLUMNS = ["messages.input_ids.list.element"]
 
 SEGMENT = pa.struct(
     [("source_index", pa.int64()), ("id", pa.string()), ("start", pa.int32()), ("end", pa.int32())]
@@ -38,7 +41,8 @@ class RowWriter:
     def __init__(self, path: Path):
         self.path = path
         self._writer = pq.ParquetWriter(
-            path, SCHEMA, compression="zstd", write_statistics=False, write_batch_size=WRITE_BATCH_VALUES
+            path, SCHEMA, compression="zstd", use_dictionary=DICTIONARY_COLUMNS, write_statistics=False,
+            write_batch_size=WRITE_BATCH_VALUES,
         )
         self._pending: list[tuple[int, Row]] = []
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="parquet")

@@ -337,8 +337,8 @@ def test_a_signal_stops_workers_without_a_traceback(sig, long_source, kimi_dir, 
         args = command(long_source, kimi_dir, tmp_path / f"out-{delay}")
         args[args.index("--rows") + 1], args[args.index("--workers") + 1] = "all", "2"
         process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   start_new_session=True)
-        deadline = time.monotonic() + 60
+                                   start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+        deadline = time.monotonic() + 60  # (a crash would show every thread's stack in the message below)
         while not (tmp_path / f".out-{delay}.lock").exists() and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(delay)
