@@ -40,8 +40,8 @@ Figures (targets from the project issue "Speed and memory"):
    worker count and every repeat. An info row gives the speedup of each repeat's
    N-worker build over the 1-worker build run just before it (median and range: on a
    machine whose speed drifts, adjacent builds are the fairest pairs, while the
-   fastest of each count may come from different moments). Info rows give the CPU time of each count's kept
-   (fastest) build, all its processes together (the build process, the workers' fork
+   fastest of each count may come from different moments). Info rows give the CPU
+   time of each count's kept (fastest) build, all its processes together (the build process, the workers' fork
    server and the workers, read from /proc: left out where there is none), against the
    1-worker build's, and how it splits between the build process, the fork server
    (with multiprocessing's resource tracker) and the workers; the cores the 1-worker
@@ -626,7 +626,7 @@ class Benchmark:
         self.figures: list[Figure] = []
         self.details: dict[str, Any] = {"plan": asdict(plan), "builds": []}
         self.corpus: Corpus  # made by run()
-        self.digests: set[str] = set()  # rows_sha256 of every build of figures 1 and 3
+        self.runs: dict[int, list[BuildRun]] = {}  # every build of figures 1 and 3, by worker count
 
     def build(self, label: str, source: Path, rows: int, row_tokens: int, workers: int,
               sample_tree: bool = False) -> BuildRun:
@@ -662,7 +662,6 @@ class Benchmark:
             for w in plan.workers:
                 runs[w].append(self.build(f"speed-w{w}-{k}", self.corpus.large, plan.speed_rows,
                                           DEFAULT_ROW_TOKENS, w))
-        self.digests = {run.rows_sha256 for batch in runs.values() for run in batch}
         self.runs = runs
         return {w: min(batch, key=lambda r: r.wall_s) for w, batch in runs.items()}
 
@@ -779,10 +778,11 @@ class Benchmark:
                             f"2 x {fmt_s(one.wall_s)} / {fmt_s(two.tree_cpu_s)} of CPU",
                             numbers={"speedup": allowed}))
         builds = len(curve) * self.plan.repeat
+        digests = {run.rows_sha256 for batch in self.runs.values() for run in batch}
         self.add(Figure(f"   rows_sha256, {builds} build(s) at {','.join(map(str, curve))} workers",
-                        "identical" if len(self.digests) == 1 else f"{len(self.digests)} different",
-                        one.rows_sha256[:16] + "...", target="identical", ok=len(self.digests) == 1,
-                        correctness=True, numbers={"rows_sha256": sorted(self.digests)}))
+                        "identical" if len(digests) == 1 else f"{len(digests)} different",
+                        one.rows_sha256[:16] + "...", target="identical", ok=len(digests) == 1,
+                        correctness=True, numbers={"rows_sha256": sorted(digests)}))
 
     def projection(self, curve: dict[int, BuildRun]) -> float:
         """Figure 4: default build time projected from the best throughput (<= cores), and
