@@ -34,21 +34,6 @@ def _owns_signals() -> bool:
     return threading.current_thread() is threading.main_thread()  # only the main thread may set handlers
 
 
-def _start_forkserver() -> None:
-    """Start the workers' fork server with Ctrl-C ignored, which it and the workers
-    inherit: this command handles Ctrl-C itself (it stops the workers), and a server
-    interrupted while still importing would print a traceback."""
-    from .encode import start_forkserver
-
-    if not _owns_signals():
-        return  # the build starts the server itself
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        start_forkserver()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def _rows(value: str) -> int | None:
     if value == "all":
         return None
@@ -175,8 +160,6 @@ def _build(args: argparse.Namespace) -> int:
     from .build import build
 
     config, out, published = _config(args)
-    if config.workers > 1:
-        _start_forkserver()
     manifest = build(config, out, progress=not args.quiet)
     stats = manifest["stats"]
     print(
@@ -221,8 +204,6 @@ def _verify(args: argparse.Namespace) -> int:
         same = _report_published(manifest, published, args.published)
     if args.rebuild:
         workers = usable_cores() if args.workers is None else args.workers
-        if workers > 1:
-            _start_forkserver()
         proven, lines = report(rebuild(args.folder, args.source, args.tokenizer, workers, not args.quiet))
         print("\n".join(lines))
         same = proven and same

@@ -8,10 +8,16 @@ results in packing order.
 Conversations whose position is a multiple of ``check_every`` are also encoded through
 the rendered chat template; a difference stops the build when the build reaches that
 conversation, not before (so a chunk's later rows cannot fail a build that ends earlier).
+
+Worker processes fork from a server that has imported this module and loaded the
+build's encoder once (named to it by ``PRELOAD_VARIABLE`` when it starts); a worker
+whose build needs another encoder (another tokenizer, or the same folder's files since
+changed) loads its own.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -28,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from .chat import RENDERER_MODULE, ChatEncoder, TemplateMismatch
+from .hashes import sha256_file
 from .source import InvalidRow, conversation, records
 from .tokenizer import KimiTokenizer
 
@@ -75,15 +82,26 @@ class EncodedChunk:
 
 @dataclass(frozen=True)
 class EncoderConfig:
-    """What a process needs to build its own ``ChatEncoder`` (it travels to workers)."""
+    """What a process needs to build its own ``ChatEncoder`` (it travels to workers):
+    ``tokenizer_sha256`` is the sha256 of each tokenizer file by name, as the build
+    records it."""
 
     tokenizer_dir: Path
+    tokenizer_sha256: dict[str, str]
     loss_mask_type: str
     template_kwargs: dict
     check_every: int
 
     def load(self) -> ChatEncoder:
         return ChatEncoder(KimiTokenizer(self.tokenizer_dir), self.loss_mask_type, self.template_kwargs)
+
+    def to_json(self) -> str:
+        return json.dumps({**vars(self), "tokenizer_dir": str(self.tokenizer_dir)})
+
+    @classmethod
+    def from_json(cls, text: str) -> "EncoderConfig":
+        fields = json.loads(text)
+        return cls(**{**fields, "tokenizer_dir": Path(fields["tokenizer_dir"])})
 
 
 def encode_rows(encoder: ChatEncoder, chunk: pa.Table, first_position: int, check_every: int) -> Iterator[Encoded]:
@@ -128,20 +146,45 @@ def encode_chunk(encoder: ChatEncoder, chunk: pa.Table, first_position: int, che
     )
 
 
+PRELOAD_VARIABLE = "FIXED_SFT_PRELOAD_ENCODER"  # an EncoderConfig as JSON, for the fork server only
+
+
+def preload(text: str | None) -> tuple[EncoderConfig, ChatEncoder] | None:
+    """The encoder ``text`` (``EncoderConfig.to_json``) names, loaded, when its tokenizer
+    files still have the config's sha256s; ``None`` for no ``text``, or on any failure
+    (each worker then loads its own encoder and reports the error)."""
+    if not text:
+        return None
+    try:
+        config = EncoderConfig.from_json(text)
+        found = {name: sha256_file(config.tokenizer_dir / name) for name in config.tokenizer_sha256}
+        return (config, config.load()) if found == config.tokenizer_sha256 else None
+    except Exception:  # an error here would end the fork server, and every worker start with it
+        return None
+
+
+_preloaded = preload(os.environ.get(PRELOAD_VARIABLE))  # set only while the fork server starts
 _worker_encoder: ChatEncoder | Exception | None = None
 
 
+def worker_encoder(config: EncoderConfig) -> ChatEncoder | Exception:
+    """The fork server's encoder if it is ``config``'s, else one loaded now; a failure to
+    load is returned, to be raised by the worker's first chunk (so the caller gets the
+    error itself rather than a broken pool)."""
+    if _preloaded is not None and _preloaded[0] == config:
+        return _preloaded[1]
+    try:
+        return config.load()
+    except Exception as error:
+        return error
+
+
 def _init_worker(config: EncoderConfig) -> None:
-    """Load the worker's encoder; a failure is kept and raised by the first chunk, so the
-    caller gets the error itself rather than a broken pool."""
     global _worker_encoder
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the build's to handle: it stops the workers
     threading.Thread(target=_exit_when_gone, args=(parent_process().sentinel,), daemon=True).start()
     pa.set_memory_pool(pa.system_memory_pool())  # as ``system_allocator`` in the build's process
-    try:
-        _worker_encoder = config.load()
-    except Exception as error:
-        _worker_encoder = error
+    _worker_encoder = worker_encoder(config)
 
 
 def _exit_when_gone(parent_sentinel: int) -> None:
@@ -167,20 +210,32 @@ def _forkserver_context() -> BaseContext:
     return context
 
 
-def start_forkserver() -> None:
-    """Start the fork server that workers fork from, if it is not running (one per process)."""
+def start_forkserver(config: EncoderConfig) -> None:
+    """Start the fork server that workers fork from, loading ``config``'s encoder, unless
+    it runs already (one per process, kept for later builds, whose workers load their own
+    encoder if it differs). From the main thread, the server starts with Ctrl-C ignored,
+    which it and the workers inherit: the build handles Ctrl-C itself (it stops the
+    workers), and a server interrupted while still importing would print a traceback."""
     _forkserver_context()
-    forkserver.ensure_running()
+    owns_signals = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if owns_signals else None
+    os.environ[PRELOAD_VARIABLE] = config.to_json()  # the server's environment is this one, as it starts
+    try:
+        forkserver.ensure_running()
+    finally:
+        del os.environ[PRELOAD_VARIABLE]
+        if owns_signals:
+            signal.signal(signal.SIGINT, previous)
 
 
 class Encoders:
     """Where conversations are encoded: in this process (``workers == 1``), one
     conversation at a time and only when asked, or in a pool of worker processes that
     keeps up to ``2 * workers`` chunks in flight; workers fork from a server that has
-    imported this module and the template renderer once. Start-up (loading the
-    encoder, or starting a worker per core, up to ``workers``: more start only when
-    chunks wait for them) runs in a helper thread from entering on, so it overlaps the
-    caller's first source read; ``encode`` raises its errors."""
+    imported this module and the template renderer, and loaded the encoder, once.
+    Start-up (loading the encoder, or starting a worker per core, up to ``workers``: more
+    start only when chunks wait for them) runs in a helper thread from entering on, so it
+    overlaps the caller's first source read; ``encode`` raises its errors."""
 
     def __init__(self, config: EncoderConfig, workers: int):
         self.config = config
@@ -191,6 +246,7 @@ class Encoders:
     def __enter__(self) -> "Encoders":
         start = self.config.load
         if self.workers > 1:
+            start_forkserver(self.config)
             self._pool = ProcessPoolExecutor(
                 self.workers, mp_context=_forkserver_context(), initializer=_init_worker, initargs=(self.config,)
             )
