@@ -19,6 +19,7 @@ import synthetic
 from conftest import cache_link
 from fixed_sft.build import BuildConfig, BuildError, UsageError, build
 from fixed_sft.chat import ChatEncoder
+from fixed_sft.encode import EncoderConfig
 from fixed_sft.output import read_rows
 from fixed_sft.source import SourceError
 
@@ -348,8 +349,7 @@ def test_workers_start_one_per_core_and_more_only_for_waiting_chunks(corpus, kim
     assert manifest["stats"]["rows"] == 1 and 2 <= len(started) <= 3
 
 
-def _encoder_config(folder: Path) -> "EncoderConfig":
-    from fixed_sft.encode import EncoderConfig
+def _encoder_config(folder: Path) -> EncoderConfig:
     from fixed_sft.hashes import sha256_file
     from fixed_sft.tokenizer import FILES, TEMPLATE_KWARGS
 
@@ -370,7 +370,7 @@ def test_workers_take_the_fork_servers_encoder_only_for_its_own_files(kimi_dir, 
     for name in ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja"):
         (folder / name).write_bytes((kimi_dir / name).read_bytes())
     config = _encoder_config(folder)
-    assert encode.EncoderConfig.from_json(config.to_json()) == config
+    assert EncoderConfig.from_json(config.to_json()) == config
     preloaded = encode.preload(config.to_json())
     assert preloaded[0] == config and isinstance(preloaded[1], ChatEncoder)
     assert encode.preload(None) is None and encode.preload("{") is None
