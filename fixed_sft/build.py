@@ -342,8 +342,8 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             f"tokenizer {tokenizer.name} goes with loss mask {tokenizer.loss_mask_type}, not {config.loss_mask_type}"
         )
     encoder_config = EncoderConfig(tokenizer.directory, {name: f["sha256"] for name, f in tokenizer.files.items()},
-                                   config.loss_mask_type, tokenizer.template_kwargs, config.check_every)
-    with Encoders(encoder_config, config.workers) as encoders, _cancelling_pool() as hashing:
+                                   config.loss_mask_type, tokenizer.template_kwargs)
+    with Encoders(encoder_config, config.workers, config.check_every) as encoders, _cancelling_pool() as hashing:
         source = open_source(config.source, config.source_revision, config.source_license, config.source_files)
         if config.source_rows is not None and source.num_rows != config.source_rows:
             raise _explained(BuildError(f"source {source.name} has {source.num_rows} rows; {config.name} expects "

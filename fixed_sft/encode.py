@@ -36,7 +36,7 @@ import pyarrow as pa
 from .chat import RENDERER_MODULE, ChatEncoder, TemplateMismatch
 from .hashes import sha256_file
 from .source import InvalidRow, conversation, records
-from .tokenizer import KimiTokenizer
+from .tokenizer import KimiTokenizer, TokenizerError
 
 
 class Encoded(NamedTuple):
@@ -90,10 +90,16 @@ class EncoderConfig:
     tokenizer_sha256: dict[str, str]
     loss_mask_type: str
     template_kwargs: dict
-    check_every: int
 
     def load(self) -> ChatEncoder:
-        return ChatEncoder(KimiTokenizer(self.tokenizer_dir), self.loss_mask_type, self.template_kwargs)
+        """The encoder; ``TokenizerError`` for a tokenizer file whose sha256 is no longer
+        the recorded one once it has been read."""
+        encoder = ChatEncoder(KimiTokenizer(self.tokenizer_dir), self.loss_mask_type, self.template_kwargs)
+        for name, digest in self.tokenizer_sha256.items():
+            if sha256_file(self.tokenizer_dir / name) != digest:
+                raise TokenizerError(f"{self.tokenizer_dir / name} changed since the build read its sha256; "
+                                     "run the build again")
+        return encoder
 
     def to_json(self) -> str:
         return json.dumps({**vars(self), "tokenizer_dir": str(self.tokenizer_dir)})
@@ -149,29 +155,28 @@ def encode_chunk(encoder: ChatEncoder, chunk: pa.Table, first_position: int, che
 PRELOAD_VARIABLE = "FIXED_SFT_PRELOAD_ENCODER"  # an EncoderConfig as JSON, for the fork server only
 
 
-def preload(text: str | None) -> tuple[EncoderConfig, ChatEncoder] | None:
-    """The encoder ``text`` (``EncoderConfig.to_json``) names, loaded, when its tokenizer
-    files still have the config's sha256s; ``None`` for no ``text``, or on any failure
-    (each worker then loads its own encoder and reports the error)."""
+def preload(text: str | None) -> tuple[str, ChatEncoder] | None:
+    """``text`` (``EncoderConfig.to_json``) and the encoder it names, loaded; ``None`` for
+    no ``text``, or when loading fails (each worker then loads its own encoder, and
+    reports the error)."""
     if not text:
         return None
     try:
-        config = EncoderConfig.from_json(text)
-        found = {name: sha256_file(config.tokenizer_dir / name) for name in config.tokenizer_sha256}
-        return (config, config.load()) if found == config.tokenizer_sha256 else None
+        return text, EncoderConfig.from_json(text).load()
     except Exception:  # an error here would end the fork server, and every worker start with it
         return None
 
 
-_preloaded = preload(os.environ.get(PRELOAD_VARIABLE))  # set only while the fork server starts
+# set only while the fork server starts (``start_forkserver``); taken out of the environment its workers inherit
+_preloaded = preload(os.environ.pop(PRELOAD_VARIABLE, None))
 _worker_encoder: ChatEncoder | Exception | None = None
 
 
 def worker_encoder(config: EncoderConfig) -> ChatEncoder | Exception:
-    """The fork server's encoder if it is ``config``'s, else one loaded now; a failure to
-    load is returned, to be raised by the worker's first chunk (so the caller gets the
-    error itself rather than a broken pool)."""
-    if _preloaded is not None and _preloaded[0] == config:
+    """The fork server's encoder if it is ``config``'s (the same JSON), else one loaded
+    now; a failure to load is returned, to be raised by the worker's first chunk (so the
+    caller gets the error itself rather than a broken pool)."""
+    if _preloaded is not None and _preloaded[0] == config.to_json():
         return _preloaded[1]
     try:
         return config.load()
@@ -210,6 +215,9 @@ def _forkserver_context() -> BaseContext:
     return context
 
 
+_starting = threading.Lock()
+
+
 def start_forkserver(config: EncoderConfig) -> None:
     """Start the fork server that workers fork from, loading ``config``'s encoder, unless
     it runs already (one per process, kept for later builds, whose workers load their own
@@ -217,19 +225,24 @@ def start_forkserver(config: EncoderConfig) -> None:
     which it and the workers inherit: the build handles Ctrl-C itself (it stops the
     workers), and a server interrupted while still importing would print a traceback."""
     _forkserver_context()
-    owns_signals = threading.current_thread() is threading.main_thread()  # only it may set handlers
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if owns_signals else None
-    os.environ[PRELOAD_VARIABLE] = config.to_json()  # the server's environment is this one, as it starts
-    try:
-        forkserver.ensure_running()
-    finally:
-        del os.environ[PRELOAD_VARIABLE]
-        if owns_signals:
-            signal.signal(signal.SIGINT, previous)
+    text = config.to_json()
+    with _starting:  # one environment and one SIGINT handler at a time
+        # only the main thread may set handlers; ``None``: a handler not set from Python, left alone
+        previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+        try:
+            if previous is not None:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+            os.environ[PRELOAD_VARIABLE] = text  # the server's environment is this one, as it starts
+            forkserver.ensure_running()
+        finally:
+            os.environ.pop(PRELOAD_VARIABLE, None)
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
 
 
 class Encoders:
-    """Where conversations are encoded: in this process (``workers == 1``), one
+    """Where conversations are encoded (those at positions that are multiples of
+    ``check_every`` also through the template): in this process (``workers == 1``), one
     conversation at a time and only when asked, or in a pool of worker processes that
     keeps up to ``2 * workers`` chunks in flight; workers fork from a server that has
     imported this module and the template renderer, and loaded the encoder, once.
@@ -237,9 +250,10 @@ class Encoders:
     start only when chunks wait for them) runs in a helper thread from entering on, so it
     overlaps the caller's first source read; ``encode`` raises its errors."""
 
-    def __init__(self, config: EncoderConfig, workers: int):
+    def __init__(self, config: EncoderConfig, workers: int, check_every: int):
         self.config = config
         self.workers = workers
+        self.check_every = check_every
         self._pool: ProcessPoolExecutor | None = None
         self._started: Future | None = None  # the ChatEncoder (1 worker), or None when workers are up
 
@@ -273,7 +287,7 @@ class Encoders:
         conversations (the caller's estimate of what it still needs), are in flight."""
         if self._pool is None:
             for first_position, chunk in chunks:
-                yield from encode_rows(self._started.result(), chunk, first_position, self.config.check_every)
+                yield from encode_rows(self._started.result(), chunk, first_position, self.check_every)
             return
         pending: deque[tuple[Future, int]] = deque()  # with the conversations in each chunk
         try:
@@ -281,7 +295,7 @@ class Encoders:
                 while pending and (len(pending) >= 2 * self.workers or sum(n for _, n in pending) >= wanted()):
                     yield from pending.popleft()[0].result()
                 self._started.result()
-                pending.append((self._pool.submit(_encode_in_worker, chunk, first_position, self.config.check_every),
+                pending.append((self._pool.submit(_encode_in_worker, chunk, first_position, self.check_every),
                                 chunk.num_rows))
             while pending:
                 yield from pending.popleft()[0].result()

@@ -350,51 +350,71 @@ def test_workers_start_one_per_core_and_more_only_for_waiting_chunks(corpus, kim
 
 
 def _encoder_config(folder: Path) -> EncoderConfig:
+    """The encoder config a build with ``config(..., tokenizer=folder)`` gives its workers."""
     from fixed_sft.hashes import sha256_file
     from fixed_sft.tokenizer import FILES, TEMPLATE_KWARGS
 
-    return EncoderConfig(folder, {name: sha256_file(folder / name) for name in FILES}, "kimi_k25", TEMPLATE_KWARGS, 8)
+    return EncoderConfig(folder, {name: sha256_file(folder / name) for name in FILES}, "kimi_k25", TEMPLATE_KWARGS)
 
 
-def test_workers_take_the_fork_servers_encoder_only_for_its_own_files(kimi_dir, tmp_path, monkeypatch):
-    """The fork server loads the encoder its config names while the files still have the
-    config's sha256s; a worker takes it for that config alone, and else loads its own
-    (or returns the error of loading it)."""
+def _tokenizer_copy(kimi_dir: Path, folder: Path) -> Path:
+    folder.mkdir()
+    for name in ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja"):
+        (folder / name).write_bytes((kimi_dir / name).read_bytes())
+    return folder
+
+
+def test_workers_take_the_fork_servers_encoder_only_for_its_own_config(kimi_dir, tmp_path, monkeypatch):
+    """The fork server loads the encoder its config names; a worker takes it for the same
+    config alone (the same JSON: ``1`` is not ``true``), and else loads its own, which
+    fails naming a tokenizer file that changed since the build read its sha256."""
     import dataclasses
 
     from fixed_sft import encode
     from fixed_sft.tokenizer import TokenizerError
 
-    folder = tmp_path / "tok"
-    folder.mkdir()
-    for name in ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja"):
-        (folder / name).write_bytes((kimi_dir / name).read_bytes())
+    folder = _tokenizer_copy(kimi_dir, tmp_path / "tok")
     config = _encoder_config(folder)
     assert EncoderConfig.from_json(config.to_json()) == config
     preloaded = encode.preload(config.to_json())
-    assert preloaded[0] == config and isinstance(preloaded[1], ChatEncoder)
+    assert preloaded[0] == config.to_json() and isinstance(preloaded[1], ChatEncoder)
     assert encode.preload(None) is None and encode.preload("{") is None
     monkeypatch.setattr(encode, "_preloaded", preloaded)
     assert encode.worker_encoder(config) is preloaded[1]
+    other = dataclasses.replace(config, template_kwargs={**config.template_kwargs, "thinking": 1})
+    own = encode.worker_encoder(other)
+    assert isinstance(own, ChatEncoder) and own is not preloaded[1]
 
     template = folder / "chat_template.jinja"
     template.write_text(template.read_text() + "\n")
-    assert encode.preload(config.to_json()) is None  # the files changed since their sha256s were taken
+    assert encode.preload(config.to_json()) is None
+    error = encode.worker_encoder(other)
+    assert isinstance(error, TokenizerError) and "chat_template.jinja changed since the build read" in str(error)
     changed = _encoder_config(folder)
-    own = encode.worker_encoder(changed)
-    assert isinstance(own, ChatEncoder) and own is not preloaded[1]
+    assert isinstance(encode.worker_encoder(changed), ChatEncoder)
     error = encode.worker_encoder(dataclasses.replace(changed, tokenizer_dir=tmp_path / "gone"))
     assert isinstance(error, TokenizerError) and "gone/tiktoken.model" in str(error)
 
 
+def test_starting_the_fork_server_leaves_ctrl_c_and_the_environment_as_they_were(kimi_dir):
+    import signal
+
+    from fixed_sft.encode import PRELOAD_VARIABLE, start_forkserver
+
+    handler = signal.getsignal(signal.SIGINT)
+    start_forkserver(_encoder_config(kimi_dir))
+    assert signal.getsignal(signal.SIGINT) is handler and PRELOAD_VARIABLE not in os.environ
+
+
+# evaluated in a worker: whether it took the fork server's encoder
+TOOK_PRELOADED = "(lambda encode: encode._worker_encoder is encode._preloaded[1])(__import__('fixed_sft.encode').encode)"
+
+
 def test_workers_of_a_later_build_load_the_encoder_of_its_files(corpus, kimi_dir, tmp_path):
     """Two 2-worker builds in one process, the tokenizer's template edited in between: the
-    fork server keeps the first build's encoder, which its workers use; the second
+    fork server keeps the first build's encoder, which its workers take; the second
     build's rows are those of its own files (as one worker builds them)."""
-    folder = tmp_path / "tok"
-    folder.mkdir()
-    for name in ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja"):
-        (folder / name).write_bytes((kimi_dir / name).read_bytes())
+    folder = _tokenizer_copy(kimi_dir, tmp_path / "tok")
     header = "<|im_user|>{{role_name}}<|im_middle|>"
     assert (folder / "chat_template.jinja").read_text().count(header) == 1
     one_worker = config(corpus[0] / "parquet", folder, allow_unpinned_tokenizer=True)
@@ -406,21 +426,20 @@ from fixed_sft import encode
 from fixed_sft.build import BuildConfig, build
 values = {values!r}
 first = build(BuildConfig(**values), Path({str(tmp_path / "first")!r}))
-with encode.Encoders(encode.EncoderConfig.from_json(sys.argv[1]), 2) as encoders:
-    used = encoders._pool.submit(eval, "(lambda e: e._worker_encoder is e._preloaded[1])(__import__('fixed_sft.encode').encode)")
-    used = used.result()
+with encode.Encoders(encode.EncoderConfig.from_json(sys.argv[1]), 2, 8) as encoders:
+    took = encoders._pool.submit(eval, {TOOK_PRELOADED!r}).result()
 template = Path({str(folder / "chat_template.jinja")!r})
 template.write_text(template.read_text().replace({header!r}, {header.replace("}}<", "}}!<")!r}))
 second = build(BuildConfig(**values), Path({str(tmp_path / "second")!r}))
-print(json.dumps([first["rows_sha256"], used, second["rows_sha256"]]))
+print(json.dumps([first["rows_sha256"], took, second["rows_sha256"]]))
 """
     import subprocess
 
     run = subprocess.run([sys.executable, "-c", script, _encoder_config(folder).to_json()], capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr
-    first, used, second = json.loads(run.stdout.splitlines()[-1])
-    assert used  # the first build's workers took the server's encoder
+    first, took, second = json.loads(run.stdout.splitlines()[-1])
+    assert took  # the first build's workers took the server's encoder
     assert second == build(one_worker, tmp_path / "one")["rows_sha256"] != first
 
 

@@ -217,7 +217,7 @@ def test_template_kwargs_reach_the_template(kimi_dir, tmp_path):
                       "<|im_user|>{{role_name}}{{ marker | default('') }}<|im_middle|>")
     kwargs = {**TEMPLATE_KWARGS, "marker": "!"}
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    encoder = EncoderConfig(folder, {}, "kimi_k25", kwargs, 0).load()
+    encoder = EncoderConfig(folder, tokenizer_sha256={}, loss_mask_type="kimi_k25", template_kwargs=kwargs).load()
     ids, _ = encoder.encode(messages)
     assert encoder.template_kwargs == kwargs
     added = encoder.tokenizer.added
