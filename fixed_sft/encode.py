@@ -208,23 +208,19 @@ def _encode_in_worker(chunk: pa.Table, first_position: int, check_every: int) ->
 WORKER_MODULES = [__name__, RENDERER_MODULE]  # what the fork server imports once, for every worker
 
 
-def _forkserver_context() -> BaseContext:
-    """The start method workers use: forked from a server that has imported ``WORKER_MODULES``."""
-    context = get_context("forkserver")
-    context.set_forkserver_preload(WORKER_MODULES)
-    return context
-
-
 _starting = threading.Lock()
 
 
-def start_forkserver(config: EncoderConfig) -> None:
-    """Start the fork server that workers fork from, loading ``config``'s encoder, unless
-    it runs already (one per process, kept for later builds, whose workers load their own
-    encoder if it differs). From the main thread, the server starts with Ctrl-C ignored,
-    which it and the workers inherit: the build handles Ctrl-C itself (it stops the
-    workers), and a server interrupted while still importing would print a traceback."""
-    _forkserver_context()
+def start_forkserver(config: EncoderConfig) -> BaseContext:
+    """Start the fork server that workers fork from, having imported ``WORKER_MODULES``
+    and loaded ``config``'s encoder, unless it runs already (one per process, kept for
+    later builds, whose workers load their own encoder if it differs); return the
+    context that creates the workers. From the main thread, the server starts with
+    Ctrl-C ignored, which it and the workers inherit: the build handles Ctrl-C itself (it
+    stops the workers), and a server interrupted while still importing would print a
+    traceback."""
+    context = get_context("forkserver")
+    context.set_forkserver_preload(WORKER_MODULES)
     text = config.to_json()
     with _starting:  # one environment and one SIGINT handler at a time
         # only the main thread may set handlers; ``None``: a handler not set from Python, left alone
@@ -238,6 +234,7 @@ def start_forkserver(config: EncoderConfig) -> None:
             os.environ.pop(PRELOAD_VARIABLE, None)
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
+    return context
 
 
 class Encoders:
@@ -260,9 +257,9 @@ class Encoders:
     def __enter__(self) -> "Encoders":
         start = self.config.load
         if self.workers > 1:
-            start_forkserver(self.config)
             self._pool = ProcessPoolExecutor(
-                self.workers, mp_context=_forkserver_context(), initializer=_init_worker, initargs=(self.config,)
+                self.workers, mp_context=start_forkserver(self.config), initializer=_init_worker,
+                initargs=(self.config,)
             )
             start = self._start_workers
         starter = ThreadPoolExecutor(1, thread_name_prefix="start-encoders")
