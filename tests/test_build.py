@@ -22,6 +22,7 @@ from fixed_sft.chat import ChatEncoder
 from fixed_sft.encode import EncoderConfig
 from fixed_sft.output import read_rows
 from fixed_sft.source import SourceError
+from fixed_sft.tokenizer import FILES
 
 # rows_sha256 of FIXTURE built from synthetic.conversations(1200, seed=5). A change here
 # changes the row stream: bump the format version and say why in the commit.
@@ -352,14 +353,14 @@ def test_workers_start_one_per_core_and_more_only_for_waiting_chunks(corpus, kim
 def _encoder_config(folder: Path) -> EncoderConfig:
     """The encoder config a build with ``config(..., tokenizer=folder)`` gives its workers."""
     from fixed_sft.hashes import sha256_file
-    from fixed_sft.tokenizer import FILES, TEMPLATE_KWARGS
+    from fixed_sft.tokenizer import TEMPLATE_KWARGS
 
     return EncoderConfig(folder, {name: sha256_file(folder / name) for name in FILES}, "kimi_k25", TEMPLATE_KWARGS)
 
 
 def _tokenizer_copy(kimi_dir: Path, folder: Path) -> Path:
     folder.mkdir()
-    for name in ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja"):
+    for name in FILES:
         (folder / name).write_bytes((kimi_dir / name).read_bytes())
     return folder
 
