@@ -374,6 +374,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         try:
             with tqdm(total=config.rows, unit="row", disable=not progress, desc=config.name) as bar:
                 _pack(_valid(stream, source, config.skip_invalid, tally), config.rows, packer, writer, tally, bar)
+            writer.close()  # (inside: a signal while the last row group is written still waits for its thread)
         except (SourceError, InvalidSourceRow) as error:
             writer.abort()
             raise _explained(error, source) from None
@@ -382,7 +383,6 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             raise
         finally:
             stream.close()
-        writer.close()
         if writer.rows == 0 or (config.rows is not None and writer.rows < config.rows):
             needed = f"--rows is {config.rows}" if config.rows is not None else "a build needs at least one"
             raise BuildError(
