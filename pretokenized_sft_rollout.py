@@ -1,45 +1,222 @@
-"""miles rollout function for rows built by fixed-sft.
+"""miles on fixed-sft rows: a rollout function and a data source (docs/miles.md).
 
-Train with ``--input-key messages --metadata-key metadata --rollout-function-path
-pretokenized_sft_rollout.generate_rollout`` (this file importable on PYTHONPATH).
-Each row's ``messages`` column holds ``{"input_ids": [...], "loss_mask": [...]}``, so
-``sample.prompt`` arrives as that dict. The sample gets the row's ids as ``tokens``;
-the response runs from the first supervised token to the end of the row, but starts at
-position 1 at the earliest: miles predicts a response token from the token before it,
-so at least one token must come first (a row's token 0 has nothing to be predicted
-from). ``loss_mask`` is the row's mask over that response. Train with miles'
-``--loss-type sft_loss`` and ``--n-samples-per-prompt 1``, without
-``--rollout-max-prompt-len`` or ``--apply-chat-template`` (README: "Training with miles").
+A row's tokens are in its ``metadata`` column (``input_ids``, ``loss_mask``); its
+``messages`` column is one placeholder message, so that miles' own ``Dataset`` finds the
+list of messages it requires when the checkpoint has a processor. The recipe trains with
+``--input-key messages --metadata-key metadata --rollout-function-path
+pretokenized_sft_rollout.generate_rollout --loss-type sft_loss`` (this file importable
+on PYTHONPATH; it needs pyarrow and numpy only). Large sets add ``--data-source-path
+pretokenized_sft_rollout.ParquetRowSource``, which reads the Parquet a row group at a
+time instead of holding every row as Python lists.
+
+Rule for a sample: ``tokens`` are the row's ids; the response runs from the first
+supervised token to the end of the row, but starts at token 1 at the earliest, since
+miles scores response token ``p`` from the logit at ``p - 1``; ``loss_mask`` is the
+row's mask over the response; ``reward`` is 0. Checked against miles commit 78527b91
+(``miles/utils/data.py``, ``miles/rollout/data_source.py``,
+``miles/ray/rollout/train_data_conversion.py``).
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import random
+from pathlib import Path
 from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+try:  # inside miles; elsewhere the module still imports, and the data source says what it needs
+    from miles.rollout.data_source import DataSource
+    from miles.utils.types import Sample
+except ImportError:
+    DataSource, Sample = object, None  # type: ignore[assignment,misc]
+
+logger = logging.getLogger(__name__)
+
+PROMPT = [{"role": "user", "content": ""}]  # every row's ``messages`` (data/README.md)
+
+
+def response(ids: list[int], mask: list[int]) -> tuple[int, list[int]]:
+    """``(response_length, loss_mask)`` of a row: from its first supervised token, at
+    token 1 at the earliest, to its end.
+
+    >>> response([5, 6, 7, 8], [0, 0, 1, 0])
+    (2, [1, 0])
+    >>> response([5, 6, 7, 8], [1, 0, 1, 0])
+    (3, [0, 1, 0])
+    """
+    if len(ids) != len(mask):
+        raise ValueError(f"fixed-sft row has {len(ids)} ids but {len(mask)} mask values")
+    if 1 not in mask[1:]:
+        raise ValueError("fixed-sft row has no supervised token after token 0: nothing to train")
+    first = max(mask.index(1), 1)
+    return len(ids) - first, mask[first:]
 
 
 def apply_row(sample: Any) -> None:
-    """Set ``tokens``, ``response_length``, ``loss_mask`` and ``reward`` from the row."""
-    row = sample.prompt
+    """Set ``tokens``, ``response_length``, ``loss_mask`` and ``reward`` of a sample miles'
+    ``Dataset`` made from a row (its ids and mask in ``sample.metadata``); a sample that
+    already has tokens (``ParquetRowSource`` makes them ready) is left as it is."""
+    if sample.tokens:
+        return
+    row = sample.metadata
     if not isinstance(row, dict) or "input_ids" not in row or "loss_mask" not in row:
-        raise ValueError(f"sample.prompt is not a fixed-sft row (a {type(row).__name__}): train on fixed-sft Parquet "
-                         "with --input-key messages and the rollout global dataset on")
-    tokens = [int(t) for t in row["input_ids"]]
-    mask = [int(m) for m in row["loss_mask"]]
-    if len(tokens) != len(mask) or 1 not in mask:
-        raise ValueError("fixed-sft row has mismatched ids/mask or no supervised token")
-    first = max(mask.index(1), 1)
-    sample.tokens = tokens
-    sample.response_length = len(tokens) - first
-    sample.loss_mask = mask[first:]
+        raise ValueError(
+            f"sample.metadata is not a fixed-sft row (a {type(row).__name__}): train on fixed-sft/2 Parquet "
+            "with --input-key messages --metadata-key metadata and the rollout global dataset on"
+        )
+    ids, mask = list(row["input_ids"]), list(row["loss_mask"])
+    sample.response_length, sample.loss_mask = response(ids, mask)
+    sample.tokens = ids
     sample.reward = 0
 
 
+def check_group_size(n_samples_per_prompt: int) -> None:
+    """A row trains once a step: miles copies each prompt ``--n-samples-per-prompt`` times."""
+    if n_samples_per_prompt != 1:
+        raise ValueError(
+            f"a group holds {n_samples_per_prompt} copies of one row, which would train it "
+            f"{n_samples_per_prompt} times a step: pass --n-samples-per-prompt 1"
+        )
+
+
 def generate_rollout(args: Any, rollout_id: int, data_buffer: Any, evaluation: bool = False) -> list[list[Any]]:
-    """Take ``args.rollout_batch_size`` groups of samples and fill each from its row."""
+    """Take ``args.rollout_batch_size`` groups of one sample each and fill each from its row."""
     if evaluation:
         raise ValueError("pretokenized SFT rollout has no evaluation mode: give miles its own --eval-function-path")
     groups = data_buffer.get_samples(args.rollout_batch_size)
     for group in groups:
+        check_group_size(len(group))
         for sample in group:
             apply_row(sample)
     return groups
+
+
+class ParquetRowSource(DataSource):
+    """A miles data source (``--data-source-path pretokenized_sft_rollout.ParquetRowSource``)
+    that reads ``--prompt-data`` (a ``train.parquet``, or the build folder holding it) a
+    row group at a time and yields samples ready to train, one per group.
+
+    Order: epoch ``e`` visits the row groups in the order ``random.Random(seed +
+    e).shuffle`` puts them in, and the rows of group ``g`` in the order
+    ``random.Random(f"{seed}/{e}/{g}").shuffle`` puts them in (``seed`` is
+    ``--rollout-seed``); without ``--rollout-shuffle``, rows come in file order. The
+    build already packs conversations in a seeded random order, so rows need no shuffle
+    across groups. Memory: one row group is held at a time. ``save`` and ``load`` keep the
+    position, so a resumed run continues at the next sample.
+    """
+
+    def __init__(self, args: Any):
+        if Sample is None:
+            raise ImportError("ParquetRowSource runs inside miles: miles.rollout.data_source is not importable")
+        check_group_size(args.n_samples_per_prompt)
+        self.args = args
+        path = Path(args.prompt_data)
+        self.path = path / "train.parquet" if path.is_dir() else path
+        self.file = pq.ParquetFile(self.path)
+        metadata = self.file.metadata
+        self.group_rows = np.array([metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)])
+        self.group_starts = np.concatenate([[0], np.cumsum(self.group_rows)])  # file row of each group's first
+        self.rows = int(self.group_starts[-1])
+        if not self.rows:
+            raise ValueError(f"{self.path}: no rows")
+        self.shuffle = bool(args.rollout_shuffle)
+        self.seed = int(args.rollout_seed)
+        self.epoch_id = 0  # the state miles' own data source keeps, under the same names
+        self.sample_offset = 0  # samples of this epoch already given
+        self.sample_group_index = 0
+        self.sample_index = 0
+        self._epoch: tuple[int, list[int], np.ndarray] | None = None  # epoch, its group order, their cumulative rows
+        self._held: tuple[tuple[int, int], np.ndarray, np.ndarray, np.ndarray, list[int]] | None = None
+
+    def _groups(self) -> tuple[list[int], np.ndarray]:
+        """This epoch's row groups in order, and the samples given before each."""
+        if self._epoch is None or self._epoch[0] != self.epoch_id:
+            groups = list(range(len(self.group_rows)))
+            if self.shuffle:
+                random.Random(self.seed + self.epoch_id).shuffle(groups)
+            before = np.concatenate([[0], np.cumsum(self.group_rows[groups])])
+            self._epoch = (self.epoch_id, groups, before)
+        return self._epoch[1], self._epoch[2]
+
+    def _group(self, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+        """Row group ``g``'s flat ids, flat mask, row offsets and this epoch's row order."""
+        if self._held is None or self._held[0] != (self.epoch_id, g):
+            rows = self.file.read_row_group(g, columns=["metadata"]).column("metadata").combine_chunks()
+            ids, mask = rows.field("input_ids"), rows.field("loss_mask")
+            order = list(range(len(rows)))
+            if self.shuffle:
+                random.Random(f"{self.seed}/{self.epoch_id}/{g}").shuffle(order)
+            self._held = ((self.epoch_id, g), ids.values.to_numpy(), mask.values.to_numpy(), ids.offsets.to_numpy(),
+                          order)
+        return self._held[1:]
+
+    def _row(self, position: int) -> tuple[list[int], list[int], int]:
+        """The ids, mask and file row number of the epoch's ``position``-th sample."""
+        groups, before = self._groups()
+        n = int(np.searchsorted(before, position, side="right")) - 1
+        g = groups[n]
+        ids, mask, offsets, order = self._group(g)
+        k = order[position - int(before[n])]
+        lo, hi = offsets[k], offsets[k + 1]
+        return ids[lo:hi].tolist(), mask[lo:hi].tolist(), int(self.group_starts[g]) + k
+
+    def get_samples(self, num_samples: int) -> list[list[Any]]:
+        groups = []
+        for _ in range(num_samples):
+            if self.sample_offset == self.rows:
+                self.epoch_id += 1
+                self.sample_offset = 0
+            ids, mask, row = self._row(self.sample_offset)
+            self.sample_offset += 1
+            length, loss_mask = response(ids, mask)
+            sample = Sample(
+                group_index=self.sample_group_index, index=self.sample_index, prompt=[dict(m) for m in PROMPT],
+                tokens=ids, response_length=length, loss_mask=loss_mask, reward=0, metadata={"row": row},
+            )
+            self.sample_group_index += 1
+            self.sample_index += 1
+            groups.append([sample])
+        return groups
+
+    def add_samples(self, samples: list[list[Any]]) -> None:
+        raise RuntimeError("ParquetRowSource is read-only: it takes no samples back")
+
+    def _state_path(self, folder: str, rollout_id: int | None) -> str:
+        return os.path.join(folder, f"rollout/fixed_sft_row_source_{rollout_id}.json")
+
+    def _identity(self) -> dict:
+        return {"rows": self.rows, "shuffle": self.shuffle, "seed": self.seed}
+
+    def save(self, rollout_id: int) -> None:
+        if self.args.save is None:
+            return
+        path = self._state_path(self.args.save, rollout_id)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        state = {"epoch_id": self.epoch_id, "sample_offset": self.sample_offset,
+                 "sample_group_index": self.sample_group_index, "sample_index": self.sample_index, **self._identity()}
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(state, f)
+        os.replace(path + ".tmp", path)
+
+    def load(self, rollout_id: int | None = None) -> None:
+        if self.args.load is None:
+            return
+        path = self._state_path(self.args.load, rollout_id)
+        if not os.path.exists(path):
+            logger.info("%s does not exist: starting at the first sample", path)
+            return
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+        saved = {key: state.get(key) for key in self._identity()}
+        if saved != self._identity():
+            raise ValueError(f"{path} was saved for {saved}, but this run has {self._identity()}")
+        self.epoch_id, self.sample_offset = state["epoch_id"], state["sample_offset"]
+        self.sample_group_index, self.sample_index = state["sample_group_index"], state["sample_index"]
+
+    def get_buffer_length(self) -> int | None:
+        return None

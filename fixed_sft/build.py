@@ -33,7 +33,7 @@ from .chat import MASK_TYPES
 from .encode import Encoded, EncoderConfig, Encoders
 from .hashes import first_cache_damage, row_digest, rows_digest, sha256_file
 from .order import permutation, positions
-from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, RowWriter
+from .output import FORMAT, FORMATS, MANIFEST_NAME, PARQUET_NAME, RowWriter
 from .pack import Packer
 from .source import (Source, SourceError, bytes_per_row, non_unicode, open_source, read_band, system_allocator,
                      unreadable)
@@ -107,13 +107,13 @@ class BuildConfig:
 
 
 def is_build(path: Path) -> bool:
-    """A folder holding only a fixed-sft manifest (and its Parquet file)."""
+    """A folder holding only a fixed-sft manifest, of this format or an earlier one (and its Parquet file)."""
     try:
         manifest = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     names = {p.name for p in path.iterdir()}
-    return isinstance(manifest, dict) and manifest.get("format") == FORMAT and names <= {MANIFEST_NAME, PARQUET_NAME}
+    return isinstance(manifest, dict) and manifest.get("format") in FORMATS and names <= {MANIFEST_NAME, PARQUET_NAME}
 
 
 def check_target(out: Path, source: str) -> None:
@@ -251,6 +251,7 @@ class _Tally:
     skipped_invalid: list[dict] = field(default_factory=list)
     seen_ids: dict[str, int] = field(default_factory=dict)
     supervised: int = 0
+    trainable: int = 0
     rows_skipped: int = 0
     conversations_encoded: int = 0
     tokens_encoded: int = 0
@@ -264,6 +265,7 @@ class _Tally:
             "tokens": tokens,
             "supervised_tokens": self.supervised,
             "supervised_token_ratio": self.supervised / tokens if tokens else 0.0,
+            "trainable_tokens": self.trainable,
             "padding_tokens": 0,
             "conversations": len(self.rows_per_conversation),
             "conversations_split": sum(1 for n in self.rows_per_conversation.values() if n > 1),
@@ -302,13 +304,14 @@ def _pack(conversations: Iterator[Encoded], rows: int | None, packer: Packer, wr
         tally.tokens_encoded += len(item.ids) + 1
         tally.template_checked += item.checked
         for row in packer.add(item.index, item.id, item.ids, item.mask):
-            supervised = row.supervised
-            if not supervised:
+            trainable = row.trainable
+            if not trainable:
                 tally.rows_skipped += 1
                 continue
             writer.write(row)
             tally.digests.append(row_digest(row.ids, row.mask))
-            tally.supervised += supervised
+            tally.supervised += trainable + int(row.mask[0])
+            tally.trainable += trainable
             tally.rows_per_conversation.update(s.index for s in row.segments)
             bar.update()
             if writer.rows == rows:

@@ -13,22 +13,38 @@ import pyarrow.parquet as pq
 
 from .pack import Row
 
-FORMAT = "fixed-sft/1"  # the format of the folder: its Parquet schema and manifest (data/README.md)
+FORMAT = "fixed-sft/2"  # the format of the folder: its Parquet schema and manifest (data/README.md)
+FORMATS = ("fixed-sft/1", FORMAT)  # the formats of folders a new build may replace
 PARQUET_NAME = "train.parquet"
 MANIFEST_NAME = "manifest.json"
 ROWS_PER_GROUP = 128
 WRITE_BATCH_VALUES = 1 << 20  # values per encoding batch: a row group's column in few pages (~10% less CPU)
 # Only the token ids are dictionary-encoded: for the mask (two values) and the metadata,
 # zstd alone gives files as small with ~15% less writer CPU.
-DICTIONARY_COLUMNS = ["messages.input_ids.list.element"]
+DICTIONARY_COLUMNS = ["metadata.input_ids.list.element"]
 
 SEGMENT = pa.struct(
     [("source_index", pa.int64()), ("id", pa.string()), ("start", pa.int32()), ("end", pa.int32())]
 )
+MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+# Every row's ``messages``: one message with string content, so that miles, which reads a
+# row's ``messages`` as its prompt, finds the list of messages it requires when the
+# checkpoint has a processor. The row's tokens are in ``metadata``, which miles passes on.
+PROMPT = [{"role": "user", "content": ""}]
 SCHEMA = pa.schema(
     [
-        ("messages", pa.struct([("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.uint8()))])),
-        ("metadata", pa.struct([("row", pa.int64()), ("segments", pa.list_(SEGMENT))])),
+        ("messages", pa.list_(MESSAGE)),
+        (
+            "metadata",
+            pa.struct(
+                [
+                    ("input_ids", pa.list_(pa.int32())),
+                    ("loss_mask", pa.list_(pa.uint8())),
+                    ("row", pa.int64()),
+                    ("segments", pa.list_(SEGMENT)),
+                ]
+            ),
+        ),
     ]
 )
 
@@ -63,19 +79,14 @@ class RowWriter:
         offsets = pa.array(np.arange(len(rows) + 1, dtype=np.int32) * width)
         ids = pa.ListArray.from_arrays(offsets, pa.array(np.concatenate([r.ids for r in rows]), pa.int32()))
         mask = pa.ListArray.from_arrays(offsets, pa.array(np.concatenate([r.mask for r in rows]), pa.uint8()))
-        messages = pa.StructArray.from_arrays([ids, mask], fields=list(SCHEMA.field("messages").type))
-        metadata = pa.array(
-            [
-                {
-                    "row": n,
-                    "segments": [
-                        {"source_index": s.index, "id": s.id, "start": s.start, "end": s.end} for s in row.segments
-                    ],
-                }
-                for n, row in self._pending
-            ],
-            SCHEMA.field("metadata").type,
+        messages = pa.array([PROMPT] * len(rows), SCHEMA.field("messages").type)
+        numbers = pa.array([n for n, _ in self._pending], pa.int64())
+        segments = pa.array(
+            [[{"source_index": s.index, "id": s.id, "start": s.start, "end": s.end} for s in row.segments]
+             for row in rows],
+            pa.list_(SEGMENT),
         )
+        metadata = pa.StructArray.from_arrays([ids, mask, numbers, segments], fields=list(SCHEMA.field("metadata").type))
         table = pa.Table.from_arrays([messages, metadata], schema=SCHEMA)
         self._wait()
         self._writing = self._thread.submit(self._writer.write_table, table)
@@ -120,11 +131,11 @@ def read_rows(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(ids, mask, offsets)``: flat int32 ids and uint8 mask of every row, and row
     offsets into them, read from a built Parquet file; ``NullValue`` for a null row or
     value (which the format never holds, and which NumPy would turn into a number)."""
-    messages = pq.read_table(path, columns=["messages"]).column("messages").combine_chunks()
-    if (row := first_null(messages)) is not None:
-        raise NullValue(f"row {row}: messages is null")
-    ids = messages.field("input_ids")
-    mask = messages.field("loss_mask")
+    metadata = pq.read_table(path, columns=["metadata"]).column("metadata").combine_chunks()
+    if (row := first_null(metadata)) is not None:
+        raise NullValue(f"row {row}: metadata is null")
+    ids = metadata.field("input_ids")
+    mask = metadata.field("loss_mask")
     for name, column in (("input_ids", ids), ("loss_mask", mask)):
         if (row := first_null(column)) is not None:
             raise NullValue(f"row {row}: {name} is null")

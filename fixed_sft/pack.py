@@ -35,8 +35,10 @@ class Row:
     segments: tuple[Segment, ...]
 
     @property
-    def supervised(self) -> int:
-        return int(np.count_nonzero(self.mask))
+    def trainable(self) -> int:
+        """Supervised tokens at position 1 or later: a trainer predicts token ``p`` from the
+        tokens before it, so a row's token 0 trains nothing. A row without one is skipped."""
+        return int(np.count_nonzero(self.mask[1:]))
 
 
 class Packer:

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from .fields import GLOBS, MISSING, first_problem, loads, same, show, value_at
 from .hashes import row_digest, rows_digest, sha256_file
-from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, SCHEMA, NullValue, first_null, read_rows
+from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, PROMPT, SCHEMA, NullValue, first_null, read_rows
 from .source import non_unicode
 
 
@@ -93,7 +93,34 @@ def verify(folder: str | Path) -> list[str]:
     supervised = int(np.count_nonzero(mask))
     if supervised != stats["supervised_tokens"]:
         problems.append(f"{parquet}: {supervised} supervised tokens, manifest says {stats['supervised_tokens']}")
-    return problems + _check_metadata(parquet, row_tokens, stats)
+    per_row = np.add.reduceat(mask.astype(np.int64), offsets[:-1]) - mask[offsets[:-1]] if count and len(mask) else []
+    if len(untrained := np.flatnonzero(np.asarray(per_row) == 0)):
+        problems.append(f"row {untrained[0]}: no supervised token after token 0 (the format skips such rows)")
+    trainable = int(np.sum(per_row))
+    if trainable != stats["trainable_tokens"]:
+        problems.append(f"{parquet}: {trainable} trainable tokens, manifest says {stats['trainable_tokens']}")
+    return problems + _check_messages(parquet) + _check_metadata(parquet, row_tokens, stats)
+
+
+def _check_messages(parquet: Path) -> list[str]:
+    """Each row's ``messages`` is the format's one placeholder message (``PROMPT``)."""
+    try:
+        messages = pq.read_table(parquet, columns=["messages"]).column("messages").combine_chunks()
+    except Exception as error:  # any read failure means a damaged file
+        return [f"{parquet}: messages unreadable ({type(error).__name__}: {error})"]
+    if (row := first_null(messages)) is not None:
+        return [f"row {row}: messages is null"]
+    (prompt,) = PROMPT
+    lengths = pc.list_value_length(messages).to_numpy(zero_copy_only=False)
+    good = lengths == 1
+    if good.all():  # then the flattened messages are the rows'
+        flat = messages.flatten()
+        good = flat.is_valid().to_numpy(zero_copy_only=False)
+        for key, value in prompt.items():
+            good &= pc.fill_null(pc.equal(pc.struct_field(flat, key), value), False).to_numpy(zero_copy_only=False)
+    if not good.all():
+        return [f"row {int(np.argmin(good))}: messages is not {PROMPT}"]
+    return []
 
 
 # The fields of a manifest (data/README.md) and the kinds of value each may take (``fields``);
@@ -110,7 +137,7 @@ MANIFEST_FIELDS = {
     ("loss_mask", "type"): (str,), ("loss_mask", "template_kwargs"): (dict,),
     ("template_check", "every"): (int,), ("template_check", "checked"): (int,),
     ("stats", "rows"): (int,), ("stats", "tokens"): (int,), ("stats", "supervised_tokens"): (int,),
-    ("stats", "supervised_token_ratio"): (float,), ("stats", "padding_tokens"): (int,),
+    ("stats", "supervised_token_ratio"): (float,), ("stats", "trainable_tokens"): (int,), ("stats", "padding_tokens"): (int,),
     ("stats", "conversations"): (int,), ("stats", "conversations_split"): (int,), ("stats", "rows_skipped"): (int,),
     ("stats", "tail_tokens_dropped"): (int,), ("stats", "invalid_rows_skipped"): (int,),
     ("skipped_invalid",): (list,),

@@ -27,10 +27,11 @@ from fixed_sft.tokenizer import FILES
 # rows_sha256 of FIXTURE built from synthetic.conversations(1200, seed=5). A change here
 # changes the row stream: bump the format version and say why in the commit.
 GOLDEN_ROWS_SHA256 = "d070b2aa5f53eba051762f22ed55189f5e56b5ace97f41e73cb27ab114daa91d"
-# and the provenance and counts that go with those rows: sha256 of the ``metadata`` column
-# as JSON (sorted keys), and the manifest's stats and template check
+# and the provenance and counts that go with those rows: sha256 of the ``metadata`` column's
+# ``row`` and ``segments`` as JSON (sorted keys), and the manifest's stats and template check
 GOLDEN_METADATA_SHA256 = "d46d59980e91631379f058479c79e27ec719abff53322dc6a48bbb085b6b719a"
 GOLDEN_STATS = {"rows": 40, "tokens": 40960, "supervised_tokens": 31223, "supervised_token_ratio": 0.7622802734375,
+                "trainable_tokens": 31198,
                 "padding_tokens": 0, "conversations": 18, "conversations_split": 9, "rows_skipped": 0,
                 "tail_tokens_dropped": 1758, "invalid_rows_skipped": 0}
 GOLDEN_TEMPLATE_CHECK = {"every": 8, "checked": 3}
@@ -65,7 +66,8 @@ def test_golden_rows_sha256(fixture_build):
 
 def test_golden_provenance_and_stats(fixture_build):
     out, manifest = fixture_build
-    metadata = pq.read_table(out / "train.parquet", columns=["metadata"]).column("metadata").to_pylist()
+    metadata = [{key: row[key] for key in ("row", "segments")}
+                for row in pq.read_table(out / "train.parquet", columns=["metadata"]).column("metadata").to_pylist()]
     assert hashlib.sha256(json.dumps(metadata, sort_keys=True).encode()).hexdigest() == GOLDEN_METADATA_SHA256
     assert (manifest["stats"], manifest["template_check"]) == (GOLDEN_STATS, GOLDEN_TEMPLATE_CHECK)
 
@@ -101,7 +103,7 @@ def test_code_version_identifies_the_package_files(fixture_build):
     for path in sorted(Path(fixed_sft.__file__).parent.glob("*.py")):  # the rule of data/README.md
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     assert manifest["code_version"]["code_sha256"] == digest.hexdigest()
-    assert manifest["code_version"]["format"] == "fixed-sft/1"
+    assert manifest["code_version"]["format"] == "fixed-sft/2"
 
 
 def _code_version_in(folder: Path) -> dict:
@@ -457,7 +459,7 @@ def test_rows_all_packs_everything(corpus, kimi_dir, tmp_path, encoder):
         owner += [index] * len(unit_mask)
         mask += unit_mask
     full = len(mask) // 512
-    kept = [k for k in range(full) if any(mask[k * 512 : (k + 1) * 512])]
+    kept = [k for k in range(full) if any(mask[k * 512 + 1 : (k + 1) * 512])]  # token 0 trains nothing
     stats = manifest["stats"]
     assert (stats["rows"], stats["rows_skipped"], stats["tail_tokens_dropped"]) == \
         (len(kept), full - len(kept), len(mask) % 512)
@@ -479,6 +481,27 @@ def test_all_zero_mask_rows_are_dropped(kimi_dir, tmp_path):
     assert manifest["stats"]["rows_skipped"] > 0
     _, mask, _ = read_rows(tmp_path / "o" / "train.parquet")
     assert mask.any()
+
+
+def test_a_row_whose_only_supervised_token_is_its_first_is_skipped(kimi_dir, tmp_path, encoder):
+    """A trainer predicts token p from the tokens before it, so a row whose only
+    supervised token is token 0 trains nothing: it is skipped like an all-0 row."""
+    from fixed_sft.order import permutation
+
+    answer = {"id": "a", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}],
+              "source": "t"}
+    talk = {"id": "b", "messages": [{"role": "user", "content": "word " * 400}], "source": "t"}
+    seed = next(s for s in range(100) if permutation(s, 2).tolist() == [0, 1])  # the answer first
+    mask = encoder.encode(answer["messages"])[1]
+    last = max(i for i, m in enumerate(mask) if m)  # its <|im_end|>
+    synthetic.write_jsonl([answer, talk], tmp_path / "two.jsonl")
+    manifest = build(config(tmp_path / "two.jsonl", kimi_dir, rows=None, row_tokens=last, seed=seed,
+                            check_every=1), tmp_path / "o")
+    stats = manifest["stats"]
+    assert stats["rows"] == 1 and stats["rows_skipped"] >= 1  # the row starting at the <|im_end|> is gone
+    _, kept, _ = read_rows(tmp_path / "o" / "train.parquet")
+    assert kept.sum() == sum(mask[:last]) == stats["supervised_tokens"]
+    assert stats["trainable_tokens"] == sum(mask[1:last])
 
 
 @pytest.mark.parametrize(
@@ -511,6 +534,14 @@ def test_rebuild_replaces_a_previous_build(fixture_build, corpus, kimi_dir, tmp_
     manifest = build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=3), out)
     assert json.loads((out / "manifest.json").read_text()) == manifest
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".re.")) == [".re.lock"]
+
+
+def test_a_build_of_the_earlier_format_is_replaced(corpus, kimi_dir, tmp_path):
+    out = tmp_path / "old"
+    build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=2), out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, "format": "fixed-sft/1"}))
+    assert build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=3), out)["format"] == "fixed-sft/2"
 
 
 def test_a_folder_with_a_foreign_manifest_is_not_replaced(corpus, kimi_dir, tmp_path):

@@ -249,7 +249,7 @@ def test_recover_puts_back_a_previous_build_moved_aside(uninterrupted, tmp_path)
 def _fake_build(folder: Path, name: str) -> Path:
     """A folder that ``is_build`` accepts: a fixed-sft manifest and nothing else."""
     folder.mkdir()
-    (folder / "manifest.json").write_text(json.dumps({"format": "fixed-sft/1", "name": name}))
+    (folder / "manifest.json").write_text(json.dumps({"format": "fixed-sft/2", "name": name}))
     return folder
 
 

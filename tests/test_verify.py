@@ -54,7 +54,7 @@ def test_intact_build_verifies(built):
 
 def test_flipped_token(copy):
     def flip(rows):
-        rows[5]["messages"]["input_ids"][100] ^= 1
+        rows[5]["metadata"]["input_ids"][100] ^= 1
         return rows
 
     _rewrite(copy, flip)
@@ -63,7 +63,7 @@ def test_flipped_token(copy):
 
 def test_flipped_mask_bit(copy):
     def flip(rows):
-        rows[3]["messages"]["loss_mask"][7] ^= 1
+        rows[3]["metadata"]["loss_mask"][7] ^= 1
         return rows
 
     _rewrite(copy, flip)
@@ -206,8 +206,8 @@ def _edit_manifest(folder, keys, value):
         (["params", "row_tokens"], True, "params.row_tokens is true, not an integer"),
         (["parquet", "path"], "../elsewhere.parquet", 'parquet.path is "../elsewhere.parquet", not "train.parquet"'),
         (["row_sha256"], ["zz"], 'row_sha256[0] is "zz", not 64 lowercase hex digits'),
-        (["format"], "other/9", 'format is "other/9", not "fixed-sft/1"'),
-        (["code_version", "format"], "fixed-sft/0", 'code_version.format is "fixed-sft/0", not "fixed-sft/1"'),
+        (["format"], "other/9", 'format is "other/9", not "fixed-sft/2"'),
+        (["code_version", "format"], "fixed-sft/0", 'code_version.format is "fixed-sft/0", not "fixed-sft/2"'),
         (["tokenizer"], None, "tokenizer is missing"),
         (["source", "files"], {}, "source.files is {}, not an array"),
         (["stats", "padding_tokens"], False, "stats.padding_tokens is false, not an integer"),
@@ -271,9 +271,9 @@ def test_wider_value_types_that_would_wrap_into_the_same_hash(copy):
     table = pq.read_table(copy / "train.parquet")
     rows = table.to_pylist()
     for row in rows:
-        row["messages"]["loss_mask"] = [257 if v else 0 for v in row["messages"]["loss_mask"]]
-    wide = pa.schema([("messages", pa.struct([("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int64()))])),
-                      table.schema.field("metadata")])
+        row["metadata"]["loss_mask"] = [257 if v else 0 for v in row["metadata"]["loss_mask"]]
+    fields = [f.with_type(pa.list_(pa.int64())) if f.name == "loss_mask" else f for f in table.schema.field("metadata").type]
+    wide = pa.schema([table.schema.field("messages"), ("metadata", pa.struct(fields))])
     _resave(copy, pa.Table.from_pylist(rows, schema=wide))
     (problem,) = verify(copy)
     assert problem.startswith(f"{copy / 'train.parquet'}: schema differs from the format's")
@@ -281,7 +281,7 @@ def test_wider_value_types_that_would_wrap_into_the_same_hash(copy):
 
 @pytest.mark.parametrize("position", [5, 0])  # at 0: named by its own row, not the one before
 def test_a_mask_value_other_than_0_or_1(copy, position):
-    _change_rows(copy, lambda rows: rows[3]["messages"]["loss_mask"].__setitem__(position, 2))
+    _change_rows(copy, lambda rows: rows[3]["metadata"]["loss_mask"].__setitem__(position, 2))
     assert "row 3: a loss_mask value is 2, not 0 or 1" in verify(copy)
 
 
@@ -314,8 +314,8 @@ def test_only_the_first_row_that_differs_is_named(copy):
 
 def test_a_row_of_the_wrong_length_is_named_with_its_length(copy):
     def shorten(rows):
-        rows[5]["messages"]["input_ids"].pop()
-        rows[5]["messages"]["loss_mask"].pop()
+        rows[5]["metadata"]["input_ids"].pop()
+        rows[5]["metadata"]["loss_mask"].pop()
         return rows
 
     _rewrite(copy, shorten)
@@ -348,7 +348,7 @@ def test_edited_parquet_sha256(copy):
 
 def test_ids_and_mask_rows_of_different_lengths(copy):
     """A mask value moved from row 4 to row 3 leaves the flat arrays, and so every hash, unchanged."""
-    _change_rows(copy, lambda rows: rows[3]["messages"]["loss_mask"].append(rows[4]["messages"]["loss_mask"].pop(0)))
+    _change_rows(copy, lambda rows: rows[3]["metadata"]["loss_mask"].append(rows[4]["metadata"]["loss_mask"].pop(0)))
     (problem,) = verify(copy)
     assert problem.startswith(f"{copy / 'train.parquet'}: unreadable") and "differ in length" in problem
 
@@ -391,11 +391,11 @@ def test_a_last_row_without_segments(copy):
     (lambda rows: rows[5].update(metadata=None), "row 5: metadata is null"),
     (lambda rows: rows[5]["metadata"].update(row=None), "row 5: metadata.row is null"),
     (lambda rows: rows[9]["metadata"]["segments"].__setitem__(0, None), "row 9: a metadata segment is null"),
-    (lambda rows: rows[6]["messages"]["input_ids"].__setitem__(7, None), "row 6: a value in input_ids is null"),
-    (lambda rows: rows[7]["messages"].update(loss_mask=None), "row 7: loss_mask is null"),
+    (lambda rows: rows[6]["metadata"]["input_ids"].__setitem__(7, None), "row 6: a value in input_ids is null"),
+    (lambda rows: rows[7]["metadata"].update(loss_mask=None), "row 7: loss_mask is null"),
     (lambda rows: rows[8].update(messages=None), "row 8: messages is null"),
-    (lambda rows: [rows[k]["messages"].update(loss_mask=None) for k in (7, 2)], "row 2: loss_mask is null"),
-    (lambda rows: [rows[k]["messages"]["input_ids"].__setitem__(5, None) for k in (9, 3)],
+    (lambda rows: [rows[k]["metadata"].update(loss_mask=None) for k in (7, 2)], "row 2: loss_mask is null"),
+    (lambda rows: [rows[k]["metadata"]["input_ids"].__setitem__(5, None) for k in (9, 3)],
      "row 3: a value in input_ids is null"),
 ])
 def test_a_null_is_named_by_its_row(copy, change, says):
@@ -408,7 +408,7 @@ def test_a_null_mask_value_is_not_a_0(copy):
     """NumPy would read a null as NaN, which hashes as 0: with the supervised count edited
     to match, only the null check tells."""
     def null_a_zero(rows):
-        mask = next(r for r in rows if 0 in r["messages"]["loss_mask"])["messages"]["loss_mask"]
+        mask = next(r for r in rows if 0 in r["metadata"]["loss_mask"])["metadata"]["loss_mask"]
         mask[mask.index(0)] = None
 
     _change_rows(copy, null_a_zero)

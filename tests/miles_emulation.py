@@ -1,0 +1,188 @@
+"""What miles does with a row from reading it to training on it, for tests without miles.
+
+Each piece follows radixark/miles at commit 78527b9102b3a5f15891128cbec3ac6c2dc4089e
+(2026-08-18, the recipe's); the pieces named are unchanged at 31f1ca961 (HEAD when read):
+- ``miles/utils/types.py``: ``Sample``, a dataclass (only the fields used here);
+- ``miles/rollout/data_source.py``: ``DataSource``, an ABC with abstract ``get_samples``,
+  ``add_samples``, ``save`` and ``load``; ``RolloutDataSource.get_samples``: each prompt
+  sample deep-copied ``n_samples_per_prompt`` times into a group, with running
+  ``group_index`` and ``index``, wrapping to the next epoch (reshuffled) at the end;
+- ``miles/utils/data.py``: ``read_file`` (``pq.ParquetFile(p).iter_batches()`` then
+  ``batch.to_pylist()``); ``Dataset.__init__``: ``prompt = data.get(prompt_key)`` as it is
+  (no chat template, no multimodal keys), ``metadata = data.get(metadata_key) or {}``, and
+  with a processor ``assert isinstance(prompt, list)`` then ``process_vision_info``;
+  ``Dataset.shuffle``: ``random.seed(seed + epoch)`` then ``random.shuffle`` of the indices;
+- ``miles/utils/processing_utils.py``: ``process_vision_info`` calls
+  ``processor.extract_media(prompt)`` when the processor has it, else
+  ``qwen_vl_utils.process_vision_info(prompt, image_patch_size=...)``, whose
+  ``extract_vision_info`` (qwen-vl-utils 0.0.14) takes ``conversations[0]`` and reads
+  ``message["content"]`` of every message, looking into it when it is a list;
+- ``miles/ray/rollout/train_data_conversion.py``: ``convert_samples_to_train_data``
+  asserts ``len(loss_mask) == response_length`` for every sample.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import random
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.parquet as pq
+
+
+@dataclass
+class Sample:
+    group_index: int | None = None
+    index: int | None = None
+    rollout_id: int | None = None
+    prompt: Any = ""
+    tokens: list = field(default_factory=list)
+    multimodal_inputs: Any = None
+    response: str = ""
+    response_length: int = 0
+    label: Any = None
+    reward: Any = None
+    loss_mask: list | None = None
+    metadata: dict = field(default_factory=dict)
+
+
+class DataSource(abc.ABC):
+    @abc.abstractmethod
+    def get_samples(self, num_samples): ...
+
+    @abc.abstractmethod
+    def add_samples(self, samples): ...
+
+    @abc.abstractmethod
+    def save(self, rollout_id): ...
+
+    @abc.abstractmethod
+    def load(self, rollout_id=None): ...
+
+    def get_buffer_length(self):
+        return None
+
+
+def install(monkeypatch) -> types.ModuleType:
+    """Put ``miles.rollout.data_source`` and ``miles.utils.types`` in ``sys.modules`` and
+    import ``pretokenized_sft_rollout`` afresh against them."""
+    modules = {name: types.ModuleType(name) for name in ("miles", "miles.rollout", "miles.rollout.data_source",
+                                                         "miles.utils", "miles.utils.types")}
+    modules["miles.rollout.data_source"].DataSource = DataSource
+    modules["miles.utils.types"].Sample = Sample
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delitem(sys.modules, "pretokenized_sft_rollout", raising=False)
+    import pretokenized_sft_rollout
+
+    return pretokenized_sft_rollout
+
+
+def extract_vision_info(conversations: list) -> list:
+    """qwen-vl-utils' reading of a prompt's messages."""
+    infos = []
+    if isinstance(conversations[0], dict):
+        conversations = [conversations]
+    for conversation in conversations:
+        for message in conversation:
+            if isinstance(message["content"], list):
+                for part in message["content"]:
+                    if "image" in part or "image_url" in part or "video" in part or \
+                            part.get("type", "text") in ("image", "image_url", "video"):
+                        infos.append(part)
+    return infos
+
+
+class QwenStyleProcessor:
+    """A processor without ``extract_media``: miles hands the prompt to qwen-vl-utils."""
+
+    image_processor = types.SimpleNamespace(patch_size=16)
+
+    def vision(self, prompt: list) -> dict:
+        infos = extract_vision_info(prompt)
+        return {"images": [i for i in infos if "video" not in i] or None, "videos": None}
+
+
+class ExtractMediaProcessor:
+    """A processor with ``extract_media`` (as Kimi's), reading every message's content."""
+
+    def extract_media(self, prompt: list) -> dict:
+        for message in prompt:
+            if not isinstance(message["content"], (str, list)):
+                raise TypeError(f"content is a {type(message['content']).__name__}")
+        return {"images": extract_vision_info(prompt) or None}
+
+
+def process_vision_info(prompt: list, processor: Any) -> dict:
+    if hasattr(processor, "extract_media"):
+        return processor.extract_media(prompt)
+    return processor.vision(prompt)
+
+
+def dataset(path, processor: Any = None, prompt_key: str = "messages", metadata_key: str = "metadata") -> list:
+    """``Dataset(path, ...).origin_samples`` for the recipe's flags."""
+    samples = []
+    for batch in pq.ParquetFile(path).iter_batches():
+        for data in batch.to_pylist():
+            prompt = data.get(prompt_key)
+            metadata = data.get(metadata_key) or {}
+            multimodal_inputs = None
+            if processor:
+                assert isinstance(prompt, list), f"prompt must be a list when processor is not None, got {type(prompt)}"
+                multimodal_inputs = process_vision_info(prompt, processor)
+            samples.append(Sample(prompt=prompt, metadata=metadata, multimodal_inputs=multimodal_inputs))
+    return samples
+
+
+class RolloutDataSource:
+    """miles' default data source over ``dataset`` samples (global dataset on)."""
+
+    def __init__(self, samples: list, n_samples_per_prompt: int = 1, shuffle: bool = False, seed: int = 42):
+        self.origin, self.samples = samples, samples
+        self.n, self.shuffle, self.seed = n_samples_per_prompt, shuffle, seed
+        self.epoch_id = self.sample_offset = self.sample_group_index = self.sample_index = 0
+        if shuffle:
+            self._shuffle()
+
+    def _shuffle(self) -> None:
+        random.seed(self.seed + self.epoch_id)
+        permutation = list(range(len(self.origin)))
+        random.shuffle(permutation)
+        self.samples = [self.origin[i] for i in permutation]
+
+    def get_samples(self, num_samples: int) -> list[list[Sample]]:
+        if self.sample_offset + num_samples <= len(self.samples):
+            prompts = self.samples[self.sample_offset : self.sample_offset + num_samples]
+            self.sample_offset += num_samples
+        else:
+            prompts = self.samples[self.sample_offset :]
+            num_samples -= len(prompts)
+            self.epoch_id += 1
+            if self.shuffle:
+                self._shuffle()
+            prompts += self.samples[:num_samples]
+            self.sample_offset = num_samples
+        groups = []
+        for prompt in prompts:
+            group = []
+            for _ in range(self.n):
+                sample = copy.deepcopy(prompt)
+                sample.group_index, sample.index = self.sample_group_index, self.sample_index
+                self.sample_index += 1
+                group.append(sample)
+            self.sample_group_index += 1
+            groups.append(group)
+        return groups
+
+
+def train_data(groups: list[list[Sample]]) -> dict:
+    """The part of ``convert_samples_to_train_data`` that reads what the rollout set."""
+    samples = [sample for group in groups for sample in group]
+    for sample in samples:
+        assert len(sample.loss_mask) == sample.response_length, "loss mask length != response length"
+    return {"tokens": [s.tokens for s in samples], "response_lengths": [s.response_length for s in samples],
+            "loss_masks": [s.loss_mask for s in samples], "rewards": [s.reward for s in samples]}

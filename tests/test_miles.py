@@ -1,0 +1,218 @@
+"""The rows train in miles as the recipe runs them: read as miles reads them
+(``miles_emulation``), through the shipped rollout function and data source."""
+
+from __future__ import annotations
+
+import doctest
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import miles_emulation
+import synthetic
+from fixed_sft.build import BuildConfig, build
+from fixed_sft.output import ROWS_PER_GROUP, read_rows
+
+ROWS = ROWS_PER_GROUP * 2 + 44  # three row groups, the last one short
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, kimi_dir):
+    folder = tmp_path_factory.mktemp("miles")
+    synthetic.write_parquet(synthetic.conversations(400, seed=8), folder / "src.parquet")
+    config = BuildConfig(name="m", source=str(folder / "src.parquet"), tokenizer=str(kimi_dir), rows=ROWS,
+                         row_tokens=128, seed=3, workers=1)
+    build(config, folder / "out")
+    ids, mask, offsets = read_rows(folder / "out" / "train.parquet")
+    rows = [(ids[lo:hi].tolist(), mask[lo:hi].tolist()) for lo, hi in zip(offsets[:-1], offsets[1:])]
+    return folder / "out", rows
+
+
+@pytest.fixture
+def rollout(monkeypatch):
+    return miles_emulation.install(monkeypatch)
+
+
+def check_sample(sample, row) -> None:
+    """The rollout's rule: tokens are the row; the response starts at its first
+    supervised token, at token 1 at the earliest, and runs to the end."""
+    ids, mask = row
+    assert sample.tokens == ids
+    first = max(mask.index(1), 1)
+    assert sample.response_length == len(ids) - first >= 1
+    assert sample.loss_mask == mask[first:]
+    assert any(sample.loss_mask)  # no sample only dilutes a per-token loss
+    assert sample.reward == 0
+
+
+@pytest.mark.parametrize("processor", [None, miles_emulation.QwenStyleProcessor(),
+                                       miles_emulation.ExtractMediaProcessor()],
+                         ids=["no processor", "qwen-vl-utils", "extract_media"])
+def test_the_recipes_flags_train_every_row(built, rollout, processor):
+    """miles' Dataset, with or without a processor, then its RolloutDataSource's groups,
+    then the shipped generate_rollout: every sample is its row."""
+    out, rows = built
+    samples = miles_emulation.dataset(out / "train.parquet", processor)
+    assert all(s.prompt == [{"role": "user", "content": ""}] for s in samples)
+    if processor is not None:
+        assert all(s.multimodal_inputs["images"] is None for s in samples)
+    source = miles_emulation.RolloutDataSource(samples, shuffle=True, seed=1)
+    args = SimpleNamespace(rollout_batch_size=64)
+    seen = []
+    for _ in range(5):  # past the end of the epoch
+        groups = rollout.generate_rollout(args, 0, source)
+        miles_emulation.train_data(groups)
+        for (sample,) in groups:
+            check_sample(sample, rows[sample.metadata["row"]])
+            seen.append(sample.metadata["row"])
+    assert sorted(seen[:ROWS]) == list(range(ROWS)) and len(seen) == 320
+
+
+def test_a_group_of_several_copies_is_refused(built, rollout):
+    out, _ = built
+    source = miles_emulation.RolloutDataSource(miles_emulation.dataset(out / "train.parquet"), n_samples_per_prompt=2)
+    with pytest.raises(ValueError, match="pass --n-samples-per-prompt 1"):
+        rollout.generate_rollout(SimpleNamespace(rollout_batch_size=4), 0, source)
+
+
+@pytest.mark.parametrize(("mask", "response_length"),
+                         [([1, 1, 0, 1], 3), ([0, 0, 1, 0], 2), ([0, 1, 0, 0], 3), ([0, 0, 0, 1], 1)])
+def test_the_response_needs_a_token_before_it(rollout, mask, response_length):
+    """A row that starts inside an assistant turn: its response starts at token 1."""
+    sample = miles_emulation.Sample(metadata={"input_ids": [5, 6, 7, 8], "loss_mask": mask})
+    rollout.apply_row(sample)
+    assert sample.response_length == response_length
+    assert sample.loss_mask == mask[-response_length:]
+
+
+@pytest.mark.parametrize(("metadata", "says"), [
+    ({}, "not a fixed-sft row .a dict."),
+    ({"input_ids": [5, 6]}, "not a fixed-sft row .a dict."),
+    (None, "not a fixed-sft row .a NoneType."),
+    ({"input_ids": [5, 6, 7], "loss_mask": [0, 1]}, "3 ids but 2 mask values"),
+    ({"input_ids": [5, 6], "loss_mask": [0, 0]}, "no supervised token after token 0"),
+    ({"input_ids": [5, 6], "loss_mask": [1, 0]}, "no supervised token after token 0"),
+])
+def test_what_is_not_a_row_is_refused(rollout, metadata, says):
+    with pytest.raises(ValueError, match=says):
+        rollout.apply_row(miles_emulation.Sample(metadata=metadata))
+
+
+def test_there_is_no_evaluation_mode(rollout):
+    with pytest.raises(ValueError, match="no evaluation mode"):
+        rollout.generate_rollout(SimpleNamespace(rollout_batch_size=1), 0, None, evaluation=True)
+
+
+def test_rollout_rules_as_doctests(rollout):
+    assert doctest.testmod(rollout).failed == 0
+
+
+def source_args(path, tmp_path, **overrides):
+    values = dict(prompt_data=str(path), rollout_shuffle=True, rollout_seed=7, n_samples_per_prompt=1,
+                  save=str(tmp_path / "ckpt"), load=None, rollout_batch_size=50)
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+def rows_of(groups) -> list[int]:
+    return [sample.metadata["row"] for (sample,) in groups]
+
+
+def test_the_data_source_gives_ready_samples_in_its_documented_order(built, rollout, tmp_path):
+    out, rows = built
+    source = rollout.ParquetRowSource(source_args(out, tmp_path))  # the folder, or its train.parquet
+    assert isinstance(source, miles_emulation.DataSource)
+    groups = source.get_samples(ROWS + 10)
+    miles_emulation.train_data(groups)
+    for (sample,) in groups:
+        check_sample(sample, rows[sample.metadata["row"]])
+        assert sample.prompt == [{"role": "user", "content": ""}]
+    assert [s.index for (s,) in groups] == [s.group_index for (s,) in groups] == list(range(ROWS + 10))
+    # the order of the docstring: row groups shuffled, then the rows of each group
+    import random
+
+    starts = [0, ROWS_PER_GROUP, 2 * ROWS_PER_GROUP, ROWS]
+    expected = []
+    for epoch in (0, 1):
+        groups_order = [0, 1, 2]
+        random.Random(7 + epoch).shuffle(groups_order)
+        for g in groups_order:
+            order = list(range(starts[g + 1] - starts[g]))
+            random.Random(f"7/{epoch}/{g}").shuffle(order)
+            expected += [starts[g] + k for k in order]
+    assert rows_of(groups) == expected[: ROWS + 10]
+    assert sorted(rows_of(groups)[:ROWS]) == list(range(ROWS)) != rows_of(groups)[:ROWS]
+
+    unshuffled = rollout.ParquetRowSource(source_args(out / "train.parquet", tmp_path, rollout_shuffle=False))
+    assert rows_of(unshuffled.get_samples(ROWS + 3)) == list(range(ROWS)) + [0, 1, 2]
+    other_seed = rollout.ParquetRowSource(source_args(out, tmp_path, rollout_seed=8))
+    assert rows_of(other_seed.get_samples(ROWS)) != rows_of(groups)[:ROWS]
+
+
+def test_the_shipped_rollout_passes_the_data_sources_samples_on(built, rollout, tmp_path):
+    out, rows = built
+    args = source_args(out, tmp_path)
+    groups = rollout.generate_rollout(args, 0, rollout.ParquetRowSource(args))
+    assert len(groups) == 50
+    for (sample,) in groups:
+        check_sample(sample, rows[sample.metadata["row"]])
+
+
+def test_a_resumed_run_continues_at_the_next_sample(built, rollout, tmp_path):
+    out, _ = built
+    first = rollout.ParquetRowSource(source_args(out, tmp_path))
+    for _ in range(6):  # into the second epoch
+        first.get_samples(50)
+    first.save(5)
+    expected = first.get_samples(50)
+
+    resumed = rollout.ParquetRowSource(source_args(out, tmp_path, load=str(tmp_path / "ckpt")))
+    resumed.load(5)
+    got = resumed.get_samples(50)
+    assert rows_of(got) == rows_of(expected)
+    assert [(s.index, s.group_index) for (s,) in got] == [(s.index, s.group_index) for (s,) in expected]
+    fresh = rollout.ParquetRowSource(source_args(out, tmp_path, load=str(tmp_path / "ckpt")))
+    fresh.load(99)  # no state saved for that rollout: start at the beginning
+    assert rows_of(fresh.get_samples(3)) == rows_of(rollout.ParquetRowSource(source_args(out, tmp_path)).get_samples(3))
+
+
+def test_a_state_saved_for_another_order_is_refused(built, rollout, tmp_path):
+    out, _ = built
+    rollout.ParquetRowSource(source_args(out, tmp_path)).save(1)
+    other = rollout.ParquetRowSource(source_args(out, tmp_path, rollout_seed=9, load=str(tmp_path / "ckpt")))
+    with pytest.raises(ValueError, match="was saved for .*'seed': 7.* but this run has .*'seed': 9"):
+        other.load(1)
+
+
+def test_the_data_source_wants_one_sample_per_group(built, rollout, tmp_path):
+    out, _ = built
+    with pytest.raises(ValueError, match="pass --n-samples-per-prompt 1"):
+        rollout.ParquetRowSource(source_args(out, tmp_path, n_samples_per_prompt=4))
+    with pytest.raises(RuntimeError, match="read-only"):
+        rollout.ParquetRowSource(source_args(out, tmp_path)).add_samples([])
+
+
+def test_the_data_source_holds_one_row_group(built, rollout, tmp_path):
+    """Bounded memory by construction: a batch reads each row group it touches once, and
+    only one is held."""
+    out, _ = built
+    source = rollout.ParquetRowSource(source_args(out, tmp_path, rollout_shuffle=False))
+    reads = []
+    real = source.file.read_row_group
+    source.file.read_row_group = lambda g, **kw: reads.append(g) or real(g, **kw)
+    source.get_samples(ROWS)
+    assert reads == [0, 1, 2]
+    assert len(source._held[1]) == 44 * 128  # the last group's ids only
+    assert isinstance(source._held[1], np.ndarray)
+
+
+def test_outside_miles_the_data_source_says_what_it_needs(built, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "pretokenized_sft_rollout", raising=False)
+    monkeypatch.setitem(sys.modules, "miles", None)  # miles absent
+    import pretokenized_sft_rollout
+
+    with pytest.raises(ImportError, match="runs inside miles"):
+        pretokenized_sft_rollout.ParquetRowSource(source_args(built[0], tmp_path))
