@@ -17,7 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 @pytest.fixture(scope="session")
 def kimi_dir() -> Path:
     if not (KIMI_DIR / "tiktoken.model").is_file():
-        pytest.fail(f"Kimi-K2.6 tokenizer files not found at {KIMI_DIR}; tests need ../shared beside the project")
+        missing = f"Kimi-K2.6 tokenizer files not found at {KIMI_DIR}: put the project's shared/ folder beside it"
+        if os.environ.get("CI"):  # CI has ../shared: there a missing file is a failure
+            pytest.fail(missing)
+        pytest.skip(missing)
     return KIMI_DIR
 
 
