@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import random
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,7 @@ def apply_row(sample: Any) -> None:
     sample.response_length, sample.loss_mask = response(ids, mask)
     sample.tokens = ids
     sample.reward = 0
+    del row["input_ids"], row["loss_mask"]  # held once: the sample is miles' own copy
 
 
 def check_group_size(n_samples_per_prompt: int) -> None:
@@ -124,8 +126,10 @@ class ParquetRowSource(DataSource):
         self.rows = int(self.group_starts[-1])
         if not self.rows:
             raise ValueError(f"{self.path}: no rows")
+        self.dataset = range(self.rows)  # miles counts rollouts per epoch as len(dataset) // rollout_batch_size
         self.shuffle = bool(args.rollout_shuffle)
         self.seed = int(args.rollout_seed)
+        self._lock = threading.Lock()  # miles' train_async saves while the next batch is being taken
         self.epoch_id = 0  # the state miles' own data source keeps, under the same names
         self.sample_offset = 0  # samples of this epoch already given
         self.sample_group_index = 0
@@ -167,38 +171,42 @@ class ParquetRowSource(DataSource):
 
     def get_samples(self, num_samples: int) -> list[list[Any]]:
         groups = []
-        for _ in range(num_samples):
-            if self.sample_offset == self.rows:
-                self.epoch_id += 1
-                self.sample_offset = 0
-            ids, mask, row = self._row(self.sample_offset)
-            self.sample_offset += 1
-            length, loss_mask = response(ids, mask)
-            sample = Sample(
-                group_index=self.sample_group_index, index=self.sample_index, prompt=[dict(m) for m in PROMPT],
-                tokens=ids, response_length=length, loss_mask=loss_mask, reward=0, metadata={"row": row},
-            )
-            self.sample_group_index += 1
-            self.sample_index += 1
-            groups.append([sample])
+        with self._lock:  # a save waits for the whole batch, so it never holds half of one
+            for _ in range(num_samples):
+                if self.sample_offset == self.rows:
+                    self.epoch_id, self.sample_offset = self.epoch_id + 1, 0
+                ids, mask, row = self._row(self.sample_offset)
+                length, loss_mask = response(ids, mask)
+                groups.append([Sample(
+                    group_index=self.sample_group_index, index=self.sample_index, prompt=[dict(m) for m in PROMPT],
+                    tokens=ids, response_length=length, loss_mask=loss_mask, reward=0, metadata={"row": row},
+                )])
+                self.sample_offset += 1
+                self.sample_group_index += 1
+                self.sample_index += 1
         return groups
 
     def add_samples(self, samples: list[list[Any]]) -> None:
-        raise RuntimeError("ParquetRowSource is read-only: it takes no samples back")
+        if samples:
+            raise RuntimeError("ParquetRowSource is read-only: it takes no samples back")
 
     def _state_path(self, folder: str, rollout_id: int | None) -> str:
         return os.path.join(folder, f"rollout/fixed_sft_row_source_{rollout_id}.json")
 
     def _identity(self) -> dict:
-        return {"rows": self.rows, "shuffle": self.shuffle, "seed": self.seed}
+        """What a saved position belongs to: the file (its rows and bytes) and the order."""
+        return {"rows": self.rows, "bytes": self.path.stat().st_size, "shuffle": self.shuffle,
+                "seed": self.seed if self.shuffle else None}
 
     def save(self, rollout_id: int) -> None:
         if self.args.save is None:
             return
         path = self._state_path(self.args.save, rollout_id)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        state = {"epoch_id": self.epoch_id, "sample_offset": self.sample_offset,
-                 "sample_group_index": self.sample_group_index, "sample_index": self.sample_index, **self._identity()}
+        with self._lock:
+            state = {"epoch_id": self.epoch_id, "sample_offset": self.sample_offset,
+                     "sample_group_index": self.sample_group_index, "sample_index": self.sample_index,
+                     **self._identity()}
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             json.dump(state, f)
         os.replace(path + ".tmp", path)

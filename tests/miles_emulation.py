@@ -13,10 +13,15 @@ Each piece follows radixark/miles at commit 78527b9102b3a5f15891128cbec3ac6c2dc4
   with a processor ``assert isinstance(prompt, list)`` then ``process_vision_info``;
   ``Dataset.shuffle``: ``random.seed(seed + epoch)`` then ``random.shuffle`` of the indices;
 - ``miles/utils/processing_utils.py``: ``process_vision_info`` calls
-  ``processor.extract_media(prompt)`` when the processor has it, else
+  ``processor.extract_media(prompt)`` when the processor has it (Inkling's, in
+  ``miles_plugins/models/inkling/mm_processor.py``), else reads
+  ``processor.image_processor`` for a patch size and calls
   ``qwen_vl_utils.process_vision_info(prompt, image_patch_size=...)``, whose
   ``extract_vision_info`` (qwen-vl-utils 0.0.14) takes ``conversations[0]`` and reads
-  ``message["content"]`` of every message, looking into it when it is a list;
+  ``message["content"]`` of every message, looking into it when it is a list (Kimi's
+  processor, remote code with no ``extract_media``, takes this path);
+- ``miles/ray/rollout/rollout_manager.py``: ``get_num_rollout_per_epoch`` is
+  ``len(data_source.dataset) // rollout_batch_size`` (asked when ``--num-rollout`` is unset);
 - ``miles/ray/rollout/train_data_conversion.py``: ``convert_samples_to_train_data``
   asserts ``len(loss_mask) == response_length`` for every sample.
 """
@@ -98,17 +103,13 @@ def extract_vision_info(conversations: list) -> list:
 
 
 class QwenStyleProcessor:
-    """A processor without ``extract_media``: miles hands the prompt to qwen-vl-utils."""
+    """A processor without ``extract_media`` (as Kimi's): miles hands the prompt to qwen-vl-utils."""
 
-    image_processor = types.SimpleNamespace(patch_size=16)
-
-    def vision(self, prompt: list) -> dict:
-        infos = extract_vision_info(prompt)
-        return {"images": [i for i in infos if "video" not in i] or None, "videos": None}
+    image_processor = types.SimpleNamespace(patch_size=14)
 
 
 class ExtractMediaProcessor:
-    """A processor with ``extract_media`` (as Kimi's), reading every message's content."""
+    """A processor with ``extract_media`` (as Inkling's), reading every message's content."""
 
     def extract_media(self, prompt: list) -> dict:
         for message in prompt:
@@ -120,7 +121,9 @@ class ExtractMediaProcessor:
 def process_vision_info(prompt: list, processor: Any) -> dict:
     if hasattr(processor, "extract_media"):
         return processor.extract_media(prompt)
-    return processor.vision(prompt)
+    getattr(processor.image_processor, "patch_size", 14)
+    infos = extract_vision_info(prompt)
+    return {"images": [i for i in infos if "video" not in i] or None, "videos": None}
 
 
 def dataset(path, processor: Any = None, prompt_key: str = "messages", metadata_key: str = "metadata") -> list:
@@ -177,6 +180,10 @@ class RolloutDataSource:
             self.sample_group_index += 1
             groups.append(group)
         return groups
+
+
+def num_rollout_per_epoch(data_source: Any, rollout_batch_size: int) -> int:
+    return len(data_source.dataset) // rollout_batch_size
 
 
 def train_data(groups: list[list[Sample]]) -> dict:

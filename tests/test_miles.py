@@ -65,6 +65,7 @@ def test_the_recipes_flags_train_every_row(built, rollout, processor):
         miles_emulation.train_data(groups)
         for (sample,) in groups:
             check_sample(sample, rows[sample.metadata["row"]])
+            assert sorted(sample.metadata) == ["row", "segments"]  # the tokens are held once, in the sample
             seen.append(sample.metadata["row"])
     assert sorted(seen[:ROWS]) == list(range(ROWS)) and len(seen) == 320
 
@@ -123,6 +124,7 @@ def test_the_data_source_gives_ready_samples_in_its_documented_order(built, roll
     out, rows = built
     source = rollout.ParquetRowSource(source_args(out, tmp_path))  # the folder, or its train.parquet
     assert isinstance(source, miles_emulation.DataSource)
+    assert miles_emulation.num_rollout_per_epoch(source, 50) == ROWS // 50
     groups = source.get_samples(ROWS + 10)
     miles_emulation.train_data(groups)
     for (sample,) in groups:
@@ -183,14 +185,64 @@ def test_a_state_saved_for_another_order_is_refused(built, rollout, tmp_path):
     other = rollout.ParquetRowSource(source_args(out, tmp_path, rollout_seed=9, load=str(tmp_path / "ckpt")))
     with pytest.raises(ValueError, match="was saved for .*'seed': 7.* but this run has .*'seed': 9"):
         other.load(1)
+    unshuffled = rollout.ParquetRowSource(source_args(out, tmp_path, rollout_shuffle=False, rollout_seed=9,
+                                                      load=str(tmp_path / "ckpt")))
+    with pytest.raises(ValueError, match="'shuffle': True"):
+        unshuffled.load(1)
+    rollout.ParquetRowSource(source_args(out, tmp_path, rollout_shuffle=False, rollout_seed=1)).save(2)
+    rollout.ParquetRowSource(source_args(out, tmp_path, rollout_shuffle=False, rollout_seed=9,
+                                         load=str(tmp_path / "ckpt"))).load(2)  # without a shuffle, no seed is used
+
+
+def test_a_state_saved_for_another_file_is_refused(built, rollout, tmp_path):
+    out, _ = built
+    rollout.ParquetRowSource(source_args(out, tmp_path)).save(1)
+    other = tmp_path / "other.parquet"
+    import pyarrow.parquet as pq
+
+    pq.write_table(pq.read_table(out / "train.parquet"), other, compression="none")  # same rows, other bytes
+    with pytest.raises(ValueError, match="'bytes'"):
+        rollout.ParquetRowSource(source_args(other, tmp_path, load=str(tmp_path / "ckpt"))).load(1)
+
+
+def test_a_save_waits_for_the_batch_being_taken(built, rollout, tmp_path):
+    """miles' train_async saves while the next batch is being taken: the saved position
+    is before or after that whole batch, never inside it."""
+    import json
+    import threading
+
+    out, _ = built
+    source = rollout.ParquetRowSource(source_args(out, tmp_path))
+    real, started, release = source._row, threading.Event(), threading.Event()
+
+    def slow_row(position):
+        started.set()
+        release.wait(5)
+        return real(position)
+
+    source._row = slow_row
+    taker = threading.Thread(target=source.get_samples, args=(20,))
+    taker.start()
+    started.wait(5)
+    saver = threading.Thread(target=source.save, args=(3,))
+    saver.start()
+    saver.join(0.2)
+    assert saver.is_alive()  # waiting for the batch
+    release.set()
+    taker.join(5)
+    saver.join(5)
+    state = json.loads((tmp_path / "ckpt" / "rollout" / "fixed_sft_row_source_3.json").read_text())
+    assert state["sample_offset"] == state["sample_index"] == 20
 
 
 def test_the_data_source_wants_one_sample_per_group(built, rollout, tmp_path):
     out, _ = built
     with pytest.raises(ValueError, match="pass --n-samples-per-prompt 1"):
         rollout.ParquetRowSource(source_args(out, tmp_path, n_samples_per_prompt=4))
+    source = rollout.ParquetRowSource(source_args(out, tmp_path))
+    source.add_samples([])  # as miles' buffered source, nothing to add is fine
     with pytest.raises(RuntimeError, match="read-only"):
-        rollout.ParquetRowSource(source_args(out, tmp_path)).add_samples([])
+        source.add_samples(source.get_samples(1))
 
 
 def test_the_data_source_holds_one_row_group(built, rollout, tmp_path):
