@@ -15,10 +15,10 @@ import json
 import math
 import os
 import re
-import shutil
+import stat
 import subprocess
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,27 +106,86 @@ class BuildConfig:
             raise UsageError(f"{label('source_files')} must not be empty")
 
 
-def is_build(path: Path) -> bool:
-    """A folder holding only a fixed-sft manifest (and its Parquet file)."""
+BUILD_FILES = (PARQUET_NAME, MANIFEST_NAME)  # what a build, and a build's temporary folder, hold
+
+
+def _not_build_files(folder: Path) -> str | None:
+    """``None`` when ``folder`` is a folder (not a link) holding only regular files (not
+    links, not folders) of the names the format gives; else what it is or holds instead."""
+    try:
+        if folder.is_symlink():
+            return "it is a symbolic link"
+        entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+    except NotADirectoryError:
+        return "it is not a folder"
+    except OSError as error:
+        return f"it cannot be listed ({error.strerror or error})"
+    for entry in entries:
+        if entry.name not in BUILD_FILES:
+            return f"it holds {entry.name}"
+        if not entry.is_file(follow_symlinks=False):
+            kind = ("a symbolic link" if entry.is_symlink() else "a folder" if entry.is_dir(follow_symlinks=False)
+                    else "not a regular file")
+            return f"its {entry.name} is {kind}"
+    return None
+
+
+def _not_a_build(path: Path) -> str | None:
+    """``None`` when ``path`` is a previous build: a folder holding only regular files the
+    format names (``_not_build_files``), one of them a fixed-sft manifest; else why not."""
+    why = _not_build_files(path)
+    if why is not None:
+        return why
     try:
         manifest = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return f"it has no {MANIFEST_NAME}"
     except (OSError, ValueError):
-        return False
-    names = {p.name for p in path.iterdir()}
-    return isinstance(manifest, dict) and manifest.get("format") == FORMAT and names <= {MANIFEST_NAME, PARQUET_NAME}
+        return f"its {MANIFEST_NAME} is not readable JSON"
+    if not (isinstance(manifest, dict) and manifest.get("format") == FORMAT):
+        return f"its {MANIFEST_NAME} is not a {FORMAT} manifest"
+    return None
+
+
+def is_build(path: Path) -> bool:
+    """A folder holding only regular files the format names, one a fixed-sft manifest."""
+    return _not_a_build(path) is None
+
+
+def _not_replaceable(out: Path) -> str | None:
+    """``None`` when a build may replace ``out`` (a previous build, or an empty folder);
+    else why not."""
+    try:
+        if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+            return None
+    except OSError:
+        pass
+    return _not_a_build(out)
 
 
 def check_target(out: Path, source: str) -> None:
     """A target must be absent, an empty folder, or a previous build, and lie neither
     inside a build (which would then no longer be one) nor inside a source folder
     (``out`` is a resolved path)."""
-    if out.exists() and not (out.is_dir() and (is_build(out) or not any(out.iterdir()))):
-        raise UsageError(f"output {out} exists and is not a previous build; choose another --out")
+    if out.exists() and (why := _not_replaceable(out)) is not None:
+        raise UsageError(f"output {out} exists and is not a previous build ({why}); choose another --out")
     inside = next((folder for folder in out.parents if is_build(folder)), None)
     if inside is not None:
         raise UsageError(f"output {out} is inside the build {inside}; choose another --out")
     if Path(source).is_dir() and out.is_relative_to(Path(source).resolve()):
         raise UsageError(f"output {out} is inside the source folder {source}; choose another --out")
+
+
+def _remove_build_folder(folder: Path) -> None:
+    """Delete what a build wrote in ``folder``: its regular files of the names the format
+    gives, then the folder once empty. Anything else (put there by someone else) stays,
+    and so does the folder; a folder already gone is no error."""
+    for name in BUILD_FILES:
+        with suppress(OSError):
+            if stat.S_ISREG((folder / name).lstat().st_mode):
+                (folder / name).unlink()
+    with suppress(OSError):
+        folder.rmdir()
 
 
 def code_version() -> dict:
@@ -213,31 +272,43 @@ def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
             manifest = _build_into(config, tmp, progress)
             _publish(tmp, out)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_build_folder(tmp)
     return manifest
 
 
 def _recover(out: Path) -> None:
     """Clean up after a build into ``out`` that was killed: put back a previous build
-    that was moved aside but not yet replaced, and delete temporary and old folders."""
+    that was moved aside but not yet replaced, and delete temporary and old folders.
+    Such a folder holds only a build's files; one holding anything else stops the build
+    (``UsageError`` naming it) before anything is moved or deleted."""
     own = re.compile(rf"\.{re.escape(out.name)}\.(tmp|old)-\d+")  # not another target's, such as ``.NAME.old-x.tmp-1``
     # (glob finds nothing, rather than failing, in a folder that cannot be listed)
     leftovers = sorted(p for p in out.parent.glob(glob.escape(f".{out.name}.") + "*") if own.fullmatch(p.name))
+    for leftover in leftovers:
+        if (why := _not_build_files(leftover)) is not None:
+            raise UsageError(f"{leftover}, named as a killed build's temporary folder, is not one ({why}); "
+                             "move it away and build again")
     if not out.exists():
         previous = next((p for p in leftovers if p.name.startswith(f".{out.name}.old-") and is_build(p)), None)
         if previous is not None:
             previous.rename(out)
     for stale in leftovers:
-        shutil.rmtree(stale, ignore_errors=True)
+        _remove_build_folder(stale)
 
 
 def _publish(tmp: Path, out: Path) -> None:
-    """Move the complete build ``tmp`` to ``out``, replacing a previous build."""
+    """Move the complete build ``tmp`` to ``out``, replacing a previous build or an empty
+    folder. An ``out`` that came to hold anything else while the build ran is put back
+    as it was, and the build stops (``BuildError``) without publishing."""
     old = out.parent / f".{out.name}.old-{os.getpid()}"
     if out.exists():
         out.rename(old)
+        if (why := _not_replaceable(old)) is not None:
+            old.rename(out)
+            raise BuildError(f"output {out} changed during the build and is no longer a previous build ({why}); "
+                             "it was left as it is and nothing was published")
     tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
+    _remove_build_folder(old)
 
 
 @dataclass
