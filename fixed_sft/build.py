@@ -109,7 +109,7 @@ class BuildConfig:
 BUILD_FILES = (PARQUET_NAME, MANIFEST_NAME)  # what a build, and a build's temporary folder, hold
 
 
-def _not_build_files(folder: Path) -> str | None:
+def not_build_files(folder: Path) -> str | None:
     """``None`` when ``folder`` is a folder (not a link) holding only regular files (not
     links, not folders) of the names the format gives; else what it is or holds instead."""
     try:
@@ -132,8 +132,8 @@ def _not_build_files(folder: Path) -> str | None:
 
 def _not_a_build(path: Path) -> str | None:
     """``None`` when ``path`` is a previous build: a folder holding only regular files the
-    format names (``_not_build_files``), one of them a fixed-sft manifest; else why not."""
-    why = _not_build_files(path)
+    format names (``not_build_files``), one of them a fixed-sft manifest; else why not."""
+    why = not_build_files(path)
     if why is not None:
         return why
     try:
@@ -176,7 +176,7 @@ def check_target(out: Path, source: str) -> None:
         raise UsageError(f"output {out} is inside the source folder {source}; choose another --out")
 
 
-def _remove_build_folder(folder: Path) -> None:
+def remove_build_folder(folder: Path) -> None:
     """Delete what a build wrote in ``folder``: its regular files of the names the format
     gives, then the folder once empty. Anything else (put there by someone else) stays,
     and so does the folder; a folder already gone is no error."""
@@ -272,7 +272,7 @@ def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
             manifest = _build_into(config, tmp, progress)
             _publish(tmp, out)
         finally:
-            _remove_build_folder(tmp)
+            remove_build_folder(tmp)
     return manifest
 
 
@@ -285,7 +285,7 @@ def _recover(out: Path) -> None:
     # (glob finds nothing, rather than failing, in a folder that cannot be listed)
     leftovers = sorted(p for p in out.parent.glob(glob.escape(f".{out.name}.") + "*") if own.fullmatch(p.name))
     for leftover in leftovers:
-        if (why := _not_build_files(leftover)) is not None:
+        if (why := not_build_files(leftover)) is not None:
             raise UsageError(f"{leftover}, named as a killed build's temporary folder, is not one ({why}); "
                              "move it away and build again")
     if not out.exists():
@@ -293,7 +293,7 @@ def _recover(out: Path) -> None:
         if previous is not None:
             previous.rename(out)
     for stale in leftovers:
-        _remove_build_folder(stale)
+        remove_build_folder(stale)
 
 
 def _publish(tmp: Path, out: Path) -> None:
@@ -308,7 +308,7 @@ def _publish(tmp: Path, out: Path) -> None:
             raise BuildError(f"output {out} changed during the build and is no longer a previous build ({why}); "
                              "it was left as it is and nothing was published")
     tmp.rename(out)
-    _remove_build_folder(old)
+    remove_build_folder(old)
 
 
 @dataclass

@@ -184,7 +184,7 @@ def _build_then_die_at(step: str, source: Path, kimi_dir: Path, out: Path) -> No
     """In a forked child: build ``out``, SIGKILLing this process at ``step`` of publishing."""
     from fixed_sft import build as build_module
 
-    real_rename, real_remove = Path.rename, build_module._remove_build_folder
+    real_rename, real_remove = Path.rename, build_module.remove_build_folder
 
     def rename(self, target):
         if step == "before-aside" and self == out or step == "before-move-in" and self.name.startswith(f".{out.name}.tmp-"):
@@ -200,7 +200,7 @@ def _build_then_die_at(step: str, source: Path, kimi_dir: Path, out: Path) -> No
         return real_remove(folder)
 
     Path.rename = rename
-    build_module._remove_build_folder = remove
+    build_module.remove_build_folder = remove
     config = build_module.BuildConfig(name="custom", source=str(source), tokenizer=str(kimi_dir), rows=ROWS,
                                       row_tokens=1024, workers=1)
     build_module.build(config, out)
