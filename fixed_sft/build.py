@@ -8,7 +8,6 @@ renamed into place only after ``manifest.json``, written last, is complete.
 
 from __future__ import annotations
 
-import fcntl
 import glob
 import hashlib
 import json
@@ -26,6 +25,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
+from filelock import FileLock, Timeout
 from tqdm import tqdm
 
 from . import __version__
@@ -222,28 +222,38 @@ def _chunks(source: Source, rank: np.ndarray, band_rows: Callable[[], int]) -> I
         lo = hi
 
 
+def file_lock(path: Path) -> FileLock:
+    """An exclusive lock on the file ``path``, taken without waiting: entering it raises
+    ``filelock.Timeout`` when another holds it, another ``OSError`` when it cannot be
+    taken. The file is created when absent and left in place; it is never truncated, and
+    a symbolic link of that name is refused, not followed (filelock >= 4.2.1 opens it
+    with ``O_NOFOLLOW`` and without ``O_TRUNC``, and locks it with ``flock``)."""
+    return FileLock(path, timeout=0, fallback_to_soft=False)  # (a file system without flock: an error)
+
+
 class _Lock:
-    """An exclusive, non-blocking lock on building into ``out``."""
+    """An exclusive, non-blocking lock on building into ``out``: ``.NAME.lock`` beside it."""
 
     def __init__(self, out: Path):
         self.out = out
         self.path = out.parent / f".{out.name}.lock"
+        self.lock = file_lock(self.path)
 
     def __enter__(self) -> "_Lock":
         try:
-            self.file = self.path.open("w")
-        except OSError as error:
-            raise UsageError(f"cannot write {self.path}: {error.strerror or error}; choose another --out") from None
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.file.close()
+            self.lock.acquire()
+        except Timeout:
+            if not os.path.lexists(self.path):  # (filelock reads a failed create, as /proc gives, as contention)
+                raise UsageError(f"cannot lock {self.path}: it cannot be created; choose another --out") from None
             raise BuildError(f"another build is writing {self.out}") from None
+        except OSError as error:
+            why = "it is a symbolic link, which a build never follows" if self.path.is_symlink() else (
+                error.strerror or error)
+            raise UsageError(f"cannot lock {self.path}: {why}; choose another --out") from None
         return self
 
     def __exit__(self, *exc) -> None:
-        fcntl.flock(self.file, fcntl.LOCK_UN)
-        self.file.close()
+        self.lock.release()
 
 
 def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:

@@ -16,9 +16,9 @@ rows may be encoded by another writer, or built by other code; the rest of
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
+import stat
 import tempfile
 from contextlib import contextmanager, suppress
 from dataclasses import replace
@@ -28,7 +28,7 @@ from typing import Iterator, NamedTuple
 import pyarrow.parquet as pq
 
 from .build import (ORDER_RULE, BuildConfig, BuildError, InvalidSourceRow, UsageError, build, code_version,
-                    not_build_files, remove_build_folder)
+                    file_lock, not_build_files, remove_build_folder)
 from .fields import MISSING, first_problem, loads, same, show, value_at
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .source import SourceError, SourceUnreachable, is_hub_id
@@ -74,18 +74,19 @@ def _scratch() -> Iterator[Path]:
     """A new folder for the rebuilt rows in the temporary folder, deleted afterwards. While
     in use it holds a locked ``.lock`` (locked before it gets that name), so the folders
     that killed rebuilds left, whose ``.lock`` no process holds, are deleted first (by
-    ``_remove_scratch``: only what a rebuild writes)."""
+    ``_remove_scratch``: only what a rebuild writes). Locks are ``build.file_lock``'s."""
     for stale in Path(tempfile.gettempdir()).glob(SCRATCH_PREFIX + "*"):
+        lock = stale / ".lock"
         try:
-            with (stale / ".lock").open("rb") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not stat.S_ISREG(lock.lstat().st_mode):  # (taking it would create it in a folder being made)
+                continue
+            with file_lock(lock):
                 _remove_scratch(stale)
         except OSError:  # in use, being created, or another user's
             pass
     folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
     try:
-        with (folder / ".lock.new").open("wb") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with file_lock(folder / ".lock.new"):
             (folder / ".lock.new").rename(folder / ".lock")
             yield folder
     finally:

@@ -541,6 +541,21 @@ def test_a_held_lock_refuses_a_second_build(corpus, kimi_dir, tmp_path):
     build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), tmp_path / "held")  # free again
 
 
+def test_a_lock_file_is_never_truncated_nor_followed(corpus, kimi_dir, tmp_path):
+    """The lock is taken on an existing ``.NAME.lock`` as it is; a symbolic link of that
+    name is refused, and what it points to is left alone."""
+    (tmp_path / ".kept.lock").write_text("someone's notes")
+    build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), tmp_path / "kept")
+    assert (tmp_path / ".kept.lock").read_text() == "someone's notes"
+
+    (tmp_path / "victim.txt").write_text("keep me")
+    (tmp_path / ".linked.lock").symlink_to(tmp_path / "victim.txt")
+    with pytest.raises(UsageError, match=re.escape(f"cannot lock {tmp_path / '.linked.lock'}: it is a symbolic link")):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), tmp_path / "linked")
+    assert (tmp_path / "victim.txt").read_text() == "keep me"
+    assert not (tmp_path / "linked").exists()
+
+
 def test_an_output_inside_a_build_or_a_source_folder_is_refused(corpus, kimi_dir, tmp_path):
     good = tmp_path / "good"
     build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), good)
