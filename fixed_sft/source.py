@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .fields import STRICT_JSON, DuplicateKey
 from .hashes import first_cache_damage
 
 SUFFIXES = (".parquet", ".jsonl")
@@ -427,10 +428,15 @@ def _parquet_row(row: pa.Table) -> object:
 
 
 def _parse_json_line(line: bytes) -> object:
+    """A JSONL line's record, or the ``InvalidRow`` it is: not UTF-8, not JSON, not an
+    object, or an object (at any depth) that repeats a key, which readers resolve
+    differently (Python's json keeps the last value, pyarrow's reader refuses the line)."""
     try:
-        record = json.loads(line.decode("utf-8"))
+        record = STRICT_JSON.decode(line.decode("utf-8"))  # (the hook adds ~7% to plain json.loads)
     except UnicodeDecodeError as error:
         return InvalidRow(f"invalid UTF-8 at byte {error.start}")
+    except DuplicateKey as error:
+        return InvalidRow(f"the JSON repeats the key {error.key!r} in an object")
     except json.JSONDecodeError as error:
         return InvalidRow(f"not JSON ({error.msg} at char {error.pos})")
     except ValueError as error:  # e.g. an integer past Python's digit limit
