@@ -33,7 +33,7 @@ from .chat import MASK_TYPES
 from .encode import Encoded, EncoderConfig, Encoders
 from .hashes import first_cache_damage, row_digest, rows_digest, sha256_file
 from .order import permutation, positions
-from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, RowWriter
+from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, RowWriter, naming
 from .pack import Packer
 from .source import (Source, SourceError, bytes_per_row, non_unicode, open_source, read_band, system_allocator,
                      unreadable)
@@ -537,7 +537,7 @@ def _manifest(config: BuildConfig, source: Source, source_files: list[dict], tok
 
 
 def _write_manifest(path: Path, manifest: dict) -> None:
-    with path.open("w", encoding="utf-8") as f:
+    with naming(path), path.open("w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)
         f.write("\n")
         f.flush()
