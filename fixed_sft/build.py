@@ -133,15 +133,15 @@ def not_build_files(folder: Path) -> str | None:
 def _not_a_build(path: Path) -> str | None:
     """``None`` when ``path`` is a previous build: a folder holding only regular files the
     format names (``not_build_files``), one of them a fixed-sft manifest; else why not."""
+    if path.is_dir() and not os.path.lexists(path / MANIFEST_NAME):  # (first: quick, as for each parent of a target)
+        return f"it has no {MANIFEST_NAME}"
     why = not_build_files(path)
     if why is not None:
         return why
     try:
         manifest = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return f"it has no {MANIFEST_NAME}"
     except (OSError, ValueError):
-        return f"its {MANIFEST_NAME} is not readable JSON"
+        return f"its {MANIFEST_NAME} cannot be read as JSON"
     if not (isinstance(manifest, dict) and manifest.get("format") == FORMAT):
         return f"its {MANIFEST_NAME} is not a {FORMAT} manifest"
     return None
