@@ -27,10 +27,35 @@ NAMES = {str: "a string", int: "an integer", float: "a decimal number", bool: "t
          dict: "an object", None: "null"}
 
 
+class DuplicateKey(ValueError):
+    """A JSON object that repeats a key: readers that keep the first value and readers
+    that keep the last would read two documents."""
+
+    def __init__(self, key: str):
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's ``(key, value)`` pairs as a dict (an ``object_pairs_hook``);
+    ``DuplicateKey`` naming the first key that comes twice."""
+    document = dict(pairs)
+    if len(document) < len(pairs):  # (rare: then find which key)
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return document
+
+
+STRICT_JSON = json.JSONDecoder(object_pairs_hook=unique_keys)  # its ``decode`` reads as ``loads`` does
+
+
 def loads(text: str) -> object:
-    """The JSON document ``text``; ``ValueError`` for an object that repeats a key (readers
-    that keep the first value and readers that keep the last would read two documents)."""
-    return json.loads(text, object_pairs_hook=_unique_keys)
+    """The JSON document ``text``; ``DuplicateKey`` (a ``ValueError``) for an object that
+    repeats a key."""
+    return STRICT_JSON.decode(text)
 
 
 def read_json_object(path: Path, error: type[Exception]) -> dict:
@@ -43,15 +68,6 @@ def read_json_object(path: Path, error: type[Exception]) -> dict:
     if not isinstance(value, dict):
         raise error(f"{path}: not a JSON object")
     return value
-
-
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    document = {}
-    for key, value in pairs:
-        if key in document:
-            raise ValueError(f"duplicate key {key!r}")
-        document[key] = value
-    return document
 
 
 def value_at(document: object, keys: tuple[str, ...]) -> object:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -49,6 +51,21 @@ SCHEMA = pa.schema(
 )
 
 
+class WriteFailed(OSError):
+    """A file of the build could not be written (out of space, say); the message names it."""
+
+
+@contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """An ``OSError`` in the block becomes a ``WriteFailed`` naming ``path`` (pyarrow's
+    errors, and those of a Python file's ``write``, name no file)."""
+    try:
+        yield
+    except OSError as error:
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        raise WriteFailed(f"cannot write {path}: {reason}") from None
+
+
 class RowWriter:
     """Appends rows to one Parquet file, a row group at a time. Row groups are
     compressed and written by a background thread (pyarrow releases the GIL), at most
@@ -56,10 +73,11 @@ class RowWriter:
 
     def __init__(self, path: Path):
         self.path = path
-        self._writer = pq.ParquetWriter(
-            path, SCHEMA, compression="zstd", use_dictionary=DICTIONARY_COLUMNS, write_statistics=False,
-            write_batch_size=WRITE_BATCH_VALUES,
-        )
+        with naming(path):
+            self._writer = pq.ParquetWriter(
+                path, SCHEMA, compression="zstd", use_dictionary=DICTIONARY_COLUMNS, write_statistics=False,
+                write_batch_size=WRITE_BATCH_VALUES,
+            )
         self._pending: list[tuple[int, Row]] = []
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="parquet")
         self._writing: Future | None = None
@@ -94,7 +112,8 @@ class RowWriter:
 
     def _wait(self) -> None:
         if self._writing is not None:
-            self._writing.result()
+            with naming(self.path):
+                self._writing.result()
             self._writing = None
 
     def abort(self) -> None:
@@ -110,9 +129,10 @@ class RowWriter:
         self._flush()
         self._wait()
         self._thread.shutdown()
-        self._writer.close()
-        with self.path.open("rb+") as f:
-            os.fsync(f.fileno())
+        with naming(self.path):
+            self._writer.close()
+            with self.path.open("rb+") as f:
+                os.fsync(f.fileno())
 
 
 class NullValue(ValueError):

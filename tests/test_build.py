@@ -572,6 +572,21 @@ def test_a_held_lock_refuses_a_second_build(corpus, kimi_dir, tmp_path):
     build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), tmp_path / "held")  # free again
 
 
+def test_a_lock_file_is_never_truncated_nor_followed(corpus, kimi_dir, tmp_path):
+    """The lock is taken on an existing ``.NAME.lock`` as it is; a symbolic link of that
+    name is refused, and what it points to is left alone."""
+    (tmp_path / ".kept.lock").write_text("someone's notes")
+    build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), tmp_path / "kept")
+    assert (tmp_path / ".kept.lock").read_text() == "someone's notes"
+
+    (tmp_path / "victim.txt").write_text("keep me")
+    (tmp_path / ".linked.lock").symlink_to(tmp_path / "victim.txt")
+    with pytest.raises(UsageError, match=re.escape(f"cannot lock {tmp_path / '.linked.lock'}: it is a symbolic link")):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), tmp_path / "linked")
+    assert (tmp_path / "victim.txt").read_text() == "keep me"
+    assert not (tmp_path / "linked").exists()
+
+
 def test_an_output_inside_a_build_or_a_source_folder_is_refused(corpus, kimi_dir, tmp_path):
     good = tmp_path / "good"
     build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), good)
@@ -646,6 +661,79 @@ def test_a_folder_with_a_manifest_of_another_format_is_not_replaced(corpus, kimi
     with pytest.raises(UsageError, match="not a previous build"):
         build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), victim)
     assert (victim / "manifest.json").read_text() == '{"format": "other/1"}'
+
+
+def _lookalike(folder: Path, parquet: str) -> Path:
+    """A folder holding a fixed-sft manifest and a ``train.parquet`` that is not a regular file."""
+    folder.mkdir()
+    (folder / "manifest.json").write_text(json.dumps({"format": "fixed-sft/2", "name": "mine"}))
+    data = folder.parent / "data.parquet"
+    data.write_bytes(b"PAR1 my rows")
+    if parquet == "folder":  # Spark's and pyarrow.dataset.write_dataset's layout
+        (folder / "train.parquet").mkdir()
+        (folder / "train.parquet" / "part-0.parquet").write_bytes(b"PAR1 my rows")
+    else:
+        (folder / "train.parquet").symlink_to(data)
+    return folder
+
+
+def _tree(folder: Path) -> dict[str, bytes | str]:
+    return {p.relative_to(folder).as_posix(): f"-> {os.readlink(p)}" if p.is_symlink() else p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_symlink() or p.is_file()}
+
+
+@pytest.mark.parametrize("parquet", ["folder", "link"])
+def test_a_manifest_beside_a_parquet_that_is_no_regular_file_is_not_replaced(corpus, kimi_dir, tmp_path, parquet):
+    """A previous build holds only regular files the format names: a ``train.parquet``
+    folder or link beside a fixed-sft manifest makes the build refuse, touching nothing."""
+    victim = _lookalike(tmp_path / "out", parquet)
+    before = _tree(tmp_path)
+    with pytest.raises(UsageError, match=f"output {victim} exists and is not a previous build .*train.parquet"):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), victim)
+    assert _tree(tmp_path) == before
+
+
+def test_a_manifest_that_is_a_link_is_not_a_build(corpus, kimi_dir, tmp_path):
+    good = tmp_path / "good"
+    build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), good)
+    victim = tmp_path / "out"
+    victim.mkdir()
+    (victim / "manifest.json").symlink_to(good / "manifest.json")
+    with pytest.raises(UsageError, match="not a previous build .*manifest.json"):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), victim)
+    assert (victim / "manifest.json").is_symlink() and (good / "manifest.json").is_file()
+
+
+@pytest.mark.parametrize("kind", ["tmp", "old"])
+def test_a_leftover_folder_holding_anything_else_is_refused(corpus, kimi_dir, tmp_path, kind):
+    """The temporary and old folders a killed build leaves are deleted by the next one only
+    when they hold a build's files alone; otherwise the build refuses, naming the folder."""
+    leftover = _lookalike(tmp_path / f".out.{kind}-123", "folder")
+    before = _tree(tmp_path)
+    with pytest.raises(UsageError, match=re.escape(str(leftover))):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert _tree(tmp_path) == {**before, ".out.lock": b""}  # (the lock, taken before the folders are looked at)
+
+
+def test_an_output_that_changes_during_the_build_is_left_as_it_is(corpus, kimi_dir, tmp_path, monkeypatch):
+    """A file put into the previous build while the new one runs is never deleted: the
+    folder is no longer a previous build, so the build stops and publishes nothing."""
+    out = tmp_path / "out"
+    first = build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), out)
+    real = build_module._build_into
+
+    def and_meanwhile(*args, **kwargs):
+        manifest = real(*args, **kwargs)
+        (out / "notes.txt").write_text("keep")
+        return manifest
+
+    monkeypatch.setattr(build_module, "_build_into", and_meanwhile)
+    with pytest.raises(BuildError, match=f"output {out} changed during the build .*notes.txt"):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=2), out)
+    assert (out / "notes.txt").read_text() == "keep"
+    assert json.loads((out / "manifest.json").read_text()) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "out"]
 
 
 def test_conversations_are_counted_in_kept_rows_only(kimi_dir, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -307,3 +308,29 @@ def test_hub_names_resolve_through_the_hugging_face_cache(kimi_dir, tmp_path):
     changed = run("build", "--source", spec["source"], "--source-revision", spec["source_revision"], "--out", "o2")
     assert changed.returncode == 1 and "chat_template.jinja" in changed.stderr and "Traceback" not in changed.stderr
     assert not (tmp_path / "o2").exists()
+
+
+@pytest.mark.parametrize("file", ["train.parquet", "manifest.json"])
+def test_a_full_disk_names_the_file_it_could_not_write(source, kimi_dir, tmp_path, capsys, monkeypatch, file):
+    """Out of space (as pyarrow and Python report it, without the file's name) while
+    writing the rows or the manifest: one line naming the file, nothing published."""
+    import errno
+
+    import pyarrow.parquet as pq
+
+    from fixed_sft import build as build_module
+
+    def no_space(*args, **kwargs):
+        if file == "train.parquet":  # pyarrow's wording
+            raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if file == "train.parquet":
+        monkeypatch.setattr(pq.ParquetWriter, "write_table", no_space)
+    else:
+        monkeypatch.setattr(build_module.json, "dump", no_space)
+    assert main(_build_args(source, kimi_dir, tmp_path / "o")) == 1
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"error: cannot write {re.escape(str(tmp_path))}/\.o\.tmp-\d+/{file}: "
+                        r"No space left on device\n", err), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".o.lock"]

@@ -184,25 +184,23 @@ def _build_then_die_at(step: str, source: Path, kimi_dir: Path, out: Path) -> No
     """In a forked child: build ``out``, SIGKILLing this process at ``step`` of publishing."""
     from fixed_sft import build as build_module
 
-    real_rename, real_rmtree = Path.rename, shutil.rmtree
-    renames = []
+    real_rename, real_remove = Path.rename, build_module.remove_build_folder
 
     def rename(self, target):
-        renames.append(self)
         if step == "before-aside" and self == out or step == "before-move-in" and self.name.startswith(f".{out.name}.tmp-"):
             os.kill(os.getpid(), signal.SIGKILL)
         return real_rename(self, target)
 
-    def rmtree(path, *args, **kwargs):
-        if step == "removing-old" and Path(path).name.startswith(f".{out.name}.old-"):
-            entries = sorted(Path(path).iterdir())
+    def remove(folder):
+        if step == "removing-old" and folder.name.startswith(f".{out.name}.old-"):
+            entries = sorted(folder.iterdir())
             if entries:  # half-removed, then killed
-                (entries[0].unlink() if entries[0].is_file() else real_rmtree(entries[0]))
+                entries[0].unlink()
             os.kill(os.getpid(), signal.SIGKILL)
-        return real_rmtree(path, *args, **kwargs)
+        return real_remove(folder)
 
     Path.rename = rename
-    build_module.shutil.rmtree = rmtree
+    build_module.remove_build_folder = remove
     config = build_module.BuildConfig(name="custom", source=str(source), tokenizer=str(kimi_dir), rows=ROWS,
                                       row_tokens=1024, workers=1)
     build_module.build(config, out)

@@ -38,6 +38,14 @@ BAD_LINES = {
     44: (b'{"id": true, "messages": [{"role": "user", "content": "x"}]}', "'id' is a bool, not a string or integer"),
     42: (b'{"id": "long", "n": 1' + b"0" * 5000 + b', "messages": [{"role": "user", "content": "x"}]}',
          "not readable JSON"),  # past Python's integer digit limit
+    # a repeated key: readers that keep the first value and readers that keep the last read two rows
+    2: (b'{"id": "dup-role", "messages": [{"role": "user", "content": "hi"}, '
+        b'{"role": "assistant", "content": "ok", "role": "user"}]}', "repeats the key 'role'"),
+    6: (b'{"messages": [{"role": "user", "content": "hi"}], "id": "dup-top", '
+        b'"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}',
+        "repeats the key 'messages'"),
+    9: (b'{"id": "dup-deep", "meta": [{"a": {"b": 1, "b": 2}}], "messages": [{"role": "user", "content": "hi"}, '
+        b'{"role": "assistant", "content": "ok"}]}', "repeats the key 'b'"),
 }
 
 

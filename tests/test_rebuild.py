@@ -78,6 +78,35 @@ def test_the_folder_a_killed_rebuild_left_is_deleted_by_the_next(source, kimi_di
     assert [p.name for p in (tmp_path / "tmp").glob("fixed-sft-rebuild-*")] == [running.name]
 
 
+def test_a_killed_rebuilds_folder_is_deleted_only_if_it_holds_a_rebuilds_files(source, kimi_dir, tmp_path,
+                                                                                monkeypatch):
+    """A folder named as a rebuild's, with a ``.lock`` no process holds, that holds
+    anything a rebuild does not write is left as it is, and so is one whose ``.lock`` is
+    a symbolic link."""
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    kept = [tmp_path / "tmp" / f"fixed-sft-rebuild-{name}" for name in ("linked", "notes", "spark")]
+    linked, notes, spark = kept
+    killed = tmp_path / "tmp" / "fixed-sft-rebuild-killed"
+    for folder in *kept, killed:
+        (folder / "rebuilt").mkdir(parents=True)
+        (folder / "rebuilt" / "manifest.json").write_text('{"format": "fixed-sft/1"}')
+        (folder / ".rebuilt.lock").touch()
+        if folder != linked:
+            (folder / ".lock").touch()
+    (tmp_path / "mine.lock").write_text("keep")
+    (linked / ".lock").symlink_to(tmp_path / "mine.lock")  # a lock is never followed
+    (notes / "notes.txt").write_text("keep")
+    (spark / "rebuilt" / "train.parquet").mkdir()
+    (spark / "rebuilt" / "train.parquet" / "part-0.parquet").write_text("keep")
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir)) == 0
+    assert (notes / "notes.txt").read_text() == "keep" and (notes / "rebuilt" / "manifest.json").exists()
+    assert (spark / "rebuilt" / "train.parquet" / "part-0.parquet").read_text() == "keep"
+    assert (linked / ".lock").is_symlink() and (tmp_path / "mine.lock").read_text() == "keep"
+    assert sorted((tmp_path / "tmp").glob("fixed-sft-rebuild-*")) == kept
+
+
 @pytest.mark.parametrize("change, says", [
     (lambda m: m["params"].update(seed=42), "does not give the same rows\n"),
     (lambda m: m["loss_mask"]["template_kwargs"].update(thinking=False),

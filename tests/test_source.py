@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -247,6 +249,40 @@ def test_a_folder_named_like_a_data_file_is_not_a_file(tmp_path):
     synthetic.write_parquet(synthetic.conversations(3), tmp_path / "src" / "set.parquet" / "part-0.parquet")
     src = open_source(str(tmp_path / "src"))
     assert src.files == (tmp_path / "src" / "set.parquet" / "part-0.parquet",) and src.num_rows == 3
+
+
+def _without_blocking(call):
+    """``call()``'s result or exception, failing the test if it blocks (as opening a FIFO does)."""
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(_outcome(call)), daemon=True)
+    worker.start()
+    worker.join(20)
+    assert outcome, "blocked"
+    return outcome[0]
+
+
+def _outcome(call):
+    try:
+        return call()
+    except Exception as error:
+        return error
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_a_fifo_named_like_a_data_file_is_refused_without_opening_it(tmp_path, suffix):
+    """A FIFO (or any file that is not a regular file) named as a data file is named and
+    refused, in a folder or as the source itself, and never opened (which would block)."""
+    rows = synthetic.conversations(3)
+    if suffix == ".jsonl":
+        synthetic.write_jsonl(rows, tmp_path / "src" / "a.jsonl")
+    else:
+        synthetic.write_parquet(rows, tmp_path / "src" / "a.parquet")
+    fifo = tmp_path / "src" / "sub" / f"b{suffix}"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    for source in fifo.parents[1], fifo:
+        error = _without_blocking(lambda: open_source(str(source)))
+        assert isinstance(error, SourceError) and str(error) == f"{fifo}: not a regular file (a FIFO)", error
 
 
 def test_an_empty_jsonl_file_has_no_rows(tmp_path):

@@ -146,7 +146,7 @@ def test_a_manifest_that_repeats_a_key_is_refused(copy):
     """Readers that keep the first value and readers that keep the last would read two manifests."""
     text = (copy / "manifest.json").read_text()
     (copy / "manifest.json").write_text(text.replace("{", '{"rows_sha256": "' + "0" * 64 + '", ', 1))
-    assert verify(copy) == [f"{copy / 'manifest.json'}: unreadable (ValueError: duplicate key 'rows_sha256')"]
+    assert verify(copy) == [f"{copy / 'manifest.json'}: unreadable (DuplicateKey: duplicate key 'rows_sha256')"]
 
 
 def test_row_hashes_are_lowercase_hex(copy):
