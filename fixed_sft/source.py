@@ -80,7 +80,7 @@ class SourceUnreachable(SourceError):
         super().__init__(
             f"{problem}. Without the Hub, download the files elsewhere and pass --source PATH (a .parquet/.jsonl "
             "file or a folder of them) with --source-revision REV and --source-license LICENSE, after NAME for a "
-            "named build (README: 'Command line')."
+            "named build (README: 'Build offline')."
         )
         self.problem = problem
 

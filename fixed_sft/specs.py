@@ -132,7 +132,7 @@ def _download(repo: str, revision: str) -> tuple[Path, str]:
         raise SpecError(
             f"cannot get tokenizer {repo}@{revision} from the Hugging Face Hub or its cache "
             f"({type(error).__name__}: {error}). Without the Hub, put {', '.join(FILES)} in a folder "
-            "and pass --tokenizer FOLDER (README: 'Command line' shows a whole offline build)."
+            "and pass --tokenizer FOLDER (README: 'Build offline' shows a whole offline build)."
         ) from None
     return paths[0].parent, snapshot_commit(paths[0].parent, revision)
 
