@@ -307,16 +307,28 @@ def test_cleanup_leaves_folders_of_targets_whose_names_extend_this_one(tmp_path)
     assert not (tmp_path / ".run.tmp-7").exists()
 
 
-def _pool_processes() -> set[int]:
-    """Pids of running fork servers and the workers they started."""
+def _session_processes(session: int) -> set[int]:
+    """Pids of the live (not zombie) processes of ``session``: a build started in a session
+    of its own, its fork server and the workers that forks (others' builds on the machine
+    are left out)."""
     found = set()
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and b"multiprocessing.forkserver" in (entry / "cmdline").read_bytes():
-                found.add(int(entry.name))
-        except OSError:
+            if entry.name.isdigit():
+                state, _, _, sid = (entry / "stat").read_text().rpartition(")")[2].split()[:4]
+                if int(sid) == session and state != "Z":
+                    found.add(int(entry.name))
+        except (OSError, ValueError):
             pass
     return found
+
+
+def _wait_until_gone(session: int, within_s: float = 10) -> set[int]:
+    """The processes of ``session`` still there after ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    while (left := _session_processes(session)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 @pytest.fixture(scope="module")
@@ -332,7 +344,6 @@ def test_a_signal_stops_workers_without_a_traceback(sig, long_source, kimi_dir, 
     130 and 143 with one line; after SIGKILL of the build alone, its workers exit too.
     Signals land as the build starts (the fork server still importing) and during the
     work; the build has started once it holds its lock, after its handlers are set."""
-    before = _pool_processes()
     for delay in (0.3, 1.6):
         args = command(long_source, kimi_dir, tmp_path / f"out-{delay}")
         args[args.index("--rows") + 1], args[args.index("--workers") + 1] = "all", "2"
@@ -354,7 +365,4 @@ def test_a_signal_stops_workers_without_a_traceback(sig, long_source, kimi_dir, 
             assert (process.returncode, stderr.strip().splitlines()[-1]) == expected, stderr
             assert "Traceback" not in stderr, stderr
         assert not (tmp_path / f"out-{delay}").exists()
-        deadline = time.monotonic() + 10
-        while _pool_processes() - before and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _pool_processes() - before, "worker processes outlived the build"
+        assert not _wait_until_gone(process.pid), "worker processes outlived the build"
