@@ -17,14 +17,16 @@ changed) loads its own.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import signal
 import threading
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import forkserver, get_context, parent_process
+from multiprocessing import forkserver, get_context, parent_process, util
 from multiprocessing.context import BaseContext
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -229,12 +231,52 @@ def start_forkserver(config: EncoderConfig) -> BaseContext:
             if previous is not None:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
             os.environ[PRELOAD_VARIABLE] = text  # the server's environment is this one, as it starts
+            _own_temp_folder()
             forkserver.ensure_running()
         finally:
             os.environ.pop(PRELOAD_VARIABLE, None)
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
     return context
+
+
+OWNER_NAME = "fixed-sft.owner"  # in multiprocessing's temporary folder: locked while the build that made it runs
+_owner: int | None = None  # that file, open (and locked) in this process
+
+
+def _own_temp_folder() -> None:
+    """Mark multiprocessing's temporary folder (``pymp-*`` in TMPDIR, which holds the fork
+    server's socket, and which multiprocessing removes at exit) as this process's by a
+    file in it that this process keeps locked; remove the folders so marked that no
+    process holds locked any more: those of builds killed with SIGKILL, which could not
+    remove them. Folders not so marked (other programs') are left alone."""
+    global _owner
+    if _owner is not None:
+        return
+    folder = Path(util.get_temp_dir())
+    draft = folder / f".{OWNER_NAME}"
+    owner = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    fcntl.flock(owner, fcntl.LOCK_EX)
+    draft.rename(folder / OWNER_NAME)  # (locked before another build can find it)
+    _owner = owner
+    for other in folder.parent.glob("pymp-*"):
+        if other != folder and _abandoned(other):
+            shutil.rmtree(other, ignore_errors=True)
+
+
+def _abandoned(folder: Path) -> bool:
+    """Whether ``folder`` holds an owner file that no process holds locked."""
+    try:
+        owner = os.open(folder / OWNER_NAME, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:  # not marked, or not this user's
+        return False
+    try:
+        fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # locked: its build runs
+        return False
+    finally:
+        os.close(owner)
+    return True
 
 
 class Encoders:

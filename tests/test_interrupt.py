@@ -8,6 +8,8 @@ after the build took its lock and made its temporary folder (the work proper),
 some into a fresh folder and some over a previous, different build. The moments of
 ``_publish`` (moving the old build aside, moving the new one in, removing the old)
 are too short to hit by timing, so a forked build kills itself at each of them too.
+A 2-worker build killed so leaves multiprocessing's ``pymp-*`` folder in TMPDIR; the
+next 2-worker build removes it.
 """
 
 from __future__ import annotations
@@ -366,3 +368,40 @@ def test_a_signal_stops_workers_without_a_traceback(sig, long_source, kimi_dir, 
             assert "Traceback" not in stderr, stderr
         assert not (tmp_path / f"out-{delay}").exists()
         assert not _wait_until_gone(process.pid), "worker processes outlived the build"
+
+
+# --- kill -9 and multiprocessing's temporary folder ---------------------------------------------------
+
+
+def test_a_build_removes_the_multiprocessing_folder_a_killed_build_left(source, long_source, kimi_dir, tmp_path):
+    """A 2-worker build killed with SIGKILL cannot remove its ``pymp-*`` folder in TMPDIR
+    (where its fork server's socket is); the next 2-worker build removes it, and only
+    such folders: not another program's, nor a running build's."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    (tmpdir / "pymp-another-program").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmpdir)}
+    args = command(long_source, kimi_dir, tmp_path / "killed")
+    args[args.index("--rows") + 1], args[args.index("--workers") + 1] = "all", "2"
+    running = []
+    for name in ("killed", "running"):
+        args[args.index("--out") + 1] = str(tmp_path / name)
+        running.append(subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        start_new_session=True, env=env))
+    killed, alive = running
+    deadline = time.monotonic() + 60
+    while len(list(tmpdir.glob("pymp-*/listener-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    killed.kill()
+    killed.communicate()
+    assert not _wait_until_gone(killed.pid)
+    assert len(list(tmpdir.glob("pymp-*"))) == 3  # the killed build's is left
+
+    later = command(source, kimi_dir, tmp_path / "later")
+    later[later.index("--workers") + 1] = "2"
+    done = subprocess.run(later, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    left = sorted(p.name for p in tmpdir.glob("pymp-*"))
+    alive.kill()
+    alive.communicate()
+    assert len(left) == 2 and "pymp-another-program" in left, left  # and the running build's
