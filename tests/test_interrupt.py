@@ -10,6 +10,10 @@ some into a fresh folder and some over a previous, different build. The moments 
 are too short to hit by timing, so a forked build kills itself at each of them too.
 A 2-worker build killed so leaves multiprocessing's ``pymp-*`` folder in TMPDIR; the
 next 2-worker build removes it.
+
+Ctrl-C and SIGTERM, once or several times in a row, at moments spread over a build
+(its encoder start-up too, one that never ends included) end it within seconds with
+130 or 143 and one line, leaving no worker and no temporary folder.
 """
 
 from __future__ import annotations
@@ -368,6 +372,131 @@ def test_a_signal_stops_workers_without_a_traceback(sig, long_source, kimi_dir, 
             assert "Traceback" not in stderr, stderr
         assert not (tmp_path / f"out-{delay}").exists()
         assert not _wait_until_gone(process.pid), "worker processes outlived the build"
+
+
+# --- Ctrl-C and SIGTERM, once or repeatedly, at moments spread over the build ------------------------
+
+STOP_WITHIN_S = 15  # a signalled build exits within seconds; past this, it counts as hung
+EXIT_CODES = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated")}
+# a template line that renders nothing, slowly: 10**10 loop turns, so start-up never ends
+NEVER_ENDING = "{%- for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor -%}\n"
+
+
+@pytest.fixture(scope="module")
+def never_ending_tokenizer(kimi_dir, tmp_path_factory) -> Path:
+    """The Kimi tokenizer with a chat template whose every rendering takes forever: the
+    encoder's start-up (which renders probe conversations) never ends."""
+    from fixed_sft.tokenizer import FILES
+
+    folder = tmp_path_factory.mktemp("never-ending")
+    for name in FILES:
+        shutil.copy(kimi_dir / name, folder / name)
+    template = folder / "chat_template.jinja"
+    template.write_text(NEVER_ENDING + template.read_text(encoding="utf-8"), encoding="utf-8")
+    return folder
+
+
+def _signal_build(base: Path, source: Path, tokenizer: Path, workers: int, sig: int, times: int, delay: float,
+                  gap: float, rows: str = "all") -> dict:
+    """Start a build in a session of its own (its own TMPDIR under ``base``); ``delay``
+    seconds after it takes its lock, send ``sig`` ``times`` times, ``gap`` seconds apart
+    (Ctrl-C to the whole process group, as a terminal does; SIGTERM to the build alone).
+    Return what happened; a build still running ``STOP_WITHIN_S`` seconds after the last
+    signal is stopped (first with SIGABRT, which makes it print every thread's stack)."""
+    out, tmpdir = base / "out", base / "tmp"
+    tmpdir.mkdir(parents=True)
+    args = command(source, tokenizer, out) + ["--allow-unpinned-tokenizer"]
+    args[args.index("--rows") + 1], args[args.index("--workers") + 1] = rows, str(workers)
+    process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True,
+                               env={**os.environ, "TMPDIR": str(tmpdir), "PYTHONFAULTHANDLER": "1"})
+    deadline = time.monotonic() + 60
+    while not (base / ".out.lock").exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(delay)
+    for n in range(times):
+        try:
+            os.killpg(process.pid, sig) if sig == signal.SIGINT else process.send_signal(sig)
+        except ProcessLookupError:  # (all gone already)
+            pass
+        if n + 1 < times:
+            time.sleep(gap)
+    sent = time.monotonic()
+    try:
+        _, stderr = process.communicate(timeout=STOP_WITHIN_S)
+        hung = False
+    except subprocess.TimeoutExpired:  # (the build, or a process of its session holding its stderr open)
+        hung = True
+        process.send_signal(signal.SIGABRT)
+        time.sleep(2)
+        os.killpg(process.pid, signal.SIGKILL)
+        _, stderr = process.communicate()
+    stopped_s = time.monotonic() - sent
+    left = _wait_until_gone(process.pid)
+    return {"signal": signal.Signals(sig).name, "times": times, "delay": round(delay, 2), "workers": workers,
+            "hung": hung, "stopped_s": round(stopped_s, 2), "code": process.returncode, "stderr": stderr,
+            "out": out, "processes_left": sorted(left), "tmp_left": leftovers(out, "tmp"),
+            "tmpdir_left": sorted(p.name for p in tmpdir.glob("pymp-*"))}
+
+
+def _stop_problems(result: dict, allowed: set[str]) -> list[str]:
+    """What is wrong with how a signalled build stopped: it must exit within seconds with
+    130 or 143 and one line, without a traceback, leaving no worker, no temporary folder
+    (its own, or multiprocessing's ``pymp-*`` in TMPDIR), and its output absent or complete."""
+    code, line = EXIT_CODES[signal.Signals[result["signal"]]]
+    lines = (result["stderr"] or "").strip().splitlines()
+    problems = []
+    if result["hung"]:
+        problems.append(f"still running {STOP_WITHIN_S} s after the last signal")
+    if (result["code"], lines) != (code, [line]):
+        problems.append(f"exit {result['code']}, stderr {result['stderr']!r}")
+    if result["processes_left"] or result["tmp_left"] or result["tmpdir_left"]:
+        problems.append(f"left behind: processes {result['processes_left']}, {result['tmp_left']}, "
+                        f"TMPDIR {result['tmpdir_left']}")
+    try:
+        assert_absent_or_complete(result["out"], allowed)
+    except AssertionError as error:
+        problems.append(str(error))
+    return problems
+
+
+def _report(results: list[dict], allowed: set[str]) -> None:
+    summary = [{k: v for k, v in r.items() if k not in ("stderr", "out")} for r in results]
+    print("\n".join(map(str, summary)))
+    problems = [(r["signal"], r["times"], r["delay"], p) for r in results for p in _stop_problems(r, allowed)]
+    assert not problems, "\n".join(map(str, problems))
+
+
+REPEATS = 6  # attempts per signal
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_repeated_signals_stop_a_two_worker_build_within_seconds(sig, long_source, kimi_dir, tmp_path):
+    """Two or three Ctrl-C (or SIGTERM) in a row, at moments spread over the first 3 s of
+    a 2-worker build (the fork server starting and importing, workers starting, the work),
+    end it within seconds, as one does; they once could hang it for good (the builder in
+    multiprocessing's join at exit, its pool's thread joining workers that waited for work)
+    or end it with a traceback."""
+    rng = random.Random(f"{SEED}:{sig}")
+    moments = [(2 + k % 2, 3.0 * (k + rng.random()) / REPEATS, rng.uniform(0.0, 0.3)) for k in range(REPEATS)]
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(
+            lambda k: _signal_build(tmp_path / str(k), long_source, kimi_dir, 2, sig, *moments[k]), range(REPEATS)))
+    _report(results, set())  # (the whole source is far from built by then)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_signal_during_a_start_up_that_never_ends_stops_the_build(workers, long_source, never_ending_tokenizer,
+                                                                     tmp_path):
+    """With a chat template that renders forever, the encoder's start-up never ends (in
+    the build's process for one worker; in the fork server, before any worker starts, for
+    two): a signal at any moment of it still ends the build within seconds, and the fork
+    server with it. It once waited for start-up to end, forever."""
+    moments = [(signal.SIGINT, 1, 0.1, 0.0), (signal.SIGTERM, 1, 0.7, 0.0), (signal.SIGINT, 2, 1.4, 0.2)]
+    with ThreadPoolExecutor(len(moments)) as pool:
+        results = list(pool.map(lambda k: _signal_build(tmp_path / str(k), long_source, never_ending_tokenizer,
+                                                        workers, *moments[k]), range(len(moments))))
+    _report(results, set())
 
 
 # --- kill -9 and multiprocessing's temporary folder ---------------------------------------------------
