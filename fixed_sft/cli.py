@@ -10,6 +10,7 @@ command is over, exits at once (``exits.exit_now``), with the first one's code.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import signal
 import sys
@@ -272,13 +273,26 @@ def _command(argv: list[str], stop: _Stop) -> int:
 
 def run() -> NoReturn:
     """The program (``generate_fixed_sft.py``, ``generate-fixed-sft``): ``main``, then
-    exit. An interrupted command exits at once, rather than wait in the interpreter's
-    shutdown for threads and workers that are still stopping (an encoder start-up may
-    never end): they end with this process."""
+    exit. A signal once the command is over (the interpreter shutting down) exits at once
+    with its code (but for the last moments: ``_ignore_signals``); so does an interrupted
+    command, rather than wait in that shutdown for threads and workers that are still
+    stopping (an encoder start-up may never end): they end with this process."""
+    atexit.register(_ignore_signals)  # (the first exit function registered runs last)
+    after = _Stop(over=True)
+    for signum in SIGNALS:
+        signal.signal(signum, after)
     code = main()
     if code in (INTERRUPTED, TERMINATED):
         exit_now(code)
     sys.exit(code)
+
+
+def _ignore_signals() -> None:
+    """The last exit function: past it, Python puts back the default handlers (by which a
+    signal would kill the process, exit -2) as it frees its modules. Nothing is left to
+    stop then; a signal is ignored, and the exit code is the command's."""
+    for signum in SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _exit_code(error: Exception) -> int | None:

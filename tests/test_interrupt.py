@@ -12,8 +12,9 @@ A 2-worker build killed so leaves multiprocessing's ``pymp-*`` folder in TMPDIR;
 next 2-worker build removes it.
 
 Ctrl-C and SIGTERM, once or several times in a row, at moments spread over a build
-(its encoder start-up too, one that never ends included) end it within seconds with
-130 or 143 and one line, leaving no worker and no temporary folder.
+(its encoder start-up too, one that never ends included, and after ``built`` is
+printed) end it within seconds with 130 or 143 and one line, leaving no worker and no
+temporary folder.
 """
 
 from __future__ import annotations
@@ -497,6 +498,42 @@ def test_a_signal_during_a_start_up_that_never_ends_stops_the_build(workers, lon
         results = list(pool.map(lambda k: _signal_build(tmp_path / str(k), long_source, never_ending_tokenizer,
                                                         workers, *moments[k]), range(len(moments))))
     _report(results, set())
+
+
+def _ctrl_c_after_built(source: Path, kimi_dir: Path, out: Path, workers: int, delay: float) -> tuple[int, str]:
+    """Build; ``delay`` seconds after ``built`` is printed, press Ctrl-C; return the exit
+    code and stderr."""
+    args = command(source, kimi_dir, out)
+    args[args.index("--workers") + 1] = str(workers)
+    process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    built = process.stdout.readline()
+    time.sleep(delay)
+    try:
+        os.killpg(process.pid, signal.SIGINT)
+    except ProcessLookupError:
+        pass
+    _, stderr = process.communicate(timeout=STOP_WITHIN_S)
+    assert built.startswith("built "), (built, stderr)
+    assert not _wait_until_gone(process.pid), "worker processes outlived the build"
+    return process.returncode, stderr
+
+
+def test_ctrl_c_after_built_is_printed_exits_130(source, kimi_dir, uninterrupted, tmp_path):
+    """A Ctrl-C once the build has printed ``built`` (the interpreter shutting down:
+    threads joined, multiprocessing's exit functions) exits 130 with one line; it once
+    exited -2 (killed by SIGINT), or with a traceback. In the very last moments of the
+    exit, when Python has put back the default handlers, it is ignored (exit 0). The
+    output is complete either way."""
+    attempts = [(1, 0.0), (2, 0.0), (2, 0.03)]  # (workers, delay)
+    with ThreadPoolExecutor(len(attempts)) as pool:
+        results = list(pool.map(lambda k: _ctrl_c_after_built(source, kimi_dir, tmp_path / f"out{k}", *attempts[k]),
+                                range(len(attempts))))
+    print(results)
+    for k, (code, stderr) in enumerate(results):
+        assert (code, stderr) == (130, "interrupted\n") or (code, stderr) == (0, ""), (code, stderr)
+        assert verify(tmp_path / f"out{k}") == [] and rows_sha256(tmp_path / f"out{k}") == uninterrupted["sha"]
+    assert any(code == 130 for code, _ in results), "no Ctrl-C landed before the build exited"
 
 
 # --- kill -9 and multiprocessing's temporary folder ---------------------------------------------------
