@@ -1,8 +1,6 @@
 """Build fixed-length packed SFT datasets and verify them: ``python generate_fixed_sft.py --help``."""
 
-import sys
-
-from fixed_sft.cli import main
+from fixed_sft.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from . import __version__
 from .chat import MASK_TYPES
 from .encode import Encoded, EncoderConfig, Encoders
+from .exits import removed_on_exit
 from .hashes import first_cache_damage, row_digest, rows_digest, sha256_file
 from .order import permutation, positions
 from .output import FORMAT, FORMATS, MANIFEST_NAME, PARQUET_NAME, RowWriter, naming
@@ -277,12 +278,13 @@ def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
         check_target(out, config.source)
         _recover(out)
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        tmp.mkdir()
-        try:
-            manifest = _build_into(config, tmp, progress)
-            _publish(tmp, out)
-        finally:
-            remove_build_folder(tmp)
+        with removed_on_exit(tmp):  # (by a second Ctrl-C, which exits at once)
+            tmp.mkdir()
+            try:
+                manifest = _build_into(config, tmp, progress)
+                _publish(tmp, out)
+            finally:
+                remove_build_folder(tmp)
     return manifest
 
 
@@ -403,12 +405,13 @@ def _pack(conversations: Iterator[Encoded], rows: int | None, packer: Packer, wr
 
 @contextmanager
 def _cancelling_pool() -> Iterator[ThreadPoolExecutor]:
-    """One background thread; on an error, its queued tasks are dropped, not run."""
+    """One background thread; on an error, its queued tasks are dropped, not run (and on
+    Ctrl-C or SIGTERM, the running one is not waited for)."""
     pool = ThreadPoolExecutor(1)
     try:
         yield pool
-    except BaseException:
-        pool.shutdown(cancel_futures=True)
+    except BaseException as error:
+        pool.shutdown(wait=isinstance(error, Exception), cancel_futures=True)
         raise
     pool.shutdown()
 

@@ -2,18 +2,23 @@
 from the recorded inputs and compare).
 
 Exit codes: 0 success; 1 build failure or verify mismatch; 2 usage error; 130 interrupted
-(Ctrl-C); 143 terminated (SIGTERM).
+(Ctrl-C); 143 terminated (SIGTERM). The first Ctrl-C or SIGTERM stops the command, which
+unwinds (workers stopped, its temporary folder removed); a later one, or one once the
+command is over, exits at once (``exits.exit_now``), with the first one's code.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
+
+from .exits import exit_now
 
 if TYPE_CHECKING:
     from .build import BuildConfig
@@ -26,8 +31,27 @@ class Terminated(BaseException):
     """SIGTERM: the build stops as on Ctrl-C (workers stopped, nothing half-written)."""
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise Terminated
+SIGNALS = {signal.SIGINT: (INTERRUPTED, "interrupted"), signal.SIGTERM: (TERMINATED, "terminated")}
+
+
+class _Stop:
+    """The handler of Ctrl-C and SIGTERM: while the command runs, the first one raises
+    ``KeyboardInterrupt`` or ``Terminated`` where the command is, so that it unwinds;
+    any later one, and one once the command is over, exits at once with the first one's
+    code, rather than interrupt that unwinding (or the interpreter's shutdown) and leave
+    it half done."""
+
+    def __init__(self, over: bool = False):
+        self.over = over
+        self.first: int | None = None
+        self.said = False  # whether the exit's line is written
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if not self.over and self.first is None:
+            self.first = signum
+            raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
+        code, message = SIGNALS[self.first or signum]
+        exit_now(code, None if self.said else message)
 
 
 def _owns_signals() -> bool:
@@ -211,21 +235,21 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line (``build`` when no command is named); return the exit code."""
+    """Run the command line (``build`` when no command is named); return the exit code.
+    From the main thread, Ctrl-C and SIGTERM are handled by ``_Stop`` meanwhile."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # no "PyTorch was not found" notice
     if not argv or argv[0] not in ("build", "verify", "-h", "--help"):
         argv.insert(0, "build")
-    previous = signal.signal(signal.SIGTERM, _terminate) if _owns_signals() else None
+    stop = _Stop()
+    previous = {signum: signal.signal(signum, stop) for signum in SIGNALS} if _owns_signals() else {}
     try:
-        args = parser().parse_args(argv)  # (imports, which Ctrl-C may interrupt too)
-        return _build(args) if args.command == "build" else _verify(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return INTERRUPTED
-    except Terminated:
-        print("terminated", file=sys.stderr)
-        return TERMINATED
+        return _command(argv, stop)
+    except (KeyboardInterrupt, Terminated) as stopped:
+        code, message = SIGNALS[signal.SIGINT if isinstance(stopped, KeyboardInterrupt) else signal.SIGTERM]
+        print(message, file=sys.stderr)
+        stop.said = True
+        return code
     except Exception as error:
         code = _exit_code(error)
         if code is None and os.environ.get("FIXED_SFT_DEBUG"):
@@ -235,8 +259,40 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {detail}", file=sys.stderr)
         return code or FAILURE
     finally:
-        if _owns_signals():
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _command(argv: list[str], stop: _Stop) -> int:
+    try:
+        args = parser().parse_args(argv)  # (imports, which Ctrl-C may interrupt too)
+        return _build(args) if args.command == "build" else _verify(args)
+    finally:
+        stop.over = True  # a signal from here on exits at once (``main`` catches what one raised up to here)
+
+
+def run() -> NoReturn:
+    """The program (``generate_fixed_sft.py``, ``generate-fixed-sft``): ``main``, then
+    exit. A signal once the command is over (the interpreter shutting down) exits at once
+    with its code (but for the last moments: ``_ignore_signals``); so does an interrupted
+    command, rather than wait in that shutdown for threads and workers that are still
+    stopping (an encoder start-up may never end): they end with this process."""
+    atexit.register(_ignore_signals)  # (the first exit function registered runs last)
+    after = _Stop(over=True)
+    for signum in SIGNALS:
+        signal.signal(signum, after)
+    code = main()
+    if code in (INTERRUPTED, TERMINATED):
+        exit_now(code)
+    sys.exit(code)
+
+
+def _ignore_signals() -> None:
+    """The last exit function: past it, Python puts back the default handlers (by which a
+    signal would kill the process, exit -2) as it frees its modules. Nothing is left to
+    stop then; a signal is ignored, and the exit code is the command's."""
+    for signum in SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _exit_code(error: Exception) -> int | None:

@@ -12,19 +12,22 @@ conversation, not before (so a chunk's later rows cannot fail a build that ends 
 Worker processes fork from a server that has imported this module and loaded the
 build's encoder once (named to it by ``PRELOAD_VARIABLE`` when it starts); a worker
 whose build needs another encoder (another tokenizer, or the same folder's files since
-changed) loads its own.
+changed) loads its own. The server, as it loads, and the workers end once the build's
+process is gone.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import signal
 import threading
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import forkserver, get_context, parent_process
+from multiprocessing import forkserver, get_context, parent_process, resource_tracker, util
 from multiprocessing.context import BaseContext
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -34,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from .chat import RENDERER_MODULE, ChatEncoder, TemplateMismatch
+from .exits import remove_on_exit
 from .hashes import sha256_file
 from .source import InvalidRow, conversation, records
 from .tokenizer import KimiTokenizer, TokenizerError
@@ -153,22 +157,39 @@ def encode_chunk(encoder: ChatEncoder, chunk: pa.Table, first_position: int, che
 
 
 PRELOAD_VARIABLE = "FIXED_SFT_PRELOAD_ENCODER"  # an EncoderConfig as JSON, for the fork server only
+BUILDER_VARIABLE = "FIXED_SFT_PRELOAD_BUILDER"  # the pid of the build's process, which starts the fork server
 
 
-def preload(text: str | None) -> tuple[str, ChatEncoder] | None:
+def preload(text: str | None, builder: int | None = None) -> tuple[str, ChatEncoder] | None:
     """``text`` (``EncoderConfig.to_json``) and the encoder it names, loaded; ``None`` for
     no ``text``, or when loading fails (each worker then loads its own encoder, and
-    reports the error)."""
+    reports the error). Meanwhile this process exits as soon as its parent is not
+    ``builder`` (by default the parent it has now): the build is gone (killed, or
+    stopped by a signal), and a template may take for ever to render."""
     if not text:
         return None
+    loaded = threading.Event()
+    watcher = threading.Thread(target=_exit_unless_child_of, args=(builder or os.getppid(), loaded), daemon=True)
+    watcher.start()
     try:
         return text, EncoderConfig.from_json(text).load()
     except Exception:  # an error here would end the fork server, and every worker start with it
         return None
+    finally:
+        loaded.set()
+        watcher.join()  # (the fork server forks its workers from a single thread)
+
+
+def _exit_unless_child_of(builder: int, loaded: threading.Event) -> None:
+    while os.getppid() == builder:
+        if loaded.wait(0.1):
+            return
+    os._exit(1)
 
 
 # set only while the fork server starts (``start_forkserver``); taken out of the environment its workers inherit
-_preloaded = preload(os.environ.pop(PRELOAD_VARIABLE, None))
+_builder = os.environ.pop(BUILDER_VARIABLE, None)
+_preloaded = preload(os.environ.pop(PRELOAD_VARIABLE, None), int(_builder) if _builder else None)
 _worker_encoder: ChatEncoder | Exception | None = None
 
 
@@ -215,26 +236,85 @@ def start_forkserver(config: EncoderConfig) -> BaseContext:
     """Start the fork server that workers fork from, having imported ``WORKER_MODULES``
     and loaded ``config``'s encoder, unless it runs already (one per process, kept for
     later builds, whose workers load their own encoder if it differs); return the
-    context that creates the workers. From the main thread, the server starts with
-    Ctrl-C ignored, which it and the workers inherit: the build handles Ctrl-C itself (it
-    stops the workers), and a server interrupted while still importing would print a
-    traceback."""
+    context that creates the workers. The server starts with Ctrl-C blocked, which it and
+    the workers inherit (as multiprocessing's resource tracker starts): the build handles
+    Ctrl-C itself (it stops the workers), and a server interrupted while still importing
+    would print a traceback. A Ctrl-C meanwhile reaches the build once the server has
+    started."""
     context = get_context("forkserver")
     context.set_forkserver_preload(WORKER_MODULES)
     text = config.to_json()
-    with _starting:  # one environment and one SIGINT handler at a time
-        # only the main thread may set handlers; ``None``: a handler not set from Python, left alone
-        previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    with _starting:  # one environment at a time
+        _start_resource_tracker()  # (first: its start unblocks Ctrl-C)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            if previous is not None:
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
             os.environ[PRELOAD_VARIABLE] = text  # the server's environment is this one, as it starts
+            os.environ[BUILDER_VARIABLE] = str(os.getpid())
+            _own_temp_folder()
             forkserver.ensure_running()
         finally:
             os.environ.pop(PRELOAD_VARIABLE, None)
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+            os.environ.pop(BUILDER_VARIABLE, None)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return context
+
+
+TRACKER_WARNINGS = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (the fork server's start would), which
+    unlinks the semaphores a process leaves when it is gone, without its warning that it
+    does (``TRACKER_WARNINGS``): a build that exits at once leaves it the pool's."""
+    warnings = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [warnings, TRACKER_WARNINGS]))
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        if warnings is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = warnings
+
+
+OWNER_NAME = "fixed-sft.owner"  # in multiprocessing's temporary folder: locked while the build that made it runs
+_owner: int | None = None  # that file, open (and locked) in this process
+
+
+def _own_temp_folder() -> None:
+    """Mark multiprocessing's temporary folder (``pymp-*`` in TMPDIR, which holds the fork
+    server's socket, and which multiprocessing removes at exit) as this process's by a
+    file in it that this process keeps locked; remove the folders so marked that no
+    process holds locked any more: those of builds killed with SIGKILL, which could not
+    remove them. Folders not so marked (other programs') are left alone."""
+    global _owner
+    if _owner is not None:
+        return
+    folder = Path(util.get_temp_dir())
+    draft = folder / f".{OWNER_NAME}"
+    owner = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    fcntl.flock(owner, fcntl.LOCK_EX)
+    draft.rename(folder / OWNER_NAME)  # (locked before another build can find it)
+    _owner = owner
+    remove_on_exit(folder)
+    for other in folder.parent.glob("pymp-*"):
+        if other != folder and _abandoned(other):
+            shutil.rmtree(other, ignore_errors=True)
+
+
+def _abandoned(folder: Path) -> bool:
+    """Whether ``folder`` holds an owner file that no process holds locked."""
+    try:
+        owner = os.open(folder / OWNER_NAME, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:  # not marked, or not this user's
+        return False
+    try:
+        fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # locked: its build runs
+        return False
+    finally:
+        os.close(owner)
+    return True
 
 
 class Encoders:
@@ -245,7 +325,9 @@ class Encoders:
     imported this module and the template renderer, and loaded the encoder, once.
     Start-up (loading the encoder, or starting a worker per core, up to ``workers``: more
     start only when chunks wait for them) runs in a helper thread from entering on, so it
-    overlaps the caller's first source read; ``encode`` raises its errors."""
+    overlaps the caller's first source read; ``encode`` raises its errors. Leaving on
+    Ctrl-C or SIGTERM waits for neither start-up (which may never end) nor the workers'
+    chunks: the program exits without them (``cli.run``), and they end with it."""
 
     def __init__(self, config: EncoderConfig, workers: int, check_every: int):
         self.config = config
@@ -273,7 +355,11 @@ class Encoders:
         for _ in range(min(self.workers, os.cpu_count() or 1)):
             self._pool.submit(int)  # a task that does nothing
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if kind is not None and not issubclass(kind, Exception):  # Ctrl-C, SIGTERM
+            if self._pool is not None and self._started.done():  # (a worker starting holds the pool's lock)
+                self._pool.shutdown(wait=False, cancel_futures=True)
+            return
         self._started.exception()  # wait until start-up is over
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)

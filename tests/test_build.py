@@ -402,11 +402,13 @@ def test_workers_take_the_fork_servers_encoder_only_for_its_own_config(kimi_dir,
 def test_starting_the_fork_server_leaves_ctrl_c_and_the_environment_as_they_were(kimi_dir):
     import signal
 
-    from fixed_sft.encode import PRELOAD_VARIABLE, start_forkserver
+    from fixed_sft.encode import BUILDER_VARIABLE, PRELOAD_VARIABLE, start_forkserver
 
-    handler = signal.getsignal(signal.SIGINT)
+    handler, mask = signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    environment = dict(os.environ)
     start_forkserver(_encoder_config(kimi_dir))
-    assert signal.getsignal(signal.SIGINT) is handler and PRELOAD_VARIABLE not in os.environ
+    assert signal.getsignal(signal.SIGINT) is handler and signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
+    assert dict(os.environ) == environment and PRELOAD_VARIABLE not in os.environ and BUILDER_VARIABLE not in os.environ
 
 
 # evaluated in a worker: whether it took the fork server's encoder

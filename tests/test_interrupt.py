@@ -8,6 +8,13 @@ after the build took its lock and made its temporary folder (the work proper),
 some into a fresh folder and some over a previous, different build. The moments of
 ``_publish`` (moving the old build aside, moving the new one in, removing the old)
 are too short to hit by timing, so a forked build kills itself at each of them too.
+A 2-worker build killed so leaves multiprocessing's ``pymp-*`` folder in TMPDIR; the
+next 2-worker build removes it.
+
+Ctrl-C and SIGTERM, once or several times in a row, at moments spread over a build
+(its encoder start-up too, one that never ends included, and after ``built`` is
+printed) end it within seconds with 130 or 143 and one line, leaving no worker and no
+temporary folder.
 """
 
 from __future__ import annotations
@@ -305,16 +312,28 @@ def test_cleanup_leaves_folders_of_targets_whose_names_extend_this_one(tmp_path)
     assert not (tmp_path / ".run.tmp-7").exists()
 
 
-def _pool_processes() -> set[int]:
-    """Pids of running fork servers and the workers they started."""
+def _session_processes(session: int) -> set[int]:
+    """Pids of the live (not zombie) processes of ``session``: a build started in a session
+    of its own, its fork server and the workers that forks (others' builds on the machine
+    are left out)."""
     found = set()
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and b"multiprocessing.forkserver" in (entry / "cmdline").read_bytes():
-                found.add(int(entry.name))
-        except OSError:
+            if entry.name.isdigit():
+                state, _, _, sid = (entry / "stat").read_text().rpartition(")")[2].split()[:4]
+                if int(sid) == session and state != "Z":
+                    found.add(int(entry.name))
+        except (OSError, ValueError):
             pass
     return found
+
+
+def _wait_until_gone(session: int, within_s: float = 10) -> set[int]:
+    """The processes of ``session`` still there after ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    while (left := _session_processes(session)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 @pytest.fixture(scope="module")
@@ -330,7 +349,6 @@ def test_a_signal_stops_workers_without_a_traceback(sig, long_source, kimi_dir, 
     130 and 143 with one line; after SIGKILL of the build alone, its workers exit too.
     Signals land as the build starts (the fork server still importing) and during the
     work; the build has started once it holds its lock, after its handlers are set."""
-    before = _pool_processes()
     for delay in (0.3, 1.6):
         args = command(long_source, kimi_dir, tmp_path / f"out-{delay}")
         args[args.index("--rows") + 1], args[args.index("--workers") + 1] = "all", "2"
@@ -352,7 +370,202 @@ def test_a_signal_stops_workers_without_a_traceback(sig, long_source, kimi_dir, 
             assert (process.returncode, stderr.strip().splitlines()[-1]) == expected, stderr
             assert "Traceback" not in stderr, stderr
         assert not (tmp_path / f"out-{delay}").exists()
-        deadline = time.monotonic() + 10
-        while _pool_processes() - before and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _pool_processes() - before, "worker processes outlived the build"
+        assert not _wait_until_gone(process.pid), "worker processes outlived the build"
+
+
+# --- Ctrl-C and SIGTERM, once or repeatedly, at moments spread over the build ------------------------
+
+STOP_WITHIN_S = 15  # a signalled build exits within seconds; past this, it counts as hung
+EXIT_CODES = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated")}
+# a template line that renders nothing, slowly: 10**10 loop turns, so start-up never ends
+NEVER_ENDING = "{%- for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor -%}\n"
+
+
+@pytest.fixture(scope="module")
+def never_ending_tokenizer(kimi_dir, tmp_path_factory) -> Path:
+    """The Kimi tokenizer with a chat template whose every rendering takes forever: the
+    encoder's start-up (which renders probe conversations) never ends."""
+    from fixed_sft.tokenizer import FILES
+
+    folder = tmp_path_factory.mktemp("never-ending")
+    for name in FILES:
+        shutil.copy(kimi_dir / name, folder / name)
+    template = folder / "chat_template.jinja"
+    template.write_text(NEVER_ENDING + template.read_text(encoding="utf-8"), encoding="utf-8")
+    return folder
+
+
+def _signal_build(base: Path, source: Path, tokenizer: Path, workers: int, sig: int, times: int, delay: float,
+                  gap: float, rows: str = "all") -> dict:
+    """Start a build in a session of its own (its own TMPDIR under ``base``); ``delay``
+    seconds after it takes its lock, send ``sig`` ``times`` times, ``gap`` seconds apart
+    (Ctrl-C to the whole process group, as a terminal does; SIGTERM to the build alone).
+    Return what happened; a build still running ``STOP_WITHIN_S`` seconds after the last
+    signal is stopped (first with SIGABRT, which makes it print every thread's stack)."""
+    out, tmpdir = base / "out", base / "tmp"
+    tmpdir.mkdir(parents=True)
+    args = command(source, tokenizer, out) + ["--allow-unpinned-tokenizer"]
+    args[args.index("--rows") + 1], args[args.index("--workers") + 1] = rows, str(workers)
+    process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True,
+                               env={**os.environ, "TMPDIR": str(tmpdir), "PYTHONFAULTHANDLER": "1"})
+    deadline = time.monotonic() + 60
+    while not (base / ".out.lock").exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(delay)
+    for n in range(times):
+        try:
+            os.killpg(process.pid, sig) if sig == signal.SIGINT else process.send_signal(sig)
+        except ProcessLookupError:  # (all gone already)
+            pass
+        if n + 1 < times:
+            time.sleep(gap)
+    sent = time.monotonic()
+    try:
+        _, stderr = process.communicate(timeout=STOP_WITHIN_S)
+        hung = False
+    except subprocess.TimeoutExpired:  # (the build, or a process of its session holding its stderr open)
+        hung = True
+        process.send_signal(signal.SIGABRT)
+        time.sleep(2)
+        os.killpg(process.pid, signal.SIGKILL)
+        _, stderr = process.communicate()
+    stopped_s = time.monotonic() - sent
+    left = _wait_until_gone(process.pid)
+    return {"signal": signal.Signals(sig).name, "times": times, "delay": round(delay, 2), "workers": workers,
+            "hung": hung, "stopped_s": round(stopped_s, 2), "code": process.returncode, "stderr": stderr,
+            "out": out, "processes_left": sorted(left), "tmp_left": leftovers(out, "tmp"),
+            "tmpdir_left": sorted(p.name for p in tmpdir.glob("pymp-*"))}
+
+
+def _stop_problems(result: dict, allowed: set[str]) -> list[str]:
+    """What is wrong with how a signalled build stopped: it must exit within seconds with
+    130 or 143 and one line, without a traceback, leaving no worker, no temporary folder
+    (its own, or multiprocessing's ``pymp-*`` in TMPDIR), and its output absent or complete."""
+    code, line = EXIT_CODES[signal.Signals[result["signal"]]]
+    lines = (result["stderr"] or "").strip().splitlines()
+    problems = []
+    if result["hung"]:
+        problems.append(f"still running {STOP_WITHIN_S} s after the last signal")
+    if (result["code"], lines) != (code, [line]):
+        problems.append(f"exit {result['code']}, stderr {result['stderr']!r}")
+    if result["processes_left"] or result["tmp_left"] or result["tmpdir_left"]:
+        problems.append(f"left behind: processes {result['processes_left']}, {result['tmp_left']}, "
+                        f"TMPDIR {result['tmpdir_left']}")
+    try:
+        assert_absent_or_complete(result["out"], allowed)
+    except AssertionError as error:
+        problems.append(str(error))
+    return problems
+
+
+def _report(results: list[dict], allowed: set[str]) -> None:
+    summary = [{k: v for k, v in r.items() if k not in ("stderr", "out")} for r in results]
+    print("\n".join(map(str, summary)))
+    problems = [(r["signal"], r["times"], r["delay"], p) for r in results for p in _stop_problems(r, allowed)]
+    assert not problems, "\n".join(map(str, problems))
+
+
+REPEATS = 6  # attempts per signal
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_repeated_signals_stop_a_two_worker_build_within_seconds(sig, long_source, kimi_dir, tmp_path):
+    """Two or three Ctrl-C (or SIGTERM) in a row, at moments spread over the first 3 s of
+    a 2-worker build (the fork server starting and importing, workers starting, the work),
+    end it within seconds, as one does; they once could hang it for good (the builder in
+    multiprocessing's join at exit, its pool's thread joining workers that waited for work)
+    or end it with a traceback."""
+    rng = random.Random(f"{SEED}:{sig}")
+    moments = [(2 + k % 2, 3.0 * (k + rng.random()) / REPEATS, rng.uniform(0.0, 0.3)) for k in range(REPEATS)]
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(
+            lambda k: _signal_build(tmp_path / str(k), long_source, kimi_dir, 2, sig, *moments[k]), range(REPEATS)))
+    _report(results, set())  # (the whole source is far from built by then)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_signal_during_a_start_up_that_never_ends_stops_the_build(workers, long_source, never_ending_tokenizer,
+                                                                     tmp_path):
+    """With a chat template that renders forever, the encoder's start-up never ends (in
+    the build's process for one worker; in the fork server, before any worker starts, for
+    two): a signal at any moment of it still ends the build within seconds, and the fork
+    server with it. It once waited for start-up to end, forever."""
+    moments = [(signal.SIGINT, 1, 0.1, 0.0), (signal.SIGTERM, 1, 0.7, 0.0), (signal.SIGINT, 2, 1.4, 0.2)]
+    with ThreadPoolExecutor(len(moments)) as pool:
+        results = list(pool.map(lambda k: _signal_build(tmp_path / str(k), long_source, never_ending_tokenizer,
+                                                        workers, *moments[k]), range(len(moments))))
+    _report(results, set())
+
+
+def _ctrl_c_after_built(source: Path, kimi_dir: Path, out: Path, workers: int, delay: float) -> tuple[int, str]:
+    """Build; ``delay`` seconds after ``built`` is printed, press Ctrl-C; return the exit
+    code and stderr."""
+    args = command(source, kimi_dir, out)
+    args[args.index("--workers") + 1] = str(workers)
+    process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    built = process.stdout.readline()
+    time.sleep(delay)
+    try:
+        os.killpg(process.pid, signal.SIGINT)
+    except ProcessLookupError:
+        pass
+    _, stderr = process.communicate(timeout=STOP_WITHIN_S)
+    assert built.startswith("built "), (built, stderr)
+    assert not _wait_until_gone(process.pid), "worker processes outlived the build"
+    return process.returncode, stderr
+
+
+def test_ctrl_c_after_built_is_printed_exits_130(source, kimi_dir, uninterrupted, tmp_path):
+    """A Ctrl-C once the build has printed ``built`` (the interpreter shutting down:
+    threads joined, multiprocessing's exit functions) exits 130 with one line; it once
+    exited -2 (killed by SIGINT), or with a traceback. In the very last moments of the
+    exit, when Python has put back the default handlers, it is ignored (exit 0). The
+    output is complete either way."""
+    attempts = [(1, 0.0), (2, 0.0), (2, 0.03)]  # (workers, delay)
+    with ThreadPoolExecutor(len(attempts)) as pool:
+        results = list(pool.map(lambda k: _ctrl_c_after_built(source, kimi_dir, tmp_path / f"out{k}", *attempts[k]),
+                                range(len(attempts))))
+    print(results)
+    for k, (code, stderr) in enumerate(results):
+        assert (code, stderr) == (130, "interrupted\n") or (code, stderr) == (0, ""), (code, stderr)
+        assert verify(tmp_path / f"out{k}") == [] and rows_sha256(tmp_path / f"out{k}") == uninterrupted["sha"]
+    assert any(code == 130 for code, _ in results), "no Ctrl-C landed before the build exited"
+
+
+# --- kill -9 and multiprocessing's temporary folder ---------------------------------------------------
+
+
+def test_a_build_removes_the_multiprocessing_folder_a_killed_build_left(source, long_source, kimi_dir, tmp_path):
+    """A 2-worker build killed with SIGKILL cannot remove its ``pymp-*`` folder in TMPDIR
+    (where its fork server's socket is); the next 2-worker build removes it, and only
+    such folders: not another program's, nor a running build's."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    (tmpdir / "pymp-another-program").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmpdir)}
+    args = command(long_source, kimi_dir, tmp_path / "killed")
+    args[args.index("--rows") + 1], args[args.index("--workers") + 1] = "all", "2"
+    running = []
+    for name in ("killed", "running"):
+        args[args.index("--out") + 1] = str(tmp_path / name)
+        running.append(subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        start_new_session=True, env=env))
+    killed, alive = running
+    deadline = time.monotonic() + 60
+    while len(list(tmpdir.glob("pymp-*/listener-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    killed.kill()
+    killed.communicate()
+    assert not _wait_until_gone(killed.pid)
+    assert len(list(tmpdir.glob("pymp-*"))) == 3  # the killed build's is left
+
+    later = command(source, kimi_dir, tmp_path / "later")
+    later[later.index("--workers") + 1] = "2"
+    done = subprocess.run(later, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    left = sorted(p.name for p in tmpdir.glob("pymp-*"))
+    alive.kill()
+    alive.communicate()
+    assert len(left) == 2 and "pymp-another-program" in left, left  # and the running build's

@@ -84,7 +84,7 @@ def test_console_script_is_declared():
     import tomllib
 
     pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
-    assert pyproject["project"]["scripts"]["generate-fixed-sft"] == "fixed_sft.cli:main"
+    assert pyproject["project"]["scripts"]["generate-fixed-sft"] == "fixed_sft.cli:run"
 
 
 def test_other_repo_downloads_at_its_own_revision(fake_hub):
