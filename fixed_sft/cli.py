@@ -88,7 +88,7 @@ def parser() -> argparse.ArgumentParser:
     commands = top.add_subparsers(dest="command", required=True)
 
     build = commands.add_parser("build", help="build a dataset (the default command)")
-    build.add_argument("name", nargs="?", help=f"named build in data/builds/ (default: {DEFAULT_BUILD})")
+    build.add_argument("name", nargs="?", help=f"named build in fixed_sft/builds/ (default: {DEFAULT_BUILD})")
     build.add_argument("--out", type=Path, help="output folder (default: out/NAME)")
     build.add_argument("--source", help="Hub dataset id, or a local .parquet/.jsonl file or folder (Tulu schema)")
     build.add_argument("--source-revision", help="dataset revision (required with a Hub id given by --source)")
@@ -96,7 +96,7 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--source-files", action="append", metavar="GLOB",
                        help="read only the source's files whose path matches GLOB, such as 'data/train-*' "
                             "(repeatable; default: every .parquet/.jsonl file)")
-    build.add_argument("--tokenizer", help="tokenizer spec name (tokenizers/), Hub repo id, or local folder "
+    build.add_argument("--tokenizer", help="tokenizer spec name (fixed_sft/tokenizer_specs/), Hub repo id, or local folder "
                        f"(default: the named build's, else {BuildConfig.tokenizer}, downloaded from the Hub)")
     build.add_argument("--tokenizer-revision", help="tokenizer revision (default: the spec's pinned one)")
     build.add_argument("--loss-mask-type", help="loss mask type (default and only: kimi_k25)")

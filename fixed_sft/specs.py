@@ -1,4 +1,6 @@
-"""Named build specs (``data/builds/``) and pinned tokenizer specs (``tokenizers/``).
+"""Named build specs (``fixed_sft/builds/``) and pinned tokenizer specs (``fixed_sft/tokenizer_specs/``).
+
+Both ship inside the package (``importlib.resources``), so any install reads them.
 
 A tokenizer is *pinned* when each of its files has the bytes and sha256 of a spec.
 Files that differ from the spec they should match are refused unless the caller
@@ -8,6 +10,7 @@ allows unpinned tokenizers, in which case the difference is recorded.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Callable
 
@@ -16,9 +19,8 @@ from .hashes import first_cache_damage, sha256_file
 from .source import is_hub_id, snapshot_commit
 from .tokenizer import FILES, TEMPLATE_KWARGS
 
-ROOT = Path(__file__).resolve().parent.parent
-BUILDS = ROOT / "data" / "builds"
-TOKENIZERS = ROOT / "tokenizers"
+BUILDS = Path(str(resources.files(__package__) / "builds"))
+TOKENIZERS = Path(str(resources.files(__package__) / "tokenizer_specs"))
 DEFAULT_BUILD = "kimi-k26-tulu3-fixed8192-v1"
 
 
@@ -73,7 +75,7 @@ def _load(folder: Path, name: str, kind: str, check: Callable[[Path, dict], None
     if not name or Path(name).name != name or name.startswith("."):
         raise SpecError(f"{kind} name {name!r} is not a name (a file name in {folder}, without .json)")
     if not folder.is_dir():
-        raise SpecError(f"{folder} not found: named specs are read from the project's checkout (pip install -e .)")
+        raise SpecError(f"{folder} not found: the package is incomplete; reinstall fixed-sft")
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in folder.glob("*.json") if not p.name.startswith("."))) or "none"
         raise SpecError(f"no {kind} named {name!r} in {folder} (known: {known})")
@@ -83,17 +85,17 @@ def _load(folder: Path, name: str, kind: str, check: Callable[[Path, dict], None
 
 
 def build_spec(name: str) -> dict:
-    """The named build's spec, from ``data/builds/NAME.json``."""
+    """The named build's spec, from ``fixed_sft/builds/NAME.json``."""
     return _load(BUILDS, name, "build spec", _check_build)
 
 
 def tokenizer_spec(name: str) -> dict:
-    """The named tokenizer's spec, from ``tokenizers/NAME.json``."""
+    """The named tokenizer's spec, from ``fixed_sft/tokenizer_specs/NAME.json``."""
     return _load(TOKENIZERS, name, "tokenizer spec", _check_tokenizer)
 
 
 def tokenizer_specs() -> list[dict]:
-    """Every tokenizer spec in ``tokenizers/``, in name order."""
+    """Every tokenizer spec in ``fixed_sft/tokenizer_specs/``, in name order."""
     return [tokenizer_spec(path.stem) for path in sorted(TOKENIZERS.glob("*.json")) if not path.name.startswith(".")]
 
 

@@ -252,7 +252,7 @@ def test_hub_names_resolve_through_the_hugging_face_cache(kimi_dir, tmp_path):
     the commit it names, and a changed cached file is refused: a source file whose bytes
     are not the ones its blob is named by, and a tokenizer file unlike the spec's."""
     spec = build_spec(DEFAULT_BUILD)
-    tokenizer = json.loads((ROOT / "tokenizers" / f"{spec['tokenizer']}.json").read_text())
+    tokenizer = json.loads((ROOT / "fixed_sft" / "tokenizer_specs" / f"{spec['tokenizer']}.json").read_text())
     hub = tmp_path / "hf" / "hub"
     snapshot = hub / f"models--{tokenizer['repo'].replace('/', '--')}" / "snapshots" / tokenizer["revision"]
     snapshot.mkdir(parents=True)
