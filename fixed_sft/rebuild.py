@@ -27,11 +27,11 @@ from typing import Iterator, NamedTuple
 import pyarrow.parquet as pq
 
 from .build import ORDER_RULE, BuildConfig, BuildError, InvalidSourceRow, UsageError, build, code_version
-from .fields import MISSING, first_problem, loads, same, show, value_at
+from .fields import MISSING, first_problem, same, show, value_at
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .source import SourceError, SourceUnreachable, is_hub_id
 from .specs import resolve_tokenizer, tokenizer_specs
-from .verify import MANIFEST_FIELDS
+from .verify import MANIFEST_FIELDS, read_manifest
 
 
 class Compared(NamedTuple):
@@ -193,7 +193,10 @@ def rebuild(folder: Path, source: str | None = None, tokenizer: str | None = Non
     """Rebuild ``folder``'s manifest into a temporary folder (in the system's, deleted
     after) and compare (see ``comparison``)."""
     folder = Path(folder)
-    manifest = loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+    try:
+        manifest = read_manifest(folder / MANIFEST_NAME)
+    except (OSError, ValueError, RecursionError) as error:
+        raise BuildError(f"{folder / MANIFEST_NAME}: cannot read it ({error})") from None
     try:
         config = recorded_config(manifest, source, tokenizer, workers)
     except BuildError as error:

@@ -16,7 +16,9 @@ rows were made (seed, source, tokenizer, checks, skipped rows) only a rebuild pr
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -39,13 +41,15 @@ def verify(folder: str | Path) -> list[str]:
     if (folder / MANIFEST_NAME).exists() and not (folder / MANIFEST_NAME).is_file():
         return [f"{folder / MANIFEST_NAME}: not a file"]
     try:
-        manifest = loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+        manifest = read_manifest(folder / MANIFEST_NAME)
         wrong = _check_fields(manifest) or _check_row_hashes(manifest["row_sha256"])
         if wrong:
             return [f"{folder / MANIFEST_NAME}: {wrong}"]
         expected = [bytes.fromhex(h) for h in manifest["row_sha256"]]
     except FileNotFoundError:
         return [f"{folder / MANIFEST_NAME}: missing"]
+    except ManifestRefused as error:
+        return [f"{folder / MANIFEST_NAME}: {error}"]
     except (OSError, ValueError, TypeError, RecursionError) as error:
         return [f"{folder / MANIFEST_NAME}: unreadable ({type(error).__name__}: {error})"]
     rows_sha256, parquet_info, stats = manifest["rows_sha256"], manifest["parquet"], manifest["stats"]
@@ -100,6 +104,52 @@ def verify(folder: str | Path) -> list[str]:
     if trainable != stats["trainable_tokens"]:
         problems.append(f"{parquet}: {trainable} trainable tokens, manifest says {stats['trainable_tokens']}")
     return problems + _check_messages(parquet) + _check_metadata(parquet, row_tokens, stats)
+
+
+# A manifest lists a row hash per row: 70 bytes each as a build writes them (indent 1). The
+# manifest of a build of MANIFEST_ROWS rows (8.2 billion tokens at 8192 a row) fits in
+# MANIFEST_BYTES with 32 MiB to spare for the rest (skipped rows, source files); a larger
+# file is not read. Parsing JSON takes far more memory than its bytes where values are small
+# (``{}`` is 3 bytes and a 64-byte dict), so a manifest is parsed only when the objects and
+# arrays it may hold (each ``{`` or ``[``) and the values (each ``,`` or ``:`` more) bound
+# what parsing takes to MANIFEST_MEMORY: a build's manifest of MANIFEST_ROWS rows needs
+# about 210 MiB by that count.
+MANIFEST_ROWS = 1_000_000
+MANIFEST_BYTES = MANIFEST_ROWS * 72 + (32 << 20)
+MANIFEST_MEMORY = 384 << 20
+_CONTAINER_COST, _VALUE_COST = 160, 64  # bytes of Python objects: a dict or list, and any value (str, number)
+
+
+class ManifestRefused(ValueError):
+    """A manifest not read: larger, or of more values, than a build's."""
+
+
+def read_manifest(path: Path) -> object:
+    """The JSON document in manifest file ``path`` (read by ``fields.loads``), read only
+    when it is a regular file of at most ``MANIFEST_BYTES`` whose count of values bounds
+    parsing to ``MANIFEST_MEMORY``; ``ManifestRefused`` otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # (a FIFO would block a plain open)
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ManifestRefused("not a file")
+        if info.st_size > MANIFEST_BYTES:
+            raise ManifestRefused(f"{info.st_size} bytes, more than the {MANIFEST_BYTES} a manifest of "
+                                  f"{MANIFEST_ROWS:,} rows takes; not read")
+        data = f.read(MANIFEST_BYTES + 1)
+    if len(data) > MANIFEST_BYTES:  # (grown since)
+        raise ManifestRefused(f"more than the {MANIFEST_BYTES} bytes a manifest of {MANIFEST_ROWS:,} rows takes; "
+                              "not read")
+    containers = data.count(b"{") + data.count(b"[")
+    values = containers + data.count(b",") + data.count(b":") + 1
+    need = _CONTAINER_COST * containers + _VALUE_COST * values + 2 * len(data)
+    if need > MANIFEST_MEMORY:
+        raise ManifestRefused(f"holds up to {containers} objects and arrays and {values} values: about "
+                              f"{need >> 20} MiB to parse, more than the {MANIFEST_MEMORY >> 20} MiB a manifest may "
+                              "take; not read")
+    text = data.decode("utf-8")
+    del data
+    return loads(text)
 
 
 def _check_messages(parquet: Path) -> list[str]:

@@ -312,3 +312,11 @@ def test_a_manifest_without_code_sha256_verifies_and_rebuilds(source, kimi_dir, 
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 0
     assert "  code_sha256: differs (for information) (missing here, " in capsys.readouterr().out
+
+
+def test_a_rebuild_reads_no_manifest_larger_than_a_build_writes(source, kimi_dir, tmp_path):
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    with (tmp_path / "o" / "manifest.json").open("r+b") as f:
+        f.truncate(3 << 30)
+    with pytest.raises(BuildError, match=r"manifest.json: cannot read it \(3221225472 bytes, more than the "):
+        rebuild(tmp_path / "o", tokenizer=str(kimi_dir))

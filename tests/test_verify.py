@@ -417,3 +417,28 @@ def test_a_null_mask_value_is_not_a_0(copy):
     manifest["stats"]["supervised_token_ratio"] = manifest["stats"]["supervised_tokens"] / manifest["stats"]["tokens"]
     (copy / "manifest.json").write_text(json.dumps(manifest))
     assert any(problem.endswith("a value in loss_mask is null") for problem in verify(copy))
+
+
+def test_a_huge_manifest_is_refused_before_it_is_read(copy, monkeypatch):
+    """A sparse 3 GB manifest.json takes no disk, and parsing it would take gigabytes."""
+    import fixed_sft.verify
+
+    monkeypatch.setattr(fixed_sft.verify, "loads", lambda text: pytest.fail("the manifest was parsed"))
+    with (copy / "manifest.json").open("r+b") as f:
+        f.truncate(3 << 30)
+    (problem,) = verify(copy)
+    assert problem.startswith(f"{copy / 'manifest.json'}: 3221225472 bytes, more than the ")
+    assert problem.endswith("; not read")
+
+
+def test_a_manifest_of_many_small_values_is_refused_before_it_is_read(copy, monkeypatch):
+    """Each ``{}`` of ``[{}, {}, ...]`` is 3 bytes of JSON and a Python dict of 64: the
+    bound is on what parsing takes, not on the bytes alone."""
+    import fixed_sft.verify
+
+    monkeypatch.setattr(fixed_sft.verify, "loads", lambda text: pytest.fail("the manifest was parsed"))
+    monkeypatch.setattr(fixed_sft.verify, "MANIFEST_MEMORY", 1 << 20)
+    (copy / "manifest.json").write_text("[" + "{}," * 10_000 + "{}]")
+    (problem,) = verify(copy)
+    assert problem.startswith(f"{copy / 'manifest.json'}: holds up to 10002 objects and arrays")
+    assert problem.endswith("; not read")
