@@ -18,7 +18,9 @@ so before pyarrow decodes a page:
 
 A disagreement is ``Refused``, naming the file and row group, and nothing more is decoded.
 Rows past the manifest's are not decoded (``groups``' ``limit``); the file's row count is the
-footer's. Strings are read as dictionaries, so one long dictionary entry is not copied per value.
+footer's. The loss mask is read as its stored 32-bit values: pyarrow casts a stored 257 to
+the ``uint8`` 1, so the footer pyarrow is given has the mask's ``UINT_8`` annotation removed.
+Strings are read as dictionaries, so one long dictionary entry is not copied per value.
 """
 
 from __future__ import annotations
@@ -202,7 +204,12 @@ class RowFile:
                                 f"({self.arrow_schema.to_string(show_schema_metadata=False)})")
         (start, end), elements = _schema(footer)
         self._check_schema(elements)
-        spliced = footer
+        # The footer pyarrow reads: the mask's column without its UINT_8 annotation, so
+        # its values read as the INT32s stored.
+        leaves = [n for n, e in enumerate(elements) if thrift.get(e, 5) is None]
+        mask = leaves[_format_leaves().index(MASK)]
+        elements[mask] = [(f, k, v) for f, k, v in elements[mask] if f not in (6, 10)]
+        spliced = footer[:start] + thrift.write_value(thrift.LIST, (thrift.STRUCT, elements)) + footer[end:]
         source = _Spliced(f, self._data_end, spliced + len(spliced).to_bytes(4, "little") + MAGIC)
         self._parquet = pq.ParquetFile(source, buffer_size=1 << 20, pre_buffer=False,
                                        read_dictionary=list(STRINGS))

@@ -576,3 +576,20 @@ def test_rows_past_the_manifests_are_not_decoded(copy, monkeypatch):
     assert "row 12: content differs from its manifest hash" in problems
     assert f"{copy / 'train.parquet'}: 240 rows, manifest lists 12" in problems
 
+
+def test_a_mask_value_stored_as_257_is_not_read_as_1(copy):
+    """Parquet stores the uint8 mask as INT32 annotated UINT_8; pyarrow casts a stored 257
+    to 1, which hashes as 1: the stored value must be read."""
+    path = copy / "train.parquet"
+    pq.write_table(pq.read_table(path), path, compression="none", use_dictionary=False)
+    chunk = pq.read_metadata(path).row_group(0).column(3)
+    assert chunk.path_in_schema == "metadata.loss_mask.list.element" and chunk.num_values == 12 * 512
+    data = bytearray(path.read_bytes())
+    end = chunk.data_page_offset + chunk.total_compressed_size  # one PLAIN page: its values end the chunk
+    values = np.frombuffer(bytes(data[end - 4 * 12 * 512:end]), "<i4")
+    position = 4 * 512 + int(np.argmax(values[4 * 512:] == 1))  # a 1 in row 4 or after
+    data[end - 4 * 12 * 512 + 4 * position + 1] = 1  # 1 -> 257
+    path.write_bytes(bytes(data))
+    assert pq.read_table(path).column("metadata").to_pylist()[position // 512]["loss_mask"][position % 512] == 1
+    _resave_bytes(copy)
+    assert verify(copy) == [f"row {position // 512}: a loss_mask value is 257, not 0 or 1"]
