@@ -12,6 +12,7 @@ import pytest
 
 import synthetic
 from fixed_sft.build import BuildConfig, build
+from fixed_sft.output import SCHEMA
 from fixed_sft.verify import verify
 
 
@@ -593,3 +594,22 @@ def test_a_mask_value_stored_as_257_is_not_read_as_1(copy):
     assert pq.read_table(path).column("metadata").to_pylist()[position // 512]["loss_mask"][position % 512] == 1
     _resave_bytes(copy)
     assert verify(copy) == [f"row {position // 512}: a loss_mask value is 257, not 0 or 1"]
+
+
+def test_parquet_types_other_than_the_formats_are_named(copy, monkeypatch):
+    """The ids stored as INT32 annotated INT_32 read as the same int32 column; the
+    Parquet schema must still be the format's, element by element."""
+    from fixed_sft import thrift
+
+    path = copy / "train.parquet"
+    head, footer = _footer(path)
+    elements = thrift.get(footer, 2)[1]
+    element = next(e for n, e in enumerate(elements) if thrift.get(e, 4) == b"element" and
+                   thrift.get(elements[n - 2], 4) == b"input_ids")
+    element.append((6, thrift.I32, 17))  # ConvertedType INT_32
+    _write_footer(path, head, footer)
+    assert pq.read_schema(path).equals(SCHEMA, check_metadata=False)
+    _resave_bytes(copy)
+    _no_decoding(monkeypatch)
+    assert verify(copy) == [f"{path}: its Parquet schema differs from the format's at metadata.input_ids.list.element "
+                            "(optional INT32 converted type 17, not optional INT32)"]
