@@ -72,7 +72,7 @@ class RowWriter:
     def write(self, row: Row) -> None:
         self._pending.append((self.rows, row))
         self.rows += 1
-        if len(self._pending) == ROWS_PER_GROUP:
+        if len(self._pending) >= min(ROWS_PER_GROUP, max(1, GROUP_VALUES // len(row.ids))):
             self._flush()
 
     def _flush(self) -> None:

@@ -613,3 +613,18 @@ def test_parquet_types_other_than_the_formats_are_named(copy, monkeypatch):
     _no_decoding(monkeypatch)
     assert verify(copy) == [f"{path}: its Parquet schema differs from the format's at metadata.input_ids.list.element "
                             "(optional INT32 converted type 17, not optional INT32)"]
+
+
+def test_a_row_group_of_long_rows_holds_at_most_group_values_tokens(tmp_path, monkeypatch):
+    """So that verify's bound on what it decodes at once holds for any build's row group."""
+    import fixed_sft.output
+    from fixed_sft.output import RowWriter
+    from fixed_sft.pack import Row, Segment
+
+    monkeypatch.setattr(fixed_sft.output, "GROUP_VALUES", 1000)
+    writer = RowWriter(tmp_path / "train.parquet")
+    for n in range(10):
+        writer.write(Row(np.full(300, n, np.int32), np.ones(300, np.uint8), (Segment(n, None, 0, 300),)))
+    writer.close()
+    metadata = pq.read_metadata(tmp_path / "train.parquet")
+    assert [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)] == [3, 3, 3, 1]
