@@ -5,8 +5,9 @@ globs, row count) and its tokenizer (spec name or repo, at the recorded revision
 the caller names where the source or tokenizer files are. Tokenizer files other than the
 recorded ones are refused before building. The rows are proven to come from the recorded
 inputs when the rebuild's manifest is the folder's, compared as JSON, and so is the
-provenance in the Parquet file (its ``metadata`` column and key-value metadata); not
-compared for that: the reasons of skipped rows (their wording is the code's), and the
+provenance in the Parquet file (its ``metadata`` column, read a row group at a time; its
+key-value metadata; and the key-value metadata of each field of the Arrow schema it
+stores); not compared for that: the reasons of skipped rows (their wording is the code's), and the
 names, globs and paths of inputs the caller gave. Values the rebuild copies from the
 manifest (the build's name, the license, revisions) are the same by construction. The
 Parquet file's size and hash, and ``code_sha256``, are compared for information: the same
@@ -24,11 +25,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-import pyarrow.parquet as pq
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from .build import ORDER_RULE, BuildConfig, BuildError, InvalidSourceRow, UsageError, build, code_version
 from .fields import MISSING, first_problem, same, show, value_at
 from .output import MANIFEST_NAME, PARQUET_NAME
+from .reader import Group, Refused, RowFile
 from .source import SourceError, SourceUnreachable, is_hub_id
 from .specs import resolve_tokenizer, tokenizer_specs
 from .verify import MANIFEST_FIELDS, read_manifest
@@ -165,13 +169,165 @@ def _view(manifest: dict, given_source: bool, given_tokenizer: bool) -> dict:
     return {**view, "source": source, "tokenizer": tokenizer, "skipped_invalid": skipped}
 
 
-def _provenance(folder: Path) -> dict:
-    """The Parquet file's ``metadata`` column, and its key-value metadata but the Arrow schema."""
-    path = folder / PARQUET_NAME
-    metadata = {key.decode(errors="replace"): value.decode(errors="replace")
-                for key, value in (pq.read_metadata(path).metadata or {}).items() if key != b"ARROW:schema"}
-    return {"rows": pq.read_table(path, columns=["metadata"]).column("metadata").to_pylist(),
-            "file metadata": metadata}
+class RowAt(NamedTuple):
+    """Row ``number`` of a file's ``metadata`` column: the first where two files differ."""
+
+    number: int
+    row: dict
+
+
+PROVENANCE = ["metadata.input_ids.list.element", "metadata.loss_mask.list.element", "metadata.row",
+              *(f"metadata.segments.list.element.{key}" for key in ("source_index", "id", "start", "end"))]
+
+
+def _provenance(folder: Path, manifest: dict, rebuilt_folder: Path, rebuilt: dict) -> tuple[dict, dict]:
+    """The provenance of the folder's Parquet file and of the rebuilt one: its key-value
+    metadata (but the Arrow schema), the key-value metadata of each field of that Arrow
+    schema, and the ``metadata`` column: the row count when the files' rows are the same,
+    else the first row that differs (``RowAt``). The rows are read a row group at a time
+    (``reader``), the folder's no further than a row past its manifest's."""
+    files = []
+    for path, recorded in ((folder / PARQUET_NAME, manifest), (rebuilt_folder / PARQUET_NAME, rebuilt)):
+        try:
+            files.append(RowFile(path, len(recorded["row_sha256"]), recorded["params"]["row_tokens"]))
+        except (OSError, ValueError) as error:
+            for file in files:
+                file.__exit__()
+            raise BuildError(str(error) if isinstance(error, Refused) else f"{path}: unreadable ({error})") from None
+    here, again = files
+    with here, again:
+        views = [{"file metadata": _file_metadata(file), "field metadata": _field_metadata(file.arrow_schema)}
+                 for file in files]
+        limit = len(manifest["row_sha256"]) + 1
+        try:
+            first = _first_difference(here.groups(PROVENANCE, limit), again.groups(PROVENANCE))
+        except (OSError, ValueError) as error:
+            raise BuildError(str(error) if isinstance(error, Refused) else f"{here.path}: unreadable ({error})") \
+                from None
+        if first is None:
+            views[0]["rows"], views[1]["rows"] = here.rows, again.rows
+        else:
+            views[0]["rows"], views[1]["rows"] = first
+    return views[0], views[1]
+
+
+def _file_metadata(file: RowFile) -> dict:
+    return {key.decode(errors="replace"): value.decode(errors="replace")
+            for key, value in (file.metadata.metadata or {}).items() if key != b"ARROW:schema"}
+
+
+def _field_metadata(schema: pa.Schema) -> dict:
+    """``{path: {key: value}}`` of every field, at any depth, that has key-value metadata."""
+    found = {}
+
+    def visit(field: pa.Field, path: str) -> None:
+        if field.metadata:
+            found[path] = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in field.metadata.items()}
+        kind = field.type
+        children = ([kind.value_field] if isinstance(kind, (pa.ListType, pa.LargeListType)) else
+                    [kind.field(n) for n in range(kind.num_fields)] if isinstance(kind, pa.StructType) else [])
+        for child in children:
+            visit(child, path if isinstance(kind, (pa.ListType, pa.LargeListType)) and child.metadata is None
+                  else f"{path}.{child.name}")
+
+    for field in schema:
+        visit(field, field.name)
+    return found
+
+
+def _first_difference(here: Iterator[Group], again: Iterator[Group]) -> tuple[RowAt, RowAt] | None:
+    """The first row whose ``metadata`` differs between two files' row groups (the rows
+    of one file that the other lacks included), or ``None``."""
+    a, b, seen = next(here, None), next(again, None), 0
+    while a is not None and b is not None:
+        lo, hi = max(a.first, b.first), min(a.first + a.rows, b.first + b.rows)
+        x, y = (g.column("metadata").slice(lo - g.first, hi - lo) for g in (a, b))
+        if (n := _first_row_difference(x, y)) is not None:
+            return RowAt(lo + n, _row(x, n)), RowAt(lo + n, _row(y, n))
+        seen = hi
+        if a.first + a.rows == hi:
+            a = next(here, None)
+        if b.first + b.rows == hi:
+            b = next(again, None)
+    while a is not None and a.rows == 0:  # (empty row groups hold no row the other file lacks)
+        a = next(here, None)
+    while b is not None and b.rows == 0:
+        b = next(again, None)
+    if a is None and b is None:
+        return None
+    rest = a or b
+    row = RowAt(seen, _row(rest.column("metadata"), seen - rest.first))
+    return (row, None) if a is not None else (None, row)
+
+
+def _first_mismatch(a: np.ndarray, b: np.ndarray) -> int | None:
+    n = min(len(a), len(b))
+    bad = np.flatnonzero(a[:n] != b[:n])
+    return int(bad[0]) if len(bad) else None if len(a) == len(b) else n
+
+
+def _first(*positions: int | None) -> int | None:
+    return min((p for p in positions if p is not None), default=None)
+
+
+def _values_mismatch(a: pa.Array, b: pa.Array) -> int | None:
+    """The first position where two arrays of one type differ (a null is only its own value)."""
+    valid = _first_mismatch(*(np.asarray(x.is_valid()) for x in (a, b)))
+    if pa.types.is_struct(a.type):
+        return _first(valid, *(_values_mismatch(a.field(n), b.field(n)) for n in range(a.type.num_fields)))
+    if pa.types.is_dictionary(a.type) or pa.types.is_string(a.type):
+        # the strings' lengths first: where those agree, decoding both takes no more than the rebuilt ones
+        lengths = _first_mismatch(*(_lengths(x) for x in (a, b)))
+        cut = _first(valid, lengths)
+        n = len(a) if cut is None else cut
+        dense = [x.slice(0, n).cast(pa.string()) if pa.types.is_dictionary(x.type) else x.slice(0, n) for x in (a, b)]
+        equal = pc.fill_null(pc.equal(*dense), True).to_numpy(zero_copy_only=False)
+        return _first(cut, int(np.argmin(equal)) if not equal.all() else None)
+    return _first(valid, _first_mismatch(*(pc.fill_null(x, 0).to_numpy(zero_copy_only=False) for x in (a, b))))
+
+
+def _lengths(strings: pa.Array) -> np.ndarray:
+    """Each string's length in bytes (0 for a null), without decoding a dictionary."""
+    if pa.types.is_dictionary(strings.type):
+        entries = pc.fill_null(pc.binary_length(strings.dictionary), 0).to_numpy(zero_copy_only=False)
+        indices = pc.fill_null(strings.indices, 0).to_numpy(zero_copy_only=False)
+        return entries[indices] if len(entries) else np.zeros(len(strings), np.int64)
+    return pc.fill_null(pc.binary_length(strings), 0).to_numpy(zero_copy_only=False)
+
+
+def _first_row_difference(a: pa.StructArray, b: pa.StructArray) -> int | None:
+    """The first row where two ``metadata`` arrays of as many rows differ."""
+    found = [_first_mismatch(*(np.asarray(x.is_valid()) for x in (a, b))),
+             _values_mismatch(a.field("row"), b.field("row"))]
+    for key in ("input_ids", "loss_mask", "segments"):
+        x, y = a.field(key), b.field(key)
+        valid = _first_mismatch(np.asarray(x.is_valid()), np.asarray(y.is_valid()))
+        lengths = [pc.fill_null(pc.list_value_length(v), -1).to_numpy(zero_copy_only=False) for v in (x, y)]
+        rows = _first(valid, _first_mismatch(*lengths))
+        upto = len(a) if rows is None else rows  # rows of the same lengths: their values line up
+        ends = np.cumsum(np.maximum(lengths[0][:upto], 0))
+        values = [v.slice(0, upto).flatten() for v in (x, y)]
+        value = _values_mismatch(*values)
+        found += [rows, None if value is None else int(np.searchsorted(ends, value, side="right"))]
+    return _first(*found)
+
+
+def _row(metadata: pa.StructArray, n: int) -> dict:
+    """Row ``n`` of ``metadata`` as a dict, each segment's id cut to 200 characters."""
+    row = metadata.slice(n, 1)
+    segments = row.field("segments").flatten() if row.field("segments").null_count == 0 else None
+    if segments is not None and len(segments):
+        ids = segments.field("id")
+        dense = ids.cast(pa.string()) if pa.types.is_dictionary(ids.type) and len(ids) <= 1 << 16 else ids
+        if pa.types.is_dictionary(dense.type):  # (a row of very many segments: their ids are shown by index)
+            dense = pc.cast(ids.indices, pa.string())
+        cut = pc.utf8_slice_codeunits(dense, 0, 200)
+        fields = [cut if segments.type.field(k).name == "id" else segments.field(k) for k in range(segments.type.num_fields)]
+        rebuilt = pa.StructArray.from_arrays(fields, names=[f.name for f in segments.type], mask=segments.is_null())
+        lists = pa.ListArray.from_arrays(pa.array([0, len(rebuilt)], pa.int32()), rebuilt)
+        row = pa.StructArray.from_arrays([row.field(f.name) if f.name != "segments" else lists for f in row.type],
+                                         names=[f.name for f in row.type])
+    return row.to_pylist()[0]
 
 
 def comparison(manifest: dict, rebuilt: dict, folder: Path, rebuilt_folder: Path, given_source: bool = False,
@@ -181,7 +337,7 @@ def comparison(manifest: dict, rebuilt: dict, folder: Path, rebuilt_folder: Path
     here, again = _view(manifest, given_source, given_tokenizer), _view(rebuilt, given_source, given_tokenizer)
     return [
         *(Compared(key, here.get(key, MISSING), again.get(key, MISSING), True) for key in {**here, **again}),
-        Compared("provenance", _provenance(folder), _provenance(rebuilt_folder), True),
+        Compared("provenance", *_provenance(folder, manifest, rebuilt_folder, rebuilt), True),
         Compared("parquet", manifest["parquet"], rebuilt["parquet"], False),
         Compared("code_sha256", value_at(manifest, ("code_version", "code_sha256")),
                  rebuilt["code_version"]["code_sha256"], False),
@@ -221,6 +377,11 @@ def difference(here: object, rebuilt: object, path: str = "") -> str:
     if isinstance(here, dict) and isinstance(rebuilt, dict):
         key = next(k for k in {**here, **rebuilt} if not same(here.get(k, MISSING), rebuilt.get(k, MISSING)))
         return difference(here.get(key, MISSING), rebuilt.get(key, MISSING), f"{path}.{key}" if path else str(key))
+    if isinstance(here, RowAt) and isinstance(rebuilt, RowAt) and here.number == rebuilt.number:
+        return difference(here.row, rebuilt.row, f"{path}[{here.number}]")
+    if isinstance(here, RowAt) or isinstance(rebuilt, RowAt):  # a row one file lacks
+        number = (here or rebuilt).number
+        return f"{path}[{number}]: {'a row' if here else 'none'} here, {'a row' if rebuilt else 'none'} rebuilt"
     if isinstance(here, list) and isinstance(rebuilt, list):
         if len(here) != len(rebuilt):
             return f"{path or 'list'}: {len(here)} items here, {len(rebuilt)} rebuilt"

@@ -153,6 +153,31 @@ def test_parquet_key_value_metadata_is_provenance(source, kimi_dir, tmp_path, ca
     assert 'provenance: differs (file metadata.about: "seed 1" here, missing rebuilt)' in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("field", ["metadata", "segments"])
+def test_field_metadata_in_the_arrow_schema_is_provenance(source, kimi_dir, tmp_path, capsys, field):
+    """A field of the Arrow schema the file stores (``ARROW:schema``) may carry key-value
+    metadata too, at any depth."""
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    parquet = tmp_path / "o" / "train.parquet"
+    table = pq.read_table(parquet)
+    metadata = table.schema.field("metadata")
+    if field == "metadata":
+        metadata = metadata.with_metadata({"about": "seed 1"})
+    else:
+        children = [f.with_metadata({"about": "seed 1"}) if f.name == "segments" else f for f in metadata.type]
+        metadata = metadata.with_type(pa.struct(children))
+    schema = pa.schema([table.schema.field("messages"), metadata])
+    pq.write_table(table.cast(schema), parquet)
+    assert pq.read_schema(parquet).field("metadata").type == table.schema.field("metadata").type
+    _edit(tmp_path / "o", lambda m: m["parquet"].update(bytes=parquet.stat().st_size, sha256=sha256_file(parquet)))
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "o")]) == 0
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
+    path = "metadata" if field == "metadata" else "metadata.segments"
+    assert f'provenance: differs (field metadata.{path}: {{"about": "seed 1"}} here, missing rebuilt)' in \
+        capsys.readouterr().out
+
+
 def test_a_source_with_other_bytes_is_not_the_recorded_input(source, kimi_dir, tmp_path, capsys):
     """Even where the changed row is not in the rows, the source is not the one recorded."""
     _build(source, kimi_dir, tmp_path / "o", "--rows", "1")
@@ -320,3 +345,27 @@ def test_a_rebuild_reads_no_manifest_larger_than_a_build_writes(source, kimi_dir
         f.truncate(3 << 30)
     with pytest.raises(BuildError, match=r"manifest.json: cannot read it \(3221225472 bytes, more than the "):
         rebuild(tmp_path / "o", tokenizer=str(kimi_dir))
+
+
+def test_provenance_is_compared_a_row_group_at_a_time(source, kimi_dir, tmp_path):
+    """Files of other row groups hold the same provenance; the first row that differs is
+    named, in whichever row group of either file it lies."""
+    from fixed_sft.rebuild import _provenance, difference
+
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "9")
+    shutil.copytree(tmp_path / "o", tmp_path / "p")
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    parquet = tmp_path / "p" / "train.parquet"
+    table = pq.read_table(parquet)
+    pq.write_table(table, parquet, row_group_size=2)
+    here, again = _provenance(tmp_path / "p", manifest, tmp_path / "o", manifest)
+    assert here == again and here["rows"] == 9
+    rows = table.to_pylist()
+    rows[5]["metadata"]["segments"][-1]["id"] = "another"
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), parquet, row_group_size=4)
+    here, again = _provenance(tmp_path / "p", manifest, tmp_path / "o", manifest)
+    last = len(rows[5]["metadata"]["segments"]) - 1
+    assert difference(here, again).startswith(f'rows[5].segments[{last}].id: "another" here, ')
+    pq.write_table(pa.Table.from_pylist(rows[:5], schema=table.schema), parquet, row_group_size=3)
+    here, again = _provenance(tmp_path / "p", manifest, tmp_path / "o", manifest)
+    assert difference(here, again) == "rows[5]: none here, a row rebuilt"
