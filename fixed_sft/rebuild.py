@@ -92,14 +92,17 @@ def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | 
                     workers: int = 1) -> BuildConfig:
     """The build ``manifest`` records (checked by ``check_recorded``), reading the source
     from ``source`` and the tokenizer from ``tokenizer`` when given, else from where the
-    manifest says: a recorded path is relative to the current folder; a tokenizer whose
-    files matched no pinned spec, read from a folder, must be given."""
+    manifest says: a recorded path is relative to the current folder, and read only when it
+    lies inside it (``_refuse_outside``); a tokenizer whose files matched no pinned spec,
+    read from a folder, must be given."""
     if source == "" or tokenizer == "":
         raise UsageError("--source and --tokenizer must not be empty")
     check_recorded(manifest)
     if manifest["params"]["order"] != ORDER_RULE:
         raise BuildError(f"params.order is {show(manifest['params']['order'])}; this builder orders by {ORDER_RULE}")
     recorded, used, params = manifest["source"], manifest["tokenizer"], manifest["params"]
+    if source is None:
+        _refuse_outside("source", recorded["name"], "--source PATH")
     hub_source = recorded["revision"] is not None and is_hub_id(recorded["name"])  # a path may hold '/' too
     if source is None and not (Path(recorded["name"]).exists() or hub_source):
         raise UsageError(f"the manifest's source {recorded['name']!r} is not here (a recorded path is relative to "
@@ -111,6 +114,8 @@ def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | 
         if tokenizer is None:
             raise UsageError("the manifest's tokenizer files are not a pinned spec's and may come from a local "
                              "folder or another revision; pass --tokenizer FOLDER or HF_REPO")
+        if tokenizer != spec:
+            _refuse_outside("tokenizer", tokenizer, "--tokenizer FOLDER")
     patterns = recorded.get("file_patterns")
     if source is not None and Path(source).is_file():
         patterns = None  # a file named by the caller is the source, whatever the recorded globs chose
@@ -138,6 +143,18 @@ def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | 
     except UsageError as error:
         raise BuildError(f"the manifest records a parameter this builder refuses: {error}") from None
     return config
+
+
+def _refuse_outside(what: str, name: str, flag: str) -> None:
+    """Raise ``UsageError`` when ``name``, recorded by a manifest, is a path outside the
+    current folder (absolute, through ``..``, or through a link that leads out of it): a
+    stranger's manifest may record any path, and a rebuild reads one only when ``flag``
+    names it. (A Hub id is a relative name that lies inside.)"""
+    here = Path.cwd().resolve()
+    path = Path(name)
+    if path.is_absolute() or not path.resolve().is_relative_to(here):
+        raise UsageError(f"the manifest's {what} {name!r} is outside the current folder; a rebuild reads a recorded "
+                         f"path only inside it: pass {flag} to read it")
 
 
 def _check_tokenizer(config: BuildConfig, recorded: dict) -> None:

@@ -5,6 +5,7 @@ the manifest says of them is so)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -30,7 +31,17 @@ def source(tmp_path_factory):
     return path
 
 
+@pytest.fixture(autouse=True)
+def _in_the_temporary_folder(tmp_path_factory, monkeypatch):
+    """Rebuild from where the tests' files lie: a recorded source path outside the current
+    folder is read only when --source names it."""
+    monkeypatch.chdir(tmp_path_factory.getbasetemp())
+
+
 def _build(source, tokenizer, out, *extra):
+    """Build from ``source``, recorded relative to the current folder when it lies inside."""
+    if os.path.isabs(source) and not os.path.relpath(source).startswith(".."):
+        source = os.path.relpath(source)
     args = ["build", "--source", str(source), "--tokenizer", str(tokenizer), "--row-tokens", "256", "--seed", "7",
             "--out", str(out), "--workers", "1", "--quiet", *extra]
     assert main(args) == 0
@@ -369,3 +380,38 @@ def test_provenance_is_compared_a_row_group_at_a_time(source, kimi_dir, tmp_path
     pq.write_table(pa.Table.from_pylist(rows[:5], schema=table.schema), parquet, row_group_size=3)
     here, again = _provenance(tmp_path / "p", manifest, tmp_path / "o", manifest)
     assert difference(here, again) == "rows[5]: none here, a row rebuilt"
+
+
+@pytest.mark.parametrize("recorded", ["absolute", "parent", "link"])
+def test_a_recorded_source_outside_the_current_folder_is_read_only_when_named(source, kimi_dir, tmp_path, capsys,
+                                                                               monkeypatch, recorded):
+    """A stranger's manifest may record any path (``/root``, ``../..``, a link out of the
+    folder): a rebuild reads one outside the current folder only when --source names it."""
+    import fixed_sft.build
+
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "link").symlink_to(source)
+    monkeypatch.chdir(tmp_path / "here")
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    name = {"absolute": str(source), "parent": os.path.relpath(source), "link": "link"}[recorded]
+    _edit(tmp_path / "o", lambda m: m["source"].update(name=name))
+    original = fixed_sft.build.open_source
+    monkeypatch.setattr(fixed_sft.build, "open_source", lambda *a, **k: pytest.fail("the source was opened"))
+    capsys.readouterr()
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: the manifest's source {name!r} is outside the current folder; a rebuild reads a "
+                   "recorded path only inside it: pass --source PATH to read it\n")
+    monkeypatch.setattr(fixed_sft.build, "open_source", original)
+    assert _rebuild(tmp_path / "o", "--source", str(source), "--tokenizer", str(kimi_dir), "--workers", "1") == 0
+
+
+def test_a_recorded_tokenizer_folder_outside_the_current_folder_is_read_only_when_named(source, kimi_dir, tmp_path,
+                                                                                         capsys):
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3", "--allow-unpinned-tokenizer")
+    _edit(tmp_path / "o", lambda m: m["tokenizer"].update(name=None, repo=str(kimi_dir), pinned=False))
+    capsys.readouterr()
+    assert _rebuild(tmp_path / "o", "--source", str(source), "--workers", "1") == 2
+    assert capsys.readouterr().err == (f"error: the manifest's tokenizer {str(kimi_dir)!r} is outside the current "
+                                       "folder; a rebuild reads a recorded path only inside it: pass --tokenizer "
+                                       "FOLDER to read it\n")
