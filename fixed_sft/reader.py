@@ -41,7 +41,7 @@ from .output import SCHEMA, GROUP_VALUES, tokens
 
 MAGIC = b"PAR1"
 PAGE_BYTES = 64 << 20  # the most a page may hold, compressed or not (a build's pages hold a few MiB)
-DECODE_BYTES = 320 << 20  # the most a row group's columns may take decoded (a build's: GROUP_VALUES * ~9 B)
+DECODE_BYTES = 256 << 20  # the most a row group's columns may take decoded, by WIDTH (a build's: 2 * 8 * GROUP_VALUES)
 FOOTER_BYTES = 32 << 20  # the largest footer read (a build's takes ~830 B per row group of 128 rows) ...
 FOOTER_BASE, FOOTER_PER_ROW = 64 << 10, 4 << 10  # ... and at most this much for a file of so many rows
 HEADER_BYTES = 1 << 20  # the largest page header read

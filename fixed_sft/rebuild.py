@@ -33,7 +33,7 @@ from .build import ORDER_RULE, BuildConfig, BuildError, InvalidSourceRow, UsageE
 from .fields import MISSING, first_problem, same, show, value_at
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .reader import Group, Refused, RowFile
-from .source import SourceError, SourceUnreachable, is_hub_id
+from .source import SourceError, SourceUnreachable, is_hub_id, system_allocator
 from .specs import resolve_tokenizer, tokenizer_specs
 from .verify import MANIFEST_FIELDS, read_manifest
 
@@ -212,7 +212,7 @@ def _provenance(folder: Path, manifest: dict, rebuilt_folder: Path, rebuilt: dic
                 file.__exit__()
             raise BuildError(str(error) if isinstance(error, Refused) else f"{path}: unreadable ({error})") from None
     here, again = files
-    with here, again:
+    with system_allocator(), here, again:
         views = [{"file metadata": _file_metadata(file), "field metadata": _field_metadata(file.arrow_schema)}
                  for file in files]
         limit = len(manifest["row_sha256"]) + 1

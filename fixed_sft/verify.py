@@ -34,7 +34,7 @@ from .fields import GLOBS, MISSING, first_problem, loads, same, show, value_at
 from .hashes import row_digest, rows_digest, sha256_file
 from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, PROMPT, NullValue, first_null
 from .reader import Group, Refused, RowFile, SchemaDiffers
-from .source import non_unicode
+from .source import non_unicode, system_allocator
 
 
 def verify(folder: str | Path) -> list[str]:
@@ -51,7 +51,7 @@ def verify(folder: str | Path) -> list[str]:
         wrong = _check_fields(manifest) or _check_row_hashes(manifest["row_sha256"])
         if wrong:
             return [f"{folder / MANIFEST_NAME}: {wrong}"]
-        expected = [bytes.fromhex(h) for h in manifest["row_sha256"]]
+        expected = [bytes.fromhex(h) for h in manifest.pop("row_sha256")]  # (the hex strings take twice as much)
     except FileNotFoundError:
         return [f"{folder / MANIFEST_NAME}: missing"]
     except ManifestRefused as error:
@@ -77,7 +77,7 @@ def verify(folder: str | Path) -> list[str]:
         problems.append(f"{parquet}: sha256 differs from the manifest")
     checks = _RowChecks(expected, row_tokens)
     try:
-        with RowFile(parquet, len(expected), row_tokens) as rows:
+        with system_allocator(), RowFile(parquet, len(expected), row_tokens) as rows:
             for group in rows.groups(VERIFIED, limit=len(expected) + 1):  # (the rows after are not the manifest's)
                 checks.add(group)
             checks.finish()
@@ -141,10 +141,11 @@ class _RowChecks:
         self.rows += count
         self.supervised += int(np.count_nonzero(mask))
         supervised = mask != 0
-        sums = np.concatenate([[0], np.cumsum(supervised, dtype=np.int64)])
         starts, ends = offsets[:-1], offsets[1:]
-        first_token = supervised[np.minimum(starts, len(mask) - 1)] if len(mask) else np.zeros(count, bool)
-        per_row = sums[ends] - sums[starts] - (first_token & (ends > starts))
+        per_row = np.zeros(count, np.int64)
+        filled = np.flatnonzero(ends > starts)  # (reduceat takes each start's own value for an empty row)
+        if len(filled):
+            per_row[filled] = np.add.reduceat(supervised, starts[filled], dtype=np.int64) - supervised[starts[filled]]
         if len(untrained := np.flatnonzero(per_row == 0)):
             self._note("untrained", f"row {first + untrained[0]}: no supervised token after token 0 (the format "
                                     "skips such rows)")
