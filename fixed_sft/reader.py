@@ -201,7 +201,7 @@ class RowFile:
         self.arrow_schema = pq.read_schema(pa.BufferReader(MAGIC + footer + tail))
         if not self.arrow_schema.equals(SCHEMA, check_metadata=False):
             raise SchemaDiffers(f"schema differs from the format's "
-                                f"({self.arrow_schema.to_string(show_schema_metadata=False)})")
+                                f"({', '.join(f'{f.name}: {f.type}' for f in self.arrow_schema)})")
         (start, end), elements = _schema(footer)
         self._check_schema(elements)
         # The footer pyarrow reads: the mask's column without its UINT_8 annotation, so

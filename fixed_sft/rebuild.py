@@ -35,7 +35,7 @@ from .output import MANIFEST_NAME, PARQUET_NAME
 from .reader import Group, Refused, RowFile
 from .source import SourceError, SourceUnreachable, is_hub_id, system_allocator
 from .specs import resolve_tokenizer, tokenizer_specs
-from .verify import MANIFEST_FIELDS, read_manifest
+from .verify import MANIFEST_FIELDS, described, read_manifest
 
 
 class Compared(NamedTuple):
@@ -210,7 +210,7 @@ def _provenance(folder: Path, manifest: dict, rebuilt_folder: Path, rebuilt: dic
         except (OSError, ValueError) as error:
             for file in files:
                 file.__exit__()
-            raise BuildError(str(error) if isinstance(error, Refused) else f"{path}: unreadable ({error})") from None
+            raise BuildError(str(error) if isinstance(error, Refused) else f"{path}: unreadable ({described(error)})") from None
     here, again = files
     with system_allocator(), here, again:
         views = [{"file metadata": _file_metadata(file), "field metadata": _field_metadata(file.arrow_schema)}
@@ -219,7 +219,7 @@ def _provenance(folder: Path, manifest: dict, rebuilt_folder: Path, rebuilt: dic
         try:
             first = _first_difference(here.groups(PROVENANCE, limit), again.groups(PROVENANCE))
         except (OSError, ValueError) as error:
-            raise BuildError(str(error) if isinstance(error, Refused) else f"{here.path}: unreadable ({error})") \
+            raise BuildError(str(error) if isinstance(error, Refused) else f"{here.path}: unreadable ({described(error)})") \
                 from None
         if first is None:
             views[0]["rows"], views[1]["rows"] = here.rows, again.rows

@@ -57,7 +57,7 @@ def verify(folder: str | Path) -> list[str]:
     except ManifestRefused as error:
         return [f"{folder / MANIFEST_NAME}: {error}"]
     except (OSError, ValueError, TypeError, RecursionError) as error:
-        return [f"{folder / MANIFEST_NAME}: unreadable ({type(error).__name__}: {error})"]
+        return [f"{folder / MANIFEST_NAME}: unreadable ({described(error)})"]
     rows_sha256, parquet_info, stats = manifest["rows_sha256"], manifest["parquet"], manifest["stats"]
     row_tokens = manifest["params"]["row_tokens"]
 
@@ -87,7 +87,7 @@ def verify(folder: str | Path) -> list[str]:
     except (Refused, NullValue) as error:
         return problems + checks.problems() + [str(error)]
     except Exception as error:  # any read failure means a damaged file
-        return problems + checks.problems() + [f"{parquet}: unreadable ({type(error).__name__}: {error})"]
+        return problems + checks.problems() + [f"{parquet}: unreadable ({described(error)})"]
     problems += checks.problems("mask", "content")
     if count != len(expected):
         problems.append(f"{parquet}: {count} rows, manifest lists {len(expected)}")
@@ -335,6 +335,11 @@ def _check_stats(manifest: dict, rows: int, row_tokens: int) -> list[str]:
             for key, (got, want) in derived.items() if not same(got, want)]
 
 
+def described(error: BaseException) -> str:
+    """``TYPE: message`` on one line (pyarrow's messages may end in a newline)."""
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+
+
 def _check_metadata(metadata: pa.StructArray, first: int, row_tokens: int) -> str | None:
     """The first problem of rows ``metadata`` (row ``first`` on): a null, a ``metadata.row``
     that is not its row's number, a segment that is not a non-empty span from a
@@ -344,7 +349,7 @@ def _check_metadata(metadata: pa.StructArray, first: int, row_tokens: int) -> st
         spans = segments.flatten()
         fields = {key: pc.struct_field(spans, key) for key in ("source_index", "start", "end")}
     except Exception as error:  # a missing field means a damaged file
-        return f"row {first}: metadata unreadable ({type(error).__name__}: {error})"
+        return f"row {first}: metadata unreadable ({described(error)})"
     parents = pc.list_parent_indices(segments).to_numpy()
     checks = [("metadata", metadata, None), ("metadata.row", rows, None), ("metadata.segments", segments, None),
               ("a metadata segment", spans, parents)]
