@@ -330,20 +330,21 @@ def _first_row_difference(a: pa.StructArray, b: pa.StructArray) -> int | None:
 
 
 def _row(metadata: pa.StructArray, n: int) -> dict:
-    """Row ``n`` of ``metadata`` as a dict, each segment's id cut to 200 characters."""
+    """Row ``n`` of ``metadata`` as a dict, each segment's id cut to 200 characters (cut in
+    the dictionary, so a long entry is not copied for each segment naming it)."""
     row = metadata.slice(n, 1)
-    segments = row.field("segments").flatten() if row.field("segments").null_count == 0 else None
-    if segments is not None and len(segments):
-        ids = segments.field("id")
-        dense = ids.cast(pa.string()) if pa.types.is_dictionary(ids.type) and len(ids) <= 1 << 16 else ids
-        if pa.types.is_dictionary(dense.type):  # (a row of very many segments: their ids are shown by index)
-            dense = pc.cast(ids.indices, pa.string())
-        cut = pc.utf8_slice_codeunits(dense, 0, 200)
-        fields = [cut if segments.type.field(k).name == "id" else segments.field(k) for k in range(segments.type.num_fields)]
-        rebuilt = pa.StructArray.from_arrays(fields, names=[f.name for f in segments.type], mask=segments.is_null())
-        lists = pa.ListArray.from_arrays(pa.array([0, len(rebuilt)], pa.int32()), rebuilt)
-        row = pa.StructArray.from_arrays([row.field(f.name) if f.name != "segments" else lists for f in row.type],
-                                         names=[f.name for f in row.type])
+    segments = row.field("segments")
+    spans = segments.flatten()
+    if segments.null_count == 0 and len(spans):
+        ids = spans.field("id")
+        if pa.types.is_dictionary(ids.type):
+            ids = pa.DictionaryArray.from_arrays(ids.indices, pc.utf8_slice_codeunits(ids.dictionary, 0, 200))
+        ids = pc.utf8_slice_codeunits(ids.cast(pa.string()), 0, 200)
+        fields = [ids if f.name == "id" else spans.field(f.name) for f in spans.type]
+        spans = pa.StructArray.from_arrays(fields, names=[f.name for f in spans.type], mask=spans.is_null())
+        lists = pa.ListArray.from_arrays(pa.array([0, len(spans)], pa.int32()), spans)
+        row = pa.StructArray.from_arrays([lists if f.name == "segments" else row.field(f.name) for f in row.type],
+                                         names=[f.name for f in row.type], mask=row.is_null())
     return row.to_pylist()[0]
 
 

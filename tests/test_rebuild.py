@@ -415,3 +415,20 @@ def test_a_recorded_tokenizer_folder_outside_the_current_folder_is_read_only_whe
     assert capsys.readouterr().err == (f"error: the manifest's tokenizer {str(kimi_dir)!r} is outside the current "
                                        "folder; a rebuild reads a recorded path only inside it: pass --tokenizer "
                                        "FOLDER to read it\n")
+
+
+def test_a_long_segment_id_is_shown_cut(source, kimi_dir, tmp_path):
+    from fixed_sft.rebuild import _provenance, difference
+
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    shutil.copytree(tmp_path / "o", tmp_path / "p")
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    parquet = tmp_path / "p" / "train.parquet"
+    table = pq.read_table(parquet)
+    rows = table.to_pylist()
+    for segment in rows[1]["metadata"]["segments"]:
+        segment["id"] = "x" * 100_000
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), parquet)
+    here, again = _provenance(tmp_path / "p", manifest, tmp_path / "o", manifest)
+    assert {len(s["id"]) for s in here["rows"].row["segments"]} == {200}
+    assert difference(here, again).startswith(f'rows[1].segments[0].id: "{"x" * 79}')
