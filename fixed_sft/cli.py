@@ -196,13 +196,11 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    import json
-
     from .build import UsageError
     from .output import MANIFEST_NAME
     from .rebuild import rebuild, report
     from .specs import SpecError, build_spec
-    from .verify import verify
+    from .verify import read_manifest, verify
 
     if not args.rebuild and (args.source or args.tokenizer or args.workers is not None or args.quiet):
         raise UsageError("--source, --tokenizer, --workers and --quiet are for a rebuild; add --rebuild")
@@ -224,7 +222,7 @@ def _verify(args: argparse.Namespace) -> int:
     print(f"ok: {args.folder} matches its manifest")
     same = True
     if published:
-        manifest = json.loads((args.folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+        manifest = read_manifest(args.folder / MANIFEST_NAME)
         same = _report_published(manifest, published, args.published)
     if args.rebuild:
         workers = usable_cores() if args.workers is None else args.workers

@@ -1,4 +1,5 @@
-"""Rows -> one Parquet file, written a row group at a time, and read back (format: data/README.md)."""
+"""Rows -> one Parquet file, written a row group at a time, and read back a row group at a time
+(format: data/README.md)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ FORMATS = ("fixed-sft/1", FORMAT)  # the formats of folders a new build may repl
 PARQUET_NAME = "train.parquet"
 MANIFEST_NAME = "manifest.json"
 ROWS_PER_GROUP = 128
+# A row group holds at most this many tokens: fewer rows than ROWS_PER_GROUP where rows are
+# longer than 65536 tokens, so that a reader decodes a bounded amount at once.
+GROUP_VALUES = 1 << 23
 WRITE_BATCH_VALUES = 1 << 20  # values per encoding batch: a row group's column in few pages (~10% less CPU)
 # Only the token ids are dictionary-encoded: for the mask (two values) and the metadata,
 # zstd alone gives files as small with ~15% less writer CPU.
@@ -86,7 +90,7 @@ class RowWriter:
     def write(self, row: Row) -> None:
         self._pending.append((self.rows, row))
         self.rows += 1
-        if len(self._pending) == ROWS_PER_GROUP:
+        if len(self._pending) >= min(ROWS_PER_GROUP, max(1, GROUP_VALUES // len(row.ids))):
             self._flush()
 
     def _flush(self) -> None:
@@ -147,24 +151,42 @@ def first_null(array: pa.Array) -> int | None:
     return int(np.argmax(nulls))
 
 
-def read_rows(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(ids, mask, offsets)``: flat int32 ids and uint8 mask of every row, and row
-    offsets into them, read from a built Parquet file; ``NullValue`` for a null row or
-    value (which the format never holds, and which NumPy would turn into a number)."""
-    metadata = pq.read_table(path, columns=["metadata"]).column("metadata").combine_chunks()
+def tokens(metadata: pa.StructArray, first: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(ids, mask, offsets)`` of rows ``metadata`` (a ``metadata`` column, whose first
+    row is row ``first`` of its file): their flat ids and mask, and row offsets into them
+    from 0; ``NullValue`` naming the row for a null row or value (which the format never
+    holds, and which NumPy would turn into a number)."""
     if (row := first_null(metadata)) is not None:
-        raise NullValue(f"row {row}: metadata is null")
+        raise NullValue(f"row {first + row}: metadata is null")
     ids = metadata.field("input_ids")
     mask = metadata.field("loss_mask")
     for name, column in (("input_ids", ids), ("loss_mask", mask)):
         if (row := first_null(column)) is not None:
-            raise NullValue(f"row {row}: {name} is null")
+            raise NullValue(f"row {first + row}: {name} is null")
         if (value := first_null(column.flatten())) is not None:
             starts = column.offsets.to_numpy() - column.offsets[0].as_py()
-            raise NullValue(f"row {int(np.searchsorted(starts, value, side='right')) - 1}: a value in {name} is null")
+            row = int(np.searchsorted(starts, value, side="right")) - 1
+            raise NullValue(f"row {first + row}: a value in {name} is null")
     offsets = ids.offsets.to_numpy()
     if not np.array_equal(offsets, mask.offsets.to_numpy()):
         raise ValueError("input_ids and loss_mask rows differ in length")
     flat_ids = ids.flatten().to_numpy(zero_copy_only=False)
     flat_mask = mask.flatten().to_numpy(zero_copy_only=False)
-    return flat_ids, flat_mask, offsets - offsets[0]
+    return flat_ids, flat_mask, (offsets - offsets[0]).astype(np.int64)
+
+
+def read_rows(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(ids, mask, offsets)`` (see ``tokens``) of every row of a built Parquet file,
+    read a row group at a time. (verify reads a file from anyone with ``reader``.)"""
+    parts, first = [], 0
+    with pq.ParquetFile(path) as file:
+        for group in range(file.num_row_groups):
+            metadata = file.read_row_group(group, columns=["metadata"]).column("metadata").combine_chunks()
+            parts.append(tokens(metadata, first))
+            first += len(metadata)
+    if not parts:
+        return np.zeros(0, np.int32), np.zeros(0, np.uint8), np.zeros(1, np.int64)
+    ends = np.cumsum([0] + [len(ids) for ids, _, _ in parts])
+    offsets = np.concatenate([[0]] + [o[1:] + end for (_, _, o), end in zip(parts, ends)])
+    return (np.concatenate([ids for ids, _, _ in parts]), np.concatenate([mask for _, mask, _ in parts]),
+            offsets.astype(np.int64))

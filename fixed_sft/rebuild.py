@@ -5,8 +5,9 @@ globs, row count) and its tokenizer (spec name or repo, at the recorded revision
 the caller names where the source or tokenizer files are. Tokenizer files other than the
 recorded ones are refused before building. The rows are proven to come from the recorded
 inputs when the rebuild's manifest is the folder's, compared as JSON, and so is the
-provenance in the Parquet file (its ``metadata`` column and key-value metadata); not
-compared for that: the reasons of skipped rows (their wording is the code's), and the
+provenance in the Parquet file (its ``metadata`` column, read a row group at a time; its
+key-value metadata; and the key-value metadata of each field of the Arrow schema it
+stores); not compared for that: the reasons of skipped rows (their wording is the code's), and the
 names, globs and paths of inputs the caller gave. Values the rebuild copies from the
 manifest (the build's name, the license, revisions) are the same by construction. The
 Parquet file's size and hash, and ``code_sha256``, are compared for information: the same
@@ -25,15 +26,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-import pyarrow.parquet as pq
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from .build import (ORDER_RULE, BuildConfig, BuildError, InvalidSourceRow, UsageError, build, code_version,
                     file_lock, not_build_files, remove_build_folder)
-from .fields import MISSING, first_problem, loads, same, show, value_at
+from .fields import MISSING, first_problem, same, show, value_at
 from .output import MANIFEST_NAME, PARQUET_NAME
-from .source import SourceError, SourceUnreachable, is_hub_id
+from .reader import Group, Refused, RowFile
+from .source import SourceError, SourceUnreachable, is_hub_id, system_allocator
 from .specs import resolve_tokenizer, tokenizer_specs
-from .verify import MANIFEST_FIELDS
+from .verify import MANIFEST_FIELDS, described, read_manifest
 
 
 class Compared(NamedTuple):
@@ -126,14 +130,17 @@ def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | 
                     workers: int = 1) -> BuildConfig:
     """The build ``manifest`` records (checked by ``check_recorded``), reading the source
     from ``source`` and the tokenizer from ``tokenizer`` when given, else from where the
-    manifest says: a recorded path is relative to the current folder; a tokenizer whose
-    files matched no pinned spec, read from a folder, must be given."""
+    manifest says: a recorded path is relative to the current folder, and read only when it
+    lies inside it (``_refuse_outside``); a tokenizer whose files matched no pinned spec,
+    read from a folder, must be given."""
     if source == "" or tokenizer == "":
         raise UsageError("--source and --tokenizer must not be empty")
     check_recorded(manifest)
     if manifest["params"]["order"] != ORDER_RULE:
         raise BuildError(f"params.order is {show(manifest['params']['order'])}; this builder orders by {ORDER_RULE}")
     recorded, used, params = manifest["source"], manifest["tokenizer"], manifest["params"]
+    if source is None:
+        _refuse_outside("source", recorded["name"], "--source PATH")
     hub_source = recorded["revision"] is not None and is_hub_id(recorded["name"])  # a path may hold '/' too
     if source is None and not (Path(recorded["name"]).exists() or hub_source):
         raise UsageError(f"the manifest's source {recorded['name']!r} is not here (a recorded path is relative to "
@@ -145,6 +152,8 @@ def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | 
         if tokenizer is None:
             raise UsageError("the manifest's tokenizer files are not a pinned spec's and may come from a local "
                              "folder or another revision; pass --tokenizer FOLDER or HF_REPO")
+        if tokenizer != spec:
+            _refuse_outside("tokenizer", tokenizer, "--tokenizer FOLDER")
     patterns = recorded.get("file_patterns")
     if source is not None and Path(source).is_file():
         patterns = None  # a file named by the caller is the source, whatever the recorded globs chose
@@ -172,6 +181,18 @@ def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | 
     except UsageError as error:
         raise BuildError(f"the manifest records a parameter this builder refuses: {error}") from None
     return config
+
+
+def _refuse_outside(what: str, name: str, flag: str) -> None:
+    """Raise ``UsageError`` when ``name``, recorded by a manifest, is a path outside the
+    current folder (absolute, through ``..``, or through a link that leads out of it): a
+    stranger's manifest may record any path, and a rebuild reads one only when ``flag``
+    names it. (A Hub id is a relative name that lies inside.)"""
+    here = Path.cwd().resolve()
+    path = Path(name)
+    if path.is_absolute() or not path.resolve().is_relative_to(here):
+        raise UsageError(f"the manifest's {what} {name!r} is outside the current folder; a rebuild reads a recorded "
+                         f"path only inside it: pass {flag} to read it")
 
 
 def _check_tokenizer(config: BuildConfig, recorded: dict) -> None:
@@ -203,13 +224,166 @@ def _view(manifest: dict, given_source: bool, given_tokenizer: bool) -> dict:
     return {**view, "source": source, "tokenizer": tokenizer, "skipped_invalid": skipped}
 
 
-def _provenance(folder: Path) -> dict:
-    """The Parquet file's ``metadata`` column, and its key-value metadata but the Arrow schema."""
-    path = folder / PARQUET_NAME
-    metadata = {key.decode(errors="replace"): value.decode(errors="replace")
-                for key, value in (pq.read_metadata(path).metadata or {}).items() if key != b"ARROW:schema"}
-    return {"rows": pq.read_table(path, columns=["metadata"]).column("metadata").to_pylist(),
-            "file metadata": metadata}
+class RowAt(NamedTuple):
+    """Row ``number`` of a file's ``metadata`` column: the first where two files differ."""
+
+    number: int
+    row: dict
+
+
+PROVENANCE = ["metadata.input_ids.list.element", "metadata.loss_mask.list.element", "metadata.row",
+              *(f"metadata.segments.list.element.{key}" for key in ("source_index", "id", "start", "end"))]
+
+
+def _provenance(folder: Path, manifest: dict, rebuilt_folder: Path, rebuilt: dict) -> tuple[dict, dict]:
+    """The provenance of the folder's Parquet file and of the rebuilt one: its key-value
+    metadata (but the Arrow schema), the key-value metadata of each field of that Arrow
+    schema, and the ``metadata`` column: the row count when the files' rows are the same,
+    else the first row that differs (``RowAt``). The rows are read a row group at a time
+    (``reader``), the folder's no further than a row past its manifest's."""
+    files = []
+    for path, recorded in ((folder / PARQUET_NAME, manifest), (rebuilt_folder / PARQUET_NAME, rebuilt)):
+        try:
+            files.append(RowFile(path, len(recorded["row_sha256"]), recorded["params"]["row_tokens"]))
+        except (OSError, ValueError) as error:
+            for file in files:
+                file.__exit__()
+            raise BuildError(str(error) if isinstance(error, Refused) else f"{path}: unreadable ({described(error)})") from None
+    here, again = files
+    with system_allocator(), here, again:
+        views = [{"file metadata": _file_metadata(file), "field metadata": _field_metadata(file.arrow_schema)}
+                 for file in files]
+        limit = len(manifest["row_sha256"]) + 1
+        try:
+            first = _first_difference(here.groups(PROVENANCE, limit), again.groups(PROVENANCE))
+        except (OSError, ValueError) as error:
+            raise BuildError(str(error) if isinstance(error, Refused) else f"{here.path}: unreadable ({described(error)})") \
+                from None
+        if first is None:
+            views[0]["rows"], views[1]["rows"] = here.rows, again.rows
+        else:
+            views[0]["rows"], views[1]["rows"] = first
+    return views[0], views[1]
+
+
+def _file_metadata(file: RowFile) -> dict:
+    return {key.decode(errors="replace"): value.decode(errors="replace")
+            for key, value in (file.metadata.metadata or {}).items() if key != b"ARROW:schema"}
+
+
+def _field_metadata(schema: pa.Schema) -> dict:
+    """``{path: {key: value}}`` of every field, at any depth, that has key-value metadata."""
+    found = {}
+
+    def visit(field: pa.Field, path: str) -> None:
+        if field.metadata:
+            found[path] = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in field.metadata.items()}
+        kind = field.type
+        children = ([kind.value_field] if isinstance(kind, (pa.ListType, pa.LargeListType)) else
+                    [kind.field(n) for n in range(kind.num_fields)] if isinstance(kind, pa.StructType) else [])
+        for child in children:
+            visit(child, path if isinstance(kind, (pa.ListType, pa.LargeListType)) and child.metadata is None
+                  else f"{path}.{child.name}")
+
+    for field in schema:
+        visit(field, field.name)
+    return found
+
+
+def _first_difference(here: Iterator[Group], again: Iterator[Group]) -> tuple[RowAt, RowAt] | None:
+    """The first row whose ``metadata`` differs between two files' row groups (the rows
+    of one file that the other lacks included), or ``None``."""
+    a, b, seen = next(here, None), next(again, None), 0
+    while a is not None and b is not None:
+        lo, hi = max(a.first, b.first), min(a.first + a.rows, b.first + b.rows)
+        x, y = (g.column("metadata").slice(lo - g.first, hi - lo) for g in (a, b))
+        if (n := _first_row_difference(x, y)) is not None:
+            return RowAt(lo + n, _row(x, n)), RowAt(lo + n, _row(y, n))
+        seen = hi
+        if a.first + a.rows == hi:
+            a = next(here, None)
+        if b.first + b.rows == hi:
+            b = next(again, None)
+    while a is not None and a.rows == 0:  # (empty row groups hold no row the other file lacks)
+        a = next(here, None)
+    while b is not None and b.rows == 0:
+        b = next(again, None)
+    if a is None and b is None:
+        return None
+    rest = a or b
+    row = RowAt(seen, _row(rest.column("metadata"), seen - rest.first))
+    return (row, None) if a is not None else (None, row)
+
+
+def _first_mismatch(a: np.ndarray, b: np.ndarray) -> int | None:
+    n = min(len(a), len(b))
+    bad = np.flatnonzero(a[:n] != b[:n])
+    return int(bad[0]) if len(bad) else None if len(a) == len(b) else n
+
+
+def _first(*positions: int | None) -> int | None:
+    return min((p for p in positions if p is not None), default=None)
+
+
+def _values_mismatch(a: pa.Array, b: pa.Array) -> int | None:
+    """The first position where two arrays of one type differ (a null is only its own value)."""
+    valid = _first_mismatch(*(np.asarray(x.is_valid()) for x in (a, b)))
+    if pa.types.is_struct(a.type):
+        return _first(valid, *(_values_mismatch(a.field(n), b.field(n)) for n in range(a.type.num_fields)))
+    if pa.types.is_dictionary(a.type) or pa.types.is_string(a.type):
+        # the strings' lengths first: where those agree, decoding both takes no more than the rebuilt ones
+        lengths = _first_mismatch(*(_lengths(x) for x in (a, b)))
+        cut = _first(valid, lengths)
+        n = len(a) if cut is None else cut
+        dense = [x.slice(0, n).cast(pa.string()) if pa.types.is_dictionary(x.type) else x.slice(0, n) for x in (a, b)]
+        equal = pc.fill_null(pc.equal(*dense), True).to_numpy(zero_copy_only=False)
+        return _first(cut, int(np.argmin(equal)) if not equal.all() else None)
+    return _first(valid, _first_mismatch(*(pc.fill_null(x, 0).to_numpy(zero_copy_only=False) for x in (a, b))))
+
+
+def _lengths(strings: pa.Array) -> np.ndarray:
+    """Each string's length in bytes (0 for a null), without decoding a dictionary."""
+    if pa.types.is_dictionary(strings.type):
+        entries = pc.fill_null(pc.binary_length(strings.dictionary), 0).to_numpy(zero_copy_only=False)
+        indices = pc.fill_null(strings.indices, 0).to_numpy(zero_copy_only=False)
+        return entries[indices] if len(entries) else np.zeros(len(strings), np.int64)
+    return pc.fill_null(pc.binary_length(strings), 0).to_numpy(zero_copy_only=False)
+
+
+def _first_row_difference(a: pa.StructArray, b: pa.StructArray) -> int | None:
+    """The first row where two ``metadata`` arrays of as many rows differ."""
+    found = [_first_mismatch(*(np.asarray(x.is_valid()) for x in (a, b))),
+             _values_mismatch(a.field("row"), b.field("row"))]
+    for key in ("input_ids", "loss_mask", "segments"):
+        x, y = a.field(key), b.field(key)
+        valid = _first_mismatch(np.asarray(x.is_valid()), np.asarray(y.is_valid()))
+        lengths = [pc.fill_null(pc.list_value_length(v), -1).to_numpy(zero_copy_only=False) for v in (x, y)]
+        rows = _first(valid, _first_mismatch(*lengths))
+        upto = len(a) if rows is None else rows  # rows of the same lengths: their values line up
+        ends = np.cumsum(np.maximum(lengths[0][:upto], 0))
+        values = [v.slice(0, upto).flatten() for v in (x, y)]
+        value = _values_mismatch(*values)
+        found += [rows, None if value is None else int(np.searchsorted(ends, value, side="right"))]
+    return _first(*found)
+
+
+def _row(metadata: pa.StructArray, n: int) -> dict:
+    """Row ``n`` of ``metadata`` as a dict, each segment's id cut to 200 characters (cut in
+    the dictionary, so a long entry is not copied for each segment naming it)."""
+    row = metadata.slice(n, 1)
+    segments = row.field("segments")
+    spans = segments.flatten()
+    if segments.null_count == 0 and len(spans):
+        ids = spans.field("id")
+        if pa.types.is_dictionary(ids.type):
+            ids = pa.DictionaryArray.from_arrays(ids.indices, pc.utf8_slice_codeunits(ids.dictionary, 0, 200))
+        ids = pc.utf8_slice_codeunits(ids.cast(pa.string()), 0, 200)
+        fields = [ids if f.name == "id" else spans.field(f.name) for f in spans.type]
+        spans = pa.StructArray.from_arrays(fields, names=[f.name for f in spans.type], mask=spans.is_null())
+        lists = pa.ListArray.from_arrays(pa.array([0, len(spans)], pa.int32()), spans)
+        row = pa.StructArray.from_arrays([lists if f.name == "segments" else row.field(f.name) for f in row.type],
+                                         names=[f.name for f in row.type], mask=row.is_null())
+    return row.to_pylist()[0]
 
 
 def comparison(manifest: dict, rebuilt: dict, folder: Path, rebuilt_folder: Path, given_source: bool = False,
@@ -219,7 +393,7 @@ def comparison(manifest: dict, rebuilt: dict, folder: Path, rebuilt_folder: Path
     here, again = _view(manifest, given_source, given_tokenizer), _view(rebuilt, given_source, given_tokenizer)
     return [
         *(Compared(key, here.get(key, MISSING), again.get(key, MISSING), True) for key in {**here, **again}),
-        Compared("provenance", _provenance(folder), _provenance(rebuilt_folder), True),
+        Compared("provenance", *_provenance(folder, manifest, rebuilt_folder, rebuilt), True),
         Compared("parquet", manifest["parquet"], rebuilt["parquet"], False),
         Compared("code_sha256", value_at(manifest, ("code_version", "code_sha256")),
                  rebuilt["code_version"]["code_sha256"], False),
@@ -231,7 +405,10 @@ def rebuild(folder: Path, source: str | None = None, tokenizer: str | None = Non
     """Rebuild ``folder``'s manifest into a temporary folder (in the system's, deleted
     after) and compare (see ``comparison``)."""
     folder = Path(folder)
-    manifest = loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+    try:
+        manifest = read_manifest(folder / MANIFEST_NAME)
+    except (OSError, ValueError, RecursionError) as error:
+        raise BuildError(f"{folder / MANIFEST_NAME}: cannot read it ({error})") from None
     try:
         config = recorded_config(manifest, source, tokenizer, workers)
     except BuildError as error:
@@ -256,6 +433,11 @@ def difference(here: object, rebuilt: object, path: str = "") -> str:
     if isinstance(here, dict) and isinstance(rebuilt, dict):
         key = next(k for k in {**here, **rebuilt} if not same(here.get(k, MISSING), rebuilt.get(k, MISSING)))
         return difference(here.get(key, MISSING), rebuilt.get(key, MISSING), f"{path}.{key}" if path else str(key))
+    if isinstance(here, RowAt) and isinstance(rebuilt, RowAt) and here.number == rebuilt.number:
+        return difference(here.row, rebuilt.row, f"{path}[{here.number}]")
+    if isinstance(here, RowAt) or isinstance(rebuilt, RowAt):  # a row one file lacks
+        number = (here or rebuilt).number
+        return f"{path}[{number}]: {'a row' if here else 'none'} here, {'a row' if rebuilt else 'none'} rebuilt"
     if isinstance(here, list) and isinstance(rebuilt, list):
         if len(here) != len(rebuilt):
             return f"{path or 'list'}: {len(here)} items here, {len(rebuilt)} rebuilt"

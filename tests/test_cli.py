@@ -334,3 +334,34 @@ def test_a_full_disk_names_the_file_it_could_not_write(source, kimi_dir, tmp_pat
     assert re.fullmatch(rf"error: cannot write {re.escape(str(tmp_path))}/\.o\.tmp-\d+/{file}: "
                         r"No space left on device\n", err), err
     assert sorted(p.name for p in tmp_path.iterdir()) == [".o.lock"]
+
+
+def test_verify_of_a_hostile_folder_names_it_in_one_line(source, kimi_dir, tmp_path, capsys):
+    """A Parquet bomb and a sparse huge manifest: exit 1, one MISMATCH line, no traceback."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    assert main(_build_args(source, kimi_dir, tmp_path / "o")) == 0
+    parquet = tmp_path / "o" / "train.parquet"
+    table = pq.read_table(parquet)
+    zeros = pa.array(np.zeros(5_000_000, np.int32))
+    metadata = table.column("metadata").combine_chunks()
+    big = pa.ListArray.from_arrays(pa.array([0, 5_000_000], pa.int32()), zeros)
+    fields = [big if f.name == "input_ids" else big.cast(pa.list_(pa.uint8())) if f.name == "loss_mask" else
+              metadata.field(f.name).slice(0, 1) for f in metadata.type]
+    bomb = pa.Table.from_arrays([table.column("messages").slice(0, 1),
+                                 pa.StructArray.from_arrays(fields, fields=list(metadata.type))], schema=table.schema)
+    pq.write_table(bomb, parquet, compression="zstd")
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "o")]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out.endswith(
+        f"MISMATCH {parquet}: row group 0 (rows 0 to 0) holds 5000000 metadata.input_ids values, more than its 1 rows "
+        "of 256 tokens and one more row; not decoded\n")
+    with (tmp_path / "o" / "manifest.json").open("r+b") as f:
+        f.truncate(3 << 30)
+    assert main(["verify", str(tmp_path / "o"), "--rebuild"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out.startswith(f"MISMATCH {tmp_path / 'o' / 'manifest.json'}: 3221225472 "
+                                                          "bytes, more than the ") and captured.out.count("\n") == 1

@@ -5,6 +5,7 @@ the manifest says of them is so)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -30,7 +31,17 @@ def source(tmp_path_factory):
     return path
 
 
+@pytest.fixture(autouse=True)
+def _in_the_temporary_folder(tmp_path_factory, monkeypatch):
+    """Rebuild from where the tests' files lie: a recorded source path outside the current
+    folder is read only when --source names it."""
+    monkeypatch.chdir(tmp_path_factory.getbasetemp())
+
+
 def _build(source, tokenizer, out, *extra):
+    """Build from ``source``, recorded relative to the current folder when it lies inside."""
+    if os.path.isabs(source) and not os.path.relpath(source).startswith(".."):
+        source = os.path.relpath(source)
     args = ["build", "--source", str(source), "--tokenizer", str(tokenizer), "--row-tokens", "256", "--seed", "7",
             "--out", str(out), "--workers", "1", "--quiet", *extra]
     assert main(args) == 0
@@ -180,6 +191,31 @@ def test_parquet_key_value_metadata_is_provenance(source, kimi_dir, tmp_path, ca
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
     assert 'provenance: differs (file metadata.about: "seed 1" here, missing rebuilt)' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("field", ["metadata", "segments"])
+def test_field_metadata_in_the_arrow_schema_is_provenance(source, kimi_dir, tmp_path, capsys, field):
+    """A field of the Arrow schema the file stores (``ARROW:schema``) may carry key-value
+    metadata too, at any depth."""
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    parquet = tmp_path / "o" / "train.parquet"
+    table = pq.read_table(parquet)
+    metadata = table.schema.field("metadata")
+    if field == "metadata":
+        metadata = metadata.with_metadata({"about": "seed 1"})
+    else:
+        children = [f.with_metadata({"about": "seed 1"}) if f.name == "segments" else f for f in metadata.type]
+        metadata = metadata.with_type(pa.struct(children))
+    schema = pa.schema([table.schema.field("messages"), metadata])
+    pq.write_table(table.cast(schema), parquet)
+    assert pq.read_schema(parquet).field("metadata").type == table.schema.field("metadata").type
+    _edit(tmp_path / "o", lambda m: m["parquet"].update(bytes=parquet.stat().st_size, sha256=sha256_file(parquet)))
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "o")]) == 0
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
+    path = "metadata" if field == "metadata" else "metadata.segments"
+    assert f'provenance: differs (field metadata.{path}: {{"about": "seed 1"}} here, missing rebuilt)' in \
+        capsys.readouterr().out
 
 
 def test_a_source_with_other_bytes_is_not_the_recorded_input(source, kimi_dir, tmp_path, capsys):
@@ -341,3 +377,87 @@ def test_a_manifest_without_code_sha256_verifies_and_rebuilds(source, kimi_dir, 
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 0
     assert "  code_sha256: differs (for information) (missing here, " in capsys.readouterr().out
+
+
+def test_a_rebuild_reads_no_manifest_larger_than_a_build_writes(source, kimi_dir, tmp_path):
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    with (tmp_path / "o" / "manifest.json").open("r+b") as f:
+        f.truncate(3 << 30)
+    with pytest.raises(BuildError, match=r"manifest.json: cannot read it \(3221225472 bytes, more than the "):
+        rebuild(tmp_path / "o", tokenizer=str(kimi_dir))
+
+
+def test_provenance_is_compared_a_row_group_at_a_time(source, kimi_dir, tmp_path):
+    """Files of other row groups hold the same provenance; the first row that differs is
+    named, in whichever row group of either file it lies."""
+    from fixed_sft.rebuild import _provenance, difference
+
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "9")
+    shutil.copytree(tmp_path / "o", tmp_path / "p")
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    parquet = tmp_path / "p" / "train.parquet"
+    table = pq.read_table(parquet)
+    pq.write_table(table, parquet, row_group_size=2)
+    here, again = _provenance(tmp_path / "p", manifest, tmp_path / "o", manifest)
+    assert here == again and here["rows"] == 9
+    rows = table.to_pylist()
+    rows[5]["metadata"]["segments"][-1]["id"] = "another"
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), parquet, row_group_size=4)
+    here, again = _provenance(tmp_path / "p", manifest, tmp_path / "o", manifest)
+    last = len(rows[5]["metadata"]["segments"]) - 1
+    assert difference(here, again).startswith(f'rows[5].segments[{last}].id: "another" here, ')
+    pq.write_table(pa.Table.from_pylist(rows[:5], schema=table.schema), parquet, row_group_size=3)
+    here, again = _provenance(tmp_path / "p", manifest, tmp_path / "o", manifest)
+    assert difference(here, again) == "rows[5]: none here, a row rebuilt"
+
+
+@pytest.mark.parametrize("recorded", ["absolute", "parent", "link"])
+def test_a_recorded_source_outside_the_current_folder_is_read_only_when_named(source, kimi_dir, tmp_path, capsys,
+                                                                               monkeypatch, recorded):
+    """A stranger's manifest may record any path (``/root``, ``../..``, a link out of the
+    folder): a rebuild reads one outside the current folder only when --source names it."""
+    import fixed_sft.build
+
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "link").symlink_to(source)
+    monkeypatch.chdir(tmp_path / "here")
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    name = {"absolute": str(source), "parent": os.path.relpath(source), "link": "link"}[recorded]
+    _edit(tmp_path / "o", lambda m: m["source"].update(name=name))
+    original = fixed_sft.build.open_source
+    monkeypatch.setattr(fixed_sft.build, "open_source", lambda *a, **k: pytest.fail("the source was opened"))
+    capsys.readouterr()
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: the manifest's source {name!r} is outside the current folder; a rebuild reads a "
+                   "recorded path only inside it: pass --source PATH to read it\n")
+    monkeypatch.setattr(fixed_sft.build, "open_source", original)
+    assert _rebuild(tmp_path / "o", "--source", str(source), "--tokenizer", str(kimi_dir), "--workers", "1") == 0
+
+
+def test_a_recorded_tokenizer_folder_outside_the_current_folder_is_read_only_when_named(source, kimi_dir, tmp_path,
+                                                                                         capsys):
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3", "--allow-unpinned-tokenizer")
+    _edit(tmp_path / "o", lambda m: m["tokenizer"].update(name=None, repo=str(kimi_dir), pinned=False))
+    capsys.readouterr()
+    assert _rebuild(tmp_path / "o", "--source", str(source), "--workers", "1") == 2
+    assert capsys.readouterr().err == (f"error: the manifest's tokenizer {str(kimi_dir)!r} is outside the current "
+                                       "folder; a rebuild reads a recorded path only inside it: pass --tokenizer "
+                                       "FOLDER to read it\n")
+
+
+def test_a_long_segment_id_is_shown_cut(source, kimi_dir, tmp_path):
+    from fixed_sft.rebuild import _provenance, difference
+
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    shutil.copytree(tmp_path / "o", tmp_path / "p")
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    parquet = tmp_path / "p" / "train.parquet"
+    table = pq.read_table(parquet)
+    rows = table.to_pylist()
+    for segment in rows[1]["metadata"]["segments"]:
+        segment["id"] = "x" * 100_000
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), parquet)
+    here, again = _provenance(tmp_path / "p", manifest, tmp_path / "o", manifest)
+    assert {len(s["id"]) for s in here["rows"].row["segments"]} == {200}
+    assert difference(here, again).startswith(f'rows[1].segments[0].id: "{"x" * 79}')

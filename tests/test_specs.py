@@ -93,12 +93,27 @@ def test_other_repo_downloads_at_its_own_revision(fake_hub):
     assert resolved.name == "kimi-k2.6"  # the files are byte-identical to the pinned spec
 
 
-def test_specs_outside_a_checkout_say_where_they_are_read_from(monkeypatch, tmp_path):
+def test_an_install_without_its_specs_says_so(monkeypatch, tmp_path):
     import fixed_sft.specs as specs
 
-    monkeypatch.setattr(specs, "BUILDS", tmp_path / "data" / "builds")
-    with pytest.raises(SpecError, match="read from the project's checkout"):
+    monkeypatch.setattr(specs, "BUILDS", tmp_path / "builds")
+    with pytest.raises(SpecError, match="the package is incomplete; reinstall fixed-sft"):
         build_spec(DEFAULT_BUILD)
+
+
+def test_the_specs_are_package_data():
+    """pyproject's package data names every spec file, so a wheel (``pip install .``)
+    carries them; .ci/run also reads them from such an install."""
+    import fnmatch
+    import tomllib
+
+    import fixed_sft.specs as specs
+
+    globs = tomllib.loads((Path(specs.__file__).parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["fixed_sft"]
+    files = [p.relative_to(Path(specs.__file__).parent).as_posix() for p in (*specs.BUILDS.iterdir(),
+                                                                             *specs.TOKENIZERS.iterdir())]
+    assert files and all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files)
 
 
 @pytest.mark.parametrize("name", ["../../../../tmp/x", "sub/name", ".hidden", ""])

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 import synthetic
 from fixed_sft.build import BuildConfig, build
+from fixed_sft.output import SCHEMA
 from fixed_sft.verify import verify
 
 
@@ -417,3 +419,239 @@ def test_a_null_mask_value_is_not_a_0(copy):
     manifest["stats"]["supervised_token_ratio"] = manifest["stats"]["supervised_tokens"] / manifest["stats"]["tokens"]
     (copy / "manifest.json").write_text(json.dumps(manifest))
     assert any(problem.endswith("a value in loss_mask is null") for problem in verify(copy))
+
+
+def test_a_huge_manifest_is_refused_before_it_is_read(copy, monkeypatch):
+    """A sparse 3 GB manifest.json takes no disk, and parsing it would take gigabytes."""
+    import fixed_sft.verify
+
+    monkeypatch.setattr(fixed_sft.verify, "loads", lambda text: pytest.fail("the manifest was parsed"))
+    with (copy / "manifest.json").open("r+b") as f:
+        f.truncate(3 << 30)
+    (problem,) = verify(copy)
+    assert problem.startswith(f"{copy / 'manifest.json'}: 3221225472 bytes, more than the ")
+    assert problem.endswith("; not read")
+
+
+def test_a_manifest_of_many_small_values_is_refused_before_it_is_read(copy, monkeypatch):
+    """Each ``{}`` of ``[{}, {}, ...]`` is 3 bytes of JSON and a Python dict of 64: the
+    bound is on what parsing takes, not on the bytes alone."""
+    import fixed_sft.verify
+
+    monkeypatch.setattr(fixed_sft.verify, "loads", lambda text: pytest.fail("the manifest was parsed"))
+    monkeypatch.setattr(fixed_sft.verify, "MANIFEST_MEMORY", 1 << 20)
+    (copy / "manifest.json").write_text("[" + "{}," * 10_000 + "{}]")
+    (problem,) = verify(copy)
+    assert problem.startswith(f"{copy / 'manifest.json'}: holds up to 10002 objects and arrays")
+    assert problem.endswith("; not read")
+
+
+def _no_decoding(monkeypatch):
+    """Make any read of pages through pyarrow fail the test."""
+    def refuse(*args, **kwargs):
+        pytest.fail("a page was decoded")
+
+    for name in ("read_row_group", "read_row_groups", "read", "iter_batches"):
+        monkeypatch.setattr(pq.ParquetFile, name, refuse)
+    monkeypatch.setattr(pq, "read_table", refuse)
+
+
+def _with_long_row(folder, row, tokens):
+    """train.parquet with row ``row`` ``tokens`` tokens long (all 0: a few bytes compressed)."""
+    table = pq.read_table(folder / "train.parquet")
+    rows = table.to_pylist()
+    rows[row]["metadata"]["input_ids"] = pa.array(np.zeros(tokens, np.int32))
+    rows[row]["metadata"]["loss_mask"] = pa.array(np.zeros(tokens, np.uint8))
+    metadata = table.column("metadata").combine_chunks()
+    fields = {key: metadata.field(key) for key in ("input_ids", "loss_mask", "row", "segments")}
+    for key in ("input_ids", "loss_mask"):
+        lists = [np.asarray(r["metadata"][key]) for r in rows]
+        offsets = np.concatenate([[0], np.cumsum([len(v) for v in lists])]).astype(np.int32)
+        fields[key] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(lists), fields[key].type.value_type))
+    metadata = pa.StructArray.from_arrays(list(fields.values()), fields=list(metadata.type))
+    return table.set_column(1, "metadata", metadata)
+
+
+def test_a_parquet_bomb_is_not_decoded(copy, monkeypatch):
+    """One row of 4M tokens compresses to a few kB; the footer's value counts show it
+    before a page is decoded, whether or not the file's size is recorded."""
+    bomb = _with_long_row(copy, 3, 4_000_000)
+    pq.write_table(bomb, copy / "train.parquet", compression="zstd")
+    assert (copy / "train.parquet").stat().st_size < 100_000
+    _no_decoding(monkeypatch)
+    problems = verify(copy)
+    assert problems[0].startswith(f"{copy / 'train.parquet'}: ") and "manifest says" in problems[0]
+    assert problems[-1] == (f"{copy / 'train.parquet'}: row group 0 (rows 0 to 11) holds 4005632 metadata.input_ids "
+                            "values, more than its 12 rows of 512 tokens and one more row; not decoded")
+    _resave(copy, bomb)
+    assert verify(copy) == [problems[-1]]
+
+
+def test_a_long_row_that_the_footer_allows_is_named(copy):
+    """Up to a row's worth of values more than a row group's rows hold, the file is read
+    and the row named."""
+    _resave(copy, _with_long_row(copy, 3, 1000))
+    assert "row 3: 1000 tokens, expected 512" in verify(copy)
+
+
+def _footer(path):
+    """(the file's bytes before its footer, the footer parsed as Thrift fields)"""
+    from fixed_sft import thrift
+
+    data = path.read_bytes()
+    length = int.from_bytes(data[-8:-4], "little")
+    return data[:-8 - length], thrift.Reader(data[-8 - length:-8]).struct()
+
+
+def _write_footer(path, head, footer):
+    from fixed_sft import thrift
+
+    encoded = thrift.write_struct(footer)
+    path.write_bytes(head + encoded + len(encoded).to_bytes(4, "little") + b"PAR1")
+
+
+def _edit_column_chunk(footer, column, change):
+    """Apply ``change`` to the fields of row group 0's column chunk ``column`` (by leaf number)."""
+    from fixed_sft import thrift
+
+    groups = thrift.get(footer, 4)[1]
+    chunk = thrift.get(groups[0], 1)[1][column]
+    change(chunk)
+
+
+def test_a_footer_that_understates_the_pages_is_caught_before_they_are_decoded(copy, monkeypatch):
+    """The footer says each column chunk holds what 12 rows of 512 tokens need; the pages
+    of the ids and the mask hold 4M values more: page headers are read before pages."""
+    from fixed_sft import thrift
+
+    path = copy / "train.parquet"
+    pq.write_table(_with_long_row(copy, 3, 4_000_000), path, compression="zstd")
+    head, footer = _footer(path)
+
+    def understate(chunk):
+        meta = thrift.get(chunk, 3)
+        meta[:] = [(f, k, 12 * 512 if f == 5 else v) for f, k, v in meta]  # ColumnMetaData.num_values
+
+    for column in (2, 3):  # metadata.input_ids, metadata.loss_mask
+        _edit_column_chunk(footer, column, understate)
+    _write_footer(path, head, footer)
+    _resave_bytes(copy)
+    _no_decoding(monkeypatch)
+    assert verify(copy) == [f"{path}: row group 0, column metadata.input_ids: its pages hold 4005632 values, the "
+                            "footer says 6144; not decoded"]
+
+
+def test_a_column_chunk_in_another_file_is_not_read(copy, monkeypatch):
+    from fixed_sft import thrift
+
+    path = copy / "train.parquet"
+    head, footer = _footer(path)
+    _edit_column_chunk(footer, 2, lambda chunk: chunk.insert(0, (1, thrift.BINARY, b"/etc/passwd")))
+    _write_footer(path, head, footer)
+    _resave_bytes(copy)
+    _no_decoding(monkeypatch)
+    assert verify(copy) == [f"{path}: row group 0, column metadata.input_ids: stored in another file "
+                            "('/etc/passwd'); not read"]
+
+
+def _resave_bytes(folder):
+    """Record train.parquet's size and sha256 as it is."""
+    from fixed_sft.hashes import sha256_file
+
+    path = folder / "train.parquet"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["parquet"].update(bytes=path.stat().st_size, sha256=sha256_file(path))
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_rows_past_the_manifests_are_not_decoded(copy, monkeypatch):
+    """A file of many more rows than the manifest lists is read up to the row group
+    holding the first row too many: its count comes from the footer."""
+    table = pq.read_table(copy / "train.parquet")
+    pq.write_table(pa.concat_tables([table] * 20), copy / "train.parquet", row_group_size=5)
+    read = []
+    original = pq.ParquetFile.read_row_group
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", lambda self, g, *a, **k: read.append(g) or original(self, g, *a, **k))
+    problems = verify(copy)
+    assert read == [0, 1, 2]  # rows 0 to 14
+    assert "row 12: content differs from its manifest hash" in problems
+    assert f"{copy / 'train.parquet'}: 240 rows, manifest lists 12" in problems
+
+
+def test_a_mask_value_stored_as_257_is_not_read_as_1(copy):
+    """Parquet stores the uint8 mask as INT32 annotated UINT_8; pyarrow casts a stored 257
+    to 1, which hashes as 1: the stored value must be read."""
+    path = copy / "train.parquet"
+    pq.write_table(pq.read_table(path), path, compression="none", use_dictionary=False)
+    chunk = pq.read_metadata(path).row_group(0).column(3)
+    assert chunk.path_in_schema == "metadata.loss_mask.list.element" and chunk.num_values == 12 * 512
+    data = bytearray(path.read_bytes())
+    end = chunk.data_page_offset + chunk.total_compressed_size  # one PLAIN page: its values end the chunk
+    values = np.frombuffer(bytes(data[end - 4 * 12 * 512:end]), "<i4")
+    position = 4 * 512 + int(np.argmax(values[4 * 512:] == 1))  # a 1 in row 4 or after
+    data[end - 4 * 12 * 512 + 4 * position + 1] = 1  # 1 -> 257
+    path.write_bytes(bytes(data))
+    assert pq.read_table(path).column("metadata").to_pylist()[position // 512]["loss_mask"][position % 512] == 1
+    _resave_bytes(copy)
+    assert verify(copy) == [f"row {position // 512}: a loss_mask value is 257, not 0 or 1"]
+
+
+def test_parquet_types_other_than_the_formats_are_named(copy, monkeypatch):
+    """The ids stored as INT32 annotated INT_32 read as the same int32 column; the
+    Parquet schema must still be the format's, element by element."""
+    from fixed_sft import thrift
+
+    path = copy / "train.parquet"
+    head, footer = _footer(path)
+    elements = thrift.get(footer, 2)[1]
+    element = next(e for n, e in enumerate(elements) if thrift.get(e, 4) == b"element" and
+                   thrift.get(elements[n - 2], 4) == b"input_ids")
+    element.append((6, thrift.I32, 17))  # ConvertedType INT_32
+    _write_footer(path, head, footer)
+    assert pq.read_schema(path).equals(SCHEMA, check_metadata=False)
+    _resave_bytes(copy)
+    _no_decoding(monkeypatch)
+    assert verify(copy) == [f"{path}: its Parquet schema differs from the format's at metadata.input_ids.list.element "
+                            "(optional INT32 converted type 17, not optional INT32)"]
+
+
+def test_a_row_group_of_long_rows_holds_at_most_group_values_tokens(tmp_path, monkeypatch):
+    """So that verify's bound on what it decodes at once holds for any build's row group."""
+    import fixed_sft.output
+    from fixed_sft.output import RowWriter
+    from fixed_sft.pack import Row, Segment
+
+    monkeypatch.setattr(fixed_sft.output, "GROUP_VALUES", 1000)
+    writer = RowWriter(tmp_path / "train.parquet")
+    for n in range(10):
+        writer.write(Row(np.full(300, n, np.int32), np.ones(300, np.uint8), (Segment(n, None, 0, 300),)))
+    writer.close()
+    metadata = pq.read_metadata(tmp_path / "train.parquet")
+    assert [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)] == [3, 3, 3, 1]
+
+
+def test_random_damage_is_named_on_one_line(copy):
+    """Bytes flipped, zeroed or cut anywhere in the file (its size and hash re-recorded):
+    verify names the damage in one line each, whatever reader it reaches."""
+    import random
+
+    path = copy / "train.parquet"
+    original = path.read_bytes()
+    rng = random.Random(21)
+    verdicts = set()
+    for _ in range(60):
+        data = bytearray(original)
+        where = rng.randrange(len(data))
+        kind = rng.choice(["flip", "zero", "cut"])
+        if kind == "flip":
+            data[where] ^= 1 << rng.randrange(8)
+        elif kind == "zero":
+            data[where:where + 32] = bytes(len(data[where:where + 32]))
+        else:
+            del data[where:]
+        path.write_bytes(bytes(data))
+        _resave_bytes(copy)
+        problems = verify(copy)
+        assert all(isinstance(p, str) and p and "\n" not in p for p in problems), problems
+        verdicts.add(problems[-1].split(": ")[1][:10] if problems else "ok")
+    assert {"content di", "row group ", "unreadable"} <= verdicts  # (the damage reached each reader)
