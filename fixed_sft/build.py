@@ -29,7 +29,8 @@ from .chat import MASK_TYPES
 from .encode import Encoded, EncoderConfig, Encoders
 from .errors import BuildError, UsageError
 from .folder import transaction
-from .hashes import first_cache_damage, row_digest, rows_digest, sha256_file
+from .hashes import row_digest, rows_digest, sha256_file
+from .hub import raise_cache_damage
 from .order import permutation, positions
 from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, RowWriter, naming
 from .pack import Packer
@@ -249,8 +250,9 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
     with Encoders(encoder_config, config.workers, config.check_every) as encoders, _cancelling_pool() as hashing:
         source = open_source(config.source, config.source_revision, config.source_license, config.source_files)
         if config.source_rows is not None and source.num_rows != config.source_rows:
-            raise _explained(BuildError(f"source {source.name} has {source.num_rows} rows; {config.name} expects "
-                                        f"{config.source_rows}"), source)
+            raise_cache_damage(source.files, BuildError)  # a damaged cached file explains the count better
+            raise BuildError(f"source {source.name} has {source.num_rows} rows; {config.name} expects "
+                             f"{config.source_rows}")
         source_hashes = [hashing.submit(sha256_file, path) for path in source.files]
         rank = positions(permutation(config.seed, source.num_rows))
         packer = Packer(config.row_tokens, eos_id(tokenizer.directory))
@@ -278,9 +280,10 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             with tqdm(total=config.rows, unit="row", disable=not progress, desc=config.name) as bar:
                 _pack(_valid(stream, source, config.skip_invalid, tally), config.rows, packer, writer, tally, bar)
             writer.close()  # (inside: a signal while the last row group is written still waits for its thread)
-        except (SourceError, InvalidSourceRow) as error:
+        except (SourceError, InvalidSourceRow):
             writer.abort()
-            raise _explained(error, source) from None
+            raise_cache_damage(source.files, BuildError)  # a damaged cached file explains the error better
+            raise
         except BaseException:
             writer.abort()
             raise
@@ -308,20 +311,11 @@ def _source_files(source: Source, hashes: list[Future]) -> list[dict]:
         source.check_unchanged()  # a file that went away is named as changed
         raise unreadable(Path(error.filename), error) from None
     source.check_unchanged()
-    damage = first_cache_damage(source.files, digests)
-    if damage:
-        raise BuildError(damage)
+    raise_cache_damage(source.files, BuildError, digests)
     return [
         {"path": path.relative_to(source.root).as_posix(), "bytes": size, "sha256": digest}
         for path, (size, _), digest in zip(source.files, source.stamps, digests)
     ]
-
-
-def _explained(error: Exception, source: Source) -> Exception:
-    """``error``, or a ``BuildError`` naming a source file damaged in the Hugging Face
-    cache, which explains it better (a damaged file reads badly, or not at all)."""
-    damage = first_cache_damage(source.files)
-    return BuildError(damage) if damage else error
 
 
 def _manifest(config: BuildConfig, source: Source, source_files: list[dict], tokenizer: ResolvedTokenizer,

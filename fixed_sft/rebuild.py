@@ -28,9 +28,10 @@ import pyarrow.compute as pc
 from .build import ORDER_RULE, BuildConfig, BuildError, InvalidSourceRow, UsageError, build, code_version
 from .fields import MISSING, first_problem, same, show, value_at
 from .folder import REBUILT, scratch_folder
+from .hub import is_hub_id
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .reader import Group, Refused, RowFile
-from .source import SourceError, SourceUnreachable, is_hub_id, system_allocator
+from .source import SourceError, SourceUnreachable, system_allocator
 from .specs import resolve_tokenizer, tokenizer_specs
 from .verify import MANIFEST_FIELDS, described, read_manifest
 
