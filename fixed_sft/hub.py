@@ -67,7 +67,9 @@ def snapshot_commit(folder: Path, revision: str) -> str:
 def cached_blob(path: Path) -> Path | None:
     """The blob a file of the Hugging Face cache holds its bytes in, or ``None`` for a file
     outside the cache: a snapshot file ``REPO/snapshots/COMMIT/NAME`` links to
-    ``REPO/blobs/ETAG`` (itself maybe a link into a store shared by repos)."""
+    ``REPO/blobs/ETAG`` (itself maybe a link into a store shared by repos). (huggingface_hub's
+    ``scan_cache_dir`` finds the same blob, one link followed, but it scans the whole cache,
+    and leaves out a repo in which any link is broken.)"""
     path = Path(path)
     snapshots = next((folder for folder in path.parents if folder.name == "snapshots"), None)
     if snapshots is None or not path.is_symlink():
