@@ -3,21 +3,18 @@
 Rows with no supervised token after token 0 are dropped (the stream goes on after them); the build stops
 after ``rows`` kept rows, or, with ``rows=None``, packs the whole source and drops the
 final partial row. Output is written to a temporary folder beside the target and
-renamed into place only after ``manifest.json``, written last, is complete.
+renamed into place only after ``manifest.json``, written last, is complete (``folder``).
 """
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import math
 import os
-import re
-import stat
 import subprocess
 from collections import Counter
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,19 +22,19 @@ from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
-from filelock import FileLock, Timeout
 from tqdm import tqdm
 
 from . import __version__
 from .chat import MASK_TYPES
 from .encode import Encoded, EncoderConfig, Encoders
-from .exits import removed_on_exit
-from .hashes import first_cache_damage, row_digest, rows_digest, sha256_file
+from .errors import BuildError, UsageError
+from .folder import transaction
+from .hashes import row_digest, rows_digest, sha256_file
+from .hub import raise_cache_damage
 from .order import permutation, positions
-from .output import FORMAT, FORMATS, MANIFEST_NAME, PARQUET_NAME, RowWriter, naming
+from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, RowWriter, naming
 from .pack import Packer
-from .source import (Source, SourceError, bytes_per_row, non_unicode, open_source, read_band, system_allocator,
-                     unreadable)
+from .source import Source, SourceError, bytes_per_row, open_source, read_band, system_allocator, unreadable
 from .specs import ResolvedTokenizer, resolve_tokenizer
 from .tokenizer import eos_id
 
@@ -46,14 +43,6 @@ CHUNK_ROWS = 128
 BAND_BYTES = 256 << 20
 MAX_ROW_TOKENS = 1 << 20
 MAX_WORKERS = 1024
-
-
-class UsageError(Exception):
-    """Bad parameters (exit code 2)."""
-
-
-class BuildError(Exception):
-    """The build cannot finish (exit code 1)."""
 
 
 class InvalidSourceRow(BuildError):
@@ -107,87 +96,6 @@ class BuildConfig:
             raise UsageError(f"{label('source_files')} must not be empty")
 
 
-BUILD_FILES = (PARQUET_NAME, MANIFEST_NAME)  # what a build, and a build's temporary folder, hold
-
-
-def not_build_files(folder: Path) -> str | None:
-    """``None`` when ``folder`` is a folder (not a link) holding only regular files (not
-    links, not folders) of the names the format gives; else what it is or holds instead."""
-    try:
-        if folder.is_symlink():
-            return "it is a symbolic link"
-        entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
-    except NotADirectoryError:
-        return "it is not a folder"
-    except OSError as error:
-        return f"it cannot be listed ({error.strerror or error})"
-    for entry in entries:
-        if entry.name not in BUILD_FILES:
-            return f"it holds {entry.name}"
-        if not entry.is_file(follow_symlinks=False):
-            kind = ("a symbolic link" if entry.is_symlink() else "a folder" if entry.is_dir(follow_symlinks=False)
-                    else "not a regular file")
-            return f"its {entry.name} is {kind}"
-    return None
-
-
-def _not_a_build(path: Path) -> str | None:
-    """``None`` when ``path`` is a previous build: a folder holding only regular files the
-    format names (``not_build_files``), one of them a fixed-sft manifest; else why not."""
-    if path.is_dir() and not os.path.lexists(path / MANIFEST_NAME):  # (first: quick, as for each parent of a target)
-        return f"it has no {MANIFEST_NAME}"
-    why = not_build_files(path)
-    if why is not None:
-        return why
-    try:
-        manifest = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return f"its {MANIFEST_NAME} cannot be read as JSON"
-    if not (isinstance(manifest, dict) and manifest.get("format") in FORMATS):
-        return f"its {MANIFEST_NAME} is not a {' or '.join(FORMATS)} manifest"
-    return None
-
-
-def is_build(path: Path) -> bool:
-    """A folder holding only regular files the format names, one a fixed-sft manifest."""
-    return _not_a_build(path) is None
-
-
-def _not_replaceable(out: Path) -> str | None:
-    """``None`` when a build may replace ``out`` (a previous build, or an empty folder);
-    else why not."""
-    try:
-        if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
-            return None
-    except OSError:
-        pass
-    return _not_a_build(out)
-
-
-def check_target(out: Path, source: str) -> None:
-    """A target must be absent, an empty folder, or a previous build, and lie neither
-    inside a build (which would then no longer be one) nor inside a source folder
-    (``out`` is a resolved path)."""
-    if out.exists() and (why := _not_replaceable(out)) is not None:
-        raise UsageError(f"output {out} exists and is not a previous build ({why}); choose another --out")
-    inside = next((folder for folder in out.parents if is_build(folder)), None)
-    if inside is not None:
-        raise UsageError(f"output {out} is inside the build {inside}; choose another --out")
-    if Path(source).is_dir() and out.is_relative_to(Path(source).resolve()):
-        raise UsageError(f"output {out} is inside the source folder {source}; choose another --out")
-
-
-def remove_build_folder(folder: Path) -> None:
-    """Delete what a build wrote in ``folder``: its regular files of the names the format
-    gives, then the folder once empty. Anything else (put there by someone else) stays,
-    and so does the folder; a folder already gone is no error."""
-    for name in BUILD_FILES:
-        with suppress(OSError):
-            if stat.S_ISREG((folder / name).lstat().st_mode):
-                (folder / name).unlink()
-    with suppress(OSError):
-        folder.rmdir()
-
 
 def code_version() -> dict:
     """The builder's version: package version, format, ``code_sha256`` (sha256 over each
@@ -223,104 +131,13 @@ def _chunks(source: Source, rank: np.ndarray, band_rows: Callable[[], int]) -> I
         lo = hi
 
 
-def file_lock(path: Path) -> FileLock:
-    """An exclusive lock on the file ``path``, taken without waiting: entering it raises
-    ``filelock.Timeout`` when another holds it, another ``OSError`` when it cannot be
-    taken. The file is created when absent and left in place; it is never truncated, and
-    a symbolic link of that name is refused, not followed (filelock >= 4.2.1 opens it
-    with ``O_NOFOLLOW`` and without ``O_TRUNC``, and locks it with ``flock``)."""
-    return FileLock(path, timeout=0, fallback_to_soft=False)  # (a file system without flock: an error)
-
-
-class _Lock:
-    """An exclusive, non-blocking lock on building into ``out``: ``.NAME.lock`` beside it."""
-
-    def __init__(self, out: Path):
-        self.out = out
-        self.path = out.parent / f".{out.name}.lock"
-        self.lock = file_lock(self.path)
-
-    def __enter__(self) -> "_Lock":
-        try:
-            self.lock.acquire()
-        except Timeout:
-            if not os.path.lexists(self.path):  # (filelock reads a failed create, as /proc gives, as contention)
-                raise UsageError(f"cannot lock {self.path}: it cannot be created; choose another --out") from None
-            raise BuildError(f"another build is writing {self.out}") from None
-        except OSError as error:
-            why = "it is a symbolic link, which a build never follows" if self.path.is_symlink() else (
-                error.strerror or error)
-            raise UsageError(f"cannot lock {self.path}: {why}; choose another --out") from None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.lock.release()
-
 
 def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
     """Build ``config`` into folder ``out``; return the manifest."""
     config.validate()
-    try:
-        resolved = Path(out).resolve()  # a link to a build is rebuilt where it points
-    except RuntimeError:  # a loop of links, before Python 3.13
-        resolved = None
-    if resolved is None or resolved.is_symlink():  # (from 3.13, resolve leaves a loop's link unresolved)
-        raise UsageError(f"output {out} is a loop of symbolic links; choose another --out")
-    out = resolved
-    if (shown := non_unicode(out)) is not None:
-        raise UsageError(f"output {shown}: the path is not valid UTF-8, which pyarrow cannot write; choose another --out")
-    check_target(out, config.source)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError(f"cannot create {out.parent}: {error.strerror or error}; choose another --out") from None
-    with _Lock(out), system_allocator():
-        check_target(out, config.source)
-        _recover(out)
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        with removed_on_exit(tmp):  # (by a second Ctrl-C, which exits at once)
-            tmp.mkdir()
-            try:
-                manifest = _build_into(config, tmp, progress)
-                _publish(tmp, out)
-            finally:
-                remove_build_folder(tmp)
+    with transaction(out, config.source) as folder, system_allocator():
+        manifest = _build_into(config, folder, progress)
     return manifest
-
-
-def _recover(out: Path) -> None:
-    """Clean up after a build into ``out`` that was killed: put back a previous build
-    that was moved aside but not yet replaced, and delete temporary and old folders.
-    Such a folder holds only a build's files; one holding anything else stops the build
-    (``UsageError`` naming it) before anything is moved or deleted."""
-    own = re.compile(rf"\.{re.escape(out.name)}\.(tmp|old)-\d+")  # not another target's, such as ``.NAME.old-x.tmp-1``
-    # (glob finds nothing, rather than failing, in a folder that cannot be listed)
-    leftovers = sorted(p for p in out.parent.glob(glob.escape(f".{out.name}.") + "*") if own.fullmatch(p.name))
-    for leftover in leftovers:
-        if (why := not_build_files(leftover)) is not None:
-            raise UsageError(f"{leftover}, named as a killed build's temporary folder, is not one ({why}); "
-                             "move it away and build again")
-    if not out.exists():
-        previous = next((p for p in leftovers if p.name.startswith(f".{out.name}.old-") and is_build(p)), None)
-        if previous is not None:
-            previous.rename(out)
-    for stale in leftovers:
-        remove_build_folder(stale)
-
-
-def _publish(tmp: Path, out: Path) -> None:
-    """Move the complete build ``tmp`` to ``out``, replacing a previous build or an empty
-    folder. An ``out`` that came to hold anything else while the build ran is put back
-    as it was, and the build stops (``BuildError``) without publishing."""
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists():
-        out.rename(old)
-        if (why := _not_replaceable(old)) is not None:
-            old.rename(out)
-            raise BuildError(f"output {out} changed during the build and is no longer a previous build ({why}); "
-                             "it was left as it is and nothing was published")
-    tmp.rename(out)
-    remove_build_folder(old)
 
 
 @dataclass
@@ -433,8 +250,9 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
     with Encoders(encoder_config, config.workers, config.check_every) as encoders, _cancelling_pool() as hashing:
         source = open_source(config.source, config.source_revision, config.source_license, config.source_files)
         if config.source_rows is not None and source.num_rows != config.source_rows:
-            raise _explained(BuildError(f"source {source.name} has {source.num_rows} rows; {config.name} expects "
-                                        f"{config.source_rows}"), source)
+            raise_cache_damage(source.files, BuildError)  # a damaged cached file explains the count better
+            raise BuildError(f"source {source.name} has {source.num_rows} rows; {config.name} expects "
+                             f"{config.source_rows}")
         source_hashes = [hashing.submit(sha256_file, path) for path in source.files]
         rank = positions(permutation(config.seed, source.num_rows))
         packer = Packer(config.row_tokens, eos_id(tokenizer.directory))
@@ -462,9 +280,10 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             with tqdm(total=config.rows, unit="row", disable=not progress, desc=config.name) as bar:
                 _pack(_valid(stream, source, config.skip_invalid, tally), config.rows, packer, writer, tally, bar)
             writer.close()  # (inside: a signal while the last row group is written still waits for its thread)
-        except (SourceError, InvalidSourceRow) as error:
+        except (SourceError, InvalidSourceRow):
             writer.abort()
-            raise _explained(error, source) from None
+            raise_cache_damage(source.files, BuildError)  # a damaged cached file explains the error better
+            raise
         except BaseException:
             writer.abort()
             raise
@@ -492,20 +311,11 @@ def _source_files(source: Source, hashes: list[Future]) -> list[dict]:
         source.check_unchanged()  # a file that went away is named as changed
         raise unreadable(Path(error.filename), error) from None
     source.check_unchanged()
-    damage = first_cache_damage(source.files, digests)
-    if damage:
-        raise BuildError(damage)
+    raise_cache_damage(source.files, BuildError, digests)
     return [
         {"path": path.relative_to(source.root).as_posix(), "bytes": size, "sha256": digest}
         for path, (size, _), digest in zip(source.files, source.stamps, digests)
     ]
-
-
-def _explained(error: Exception, source: Source) -> Exception:
-    """``error``, or a ``BuildError`` naming a source file damaged in the Hugging Face
-    cache, which explains it better (a damaged file reads badly, or not at all)."""
-    damage = first_cache_damage(source.files)
-    return BuildError(damage) if damage else error
 
 
 def _manifest(config: BuildConfig, source: Source, source_files: list[dict], tokenizer: ResolvedTokenizer,

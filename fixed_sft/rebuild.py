@@ -17,11 +17,6 @@ rows may be encoded by another writer, or built by other code; the rest of
 
 from __future__ import annotations
 
-import os
-import re
-import stat
-import tempfile
-from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, NamedTuple
@@ -30,12 +25,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .build import (ORDER_RULE, BuildConfig, BuildError, InvalidSourceRow, UsageError, build, code_version,
-                    file_lock, not_build_files, remove_build_folder)
+from .build import ORDER_RULE, BuildConfig, BuildError, InvalidSourceRow, UsageError, build, code_version
 from .fields import MISSING, first_problem, same, show, value_at
+from .folder import REBUILT, scratch_folder
+from .hub import is_hub_id
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .reader import Group, Refused, RowFile
-from .source import SourceError, SourceUnreachable, is_hub_id, system_allocator
+from .source import SourceError, SourceUnreachable, system_allocator
 from .specs import resolve_tokenizer, tokenizer_specs
 from .verify import MANIFEST_FIELDS, described, read_manifest
 
@@ -65,65 +61,6 @@ def check_recorded(manifest: dict) -> None:
 RECORDED_AS = {"rows": "params.rows", "row_tokens": "params.row_tokens", "seed": "params.seed",
                "loss_mask_type": "params.loss_mask_type", "check_every": "template_check.every",
                "source_files": "source.file_patterns"}  # the manifest keys of BuildConfig's fields
-
-
-SCRATCH_PREFIX = "fixed-sft-rebuild-"
-REBUILT = "rebuilt"  # the build's folder in the scratch folder
-_SCRATCH_LOCKS = (".lock", ".lock.new", f".{REBUILT}.lock")
-_SCRATCH_BUILDS = re.compile(rf"{REBUILT}|\.{REBUILT}\.(tmp|old)-\d+")  # the build and its temporary folders
-
-
-@contextmanager
-def _scratch() -> Iterator[Path]:
-    """A new folder for the rebuilt rows in the temporary folder, deleted afterwards. While
-    in use it holds a locked ``.lock`` (locked before it gets that name), so the folders
-    that killed rebuilds left, whose ``.lock`` no process holds, are deleted first (by
-    ``_remove_scratch``: only what a rebuild writes). Locks are ``build.file_lock``'s."""
-    for stale in Path(tempfile.gettempdir()).glob(SCRATCH_PREFIX + "*"):
-        lock = stale / ".lock"
-        try:
-            if not stat.S_ISREG(lock.lstat().st_mode):  # (taking it would create it in a folder being made)
-                continue
-            with file_lock(lock):
-                _remove_scratch(stale)
-        except OSError:  # in use, being created, or another user's
-            pass
-    folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
-    try:
-        with file_lock(folder / ".lock.new"):
-            (folder / ".lock.new").rename(folder / ".lock")
-            yield folder
-    finally:
-        _remove_scratch(folder)
-
-
-def _remove_scratch(folder: Path) -> None:
-    """Delete the scratch folder ``folder`` if it holds only what a rebuild writes there
-    (``_a_rebuilds``); else leave it all as it is (it holds someone else's files)."""
-    try:
-        if folder.is_symlink():
-            return
-        entries = list(os.scandir(folder))
-    except OSError:
-        return
-    if not all(map(_a_rebuilds, entries)):
-        return
-    for entry in entries:
-        if entry.name in _SCRATCH_LOCKS:
-            with suppress(OSError):
-                os.unlink(entry.path)
-        else:
-            remove_build_folder(Path(entry.path))
-    with suppress(OSError):
-        folder.rmdir()
-
-
-def _a_rebuilds(entry: os.DirEntry) -> bool:
-    """Whether a scratch folder's ``entry`` is what a rebuild writes: a lock (a regular
-    file), or the build or one of its temporary folders, holding only a build's files."""
-    if entry.name in _SCRATCH_LOCKS:
-        return entry.is_file(follow_symlinks=False)
-    return _SCRATCH_BUILDS.fullmatch(entry.name) is not None and not_build_files(Path(entry.path)) is None
 
 
 def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | None = None,
@@ -414,7 +351,7 @@ def rebuild(folder: Path, source: str | None = None, tokenizer: str | None = Non
     except BuildError as error:
         raise BuildError(f"{folder / MANIFEST_NAME}: cannot rebuild: {error}") from None
     _check_tokenizer(config, manifest["tokenizer"]["files"])
-    with _scratch() as scratch:
+    with scratch_folder() as scratch:
         out = scratch / REBUILT
         try:
             rebuilt = build(config, out, progress)

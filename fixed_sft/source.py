@@ -14,7 +14,6 @@ from __future__ import annotations
 import codecs
 import json
 import os
-import re
 import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .fields import STRICT_JSON, DuplicateKey
-from .hashes import first_cache_damage
+from .hub import HubUnreachable, download_dataset, is_hub_id, raise_cache_damage
 
 SUFFIXES = (".parquet", ".jsonl")
 _DATA_PATTERNS = tuple(f"*{suffix}" for suffix in SUFFIXES)
@@ -139,34 +138,6 @@ class Source:
         return self.files[k], index - int(ends[k] - self.row_counts[k])
 
 
-def download(repo_id: str, revision: str, patterns: tuple[str, ...] | None = None) -> Path:
-    """Snapshot of a Hub dataset's data files at ``revision``, or of its files that match
-    ``patterns`` (cached; honours HF_HUB_OFFLINE)."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(
-            snapshot_download(
-                repo_id, repo_type="dataset", revision=revision, allow_patterns=list(patterns or _DATA_PATTERNS)
-            )
-        )
-    except Exception as error:  # network, offline mode, missing revision: all end the same way
-        raise SourceUnreachable(f"cannot get dataset {repo_id}@{revision} from the Hugging Face Hub or its cache "
-                                f"({type(error).__name__}: {error})") from None
-
-
-def snapshot_commit(folder: Path, revision: str) -> str:
-    """The commit a Hub cache snapshot (``.../snapshots/COMMIT``) holds, whichever
-    ``revision`` (branch, tag or commit) found it; else ``revision``."""
-    is_commit = folder.parent.name == "snapshots" and re.fullmatch("[0-9a-f]{40}", folder.name)
-    return folder.name if is_commit else revision
-
-
-def is_hub_id(name: str) -> bool:
-    """Whether ``name`` not found locally reads as a Hub id (``owner/name``) rather than a path."""
-    return "/" in name and not name.startswith((".", "/"))
-
-
 def open_source(source: str, revision: str | None = None, license: str | None = None,
                 patterns: tuple[str, ...] | None = None) -> Source:
     """Resolve ``source`` (a local file/folder, else a Hub dataset id), keep the data
@@ -177,8 +148,10 @@ def open_source(source: str, revision: str | None = None, license: str | None = 
             raise SourceError(f"source {source!r}: no such file or folder")
         if not revision:
             raise SourceError(f"source {source!r} is not a local file or folder; as a Hub dataset id it needs --source-revision")
-        path = download(source, revision, patterns)
-        revision = snapshot_commit(path, revision)
+        try:
+            path, revision = download_dataset(source, revision, patterns or _DATA_PATTERNS)
+        except HubUnreachable as error:
+            raise SourceUnreachable(str(error)) from None
     files = _data_files(path, patterns)
     try:
         stamps = tuple(_stamp(f) for f in files)
@@ -186,9 +159,7 @@ def open_source(source: str, revision: str | None = None, license: str | None = 
         if files[0].suffix == ".parquet":
             _check_parquet_types(files)
     except SourceError:
-        damage = first_cache_damage(files)  # a damaged cached file explains the error better
-        if damage:
-            raise SourceError(damage) from None
+        raise_cache_damage(files, SourceError)  # a damaged cached file explains the error better
         raise
     return Source(source, revision, license, path if path.is_dir() else path.parent, files, counts, stamps, patterns)
 

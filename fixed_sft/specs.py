@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Callable
 
 from .fields import GLOBS, MISSING, first_problem, read_json_object
-from .hashes import first_cache_damage, sha256_file
-from .source import is_hub_id, snapshot_commit
+from .hashes import sha256_file
+from .hub import HubUnreachable, download_files, is_hub_id, raise_cache_damage
 from .tokenizer import FILES, TEMPLATE_KWARGS
 
 BUILDS = Path(str(resources.files(__package__) / "builds"))
@@ -126,17 +126,13 @@ class ResolvedTokenizer:
 
 def _download(repo: str, revision: str) -> tuple[Path, str]:
     """The folder of the tokenizer files at ``revision``, and the commit it resolved to."""
-    from huggingface_hub import hf_hub_download
-
     try:
-        paths = [Path(hf_hub_download(repo, name, revision=revision)) for name in FILES]
-    except Exception as error:  # network, offline mode, missing revision: all end the same way
+        return download_files("tokenizer", repo, revision, FILES)
+    except HubUnreachable as error:
         raise SpecError(
-            f"cannot get tokenizer {repo}@{revision} from the Hugging Face Hub or its cache "
-            f"({type(error).__name__}: {error}). Without the Hub, put {', '.join(FILES)} in a folder "
+            f"{error}. Without the Hub, put {', '.join(FILES)} in a folder "
             "and pass --tokenizer FOLDER (README: 'Build offline' shows a whole offline build)."
         ) from None
-    return paths[0].parent, snapshot_commit(paths[0].parent, revision)
 
 
 def _differences(spec: dict, files: dict[str, dict]) -> list[str]:
@@ -181,9 +177,7 @@ def resolve_tokenizer(
     if missing:
         raise SpecError(f"tokenizer folder {directory} lacks {', '.join(missing)}")
     files = {name: {"bytes": (directory / name).stat().st_size, "sha256": sha256_file(directory / name)} for name in FILES}
-    damage = first_cache_damage([directory / name for name in FILES], [files[name]["sha256"] for name in FILES])
-    if damage:
-        raise SpecError(damage)
+    raise_cache_damage([directory / name for name in FILES], SpecError, [files[name]["sha256"] for name in FILES])
     if spec is None:
         spec = next((s for s in specs.values() if all(s["files"][n] == files[n] for n in FILES)), None)
     if spec is not None:

@@ -190,8 +190,9 @@ def test_two_builds_into_one_folder_never_mix(source, kimi_dir, uninterrupted, t
 def _build_then_die_at(step: str, source: Path, kimi_dir: Path, out: Path) -> None:
     """In a forked child: build ``out``, SIGKILLing this process at ``step`` of publishing."""
     from fixed_sft import build as build_module
+    from fixed_sft import folder as folder_module
 
-    real_rename, real_remove = Path.rename, build_module.remove_build_folder
+    real_rename, real_remove = Path.rename, folder_module.remove_build_folder
 
     def rename(self, target):
         if step == "before-aside" and self == out or step == "before-move-in" and self.name.startswith(f".{out.name}.tmp-"):
@@ -207,7 +208,7 @@ def _build_then_die_at(step: str, source: Path, kimi_dir: Path, out: Path) -> No
         return real_remove(folder)
 
     Path.rename = rename
-    build_module.remove_build_folder = remove
+    folder_module.remove_build_folder = remove
     config = build_module.BuildConfig(name="custom", source=str(source), tokenizer=str(kimi_dir), rows=ROWS,
                                       row_tokens=1024, workers=1)
     build_module.build(config, out)
@@ -241,7 +242,7 @@ def test_kill_9_inside_publish(step, source, kimi_dir, uninterrupted, tmp_path):
 def test_recover_puts_back_a_previous_build_moved_aside(uninterrupted, tmp_path):
     """Killed between moving the old build aside and moving the new one in: the next
     build first puts the old one back, so a complete build is never lost."""
-    from fixed_sft.build import _recover
+    from fixed_sft.folder import _recover
 
     out = tmp_path / "out"
     shutil.copytree(uninterrupted["old"], tmp_path / ".out.old-123")
@@ -260,7 +261,7 @@ def _fake_build(folder: Path, name: str) -> Path:
 
 def test_recover_keeps_a_published_build_and_deletes_the_old_one(tmp_path):
     """Killed after moving the new build in, before removing the old one: the new one stays."""
-    from fixed_sft.build import _recover
+    from fixed_sft.folder import _recover
 
     out = _fake_build(tmp_path / "out", "new")
     _fake_build(tmp_path / ".out.old-123", "old")
@@ -271,7 +272,7 @@ def test_recover_keeps_a_published_build_and_deletes_the_old_one(tmp_path):
 
 def test_recover_never_publishes_a_killed_builds_temporary_folder(tmp_path):
     """Only a previous build moved aside is put back; a complete temporary folder is deleted."""
-    from fixed_sft.build import _recover
+    from fixed_sft.folder import _recover
 
     _fake_build(tmp_path / ".out.tmp-123", "unpublished")
     _recover(tmp_path / "out")
@@ -279,7 +280,7 @@ def test_recover_never_publishes_a_killed_builds_temporary_folder(tmp_path):
 
 
 def test_recover_does_not_put_back_a_half_removed_old_folder(tmp_path):
-    from fixed_sft.build import _recover
+    from fixed_sft.folder import _recover
 
     (tmp_path / ".out.old-123").mkdir()
     (tmp_path / ".out.old-123" / "train.parquet").write_bytes(b"PAR1")  # its manifest already removed
@@ -289,7 +290,7 @@ def test_recover_does_not_put_back_a_half_removed_old_folder(tmp_path):
 
 def test_cleanup_matches_the_output_name_literally(tmp_path):
     """A name with glob characters never touches another build's folders."""
-    from fixed_sft.build import _recover
+    from fixed_sft.folder import _recover
 
     other = tmp_path / ".run1.tmp-424242"
     other.mkdir()
@@ -301,7 +302,7 @@ def test_cleanup_matches_the_output_name_literally(tmp_path):
 
 def test_cleanup_leaves_folders_of_targets_whose_names_extend_this_one(tmp_path):
     """``.run.old-v1.tmp-5`` is the temporary folder of a build into ``run.old-v1``."""
-    from fixed_sft.build import _recover
+    from fixed_sft.folder import _recover
 
     others = [tmp_path / ".run.old-v1.tmp-5", tmp_path / ".run.tmp-x.old-6"]
     for folder in others:

@@ -13,7 +13,7 @@ import pytest
 
 import synthetic
 from conftest import cache_link
-from fixed_sft.hashes import cache_damage
+from fixed_sft.hub import cache_damage
 from fixed_sft.order import positions
 from fixed_sft.source import InvalidRow, SourceError, open_source, read_band, records
 

@@ -1,0 +1,285 @@
+"""The output folder's transaction: a build is written beside its target, then renamed into place.
+
+A build writes into ``.NAME.tmp-PID`` beside the target ``NAME`` and renames it into
+place once complete, moving a previous build aside to ``.NAME.old-PID`` first; so the
+target is either absent or a complete build. An exclusive lock on ``.NAME.lock`` keeps a
+second build out, and the next build cleans up what a killed one left. A rebuild builds
+into a scratch folder of its own in the system's temporary folder, locked the same way.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import stat
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Self
+
+from filelock import FileLock, Timeout
+
+from .errors import BuildError, UsageError
+from .exits import removed_on_exit
+from .output import FORMATS, MANIFEST_NAME, PARQUET_NAME
+from .source import non_unicode
+
+BUILD_FILES = (PARQUET_NAME, MANIFEST_NAME)  # what a build, and a build's temporary folder, hold
+
+
+def not_build_files(folder: Path) -> str | None:
+    """``None`` when ``folder`` is a folder (not a link) holding only regular files (not
+    links, not folders) of the names the format gives; else what it is or holds instead."""
+    try:
+        if folder.is_symlink():
+            return "it is a symbolic link"
+        entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+    except NotADirectoryError:
+        return "it is not a folder"
+    except OSError as error:
+        return f"it cannot be listed ({error.strerror or error})"
+    for entry in entries:
+        if entry.name not in BUILD_FILES:
+            return f"it holds {entry.name}"
+        if not entry.is_file(follow_symlinks=False):
+            kind = (
+                "a symbolic link"
+                if entry.is_symlink()
+                else "a folder"
+                if entry.is_dir(follow_symlinks=False)
+                else "not a regular file"
+            )
+            return f"its {entry.name} is {kind}"
+    return None
+
+
+def _not_a_build(path: Path) -> str | None:
+    """``None`` when ``path`` is a previous build: a folder holding only regular files the
+    format names (``not_build_files``), one of them a fixed-sft manifest; else why not."""
+    if path.is_dir() and not os.path.lexists(path / MANIFEST_NAME):  # (first: quick, as for each parent of a target)
+        return f"it has no {MANIFEST_NAME}"
+    why = not_build_files(path)
+    if why is not None:
+        return why
+    try:
+        manifest = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return f"its {MANIFEST_NAME} cannot be read as JSON"
+    if not (isinstance(manifest, dict) and manifest.get("format") in FORMATS):
+        return f"its {MANIFEST_NAME} is not a {' or '.join(FORMATS)} manifest"
+    return None
+
+
+def is_build(path: Path) -> bool:
+    """A folder holding only regular files the format names, one a fixed-sft manifest."""
+    return _not_a_build(path) is None
+
+
+def _not_replaceable(out: Path) -> str | None:
+    """``None`` when a build may replace ``out`` (a previous build, or an empty folder);
+    else why not."""
+    try:
+        if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+            return None
+    except OSError:
+        pass
+    return _not_a_build(out)
+
+
+def check_target(out: Path, source: str) -> None:
+    """A target must be absent, an empty folder, or a previous build, and lie neither
+    inside a build (which would then no longer be one) nor inside a source folder
+    (``out`` is a resolved path)."""
+    if out.exists() and (why := _not_replaceable(out)) is not None:
+        raise UsageError(f"output {out} exists and is not a previous build ({why}); choose another --out")
+    inside = next((folder for folder in out.parents if is_build(folder)), None)
+    if inside is not None:
+        raise UsageError(f"output {out} is inside the build {inside}; choose another --out")
+    if Path(source).is_dir() and out.is_relative_to(Path(source).resolve()):
+        raise UsageError(f"output {out} is inside the source folder {source}; choose another --out")
+
+
+def remove_build_folder(folder: Path) -> None:
+    """Delete what a build wrote in ``folder``: its regular files of the names the format
+    gives, then the folder once empty. Anything else (put there by someone else) stays,
+    and so does the folder; a folder already gone is no error."""
+    for name in BUILD_FILES:
+        with suppress(OSError):
+            if stat.S_ISREG((folder / name).lstat().st_mode):
+                (folder / name).unlink()
+    with suppress(OSError):
+        folder.rmdir()
+
+
+def file_lock(path: Path) -> FileLock:
+    """An exclusive lock on the file ``path``, taken without waiting: entering it raises
+    ``filelock.Timeout`` when another holds it, another ``OSError`` when it cannot be
+    taken. The file is created when absent and left in place; it is never truncated, and
+    a symbolic link of that name is refused, not followed (filelock >= 4.2.1 opens it
+    with ``O_NOFOLLOW`` and without ``O_TRUNC``, and locks it with ``flock``)."""
+    return FileLock(path, timeout=0, fallback_to_soft=False)  # (a file system without flock: an error)
+
+
+class _Lock:
+    """An exclusive, non-blocking lock on building into ``out``: ``.NAME.lock`` beside it."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.path = out.parent / f".{out.name}.lock"
+        self.lock = file_lock(self.path)
+
+    def __enter__(self) -> Self:
+        try:
+            self.lock.acquire()
+        except Timeout:
+            if not os.path.lexists(self.path):  # (filelock reads a failed create, as /proc gives, as contention)
+                raise UsageError(f"cannot lock {self.path}: it cannot be created; choose another --out") from None
+            raise BuildError(f"another build is writing {self.out}") from None
+        except OSError as error:
+            why = (
+                "it is a symbolic link, which a build never follows"
+                if self.path.is_symlink()
+                else (error.strerror or error)
+            )
+            raise UsageError(f"cannot lock {self.path}: {why}; choose another --out") from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.lock.release()
+
+
+@contextmanager
+def transaction(out: Path, source: str) -> Iterator[Path]:
+    """An empty temporary folder beside ``out`` to build into, renamed to ``out`` once the
+    block ends without an error (``_publish``) and deleted however it ends. First ``out``
+    is resolved (a link to a build is rebuilt where it points) and checked
+    (``check_target``; ``source`` is the build's), its lock taken (``_Lock``), and what a
+    killed build into it left cleaned up (``_recover``)."""
+    try:
+        resolved = Path(out).resolve()  # a link to a build is rebuilt where it points
+    except RuntimeError:  # a loop of links, before Python 3.13
+        resolved = None
+    if resolved is None or resolved.is_symlink():  # (from 3.13, resolve leaves a loop's link unresolved)
+        raise UsageError(f"output {out} is a loop of symbolic links; choose another --out")
+    out = resolved
+    if (shown := non_unicode(out)) is not None:
+        raise UsageError(
+            f"output {shown}: the path is not valid UTF-8, which pyarrow cannot write; choose another --out"
+        )
+    check_target(out, source)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"cannot create {out.parent}: {error.strerror or error}; choose another --out") from None
+    with _Lock(out):
+        check_target(out, source)
+        _recover(out)
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        with removed_on_exit(tmp):  # (by a second Ctrl-C, which exits at once)
+            tmp.mkdir()
+            try:
+                yield tmp
+                _publish(tmp, out)
+            finally:
+                remove_build_folder(tmp)
+
+
+def _recover(out: Path) -> None:
+    """Clean up after a build into ``out`` that was killed: put back a previous build
+    that was moved aside but not yet replaced, and delete temporary and old folders.
+    Such a folder holds only a build's files; one holding anything else stops the build
+    (``UsageError`` naming it) before anything is moved or deleted."""
+    own = re.compile(rf"\.{re.escape(out.name)}\.(tmp|old)-\d+")  # not another target's, such as ``.NAME.old-x.tmp-1``
+    # (glob finds nothing, rather than failing, in a folder that cannot be listed)
+    leftovers = sorted(p for p in out.parent.glob(glob.escape(f".{out.name}.") + "*") if own.fullmatch(p.name))
+    for leftover in leftovers:
+        if (why := not_build_files(leftover)) is not None:
+            raise UsageError(
+                f"{leftover}, named as a killed build's temporary folder, is not one ({why}); "
+                "move it away and build again"
+            )
+    if not out.exists():
+        previous = next((p for p in leftovers if p.name.startswith(f".{out.name}.old-") and is_build(p)), None)
+        if previous is not None:
+            previous.rename(out)
+    for stale in leftovers:
+        remove_build_folder(stale)
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Move the complete build ``tmp`` to ``out``, replacing a previous build or an empty
+    folder. An ``out`` that came to hold anything else while the build ran is put back
+    as it was, and the build stops (``BuildError``) without publishing."""
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        out.rename(old)
+        if (why := _not_replaceable(old)) is not None:
+            old.rename(out)
+            raise BuildError(
+                f"output {out} changed during the build and is no longer a previous build ({why}); "
+                "it was left as it is and nothing was published"
+            )
+    tmp.rename(out)
+    remove_build_folder(old)
+
+
+SCRATCH_PREFIX = "fixed-sft-rebuild-"
+REBUILT = "rebuilt"  # the build's folder in the scratch folder
+_SCRATCH_LOCKS = (".lock", ".lock.new", f".{REBUILT}.lock")
+_SCRATCH_BUILDS = re.compile(rf"{REBUILT}|\.{REBUILT}\.(tmp|old)-\d+")  # the build and its temporary folders
+
+
+@contextmanager
+def scratch_folder() -> Iterator[Path]:
+    """A new folder for the rebuilt rows in the temporary folder, deleted afterwards. While
+    in use it holds a locked ``.lock`` (locked before it gets that name), so the folders
+    that killed rebuilds left, whose ``.lock`` no process holds, are deleted first (by
+    ``_remove_scratch``: only what a rebuild writes). Locks are ``file_lock``'s."""
+    for stale in Path(tempfile.gettempdir()).glob(SCRATCH_PREFIX + "*"):
+        lock = stale / ".lock"
+        try:
+            if not stat.S_ISREG(lock.lstat().st_mode):  # (taking it would create it in a folder being made)
+                continue
+            with file_lock(lock):
+                _remove_scratch(stale)
+        except OSError:  # in use, being created, or another user's
+            pass
+    folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+    try:
+        with file_lock(folder / ".lock.new"):
+            (folder / ".lock.new").rename(folder / ".lock")
+            yield folder
+    finally:
+        _remove_scratch(folder)
+
+
+def _remove_scratch(folder: Path) -> None:
+    """Delete the scratch folder ``folder`` if it holds only what a rebuild writes there
+    (``_a_rebuilds``); else leave it all as it is (it holds someone else's files)."""
+    try:
+        if folder.is_symlink():
+            return
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    if not all(map(_a_rebuilds, entries)):
+        return
+    for entry in entries:
+        if entry.name in _SCRATCH_LOCKS:
+            with suppress(OSError):
+                os.unlink(entry.path)
+        else:
+            remove_build_folder(Path(entry.path))
+    with suppress(OSError):
+        folder.rmdir()
+
+
+def _a_rebuilds(entry: os.DirEntry) -> bool:
+    """Whether a scratch folder's ``entry`` is what a rebuild writes: a lock (a regular
+    file), or the build or one of its temporary folders, holding only a build's files."""
+    if entry.name in _SCRATCH_LOCKS:
+        return entry.is_file(follow_symlinks=False)
+    return _SCRATCH_BUILDS.fullmatch(entry.name) is not None and not_build_files(Path(entry.path)) is None

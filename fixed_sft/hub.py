@@ -1,0 +1,119 @@
+"""Hugging Face Hub access: files at a revision, through the Hub's cache, and damage in that cache.
+
+Files come from huggingface_hub at a pinned revision, into its cache (``HF_HUB_OFFLINE``
+reads the cache alone). The cache names each file's blob by the Hub's digest of the file:
+its sha256 when Git LFS stores it, else its Git blob sha1. A cached file whose bytes give
+another digest is damaged, and is named with the blob to delete.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .hashes import sha256_file
+
+
+class HubUnreachable(Exception):
+    """Neither the Hub nor its cache can give the files asked for (the message says which)."""
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether ``name`` not found locally reads as a Hub id (``owner/name``) rather than a path."""
+    return "/" in name and not name.startswith((".", "/"))
+
+
+def download_dataset(repo_id: str, revision: str, patterns: Sequence[str]) -> tuple[Path, str]:
+    """The snapshot folder of a Hub dataset's files that match ``patterns`` at ``revision``,
+    and the commit it holds (cached; honours HF_HUB_OFFLINE)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = Path(snapshot_download(repo_id, repo_type="dataset", revision=revision, allow_patterns=list(patterns)))
+    except Exception as error:  # network, offline mode, missing revision: all end the same way
+        raise _unreachable("dataset", repo_id, revision, error) from None
+    return folder, snapshot_commit(folder, revision)
+
+
+def download_files(what: str, repo_id: str, revision: str, names: Sequence[str]) -> tuple[Path, str]:
+    """The folder of a Hub model repo's files ``names`` at ``revision``, and the commit it
+    resolved to (cached; honours HF_HUB_OFFLINE); ``what`` names the files in an error."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        paths = [Path(hf_hub_download(repo_id, name, revision=revision)) for name in names]
+    except Exception as error:  # network, offline mode, missing revision: all end the same way
+        raise _unreachable(what, repo_id, revision, error) from None
+    return paths[0].parent, snapshot_commit(paths[0].parent, revision)
+
+
+def _unreachable(what: str, repo_id: str, revision: str, error: Exception) -> HubUnreachable:
+    return HubUnreachable(
+        f"cannot get {what} {repo_id}@{revision} from the Hugging Face Hub or its cache "
+        f"({type(error).__name__}: {error})"
+    )
+
+
+def snapshot_commit(folder: Path, revision: str) -> str:
+    """The commit a Hub cache snapshot (``.../snapshots/COMMIT``) holds, whichever
+    ``revision`` (branch, tag or commit) found it; else ``revision``."""
+    from huggingface_hub.file_download import REGEX_COMMIT_HASH
+
+    is_commit = folder.parent.name == "snapshots" and REGEX_COMMIT_HASH.fullmatch(folder.name)
+    return folder.name if is_commit else revision
+
+
+def cached_blob(path: Path) -> Path | None:
+    """The blob a file of the Hugging Face cache holds its bytes in, or ``None`` for a file
+    outside the cache: a snapshot file ``REPO/snapshots/COMMIT/NAME`` links to
+    ``REPO/blobs/ETAG`` (itself maybe a link into a store shared by repos). (huggingface_hub's
+    ``scan_cache_dir`` finds the same blob, one link followed, but it scans the whole cache,
+    and leaves out a repo in which any link is broken.)"""
+    path = Path(path)
+    snapshots = next((folder for folder in path.parents if folder.name == "snapshots"), None)
+    if snapshots is None or not path.is_symlink():
+        return None
+    blob = Path(os.path.normpath(path.parent / os.readlink(path)))
+    return blob if blob.parent.resolve() == (snapshots.parent / "blobs").resolve() else None
+
+
+def cache_damage(path: Path, sha256: str) -> str | None:
+    """How a file of the Hugging Face cache whose sha256 is ``sha256`` differs from what
+    the Hub says it holds, or ``None`` (also for a file outside the cache). The etag that
+    names its blob is the file's sha256 when Git LFS stores it, else its Git blob sha1."""
+    blob = cached_blob(path)
+    if blob is None:
+        return None
+    from huggingface_hub.file_download import REGEX_COMMIT_HASH, REGEX_SHA256
+    from huggingface_hub.utils.sha import git_hash
+
+    if REGEX_SHA256.fullmatch(blob.name):
+        found = sha256
+    elif REGEX_COMMIT_HASH.fullmatch(blob.name):  # (a Git object id, as a commit's)
+        found = git_hash(blob.read_bytes())  # the Hub keeps files over 10 MB in LFS, so this one is small
+    else:
+        return None
+    if found == blob.name:
+        return None
+    stored = blob.resolve()
+    delete = f"{blob} and {stored}" if stored != blob else f"{blob}"
+    return (
+        f"{path} is damaged in the Hugging Face cache: the Hub's digest of it is {blob.name}, its bytes give "
+        f"{found}; delete {delete} and run again to download it anew"
+    )
+
+
+def raise_cache_damage(
+    paths: Sequence[Path], error: Callable[[str], Exception], sha256s: Sequence[str] | None = None
+) -> None:
+    """Raise ``error(message)`` naming the first file among ``paths`` that is damaged in the
+    Hugging Face cache (``cache_damage``), if one is. Given the files' ``sha256s``, this
+    refuses bytes that read well but are not the Hub's; without them (they are computed),
+    it explains an error that reading the files gave better than that error does: a
+    damaged file reads badly, or not at all."""
+    for k, path in enumerate(paths):
+        if cached_blob(path) is not None:
+            damage = cache_damage(path, sha256_file(path) if sha256s is None else sha256s[k])
+            if damage:
+                raise error(damage) from None
