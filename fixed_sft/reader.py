@@ -346,7 +346,8 @@ def _chunk_start(chunk: pq.ColumnChunkMetaData) -> int:
 
 def _paths(elements: tuple) -> list[str]:
     """Each schema element's path (the root's: empty)."""
-    paths, stack = [], []  # stack: [path, children not yet seen] of the groups open
+    paths: list[str] = []
+    stack: list[list] = []  # [path, children not yet seen] of the groups open
     for element in elements:
         fields = {f: v for f, _, v in element}
         while stack and stack[-1][1] == 0:

@@ -11,7 +11,10 @@ of nesting and raises ``ValueError`` for bytes that end early or hold an unknown
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
+
+Value = Any  # an int, bool, bytes, a struct's field list or a container's tuple (module docstring)
+Fields = list[tuple[int, int, Value]]
 
 STOP, TRUE, FALSE, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = range(13)
 MAX_DEPTH = 32
@@ -51,7 +54,7 @@ class Reader:
         self.pos += n
         return bytes(self.data[self.pos - n:self.pos])
 
-    def value(self, kind: int, depth: int = 0) -> object:
+    def value(self, kind: int, depth: int = 0) -> Value:
         if depth > MAX_DEPTH:
             raise ValueError(f"Thrift value nested more than {MAX_DEPTH} deep")
         if kind in (TRUE, FALSE):  # (a field's bool is in its type; an element's is a byte)
@@ -85,8 +88,9 @@ class Reader:
         if size > len(self.data) - self.pos:  # every element takes a byte at least
             raise ValueError("Thrift container larger than its bytes")
 
-    def struct(self, depth: int = 0) -> list[tuple[int, int, object]]:
-        fields, last = [], 0
+    def struct(self, depth: int = 0) -> Fields:
+        fields: Fields = []
+        last = 0
         while True:
             header = self._byte()
             kind = header & 0x0F
@@ -127,6 +131,7 @@ class Reader:
                 raise ValueError("Thrift value ends early")
             self.pos += n
         elif kind in (LIST, SET, MAP):
+            kinds: tuple[int, ...]
             if kind == MAP:
                 size = self.varint()
                 types = self._byte() if size else 0
@@ -164,7 +169,7 @@ def _zigzag(n: int) -> bytes:
     return write_varint((n << 1) ^ (n >> 63))
 
 
-def write_value(kind: int, value: object) -> bytes:
+def write_value(kind: int, value: Value) -> bytes:
     if kind in (TRUE, FALSE):
         return bytes([TRUE if value else FALSE])
     if kind == BYTE:
@@ -190,7 +195,7 @@ def write_value(kind: int, value: object) -> bytes:
     raise ValueError(f"unknown Thrift type {kind}")
 
 
-def write_struct(fields: list[tuple[int, int, object]]) -> bytes:
+def write_struct(fields: Fields) -> bytes:
     out, last = bytearray(), 0
     for field, kind, value in fields:
         if kind in (TRUE, FALSE):
@@ -203,7 +208,7 @@ def write_struct(fields: list[tuple[int, int, object]]) -> bytes:
     return bytes(out + b"\x00")
 
 
-def get(fields: list[tuple[int, int, object]], field: int, default: object = None) -> object:
+def get(fields: Fields, field: int, default: Value = None) -> Value:
     """The value of ``field`` in a struct read by ``Reader.struct``, or ``default``."""
     return next((value for number, _, value in fields if number == field), default)
 
