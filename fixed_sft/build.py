@@ -33,6 +33,8 @@ from .chat import MASK_TYPES
 from .encode import Encoded, EncoderConfig, Encoders
 from .exits import removed_on_exit
 from .hashes import first_cache_damage, row_digest, rows_digest, sha256_file
+from .manifest import (CodeVersion, LossMask, Manifest, ParquetFile, Params, SkippedRow, SourceFile,
+                       SourceRecord, Stats, TemplateCheck)
 from .order import permutation, positions
 from .output import FORMAT, FORMATS, MANIFEST_NAME, PARQUET_NAME, RowWriter, naming
 from .pack import Packer
@@ -476,9 +478,9 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
                 f"the source fills only {writer.rows} rows of {config.row_tokens} tokens with supervised tokens; {needed}"
             )
         source_files = _source_files(source, source_hashes)
-    manifest = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME)
-    _write_manifest(folder / MANIFEST_NAME, manifest)
-    return manifest
+    document = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME).to_json()
+    _write_manifest(folder / MANIFEST_NAME, document)
+    return document
 
 
 def _source_files(source: Source, hashes: list[Future]) -> list[dict]:
@@ -509,37 +511,37 @@ def _explained(error: Exception, source: Source) -> Exception:
 
 
 def _manifest(config: BuildConfig, source: Source, source_files: list[dict], tokenizer: ResolvedTokenizer,
-              tally: _Tally, parquet: Path) -> dict:
+              tally: _Tally, parquet: Path) -> Manifest:
     """``manifest.json`` of a finished build (keys: data/README.md)."""
-    return {
-        "format": FORMAT,
-        "name": config.name,
-        "code_version": code_version(),
-        "params": {
-            "rows": config.rows if config.rows is not None else "all",
-            "row_tokens": config.row_tokens,
-            "seed": config.seed,
-            "order": ORDER_RULE,
-            "loss_mask_type": config.loss_mask_type,
-            "skip_invalid": config.skip_invalid,
-        },
-        "source": {
-            "name": source.name,
-            "revision": source.revision,
-            "license": source.license,
-            "file_patterns": list(source.patterns) if source.patterns is not None else None,
-            "rows": source.num_rows,
-            "files": source_files,
-        },
-        "tokenizer": tokenizer.manifest(),
-        "loss_mask": {"type": config.loss_mask_type, "template_kwargs": tokenizer.template_kwargs},
-        "template_check": {"every": config.check_every, "checked": tally.template_checked},
-        "stats": tally.stats(),
-        "skipped_invalid": tally.skipped_invalid,
-        "parquet": {"path": PARQUET_NAME, "bytes": parquet.stat().st_size, "sha256": sha256_file(parquet)},
-        "rows_sha256": rows_digest(tally.digests),
-        "row_sha256": [d.hex() for d in tally.digests],
-    }
+    return Manifest(
+        format=FORMAT,
+        name=config.name,
+        code_version=CodeVersion(**code_version()),
+        params=Params(
+            rows=config.rows if config.rows is not None else "all",
+            row_tokens=config.row_tokens,
+            seed=config.seed,
+            order=ORDER_RULE,
+            loss_mask_type=config.loss_mask_type,
+            skip_invalid=config.skip_invalid,
+        ),
+        source=SourceRecord(
+            name=source.name,
+            revision=source.revision,
+            license=source.license,
+            file_patterns=list(source.patterns) if source.patterns is not None else None,
+            rows=source.num_rows,
+            files=[SourceFile(**file) for file in source_files],
+        ),
+        tokenizer=tokenizer.manifest(),
+        loss_mask=LossMask(type=config.loss_mask_type, template_kwargs=tokenizer.template_kwargs),
+        template_check=TemplateCheck(every=config.check_every, checked=tally.template_checked),
+        stats=Stats(**tally.stats()),
+        skipped_invalid=[SkippedRow(**row) for row in tally.skipped_invalid],
+        parquet=ParquetFile(path=PARQUET_NAME, bytes=parquet.stat().st_size, sha256=sha256_file(parquet)),
+        rows_sha256=rows_digest(tally.digests),
+        row_sha256=[d.hex() for d in tally.digests],
+    )
 
 
 def _write_manifest(path: Path, manifest: dict) -> None:

@@ -16,6 +16,7 @@ from typing import Callable
 
 from .fields import GLOBS, MISSING, first_problem, read_json_object
 from .hashes import first_cache_damage, sha256_file
+from .manifest import FileHash, Tokenizer
 from .source import is_hub_id, snapshot_commit
 from .tokenizer import FILES, TEMPLATE_KWARGS
 
@@ -113,15 +114,10 @@ class ResolvedTokenizer:
     pinned: bool
     mismatches: list[str] = field(default_factory=list)
 
-    def manifest(self) -> dict:
-        return {
-            "name": self.name,
-            "repo": self.repo,
-            "revision": self.revision,
-            "files": self.files,
-            "pinned": self.pinned,
-            **({"mismatches": self.mismatches} if self.mismatches else {}),
-        }
+    def manifest(self) -> Tokenizer:
+        """The manifest's ``tokenizer``."""
+        files = {name: FileHash(**file) for name, file in self.files.items()}
+        return Tokenizer(self.name, self.repo, self.revision, files, self.pinned, list(self.mismatches))
 
 
 def _download(repo: str, revision: str) -> tuple[Path, str]:
