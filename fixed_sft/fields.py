@@ -6,14 +6,8 @@ array), ``dict[str, X]``, ``str``, ``int``, ``float``, ``bool``, ``None``, ``Any
 ``Literal`` constant, a union of these, or ``Annotated[X, rule]`` (a ``Rule`` that a
 value of ``X`` must also meet). Nothing is coerced: a boolean is not an integer, an
 integer not a decimal number, nor a decimal number an integer. ``encode`` writes a
-dataclass back as JSON, its keys in field order. The older kind tables follow.
-
-
-A field is a key path, such as ``("params", "rows")``. The kinds a field may take are
-JSON types (``str``, ``int``, ``float`` (a number written with a point or exponent),
-``bool``, ``list``, ``dict``; a boolean is never an integer), ``None`` for null,
-``GLOBS`` for a non-empty array of non-empty strings, ``MISSING`` for a key the
-document may lack, or a constant such as ``"all"``.
+dataclass back as JSON, its keys in field order. ``loads`` reads JSON text, refusing an
+object that repeats a key.
 """
 
 from __future__ import annotations
@@ -27,18 +21,12 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 
-class _Kind:
-    def __init__(self, name: str):
-        self.name = name
-
+class _Missing:
     def __repr__(self) -> str:
-        return self.name
+        return "missing"
 
 
-MISSING = _Kind("missing")  # also the value of a key the document lacks
-GLOBS = _Kind("a non-empty array of non-empty strings")
-NAMES = {str: "a string", int: "an integer", float: "a decimal number", bool: "true or false", list: "an array",
-         dict: "an object", None: "null"}
+MISSING = _Missing()  # the value of a key a document lacks (``value_at``)
 
 
 class DuplicateKey(ValueError):
@@ -101,38 +89,6 @@ def same(a: object, b: object) -> bool:
     if a is MISSING or b is MISSING:
         return a is b
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-
-
-def _is(value: object, kind: object) -> bool:
-    if kind is GLOBS:
-        return isinstance(value, list) and bool(value) and all(isinstance(item, str) and item for item in value)
-    if isinstance(kind, type):
-        return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-    return value is kind if kind is None or kind is MISSING else value == kind and type(value) is type(kind)
-
-
-def problem(document: object, keys: tuple[str, ...], kinds: tuple) -> str | None:
-    """What is wrong with the field at ``keys`` ("a.b is missing", "a.b is 3, not a
-    string or null", "a is [], not an object"), or ``None`` when it is one of ``kinds``."""
-    value = document
-    for depth, key in enumerate(keys):
-        if not isinstance(value, dict):
-            parent = ".".join(keys[:depth]) or "the document"
-            return f"{parent} is missing" if value is MISSING else f"{parent} is {show(value)}, not an object"
-        value = value.get(key, MISSING)
-    if any(_is(value, kind) for kind in kinds):
-        return None
-    field = ".".join(keys)
-    if value is MISSING:
-        return f"{field} is missing"
-    names = [NAMES[kind] if kind is None or isinstance(kind, type) else kind.name if isinstance(kind, _Kind)
-             else json.dumps(kind) for kind in kinds if kind is not MISSING]
-    return f"{field} is {show(value)}, not {' or '.join(names)}"
-
-
-def first_problem(document: object, fields: dict[tuple[str, ...], tuple]) -> str | None:
-    """The first of ``fields`` (key path -> kinds) that ``problem`` finds wrong, or ``None``."""
-    return next(filter(None, (problem(document, keys, kinds) for keys, kinds in fields.items())), None)
 
 
 class FieldError(ValueError):
@@ -262,12 +218,13 @@ def decode(kind: type[T] | Any, value: Any, path: str = "") -> T:
     where = path or "the document"
     if member is None:
         raise FieldError(f"{where} is {show(value)}, not {kind_name(kind)}")
-    rule = None
-    if get_origin(member) is typing.Annotated:
-        rule = _rule(member)
-        member = get_args(member)[0]
-    result = _decode_member(member, value, path)
-    if rule is not None and not rule.holds(result):
+    if get_origin(member) is not typing.Annotated or (rule := _rule(member)) is None:
+        return _decode_member(member, value, path)
+    try:  # (a value that breaks a rule is named as a whole: "[3], not a non-empty array of non-empty strings")
+        result = _decode_member(get_args(member)[0], value, path)
+    except FieldError:
+        raise FieldError(f"{where} is {show(value)}, not {kind_name(kind)}") from None
+    if not rule.holds(result):
         raise FieldError(f"{where} is {rule.outside(show(value), kind_name(kind))}")
     return result
 

@@ -16,7 +16,9 @@ from .output import FORMAT, PARQUET_NAME
 
 Format = Literal["fixed-sft/2"]
 ParquetName = Literal["train.parquet"]
-assert get_args(Format) == (FORMAT,) and get_args(ParquetName) == (PARQUET_NAME,)
+THIS_FORMAT: Format = "fixed-sft/2"
+PARQUET: ParquetName = "train.parquet"
+assert get_args(Format) == (FORMAT,) == (THIS_FORMAT,) and get_args(ParquetName) == (PARQUET_NAME,) == (PARQUET,)
 
 Count = Annotated[int, Within(0, 2**63 - 1, "0 .. 2**63 - 1")]  # a count verify uses
 Globs = Annotated[list[str], NonEmptyStrings()]

@@ -35,6 +35,7 @@ from .build import (ORDER_RULE, BuildConfig, BuildError, InvalidSourceRow, Usage
 from .fields import MISSING, FieldError, encode, same, show, value_at
 from .manifest import FileHash, Manifest, read
 from .output import MANIFEST_NAME, PARQUET_NAME
+from .params import manifest_label, recorded_values
 from .reader import Group, Refused, RowFile
 from .source import SourceError, SourceUnreachable, is_hub_id, system_allocator
 from .specs import resolve_tokenizer, tokenizer_specs
@@ -62,11 +63,6 @@ def check_recorded(document: dict) -> Manifest:
         return read(document)
     except FieldError as error:
         raise BuildError(str(error)) from None
-
-
-RECORDED_AS = {"rows": "params.rows", "row_tokens": "params.row_tokens", "seed": "params.seed",
-               "loss_mask_type": "params.loss_mask_type", "check_every": "template_check.every",
-               "source_files": "source.file_patterns"}  # the manifest keys of BuildConfig's fields
 
 
 SCRATCH_PREFIX = "fixed-sft-rebuild-"
@@ -140,7 +136,7 @@ def recorded_config(document: dict, source: str | None = None, tokenizer: str | 
     manifest = check_recorded(document)
     if manifest.params.order != ORDER_RULE:
         raise BuildError(f"params.order is {show(manifest.params.order)}; this builder orders by {ORDER_RULE}")
-    recorded, used, params = manifest.source, manifest.tokenizer, manifest.params
+    recorded, used = manifest.source, manifest.tokenizer
     if source is None:
         _refuse_outside("source", recorded.name, "--source PATH")
     hub_source = recorded.revision is not None and is_hub_id(recorded.name)  # a path may hold '/' too
@@ -156,30 +152,14 @@ def recorded_config(document: dict, source: str | None = None, tokenizer: str | 
                              "folder or another revision; pass --tokenizer FOLDER or HF_REPO")
         if tokenizer != spec:
             _refuse_outside("tokenizer", tokenizer, "--tokenizer FOLDER")
-    patterns = recorded.file_patterns
+    values = recorded_values(manifest)
     if source is not None and Path(source).is_file():
-        patterns = None  # a file named by the caller is the source, whatever the recorded globs chose
-    config = BuildConfig(
-        name=manifest.name,
-        source=source or recorded.name,
-        source_revision=recorded.revision,
-        source_license=recorded.license,
-        source_files=None if patterns is None else tuple(patterns),
-        source_rows=recorded.rows,
-        tokenizer=tokenizer,
-        tokenizer_revision=used.revision,
-        expected_tokenizer=spec,
-        allow_unpinned_tokenizer=not used.pinned,
-        loss_mask_type=params.loss_mask_type,
-        rows=None if params.rows == "all" else params.rows,
-        row_tokens=params.row_tokens,
-        seed=params.seed,
-        skip_invalid=params.skip_invalid,
-        check_every=manifest.template_check.every,
-        workers=workers,
-    )
+        values["source_files"] = None  # a file named by the caller is the source, whatever the recorded globs chose
+    config = BuildConfig(**{**values, "source": source or recorded.name, "tokenizer": tokenizer,
+                            "expected_tokenizer": spec, "allow_unpinned_tokenizer": not used.pinned,
+                            "workers": workers})
     try:  # the manifest's values, named by their keys (the caller's --workers is the build's to check)
-        replace(config, workers=1).validate(label=lambda key: RECORDED_AS.get(key, key))
+        replace(config, workers=1).validate(label=manifest_label)
     except UsageError as error:
         raise BuildError(f"the manifest records a parameter this builder refuses: {error}") from None
     return config

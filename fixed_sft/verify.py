@@ -291,7 +291,8 @@ def _check_stats(manifest: Manifest, rows: int, row_tokens: int) -> list[str]:
     derived: dict[str, tuple[int | float, int | float]] = {
         "stats.tokens": (stats.tokens, tokens),
         "stats.padding_tokens": (stats.padding_tokens, 0),
-        "stats.supervised_token_ratio": (stats.supervised_token_ratio, stats.supervised_tokens / tokens if tokens else 0.0),
+        "stats.supervised_token_ratio": (stats.supervised_token_ratio,
+                                         stats.supervised_tokens / tokens if tokens else 0.0),
     }
     if params.rows != "all":
         derived["params.rows"] = (params.rows, rows)
