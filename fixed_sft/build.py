@@ -25,15 +25,17 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from . import __version__
-from .chat import MASK_TYPES
 from .encode import Encoded, EncoderConfig, Encoders
 from .errors import BuildError, UsageError
 from .folder import transaction
 from .hashes import row_digest, rows_digest, sha256_file
 from .hub import raise_cache_damage
+from .manifest import (PARQUET, THIS_FORMAT, CodeVersion, LossMask, Manifest, ParquetFile, Params, SkippedRow,
+                       SourceFile, SourceRecord, Stats, TemplateCheck)
 from .order import permutation, positions
 from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, RowWriter, naming
 from .pack import Packer
+from .params import RECORDED, BuildConfig, to_json
 from .source import Source, SourceError, bytes_per_row, open_source, read_band, system_allocator, unreadable
 from .specs import ResolvedTokenizer, resolve_tokenizer
 from .tokenizer import eos_id
@@ -41,8 +43,6 @@ from .tokenizer import eos_id
 ORDER_RULE = "splitmix64-key-v1"
 CHUNK_ROWS = 128
 BAND_BYTES = 256 << 20
-MAX_ROW_TOKENS = 1 << 20
-MAX_WORKERS = 1024
 
 
 class InvalidSourceRow(BuildError):
@@ -52,48 +52,6 @@ class InvalidSourceRow(BuildError):
     def __init__(self, problem: str):
         super().__init__(f"{problem} (--skip-invalid skips such rows and records them)")
         self.problem = problem
-
-
-@dataclass
-class BuildConfig:
-    """A build's parameters (the CLI's flags; defaults: the default build's)."""
-
-    name: str
-    source: str
-    source_revision: str | None = None
-    source_license: str | None = None
-    source_files: tuple[str, ...] | None = None  # globs choosing the source's files (None: all)
-    tokenizer: str = "kimi-k2.6"
-    tokenizer_revision: str | None = None
-    loss_mask_type: str = "kimi_k25"
-    rows: int | None = 6400  # None: pack the whole source
-    row_tokens: int = 8192
-    seed: int = 42
-    workers: int = 1
-    check_every: int = 64
-    skip_invalid: bool = False
-    allow_unpinned_tokenizer: bool = False
-    expected_tokenizer: str | None = None  # the spec a tokenizer folder must match
-    source_rows: int | None = None  # the row count the source must have, when known
-
-    def validate(self, label: Callable[[str], str] = lambda key: "--" + key.replace("_", "-")) -> None:
-        """Raise ``UsageError`` for a parameter outside its range, calling it by
-        ``label(key)`` (by default the flag that sets it)."""
-        if not 2 <= self.row_tokens <= MAX_ROW_TOKENS:
-            raise UsageError(f"{label('row_tokens')} must be between 2 and {MAX_ROW_TOKENS}, got {self.row_tokens}")
-        if self.rows is not None and self.rows < 1:
-            raise UsageError(f"{label('rows')} must be a positive number or 'all', got {self.rows}")
-        if not 0 <= self.seed < 2**64:
-            raise UsageError(f"{label('seed')} must be between 0 and 2**64 - 1, got {self.seed}")
-        if self.loss_mask_type not in MASK_TYPES:
-            raise UsageError(f"unknown {label('loss_mask_type')} {self.loss_mask_type!r} "
-                             f"(known: {', '.join(MASK_TYPES)})")
-        if not 1 <= self.workers <= MAX_WORKERS:
-            raise UsageError(f"{label('workers')} must be between 1 and {MAX_WORKERS}, got {self.workers}")
-        if self.check_every < 0:
-            raise UsageError(f"{label('check_every')} must be non-negative, got {self.check_every}")
-        if self.source_files is not None and not (self.source_files and all(self.source_files)):
-            raise UsageError(f"{label('source_files')} must not be empty")
 
 
 
@@ -295,9 +253,9 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
                 f"the source fills only {writer.rows} rows of {config.row_tokens} tokens with supervised tokens; {needed}"
             )
         source_files = _source_files(source, source_hashes)
-    manifest = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME)
-    _write_manifest(folder / MANIFEST_NAME, manifest)
-    return manifest
+    document = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME).to_json()
+    _write_manifest(folder / MANIFEST_NAME, document)
+    return document
 
 
 def _source_files(source: Source, hashes: list[Future]) -> list[dict]:
@@ -319,37 +277,31 @@ def _source_files(source: Source, hashes: list[Future]) -> list[dict]:
 
 
 def _manifest(config: BuildConfig, source: Source, source_files: list[dict], tokenizer: ResolvedTokenizer,
-              tally: _Tally, parquet: Path) -> dict:
+              tally: _Tally, parquet: Path) -> Manifest:
     """``manifest.json`` of a finished build (keys: data/README.md)."""
-    return {
-        "format": FORMAT,
-        "name": config.name,
-        "code_version": code_version(),
-        "params": {
-            "rows": config.rows if config.rows is not None else "all",
-            "row_tokens": config.row_tokens,
-            "seed": config.seed,
-            "order": ORDER_RULE,
-            "loss_mask_type": config.loss_mask_type,
-            "skip_invalid": config.skip_invalid,
-        },
-        "source": {
-            "name": source.name,
-            "revision": source.revision,
-            "license": source.license,
-            "file_patterns": list(source.patterns) if source.patterns is not None else None,
-            "rows": source.num_rows,
-            "files": source_files,
-        },
-        "tokenizer": tokenizer.manifest(),
-        "loss_mask": {"type": config.loss_mask_type, "template_kwargs": tokenizer.template_kwargs},
-        "template_check": {"every": config.check_every, "checked": tally.template_checked},
-        "stats": tally.stats(),
-        "skipped_invalid": tally.skipped_invalid,
-        "parquet": {"path": PARQUET_NAME, "bytes": parquet.stat().st_size, "sha256": sha256_file(parquet)},
-        "rows_sha256": rows_digest(tally.digests),
-        "row_sha256": [d.hex() for d in tally.digests],
-    }
+    return Manifest(
+        format=THIS_FORMAT,
+        name=config.name,
+        code_version=CodeVersion(**code_version()),
+        params=Params(order=ORDER_RULE, **{name: to_json(name, getattr(config, name)) for name, path in RECORDED.items()
+                                          if path.startswith("params.")}),
+        source=SourceRecord(
+            name=source.name,
+            revision=source.revision,
+            license=source.license,
+            file_patterns=list(source.patterns) if source.patterns is not None else None,
+            rows=source.num_rows,
+            files=[SourceFile(**file) for file in source_files],
+        ),
+        tokenizer=tokenizer.manifest(),
+        loss_mask=LossMask(type=config.loss_mask_type, template_kwargs=tokenizer.template_kwargs),
+        template_check=TemplateCheck(every=config.check_every, checked=tally.template_checked),
+        stats=Stats(**tally.stats()),
+        skipped_invalid=[SkippedRow(**row) for row in tally.skipped_invalid],
+        parquet=ParquetFile(path=PARQUET, bytes=parquet.stat().st_size, sha256=sha256_file(parquet)),
+        rows_sha256=rows_digest(tally.digests),
+        row_sha256=[d.hex() for d in tally.digests],
+    )
 
 
 def _write_manifest(path: Path, manifest: dict) -> None:

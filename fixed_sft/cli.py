@@ -16,12 +16,12 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, get_args, get_origin
 
 from .exits import exit_now
 
 if TYPE_CHECKING:
-    from .build import BuildConfig
+    from .params import BuildConfig
 
 USAGE_ERROR, FAILURE = 2, 1
 INTERRUPTED, TERMINATED = 130, 143  # 128 + SIGINT, 128 + SIGTERM
@@ -70,15 +70,39 @@ def _rows(value: str) -> int | None:
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity where the OS has one), at most
     the most workers a build takes."""
-    from .build import MAX_WORKERS
+    from .params import usable_cores
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return min(cores, MAX_WORKERS)
+    return usable_cores()
+
+
+def _add_build_flags(build: argparse.ArgumentParser) -> None:
+    """A flag per ``BuildConfig`` parameter that has one (``params``), its type and help from
+    the parameter. A flag left out is absent from the parsed arguments (the named build's
+    value, else the parameter's default, applies), unless its parameter gives the flag a default."""
+    from .fields import hints
+    from .params import FLAGS, PARAMS, BuildConfig, flag, takes_all
+
+    kinds = hints(BuildConfig)
+    for name in FLAGS:
+        meta, kind = PARAMS[name].metadata, kinds[name]
+        options: dict[str, Any] = {"default": meta["flag_default"]() if meta["flag_default"] else argparse.SUPPRESS,
+                                   "help": meta["help"].format(default=PARAMS[name].default)}
+        members = (kind, *get_args(kind))
+        if kind is bool:
+            options["action"] = "store_true"
+        elif any(get_origin(member) is tuple for member in members):
+            options["action"] = "append"  # (repeatable)
+        elif takes_all(name):  # a number or 'all'
+            options["type"] = _rows
+        elif int in members:
+            options["type"] = int
+        if meta["metavar"]:
+            options["metavar"] = meta["metavar"]
+        build.add_argument(flag(name), **options)
 
 
 def parser() -> argparse.ArgumentParser:
     """The ``build`` and ``verify`` commands and their flags."""
-    from .build import BuildConfig
     from .specs import DEFAULT_BUILD
 
     top = argparse.ArgumentParser(
@@ -90,27 +114,7 @@ def parser() -> argparse.ArgumentParser:
     build = commands.add_parser("build", help="build a dataset (the default command)")
     build.add_argument("name", nargs="?", help=f"named build in fixed_sft/builds/ (default: {DEFAULT_BUILD})")
     build.add_argument("--out", type=Path, help="output folder (default: out/NAME)")
-    build.add_argument("--source", help="Hub dataset id, or a local .parquet/.jsonl file or folder (Tulu schema)")
-    build.add_argument("--source-revision", help="dataset revision (required with a Hub id given by --source)")
-    build.add_argument("--source-license", help="license recorded in the manifest")
-    build.add_argument("--source-files", action="append", metavar="GLOB",
-                       help="read only the source's files whose path matches GLOB, such as 'data/train-*' "
-                            "(repeatable; default: every .parquet/.jsonl file)")
-    build.add_argument("--tokenizer", help="tokenizer spec name (fixed_sft/tokenizer_specs/), Hub repo id, or local folder "
-                       f"(default: the named build's, else {BuildConfig.tokenizer}, downloaded from the Hub)")
-    build.add_argument("--tokenizer-revision", help="tokenizer revision (default: the spec's pinned one)")
-    build.add_argument("--loss-mask-type", help="loss mask type (default and only: kimi_k25)")
-    build.add_argument("--rows", type=_rows, default=argparse.SUPPRESS,
-                       help=f"rows to build, or 'all' (default: the named build's, else {BuildConfig.rows})")
-    build.add_argument("--row-tokens", type=int,
-                       help=f"tokens per row (default: the named build's, else {BuildConfig.row_tokens})")
-    build.add_argument("--seed", type=int, help=f"order seed (default: the named build's, else {BuildConfig.seed})")
-    build.add_argument("--workers", type=int, default=usable_cores(),
-                       help="encoding processes (default: the cores this process may use)")
-    build.add_argument("--check-every", type=int, default=BuildConfig.check_every,
-                       help=f"check 1 in N conversations against the rendered template (0: off; default {BuildConfig.check_every})")
-    build.add_argument("--skip-invalid", action="store_true", help="skip invalid source rows and record them")
-    build.add_argument("--allow-unpinned-tokenizer", action="store_true", help="build with tokenizer files that differ from their spec, and record it")
+    _add_build_flags(build)
     build.add_argument("--trust-remote-code", action="store_true", help="accepted for compatibility; no remote code is run")
     build.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -129,41 +133,29 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-FLAG_KEYS = ("source", "source_revision", "source_license", "source_files", "tokenizer", "tokenizer_revision",
-             "loss_mask_type", "row_tokens", "seed", "workers", "check_every", "skip_invalid",
-             "allow_unpinned_tokenizer")
-
-
 def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path, dict | None]:
     """The build's parameters (the named spec's, overridden by the flags given), its
     output folder, and the values published for the named build."""
-    from .build import BuildConfig, UsageError
-    from .specs import BUILD_KEYS, BUILDS, DEFAULT_BUILD, SpecError, build_spec
+    from .params import FLAGS, SPEC_KEYS, BuildConfig, UsageError, from_json
+    from .specs import BUILDS, DEFAULT_BUILD, SpecError, build_spec
 
-    name = args.name or (DEFAULT_BUILD if args.source is None else None)
+    name = args.name or (DEFAULT_BUILD if getattr(args, "source", None) is None else None)
     try:
         spec = build_spec(name) if name else {}
     except SpecError as error:
         raise UsageError(str(error)) from None
-    values = {key: spec[key] for key in BUILD_KEYS if key != "published" and spec.get(key) is not None}
-    if values.get("rows") == "all":
-        values["rows"] = None
+    values = {key: from_json(key, spec[key]) for key in SPEC_KEYS if spec.get(key) is not None}
     if name:  # the spec's own values must be in range, whatever flags override them
         try:
             BuildConfig(name=name, **values).validate(label=str)  # (named by the spec's keys)
         except UsageError as error:
             raise UsageError(f"{BUILDS / name}.json: {error}") from None
-    if args.source is not None:  # another source: the spec's revision, license, files and size do not apply
+    if "source" in args:  # another source: the spec's revision, license, files and size do not apply
         values = {k: v for k, v in values.items()
                   if k not in ("source_revision", "source_license", "source_files", "source_rows")}
     if "tokenizer" in values:
         values["expected_tokenizer"] = values["tokenizer"]
-    flags = {key: getattr(args, key, None) for key in FLAG_KEYS}
-    values.update({key: value for key, value in flags.items() if value is not None})
-    if "rows" in args:
-        values["rows"] = args.rows
-    if values.get("source_files") is not None:
-        values["source_files"] = tuple(values["source_files"])
+    values.update({key: from_json(key, getattr(args, key)) for key in FLAGS if key in args})
     config = BuildConfig(name=name or "custom", **values)
     return config, Path(args.out or Path("out") / config.name), spec.get("published")
 

@@ -1,30 +1,32 @@
-"""The fields a reader takes from a JSON document (a spec, a manifest), checked by kind.
+"""Strict JSON: documents read into dataclasses by their type hints, a wrong field named.
 
-A field is a key path, such as ``("params", "rows")``. The kinds a field may take are
-JSON types (``str``, ``int``, ``float`` (a number written with a point or exponent),
-``bool``, ``list``, ``dict``; a boolean is never an integer), ``None`` for null,
-``GLOBS`` for a non-empty array of non-empty strings, ``MISSING`` for a key the
-document may lack, or a constant such as ``"all"``.
+``decode(kind, value)`` reads a JSON value as ``kind``: a dataclass (an object holding
+each field without a default, and no other key), ``list[X]``, ``tuple[X, ...]`` (an
+array), ``dict[str, X]``, ``str``, ``int``, ``float``, ``bool``, ``None``, ``Any``, a
+``Literal`` constant, a union of these, or ``Annotated[X, rule]`` (a ``Rule`` that a
+value of ``X`` must also meet). Nothing is coerced: a boolean is not an integer, an
+integer not a decimal number, nor a decimal number an integer. ``encode`` writes a
+dataclass back as JSON, its keys in field order. ``loads`` reads JSON text, refusing an
+object that repeats a key.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
+import types
+import typing
 from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 
-class _Kind:
-    def __init__(self, name: str):
-        self.name = name
-
+class _Missing:
     def __repr__(self) -> str:
-        return self.name
+        return "missing"
 
 
-MISSING = _Kind("missing")  # also the value of a key the document lacks
-GLOBS = _Kind("a non-empty array of non-empty strings")
-NAMES = {str: "a string", int: "an integer", float: "a decimal number", bool: "true or false", list: "an array",
-         dict: "an object", None: "null"}
+MISSING = _Missing()  # the value of a key a document lacks (``value_at``)
 
 
 class DuplicateKey(ValueError):
@@ -89,33 +91,189 @@ def same(a: object, b: object) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
-def _is(value: object, kind: object) -> bool:
-    if kind is GLOBS:
-        return isinstance(value, list) and bool(value) and all(isinstance(item, str) and item for item in value)
-    if isinstance(kind, type):
-        return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-    return value is kind if kind is None or kind is MISSING else value == kind and type(value) is type(kind)
+class FieldError(ValueError):
+    """A JSON document that is not of its kind: the message names the first wrong field."""
 
 
-def problem(document: object, keys: tuple[str, ...], kinds: tuple) -> str | None:
-    """What is wrong with the field at ``keys`` ("a.b is missing", "a.b is 3, not a
-    string or null", "a is [], not an object"), or ``None`` when it is one of ``kinds``."""
-    value = document
-    for depth, key in enumerate(keys):
-        if not isinstance(value, dict):
-            parent = ".".join(keys[:depth]) or "the document"
-            return f"{parent} is missing" if value is MISSING else f"{parent} is {show(value)}, not an object"
-        value = value.get(key, MISSING)
-    if any(_is(value, kind) for kind in kinds):
-        return None
-    field = ".".join(keys)
-    if value is MISSING:
-        return f"{field} is missing"
-    names = [NAMES[kind] if kind is None or isinstance(kind, type) else kind.name if isinstance(kind, _Kind)
-             else json.dumps(kind) for kind in kinds if kind is not MISSING]
-    return f"{field} is {show(value)}, not {' or '.join(names)}"
+T = TypeVar("T")
+OMIT = "fixed_sft.omit"  # a dataclass field's metadata key: its value, when equal to the default, is not written
 
 
-def first_problem(document: object, fields: dict[tuple[str, ...], tuple]) -> str | None:
-    """The first of ``fields`` (key path -> kinds) that ``problem`` finds wrong, or ``None``."""
-    return next(filter(None, (problem(document, keys, kinds) for keys, kinds in fields.items())), None)
+def omitted(default: Any = None) -> Any:
+    """A dataclass field that a document may lack and that ``encode`` leaves out while it
+    holds ``default`` (``[]`` gives a new empty list each time)."""
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=list, metadata={OMIT: True})
+    return dataclasses.field(default=default, metadata={OMIT: True})
+
+
+class Rule:
+    """What a value must also be, beyond its type (``Annotated[X, rule]``); ``name`` says
+    what it must be ("a non-empty array of non-empty strings"), ``outside`` how a value of
+    the right type that breaks it is named (by default: not ``expected``, its field's kinds)."""
+
+    name: str = ""
+
+    def holds(self, value: Any) -> bool:
+        raise NotImplementedError
+
+    def outside(self, shown: str, expected: str) -> str:
+        return f"{shown}, not {expected}"
+
+
+class NonEmptyStrings(Rule):
+    """A non-empty array of non-empty strings."""
+
+    name = "a non-empty array of non-empty strings"
+
+    def holds(self, value: Any) -> bool:
+        return bool(value) and all(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Within(Rule):
+    """An integer in ``low .. high`` (``text``: how to write that range, if not so)."""
+
+    low: int
+    high: int
+    text: str = ""
+
+    def holds(self, value: Any) -> bool:
+        return self.low <= value <= self.high
+
+    def outside(self, shown: str, expected: str) -> str:
+        return f"{shown}, outside {self.text or f'{self.low} .. {self.high}'}"
+
+
+_NAMES: dict[Any, str] = {str: "a string", int: "an integer", float: "a decimal number", bool: "true or false",
+                          type(None): "null", list: "an array", tuple: "an array", dict: "an object"}
+
+
+@functools.cache
+def hints(kind: type) -> dict[str, Any]:
+    """A dataclass's fields' type hints (``Annotated`` kept), in field order."""
+    every = get_type_hints(kind, include_extras=True)
+    return {f.name: every[f.name] for f in dataclasses.fields(kind)}
+
+
+def _members(kind: Any) -> tuple[Any, ...]:
+    if get_origin(kind) in (Union, types.UnionType):
+        return get_args(kind)
+    if get_origin(kind) is Literal and len(get_args(kind)) > 1:
+        return tuple(Literal[value] for value in get_args(kind))
+    return (kind,)
+
+
+def _base(kind: Any) -> Any:
+    """The JSON type a member stands for (``Annotated`` and generics taken off)."""
+    while get_origin(kind) is typing.Annotated:
+        kind = get_args(kind)[0]
+    if dataclasses.is_dataclass(kind):
+        return dict
+    return get_origin(kind) or kind
+
+
+def kind_name(kind: Any) -> str:
+    """How ``kind`` is named in a message: "an integer or \"all\" or null"."""
+    names = []
+    for member in _members(kind):
+        if get_origin(member) is typing.Annotated and (rule := _rule(member)) is not None and rule.name:
+            names.append(rule.name)
+        elif get_origin(member) is Literal:
+            names.append(json.dumps(get_args(member)[0]))
+        else:
+            names.append(_NAMES.get(_base(member), "a value"))
+    return " or ".join(names)
+
+
+def _rule(kind: Any) -> Rule | None:
+    return next((extra for extra in kind.__metadata__ if isinstance(extra, Rule)), None)
+
+
+def _of_type(value: Any, base: Any) -> bool:
+    """Whether a JSON value is of the JSON type ``base`` (a boolean is not a number, an integer not a decimal)."""
+    if base is Any:
+        return True
+    if base is Literal:
+        return False  # (matched by ``_matches``)
+    if base is type(None):
+        return value is None
+    if base is tuple:
+        base = list
+    return type(value) is base or (isinstance(value, base) and base not in (int, float))
+
+
+def _matches(value: Any, member: Any) -> bool:
+    if get_origin(member) is Literal:
+        constant = get_args(member)[0]
+        return type(value) is type(constant) and value == constant
+    return _of_type(value, _base(member))
+
+
+def decode(kind: type[T] | Any, value: Any, path: str = "") -> T:
+    """``value`` (a JSON value, as ``loads`` gives) read as ``kind``; ``FieldError`` naming the
+    first field, by its key path (``params.rows``), that is missing, unknown or of another kind."""
+    members = _members(kind)
+    member = next((m for m in members if _matches(value, m)), None)
+    where = path or "the document"
+    if member is None:
+        raise FieldError(f"{where} is {show(value)}, not {kind_name(kind)}")
+    if get_origin(member) is not typing.Annotated or (rule := _rule(member)) is None:
+        return _decode_member(member, value, path)
+    try:  # (a value that breaks a rule is named as a whole: "[3], not a non-empty array of non-empty strings")
+        result = _decode_member(get_args(member)[0], value, path)
+    except FieldError:
+        raise FieldError(f"{where} is {show(value)}, not {kind_name(kind)}") from None
+    if not rule.holds(result):
+        raise FieldError(f"{where} is {rule.outside(show(value), kind_name(kind))}")
+    return result
+
+
+def _decode_member(member: Any, value: Any, path: str) -> Any:
+    if dataclasses.is_dataclass(member):
+        return _decode_object(member, value, path)  # type: ignore[arg-type]
+    origin, args = get_origin(member), get_args(member)
+    if origin in (list, tuple):
+        item = args[0]
+        if item is str and all(type(v) is str for v in value):  # (a fast path for long lists of hashes)
+            return value if origin is list else tuple(value)
+        items = [decode(item, v, f"{path}[{n}]") for n, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        return {key: decode(args[1], v, f"{path}.{key}" if path else key) for key, v in value.items()}
+    return value
+
+
+def _decode_object(kind: type, value: dict, path: str) -> Any:
+    fields = hints(kind)
+    unknown = [key for key in value if key not in fields]
+    if unknown:
+        raise FieldError(f"{path + ': ' if path else ''}unknown key {unknown[0]!r} (known: {', '.join(fields)})")
+    given = {}
+    for field in dataclasses.fields(kind):
+        key = f"{path}.{field.name}" if path else field.name
+        if field.name in value:
+            given[field.name] = decode(fields[field.name], value[field.name], key)
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise FieldError(f"{key} is missing")
+    return kind(**given)
+
+
+def encode(value: Any) -> Any:
+    """A dataclass (or list, tuple, dict of them) as JSON values: an object's keys in field
+    order, a field marked ``omitted`` left out while it holds its default."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        document = {}
+        for field in dataclasses.fields(value):
+            item = getattr(value, field.name)
+            if field.metadata.get(OMIT):
+                default = [] if field.default_factory is list else field.default
+                if type(item) is type(default) and item == default:
+                    continue
+            document[field.name] = encode(item)
+        return document
+    if isinstance(value, (list, tuple)):
+        return [encode(item) for item in value]
+    if isinstance(value, dict):
+        return {key: encode(item) for key, item in value.items()}
+    return value

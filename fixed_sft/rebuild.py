@@ -26,14 +26,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .build import ORDER_RULE, BuildConfig, BuildError, InvalidSourceRow, UsageError, build, code_version
-from .fields import MISSING, first_problem, same, show, value_at
+from .fields import MISSING, FieldError, encode, same, show, value_at
 from .folder import REBUILT, scratch_folder
 from .hub import is_hub_id
+from .manifest import FileHash, Manifest, read
 from .output import MANIFEST_NAME, PARQUET_NAME
+from .params import manifest_label, recorded_values
 from .reader import Group, Refused, RowFile
 from .source import SourceError, SourceUnreachable, system_allocator
 from .specs import resolve_tokenizer, tokenizer_specs
-from .verify import MANIFEST_FIELDS, described, read_manifest
+from .verify import described, read_manifest
 
 
 class Compared(NamedTuple):
@@ -50,20 +52,16 @@ class Compared(NamedTuple):
         return same(self.here, self.rebuilt)
 
 
-def check_recorded(manifest: dict) -> None:
-    """Raise ``BuildError`` naming the first field of the manifest that is missing or of
-    another kind (``verify.MANIFEST_FIELDS``)."""
-    wrong = first_problem(manifest, MANIFEST_FIELDS)
-    if wrong:
-        raise BuildError(wrong)
+def check_recorded(document: dict) -> Manifest:
+    """``document`` as a ``Manifest`` (``manifest.read``); ``BuildError`` naming the first
+    field that is missing, unknown or of another kind."""
+    try:
+        return read(document)
+    except FieldError as error:
+        raise BuildError(str(error)) from None
 
 
-RECORDED_AS = {"rows": "params.rows", "row_tokens": "params.row_tokens", "seed": "params.seed",
-               "loss_mask_type": "params.loss_mask_type", "check_every": "template_check.every",
-               "source_files": "source.file_patterns"}  # the manifest keys of BuildConfig's fields
-
-
-def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | None = None,
+def recorded_config(document: dict, source: str | None = None, tokenizer: str | None = None,
                     workers: int = 1) -> BuildConfig:
     """The build ``manifest`` records (checked by ``check_recorded``), reading the source
     from ``source`` and the tokenizer from ``tokenizer`` when given, else from where the
@@ -72,49 +70,33 @@ def recorded_config(manifest: dict, source: str | None = None, tokenizer: str | 
     read from a folder, must be given."""
     if source == "" or tokenizer == "":
         raise UsageError("--source and --tokenizer must not be empty")
-    check_recorded(manifest)
-    if manifest["params"]["order"] != ORDER_RULE:
-        raise BuildError(f"params.order is {show(manifest['params']['order'])}; this builder orders by {ORDER_RULE}")
-    recorded, used, params = manifest["source"], manifest["tokenizer"], manifest["params"]
+    manifest = check_recorded(document)
+    if manifest.params.order != ORDER_RULE:
+        raise BuildError(f"params.order is {show(manifest.params.order)}; this builder orders by {ORDER_RULE}")
+    recorded, used = manifest.source, manifest.tokenizer
     if source is None:
-        _refuse_outside("source", recorded["name"], "--source PATH")
-    hub_source = recorded["revision"] is not None and is_hub_id(recorded["name"])  # a path may hold '/' too
-    if source is None and not (Path(recorded["name"]).exists() or hub_source):
-        raise UsageError(f"the manifest's source {recorded['name']!r} is not here (a recorded path is relative to "
+        _refuse_outside("source", recorded.name, "--source PATH")
+    hub_source = recorded.revision is not None and is_hub_id(recorded.name)  # a path may hold '/' too
+    if source is None and not (Path(recorded.name).exists() or hub_source):
+        raise UsageError(f"the manifest's source {recorded.name!r} is not here (a recorded path is relative to "
                          "the current folder); pass --source PATH")
-    spec = used["name"] if used["name"] in {s["name"] for s in tokenizer_specs()} else None
+    spec = used.name if used.name in {s["name"] for s in tokenizer_specs()} else None
     if tokenizer is None:
-        if used["pinned"] or used["name"] is None:  # a pinned spec, or an unpinned Hub repo
-            tokenizer = spec or used["repo"]
+        if used.pinned or used.name is None:  # a pinned spec, or an unpinned Hub repo
+            tokenizer = spec or used.repo
         if tokenizer is None:
             raise UsageError("the manifest's tokenizer files are not a pinned spec's and may come from a local "
                              "folder or another revision; pass --tokenizer FOLDER or HF_REPO")
         if tokenizer != spec:
             _refuse_outside("tokenizer", tokenizer, "--tokenizer FOLDER")
-    patterns = recorded.get("file_patterns")
+    values = recorded_values(manifest)
     if source is not None and Path(source).is_file():
-        patterns = None  # a file named by the caller is the source, whatever the recorded globs chose
-    config = BuildConfig(
-        name=manifest["name"],
-        source=source or recorded["name"],
-        source_revision=recorded["revision"],
-        source_license=recorded["license"],
-        source_files=None if patterns is None else tuple(patterns),
-        source_rows=recorded["rows"],
-        tokenizer=tokenizer,
-        tokenizer_revision=used["revision"],
-        expected_tokenizer=spec,
-        allow_unpinned_tokenizer=not used["pinned"],
-        loss_mask_type=params["loss_mask_type"],
-        rows=None if params["rows"] == "all" else params["rows"],
-        row_tokens=params["row_tokens"],
-        seed=params["seed"],
-        skip_invalid=params["skip_invalid"],
-        check_every=manifest["template_check"]["every"],
-        workers=workers,
-    )
+        values["source_files"] = None  # a file named by the caller is the source, whatever the recorded globs chose
+    config = BuildConfig(**{**values, "source": source or recorded.name, "tokenizer": tokenizer,
+                            "expected_tokenizer": spec, "allow_unpinned_tokenizer": not used.pinned,
+                            "workers": workers})
     try:  # the manifest's values, named by their keys (the caller's --workers is the build's to check)
-        replace(config, workers=1).validate(label=lambda key: RECORDED_AS.get(key, key))
+        replace(config, workers=1).validate(label=manifest_label)
     except UsageError as error:
         raise BuildError(f"the manifest records a parameter this builder refuses: {error}") from None
     return config
@@ -132,11 +114,11 @@ def _refuse_outside(what: str, name: str, flag: str) -> None:
                          f"path only inside it: pass {flag} to read it")
 
 
-def _check_tokenizer(config: BuildConfig, recorded: dict) -> None:
+def _check_tokenizer(config: BuildConfig, recorded: dict[str, FileHash]) -> None:
     """Raise ``BuildError`` unless the rebuild's tokenizer files are the recorded ones."""
     found = resolve_tokenizer(config.tokenizer, config.tokenizer_revision, expected=config.expected_tokenizer,
                               allow_unpinned=True)
-    other = [name for name, file in found.files.items() if recorded.get(name) != file]
+    other = [name for name, file in found.files.items() if encode(recorded.get(name)) != file]
     if other:
         raise BuildError(f"the tokenizer files in {found.directory} are not the ones the manifest records "
                          f"({', '.join(other)} differ); pass --tokenizer FOLDER holding those")
@@ -350,7 +332,7 @@ def rebuild(folder: Path, source: str | None = None, tokenizer: str | None = Non
         config = recorded_config(manifest, source, tokenizer, workers)
     except BuildError as error:
         raise BuildError(f"{folder / MANIFEST_NAME}: cannot rebuild: {error}") from None
-    _check_tokenizer(config, manifest["tokenizer"]["files"])
+    _check_tokenizer(config, check_recorded(manifest).tokenizer.files)
     with scratch_folder() as scratch:
         out = scratch / REBUILT
         try:

@@ -12,11 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from .fields import GLOBS, MISSING, first_problem, read_json_object
+from .fields import FieldError, decode, read_json_object
 from .hashes import sha256_file
 from .hub import HubUnreachable, download_files, is_hub_id, raise_cache_damage
+from .manifest import FileHash, Tokenizer
+from .params import BuildSpec
 from .tokenizer import FILES, TEMPLATE_KWARGS
 
 BUILDS = Path(str(resources.files(__package__) / "builds"))
@@ -28,44 +30,40 @@ class SpecError(Exception):
     """A spec or tokenizer cannot be found or read, or tokenizer files do not match their pinned spec."""
 
 
-# The keys of each kind of spec that the builder reads, and the kinds of value each may take
-# (``fields``; null, or no key, means not given). A build spec holds no other keys but
-# ``name`` and ``description``, a tokenizer spec none but ``code_files`` (the model's
-# remote code, for information: its rules are fixed_sft/tokenizer.py's).
-NOT_GIVEN = (None, MISSING)
-BUILD_KEYS = {"source": (str,), "source_revision": (str, *NOT_GIVEN), "source_license": (str, *NOT_GIVEN),
-              "source_files": (GLOBS, *NOT_GIVEN), "source_rows": (int, *NOT_GIVEN), "tokenizer": (str, *NOT_GIVEN),
-              "loss_mask_type": (str, *NOT_GIVEN), "rows": (int, "all", *NOT_GIVEN), "row_tokens": (int, *NOT_GIVEN),
-              "seed": (int, *NOT_GIVEN), "published": (dict, *NOT_GIVEN)}
-TOKENIZER_KEYS = {"name": (str,), "repo": (str,), "revision": (str,), "files": (dict,), "template_kwargs": (dict,),
-                  "loss_mask_type": (str,)}
+@dataclass
+class TokenizerSpec:
+    """A pinned tokenizer spec (``fixed_sft/tokenizer_specs/NAME.json``): the Hub repo and
+    revision, each file's size and sha256, the template variables and the mask type;
+    ``code_files``: the model's remote code, for information (its rules are
+    fixed_sft/tokenizer.py's)."""
+
+    name: str
+    repo: str
+    revision: str
+    files: dict[str, FileHash]
+    template_kwargs: dict[str, Any]
+    loss_mask_type: str
+    code_files: dict[str, Any] | None = None
 
 
-def _check_keys(path: Path, spec: dict, keys: dict[str, tuple]) -> None:
-    wrong = first_problem(spec, {(key,): kinds for key, kinds in keys.items()})
-    if wrong:
-        raise SpecError(f"{path}: {wrong}")
+def _check(path: Path, spec: dict[str, Any], kind: type) -> Any:
+    """``spec`` read as ``kind`` (``fields.decode``); ``SpecError`` naming the file and the first wrong key."""
+    try:
+        return decode(kind, spec)
+    except FieldError as error:
+        raise SpecError(f"{path}: {error}") from None
 
 
-def _check_known(path: Path, spec: dict, known: list[str]) -> None:
-    unknown = sorted(set(spec) - set(known))
-    if unknown:
-        raise SpecError(f"{path}: unknown key {unknown[0]!r} (known: {', '.join(known)})")
+def _check_build(path: Path, spec: dict[str, Any]) -> None:
+    _check(path, spec, BuildSpec)
 
 
-def _check_build(path: Path, spec: dict) -> None:
-    _check_known(path, spec, [*BUILD_KEYS, "name", "description"])
-    _check_keys(path, spec, BUILD_KEYS)
-
-
-def _check_tokenizer(path: Path, spec: dict) -> None:
-    _check_known(path, spec, [*TOKENIZER_KEYS, "code_files"])
-    _check_keys(path, spec, TOKENIZER_KEYS)
-    if spec["name"] != path.stem:
-        raise SpecError(f"{path}: 'name' is {spec['name']!r}, not the file's name {path.stem!r}")
+def _check_tokenizer(path: Path, spec: dict[str, Any]) -> None:
+    checked: TokenizerSpec = _check(path, spec, TokenizerSpec)
+    if checked.name != path.stem:
+        raise SpecError(f"{path}: 'name' is {checked.name!r}, not the file's name {path.stem!r}")
     for name in FILES:
-        entry = spec["files"].get(name)
-        if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)):
+        if name not in checked.files:
             raise SpecError(f"{path}: 'files' needs {name} with its 'bytes' and 'sha256'")
 
 
@@ -113,15 +111,10 @@ class ResolvedTokenizer:
     pinned: bool
     mismatches: list[str] = field(default_factory=list)
 
-    def manifest(self) -> dict:
-        return {
-            "name": self.name,
-            "repo": self.repo,
-            "revision": self.revision,
-            "files": self.files,
-            "pinned": self.pinned,
-            **({"mismatches": self.mismatches} if self.mismatches else {}),
-        }
+    def manifest(self) -> Tokenizer:
+        """The manifest's ``tokenizer``."""
+        files = {name: FileHash(**file) for name, file in self.files.items()}
+        return Tokenizer(self.name, self.repo, self.revision, files, self.pinned, list(self.mismatches))
 
 
 def _download(repo: str, revision: str) -> tuple[Path, str]:

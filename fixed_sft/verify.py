@@ -1,10 +1,10 @@
 """A built folder -> the list of ways it differs from its manifest (empty when it matches).
 
 Checks, in order: the manifest is a regular file no larger, and of no more values, than a
-build's (``read_manifest``), reads, repeats no key, and has the format's fields
-(``MANIFEST_FIELDS``), each of its kind, with each row hash 64 lowercase hex digits; values
-derived from others (tokens, padding, ratio, rows) agree, as JSON (``1`` is not ``1.0``),
-and ``rows_sha256`` equals the hash of its own row hashes; the Parquet file exists with
+build's (``read_manifest``), reads, repeats no key, and has the format's fields and no
+other (``manifest.read``), each of its type (``1`` is not ``1.0``), with each row hash 64
+lowercase hex digits; values derived from others (tokens, padding, ratio, rows) agree, and
+``rows_sha256`` equals the hash of its own row hashes; the Parquet file exists with
 the recorded size and sha256, and has the format's schema (so no value can wrap into a
 hash), down to each column's Parquet types; its footer and page headers agree with the
 rows the manifest lists before a page is decoded (``reader``: a file that disagrees is
@@ -25,14 +25,16 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .fields import GLOBS, MISSING, first_problem, loads, same, show, value_at
+from .fields import FieldError, loads, show
 from .hashes import row_digest, rows_digest, sha256_file
-from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, PROMPT, NullValue, first_null
+from .manifest import Manifest, read
+from .output import MANIFEST_NAME, PARQUET_NAME, PROMPT, NullValue, first_null
 from .reader import Group, Refused, RowFile, SchemaDiffers
 from .source import non_unicode, system_allocator
 
@@ -47,33 +49,34 @@ def verify(folder: str | Path) -> list[str]:
     if (folder / MANIFEST_NAME).exists() and not (folder / MANIFEST_NAME).is_file():
         return [f"{folder / MANIFEST_NAME}: not a file"]
     try:
-        manifest = read_manifest(folder / MANIFEST_NAME)
-        wrong = _check_fields(manifest) or _check_row_hashes(manifest["row_sha256"])
+        manifest = read(read_manifest(folder / MANIFEST_NAME))
+        wrong = _check_row_hashes(manifest.row_sha256)
         if wrong:
             return [f"{folder / MANIFEST_NAME}: {wrong}"]
-        expected = [bytes.fromhex(h) for h in manifest.pop("row_sha256")]  # (the hex strings take twice as much)
+        expected = [bytes.fromhex(h) for h in manifest.row_sha256]  # (the hex strings take twice as much)
+        manifest.row_sha256 = []
     except FileNotFoundError:
         return [f"{folder / MANIFEST_NAME}: missing"]
-    except ManifestRefused as error:
+    except (ManifestRefused, FieldError) as error:
         return [f"{folder / MANIFEST_NAME}: {error}"]
     except (OSError, ValueError, TypeError, RecursionError) as error:
         return [f"{folder / MANIFEST_NAME}: unreadable ({described(error)})"]
-    rows_sha256, parquet_info, stats = manifest["rows_sha256"], manifest["parquet"], manifest["stats"]
-    row_tokens = manifest["params"]["row_tokens"]
+    rows_sha256, parquet_info, stats = manifest.rows_sha256, manifest.parquet, manifest.stats
+    row_tokens = manifest.params.row_tokens
 
     problems = _check_stats(manifest, len(expected), row_tokens)
     if rows_digest(expected) != rows_sha256:
         problems.append(f"{MANIFEST_NAME}: rows_sha256 does not match the hash of its row_sha256 list (edited manifest)")
-    if len(expected) != stats["rows"]:
-        problems.append(f"{MANIFEST_NAME}: lists {len(expected)} row hashes but stats.rows is {stats['rows']}")
+    if len(expected) != stats.rows:
+        problems.append(f"{MANIFEST_NAME}: lists {len(expected)} row hashes but stats.rows is {stats.rows}")
 
     parquet = folder / PARQUET_NAME
     if not parquet.is_file():
         return problems + [f"{parquet}: {'not a file' if parquet.exists() else 'missing'}"]
     size = parquet.stat().st_size
-    if size != parquet_info["bytes"]:
-        problems.append(f"{parquet}: {size} bytes, manifest says {parquet_info['bytes']}")
-    elif sha256_file(parquet) != parquet_info["sha256"]:
+    if size != parquet_info.bytes:
+        problems.append(f"{parquet}: {size} bytes, manifest says {parquet_info.bytes}")
+    elif sha256_file(parquet) != parquet_info.sha256:
         problems.append(f"{parquet}: sha256 differs from the manifest")
     checks = _RowChecks(expected, row_tokens)
     try:
@@ -91,16 +94,16 @@ def verify(folder: str | Path) -> list[str]:
     problems += checks.problems("mask", "content")
     if count != len(expected):
         problems.append(f"{parquet}: {count} rows, manifest lists {len(expected)}")
-    if read_all and checks.supervised != stats["supervised_tokens"]:
-        problems.append(f"{parquet}: {checks.supervised} supervised tokens, manifest says {stats['supervised_tokens']}")
+    if read_all and checks.supervised != stats.supervised_tokens:
+        problems.append(f"{parquet}: {checks.supervised} supervised tokens, manifest says {stats.supervised_tokens}")
     problems += checks.problems("untrained")
-    if read_all and checks.trainable != stats["trainable_tokens"]:
-        problems.append(f"{parquet}: {checks.trainable} trainable tokens, manifest says {stats['trainable_tokens']}")
+    if read_all and checks.trainable != stats.trainable_tokens:
+        problems.append(f"{parquet}: {checks.trainable} trainable tokens, manifest says {stats.trainable_tokens}")
     problems += checks.problems("messages", "metadata")
     if read_all and not any(p.startswith("row ") for p in checks.problems("metadata")):
         held = {"conversations": checks.conversations, "conversations_split": checks.split}
-        problems += [f"{MANIFEST_NAME}: stats.{key} is {show(stats[key])}, the rows hold {value}"
-                     for key, value in held.items() if not same(stats[key], value)]
+        problems += [f"{MANIFEST_NAME}: stats.{key} is {getattr(stats, key)}, the rows hold {value}"
+                     for key, value in held.items() if getattr(stats, key) != value]
     return problems
 
 
@@ -244,7 +247,7 @@ class ManifestRefused(ValueError):
     """A manifest not read: larger, or of more values, than a build's."""
 
 
-def read_manifest(path: Path) -> object:
+def read_manifest(path: Path) -> Any:
     """The JSON document in manifest file ``path`` (read by ``fields.loads``), read only
     when it is a regular file of at most ``MANIFEST_BYTES`` whose count of values bounds
     parsing to ``MANIFEST_MEMORY``; ``ManifestRefused`` otherwise."""
@@ -272,67 +275,29 @@ def read_manifest(path: Path) -> object:
     return loads(text)
 
 
-# The fields of a manifest (data/README.md) and the kinds of value each may take (``fields``);
-# the counts verify uses must also lie in 0 .. 2**63 - 1. The entries of ``source.files``,
-# ``tokenizer.files`` and ``skipped_invalid`` only a rebuild compares.
-MANIFEST_FIELDS = {
-    ("format",): (FORMAT,), ("name",): (str,),
-    ("params", "rows"): (int, "all"), ("params", "row_tokens"): (int,), ("params", "seed"): (int,),
-    ("params", "order"): (str,), ("params", "loss_mask_type"): (str,), ("params", "skip_invalid"): (bool,),
-    ("source", "name"): (str,), ("source", "revision"): (str, None), ("source", "license"): (str, None),
-    ("source", "file_patterns"): (None, GLOBS, MISSING), ("source", "rows"): (int,), ("source", "files"): (list,),
-    ("tokenizer", "name"): (str, None), ("tokenizer", "repo"): (str, None), ("tokenizer", "revision"): (str, None),
-    ("tokenizer", "files"): (dict,), ("tokenizer", "pinned"): (bool,),
-    ("loss_mask", "type"): (str,), ("loss_mask", "template_kwargs"): (dict,),
-    ("template_check", "every"): (int,), ("template_check", "checked"): (int,),
-    ("stats", "rows"): (int,), ("stats", "tokens"): (int,), ("stats", "supervised_tokens"): (int,),
-    ("stats", "supervised_token_ratio"): (float,), ("stats", "trainable_tokens"): (int,), ("stats", "padding_tokens"): (int,),
-    ("stats", "conversations"): (int,), ("stats", "conversations_split"): (int,), ("stats", "rows_skipped"): (int,),
-    ("stats", "tail_tokens_dropped"): (int,), ("stats", "invalid_rows_skipped"): (int,),
-    ("skipped_invalid",): (list,),
-    ("parquet", "path"): (PARQUET_NAME,), ("parquet", "bytes"): (int,), ("parquet", "sha256"): (str,),
-    ("code_version", "fixed_sft"): (str,), ("code_version", "format"): (FORMAT,),
-    ("code_version", "code_sha256"): (str, MISSING),  # (the first builds lack it)
-    ("rows_sha256",): (str,), ("row_sha256",): (list,),
-}
-COUNTS = (("params", "row_tokens"), ("stats", "rows"), ("stats", "supervised_tokens"), ("parquet", "bytes"))
 _HEX64 = re.compile("[0-9a-f]{64}")
 
 
-def _check_fields(manifest: object) -> str | None:
-    """What is wrong with the manifest's fields: the first one missing, of another kind,
-    or (a count) outside 0 .. 2**63 - 1; ``None`` when nothing is."""
-    if not isinstance(manifest, dict):
-        return "not a JSON object"
-    wrong = first_problem(manifest, MANIFEST_FIELDS)
-    if wrong:
-        return wrong
-    outside = next((keys for keys in COUNTS if not 0 <= value_at(manifest, keys) < 2**63), None)
-    if outside:
-        return f"{'.'.join(outside)} is {show(value_at(manifest, outside))}, outside 0 .. 2**63 - 1"
-    return None
-
-
-def _check_row_hashes(hashes: list) -> str | None:
+def _check_row_hashes(hashes: list[str]) -> str | None:
     """The first entry of ``row_sha256`` that is not 64 lowercase hex digits, or ``None``."""
-    bad = next((n for n, h in enumerate(hashes) if not (isinstance(h, str) and _HEX64.fullmatch(h))), None)
+    bad = next((n for n, h in enumerate(hashes) if not _HEX64.fullmatch(h)), None)
     return None if bad is None else f"row_sha256[{bad}] is {show(hashes[bad])}, not 64 lowercase hex digits"
 
 
-def _check_stats(manifest: dict, rows: int, row_tokens: int) -> list[str]:
+def _check_stats(manifest: Manifest, rows: int, row_tokens: int) -> list[str]:
     """Manifest values that follow from others must agree with them."""
-    stats, params = manifest["stats"], manifest["params"]
+    stats, params = manifest.stats, manifest.params
     tokens = rows * row_tokens
-    derived = {
-        "stats.tokens": (stats["tokens"], tokens),
-        "stats.padding_tokens": (stats["padding_tokens"], 0),
-        "stats.supervised_token_ratio": (
-            stats["supervised_token_ratio"], stats["supervised_tokens"] / tokens if tokens else 0.0),
+    derived: dict[str, tuple[int | float, int | float]] = {
+        "stats.tokens": (stats.tokens, tokens),
+        "stats.padding_tokens": (stats.padding_tokens, 0),
+        "stats.supervised_token_ratio": (stats.supervised_token_ratio,
+                                         stats.supervised_tokens / tokens if tokens else 0.0),
     }
-    if params["rows"] != "all":
-        derived["params.rows"] = (params["rows"], rows)
+    if params.rows != "all":
+        derived["params.rows"] = (params.rows, rows)
     return [f"{MANIFEST_NAME}: {key} is {show(got)}, expected {show(want)}"
-            for key, (got, want) in derived.items() if not same(got, want)]
+            for key, (got, want) in derived.items() if got != want]
 
 
 def described(error: BaseException) -> str:

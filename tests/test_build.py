@@ -21,6 +21,7 @@ from fixed_sft.build import BuildConfig, BuildError, UsageError, build
 from fixed_sft.chat import ChatEncoder
 from fixed_sft.encode import EncoderConfig
 from fixed_sft.output import read_rows
+from fixed_sft.params import MAX_ROW_TOKENS
 from fixed_sft.source import SourceError
 from fixed_sft.tokenizer import FILES
 
@@ -558,7 +559,7 @@ def test_a_folder_with_a_foreign_manifest_is_not_replaced(corpus, kimi_dir, tmp_
 
 def test_row_tokens_has_an_upper_limit(corpus, kimi_dir, tmp_path):
     with pytest.raises(UsageError, match="between 2 and"):
-        build(config(corpus[0] / "rows.jsonl", kimi_dir, row_tokens=build_module.MAX_ROW_TOKENS + 1), tmp_path / "x")
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, row_tokens=MAX_ROW_TOKENS + 1), tmp_path / "x")
 
 
 def test_a_held_lock_refuses_a_second_build(corpus, kimi_dir, tmp_path):

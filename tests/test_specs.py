@@ -131,7 +131,8 @@ def test_verify_refuses_a_published_name_that_is_not_a_name(name, tmp_path, caps
 @pytest.mark.parametrize("edit, says", [
     (None, "cannot read it"),
     ({"template_kwargs": None}, "template_kwargs is null, not an object"),
-    ({"files": {"tiktoken.model": {"bytes": 1}}}, "'files' needs tiktoken.model with its 'bytes' and 'sha256'"),
+    ({"files": {"tiktoken.model": {"bytes": 1}}}, "files.tiktoken.model.sha256 is missing"),
+    ({"files": {}}, "'files' needs tiktoken.model with its 'bytes' and 'sha256'"),
     ({"name": "other"}, "'name' is 'other', not the file's name 'zz'"),
     ({"chat_template": "other.jinja"}, "unknown key 'chat_template' (known: name, repo, revision"),
     ('{"name": "zz", "name": "zz"}', "cannot read it (duplicate key 'name')"),

@@ -1,0 +1,171 @@
+"""The typed manifest: ``manifest.json`` as dataclasses, written by a build and read strictly.
+
+Its keys and their meaning are in data/README.md; the dataclasses below hold them in the
+order a build writes them, so ``encode`` gives the same JSON a build always wrote. ``read``
+is the one way verify and rebuild take a manifest: every key named here, of its type
+(``fields.decode``: nothing coerced), no other key, and each count in 0 .. 2**63 - 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, get_args
+
+from .fields import FieldError, NonEmptyStrings, Within, decode, encode, omitted
+from .output import FORMAT, PARQUET_NAME
+
+Format = Literal["fixed-sft/2"]
+ParquetName = Literal["train.parquet"]
+THIS_FORMAT: Format = "fixed-sft/2"
+PARQUET: ParquetName = "train.parquet"
+assert get_args(Format) == (FORMAT,) == (THIS_FORMAT,) and get_args(ParquetName) == (PARQUET_NAME,) == (PARQUET,)
+
+Count = Annotated[int, Within(0, 2**63 - 1, "0 .. 2**63 - 1")]  # a count verify uses
+Globs = Annotated[list[str], NonEmptyStrings()]
+
+
+@dataclass
+class CodeVersion:
+    """The code that built: package version, format, ``code_sha256``, and in a git checkout its commit."""
+
+    fixed_sft: str
+    format: Format
+    code_sha256: str | None = None  # (the first builds lack it)
+    git_commit: str | None = omitted()
+    git_dirty: bool | None = omitted()
+
+
+@dataclass
+class Params:
+    """The parameters the rows depend on."""
+
+    rows: int | Literal["all"]
+    row_tokens: Count
+    seed: int
+    order: str
+    loss_mask_type: str
+    skip_invalid: bool
+
+
+@dataclass
+class SourceFile:
+    """A source file: its path (relative, with ``/``), size and sha256."""
+
+    path: str
+    bytes: int
+    sha256: str
+
+
+@dataclass(kw_only=True)
+class SourceRecord:
+    """The source: as named, its revision, license, file globs, row count and files."""
+
+    name: str
+    revision: str | None
+    license: str | None
+    file_patterns: None | Globs = None  # (manifests before globs lack it: every file)
+    rows: int
+    files: list[SourceFile]
+
+
+@dataclass
+class FileHash:
+    """A file's size and sha256."""
+
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class Tokenizer:
+    """The tokenizer files, the spec they were checked against, and how they differ from it."""
+
+    name: str | None
+    repo: str | None
+    revision: str | None
+    files: dict[str, FileHash]
+    pinned: bool
+    mismatches: list[str] = omitted([])
+
+
+@dataclass
+class LossMask:
+    """The mask type and the template variables used."""
+
+    type: str
+    template_kwargs: dict[str, Any]
+
+
+@dataclass
+class TemplateCheck:
+    """1 in ``every`` conversations checked against the rendered template (0: none); ``checked``: how many."""
+
+    every: int
+    checked: int
+
+
+@dataclass
+class Stats:
+    """What the rows hold."""
+
+    rows: Count
+    tokens: int
+    supervised_tokens: Count
+    supervised_token_ratio: float
+    trainable_tokens: int
+    padding_tokens: int
+    conversations: int
+    conversations_split: int
+    rows_skipped: int
+    tail_tokens_dropped: int
+    invalid_rows_skipped: int
+
+
+@dataclass
+class SkippedRow:
+    """A source row skipped as invalid: its index, id and why."""
+
+    index: int
+    id: str | None
+    reason: str
+
+
+@dataclass
+class ParquetFile:
+    """``train.parquet``: its size and sha256."""
+
+    path: ParquetName
+    bytes: Count
+    sha256: str
+
+
+@dataclass
+class Manifest:
+    """A build's ``manifest.json``."""
+
+    format: Format
+    name: str
+    code_version: CodeVersion
+    params: Params
+    source: SourceRecord
+    tokenizer: Tokenizer
+    loss_mask: LossMask
+    template_check: TemplateCheck
+    stats: Stats
+    skipped_invalid: list[SkippedRow]
+    parquet: ParquetFile
+    rows_sha256: str
+    row_sha256: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest as the JSON object a build writes."""
+        document: dict[str, Any] = encode(self)
+        return document
+
+
+def read(document: Any) -> Manifest:
+    """``document`` (parsed JSON) as a ``Manifest``; ``FieldError`` naming the first key that
+    is missing, unknown or of another kind, or a count outside 0 .. 2**63 - 1."""
+    if not isinstance(document, dict):
+        raise FieldError("not a JSON object")
+    return decode(Manifest, document)
