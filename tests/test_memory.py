@@ -1,0 +1,144 @@
+"""Bounded memory whatever the conversations' sizes: rows over the bound refused naming them.
+(Rules only: no timed or memory figures; benchmarks/bench_memory.py measures those.)"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import synthetic
+from fixed_sft import source as source_module
+from fixed_sft.build import BuildConfig, InvalidSourceRow, build
+from fixed_sft.order import permutation
+from fixed_sft.source import InvalidRow, SourceError, open_source, read_band, records, value_bytes
+
+
+def _config(path, kimi_dir, **overrides) -> BuildConfig:
+    values = dict(name="memory", source=str(path), tokenizer=str(kimi_dir), rows=1, row_tokens=512, seed=3,
+                  workers=1, check_every=4)
+    values.update(overrides)
+    return BuildConfig(**values)
+
+
+def _conversation(k: int, size: int) -> dict:
+    """A conversation whose assistant reply is ``size`` bytes of ASCII text."""
+    words = " ".join(f"word{(k * 7 + j) % 97}" for j in range(size // 6 + 1))
+    return {"id": f"big_{k}", "source": "test/big",
+            "messages": [{"role": "user", "content": f"question {k}"},
+                         {"role": "assistant", "content": words[:size]}]}
+
+
+def _used(out) -> list[int]:
+    metadata = pq.read_table(out / "train.parquet").column("metadata").to_pylist()
+    return sorted({s["source_index"] for row in metadata for s in row["segments"]})
+
+
+# --- sizes -------------------------------------------------------------------------------
+
+
+def test_value_bytes_counts_the_strings_and_widths_of_each_row():
+    message = pa.struct([("content", pa.string()), ("role", pa.string())])
+    messages = pa.array([[{"content": "hello", "role": "user"}], None, [],
+                         [{"content": None, "role": "assistant"}, {"content": "xy", "role": "user"}]],
+                        pa.list_(message))
+    assert value_bytes(messages).tolist() == [9, 0, 0, 15]
+    assert value_bytes(messages.slice(1)).tolist() == [0, 0, 15]
+    assert value_bytes(pa.chunked_array([messages.slice(0, 1), messages.slice(3)])).tolist() == [9, 15]
+    large = messages.cast(pa.large_list(pa.struct([("content", pa.large_string()), ("role", pa.string())])))
+    assert value_bytes(large).tolist() == [9, 0, 0, 15]
+    assert value_bytes(pa.array(["ab", None, "cde"], pa.string_view())).tolist() == [2, 0, 3]
+    assert value_bytes(pa.array(["ab", "ab", "c"]).dictionary_encode()).tolist() == [2, 2, 1]
+    assert value_bytes(pa.array([7, None, 9], pa.int64())).tolist() == [8, 0, 8]
+    assert value_bytes(pa.array([[1, 2], None], pa.list_(pa.int32(), 2))).tolist() == [8, 0]
+
+
+# --- rows over the bound -----------------------------------------------------------------
+
+
+def test_jsonl_lines_over_the_bound_are_dropped_as_they_are_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(source_module, "MAX_CONVERSATION_BYTES", 200)
+    good = json.dumps(_conversation(0, 50)).encode()
+    at_bound = good[:-1] + b" " * (200 - len(good)) + b"}"
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + at_bound + b"\n" + at_bound[:-1] + b" }\n" + b"x" * 3_000_000 + b"\n"
+                     + good + b"\n" + at_bound[:-1] + b" }")
+    src = open_source(str(path))
+    assert src.num_rows == 5
+    chunk = next(read_band(src, np.arange(5), 0, 5).chunks(10))
+    assert chunk.column("bytes").to_pylist() == [200, 201, 3_000_000, len(good), 201]
+    assert chunk.column("dropped").to_pylist() == [False, True, True, False, True]
+    assert [len(line) for line in chunk.column("line").to_pylist()] == [201, 0, 0, len(good) + 1, 0]
+    got = records(chunk)
+    assert [r["id"] for _, r in got if isinstance(r, dict)] == ["big_0", "big_0"]
+    assert [r.reason for _, r in got if isinstance(r, InvalidRow)] == [
+        "the row is 201 bytes, over the 200-byte limit on one conversation "
+        "(MAX_CONVERSATION_BYTES, which bounds a build's memory)",
+        "the row is 3,000,000 bytes, over the 200-byte limit on one conversation "
+        "(MAX_CONVERSATION_BYTES, which bounds a build's memory)",
+        "the row is 201 bytes, over the 200-byte limit on one conversation "
+        "(MAX_CONVERSATION_BYTES, which bounds a build's memory)"]
+
+
+def test_parquet_rows_over_the_bound_are_dropped_and_keep_their_id(tmp_path, monkeypatch):
+    monkeypatch.setattr(source_module, "MAX_CONVERSATION_BYTES", 2_000)
+    rows = [_conversation(k, size) for k, size in enumerate([100, 5_000, 1_900, 300])]
+    rows[3]["id"] = "i" * 5_000  # over the bound by its id: not kept
+    synthetic.write_parquet(rows, tmp_path / "rows.parquet")
+    src = open_source(str(tmp_path / "rows.parquet"))
+    chunk = next(read_band(src, np.arange(4), 0, 4).chunks(10))
+    assert chunk.column("dropped").to_pylist() == [False, True, False, True]
+    assert chunk.column("messages").null_count == 2
+    got = [record for _, record in records(chunk)]
+    assert isinstance(got[0], dict) and isinstance(got[2], dict)
+    assert (got[1].row_id, got[3].row_id) == ("big_1", None)
+    assert re.fullmatch(r"the row is 5,\d{3} bytes, over the 2,000-byte limit .*", got[1].reason)
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "parquet"])
+def test_a_conversation_over_the_bound_stops_the_build_naming_it(kimi_dir, tmp_path, monkeypatch, suffix):
+    """Without --skip-invalid: the file, row, source row and id, and the bound. With it:
+    recorded, and the build goes on with the same rows as when that row is invalid
+    for another reason."""
+    monkeypatch.setattr(source_module, "MAX_CONVERSATION_BYTES", 20_000)
+    rows = synthetic.conversations(40, seed=4)
+    huge = int(permutation(3, 40)[0])  # packed first
+    rows[huge] = _conversation(huge, 30_000)
+    path = tmp_path / f"src.{suffix}"
+    synthetic.write_jsonl(rows, path) if suffix == "jsonl" else synthetic.write_parquet(rows, path)
+    with pytest.raises(InvalidSourceRow) as error:
+        build(_config(path, kimi_dir, rows=2), tmp_path / "stopped")
+    place = f"line {huge + 1}" if suffix == "jsonl" else f"row {huge}"
+    named = "None" if suffix == "jsonl" else f"big_{huge}"
+    assert str(error.value).startswith(f"{path}: {place} (source row {huge}, id {named}): the row is 30,")
+    assert "over the 20,000-byte limit on one conversation" in str(error.value)
+    manifest = build(_config(path, kimi_dir, rows=2, skip_invalid=True), tmp_path / "skipped")
+    assert [(s["index"], s["reason"][:14]) for s in manifest["skipped_invalid"]] == [(huge, "the row is 30,")]
+    assert huge not in _used(tmp_path / "skipped")
+    rows[huge] = _conversation(huge, 100)
+    rows[huge]["messages"][1]["role"] = "narrator"
+    other = tmp_path / f"other.{suffix}"
+    synthetic.write_jsonl(rows, other) if suffix == "jsonl" else synthetic.write_parquet(rows, other)
+    assert build(_config(other, kimi_dir, rows=2, skip_invalid=True), tmp_path / "other")["rows_sha256"] == \
+        manifest["rows_sha256"]
+
+
+def test_workers_refuse_the_rows_the_reader_dropped(kimi_dir, tmp_path, monkeypatch):
+    """Which rows are over the bound is decided where they are read, and travels with
+    the chunk: workers refuse the same rows, and the rows are the same."""
+    monkeypatch.setattr(source_module, "MAX_CONVERSATION_BYTES", 20_000)
+    rows = synthetic.conversations(40, seed=4)
+    big = [int(i) for i in permutation(3, 40)[:6:2]]
+    for k in big:
+        rows[k] = _conversation(k, 30_000)
+    path = synthetic.write_jsonl(rows, tmp_path / "src.jsonl")
+    one = build(_config(path, kimi_dir, rows=6, skip_invalid=True), tmp_path / "one")
+    two = build(_config(path, kimi_dir, rows=6, skip_invalid=True, workers=2), tmp_path / "two")
+    assert sorted(s["index"] for s in one["skipped_invalid"]) == sorted(big)
+    assert [s["index"] for s in two["skipped_invalid"]] == [s["index"] for s in one["skipped_invalid"]]
+    assert all(s["reason"].startswith("the row is 30,") for s in two["skipped_invalid"])
+    assert two["rows_sha256"] == one["rows_sha256"]
