@@ -152,6 +152,12 @@ def encode_chunk(encoder: ChatEncoder, chunk: pa.Table, first_position: int, che
     )
 
 
+# Chunks in flight to the workers hold at most this much Arrow data together (or one chunk): two
+# chunks of CHUNK_BYTES (fixed_sft.build: a chunk holds at most that, or one row within
+# MAX_CONVERSATION_BYTES, fixed_sft.source), with room for their index columns. So at most two
+# conversations near the bound are encoded at once, whatever the number of workers.
+IN_FLIGHT_BYTES = 17 << 20
+
 PRELOAD_VARIABLE = "FIXED_SFT_PRELOAD_ENCODER"  # an EncoderConfig as JSON, for the fork server only
 
 
@@ -281,21 +287,24 @@ class Encoders:
     def encode(self, chunks: Iterable[tuple[int, pa.Table]], wanted: Callable[[], float]) -> Iterator[Encoded]:
         """Encoded conversations in the order of ``chunks``. Workers get the next chunk
         only while fewer than ``2 * workers`` chunks, holding fewer than ``wanted()``
-        conversations (the caller's estimate of what it still needs), are in flight."""
+        conversations (the caller's estimate of what it still needs) and, with it, at
+        most ``IN_FLIGHT_BYTES`` of Arrow data, are in flight (a larger chunk goes alone)."""
         if self._pool is None:
             for first_position, chunk in chunks:
                 yield from encode_rows(self._started.result(), chunk, first_position, self.check_every)
             return
-        pending: deque[tuple[Future, int]] = deque()  # with the conversations in each chunk
+        pending: deque[tuple[Future, int, int]] = deque()  # with the conversations and bytes in each chunk
         try:
             for first_position, chunk in chunks:
-                while pending and (len(pending) >= 2 * self.workers or sum(n for _, n in pending) >= wanted()):
+                size = chunk.nbytes
+                while pending and (len(pending) >= 2 * self.workers or sum(p[1] for p in pending) >= wanted()
+                                   or sum(p[2] for p in pending) + size > IN_FLIGHT_BYTES):
                     yield from pending.popleft()[0].result()
                 self._started.result()
                 pending.append((self._pool.submit(_encode_in_worker, chunk, first_position, self.check_every),
-                                chunk.num_rows))
+                                chunk.num_rows, size))
             while pending:
                 yield from pending.popleft()[0].result()
         finally:
-            for future, _ in pending:
+            for future, _, _ in pending:
                 future.cancel()

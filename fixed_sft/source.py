@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import math
 import os
 import re
 import threading
@@ -20,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -300,35 +301,59 @@ def bytes_per_row(source: Source) -> float:
     return total / max(source.num_rows, 1)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Band:
     """The rows of one band: one table per source file holding its rows of the band
     sorted by packing position; ``positions[k]`` are those positions for ``parts[k]``.
     Each table's ``bytes`` and ``dropped`` columns are its rows' sizes and whether their
     data was dropped (``read_band``)."""
 
-    parts: list[pa.Table]
+    parts: list[pa.Table | None]
     positions: list[np.ndarray]
 
     @property
     def num_rows(self) -> int:
         return sum(map(len, self.positions))
 
-    def chunks(self, rows: int) -> Iterator[pa.Table]:
-        """Consecutive chunks of ``rows`` rows in packing order, each its own compact copy:
-        a chunk's rows are one slice of each part, interleaved by a single take."""
+    def chunks(self, rows: int | Callable[[], int], max_bytes: float = math.inf) -> Iterator[pa.Table]:
+        """Consecutive chunks in packing order, each its own compact copy: a chunk's rows
+        are one slice of each part, interleaved by a single take. A chunk holds ``rows``
+        rows (a callable: asked as each chunk is cut), or fewer where more would hold more
+        than ``max_bytes`` bytes of rows, and at least one row. A row whose data was
+        dropped when it was read (over ``MAX_CONVERSATION_BYTES``) weighs nothing.
+        The band lets go of each part once its last row is in a chunk (the part becomes
+        ``None``), so that a chunk being encoded is not also held in its band."""
         # positions are distinct (the order is a permutation), so [lo, hi) holds exactly a chunk
-        ordered = np.sort(np.concatenate(self.positions)) if self.parts else np.zeros(0, np.int64)
-        for start in range(0, len(ordered), rows):
-            lo, hi = ordered[start], ordered[min(start + rows, len(ordered)) - 1] + 1
+        if not self.parts:
+            return
+        everything = np.concatenate(self.positions)
+        by_position = np.argsort(everything, kind="stable")
+        ordered = everything[by_position]
+        sizes = np.concatenate([part.column("bytes").to_numpy() for part in self.parts])[by_position]
+        dropped = np.concatenate([part.column("dropped").to_numpy(zero_copy_only=False)
+                                  for part in self.parts])[by_position]
+        ends = np.cumsum(np.where(dropped, 0, sizes))
+        start = 0
+        while start < len(ordered):
+            count = rows() if callable(rows) else rows
+            before = ends[start - 1] if start else 0
+            fit = int(np.searchsorted(ends, before + max_bytes, side="right"))  # rows [start, fit) fit in max_bytes
+            stop = min(len(ordered), start + max(1, count), max(start + 1, fit))
+            lo, hi = ordered[start], ordered[stop - 1] + 1
             pieces, keys = [], []
-            for table, positions in zip(self.parts, self.positions):
+            for k, positions in enumerate(self.positions):
                 a, b = np.searchsorted(positions, (lo, hi)).tolist()
                 if b > a:
-                    pieces.append(table.slice(a, b - a))
+                    pieces.append(self.parts[k].slice(a, b - a))
                     keys.append(positions[a:b])
+                if len(positions) and positions[-1] < hi:
+                    self.parts[k] = None
             interleave = np.argsort(np.concatenate(keys), kind="stable")
-            yield pa.concat_tables(pieces, promote_options="permissive").take(pa.array(interleave)).combine_chunks()
+            chunk = pa.concat_tables(pieces, promote_options="permissive").take(pa.array(interleave)).combine_chunks()
+            del pieces
+            yield chunk
+            del chunk
+            start = stop
 
 
 def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:

@@ -1,10 +1,12 @@
-"""Bounded memory whatever the conversations' sizes: rows over the bound refused naming them.
+"""Bounded memory whatever the conversations' sizes: chunks cut by bytes and by what the
+rows still want, rows over the bound refused naming them.
 (Rules only: no timed or memory figures; benchmarks/bench_memory.py measures those.)"""
 
 from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import Future, ProcessPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -12,6 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import synthetic
+from fixed_sft import build as build_module
+from fixed_sft import encode as encode_module
 from fixed_sft import source as source_module
 from fixed_sft.build import BuildConfig, InvalidSourceRow, build
 from fixed_sft.order import permutation
@@ -55,6 +59,56 @@ def test_value_bytes_counts_the_strings_and_widths_of_each_row():
     assert value_bytes(pa.array(["ab", "ab", "c"]).dictionary_encode()).tolist() == [2, 2, 1]
     assert value_bytes(pa.array([7, None, 9], pa.int64())).tolist() == [8, 0, 8]
     assert value_bytes(pa.array([[1, 2], None], pa.list_(pa.int32(), 2))).tolist() == [8, 0]
+
+
+# --- chunks cut by bytes -----------------------------------------------------------------
+
+
+@pytest.fixture
+def sized_jsonl(tmp_path):
+    """60 JSONL rows of 100 to 5,000 bytes."""
+    rng = np.random.default_rng(0)
+    rows = [_conversation(k, int(rng.integers(100, 5000))) for k in range(60)]
+    return synthetic.write_jsonl(rows, tmp_path / "sized.jsonl")
+
+
+def test_chunks_are_cut_by_bytes_and_rows(sized_jsonl):
+    src = open_source(str(sized_jsonl))
+    rank = np.random.default_rng(1).permutation(src.num_rows)
+    chunks = list(read_band(src, rank, 0, src.num_rows).chunks(7, max_bytes=12_000))
+    sizes = [chunk.column("bytes").to_pylist() for chunk in chunks]
+    lines = sized_jsonl.read_bytes().split(b"\n")
+    for chunk, chunk_sizes in zip(chunks, sizes):
+        assert chunk_sizes == [len(lines[i]) for i in chunk.column("index").to_pylist()]  # a line's bytes
+    assert all(len(s) <= 7 and (sum(s) <= 12_000 or len(s) == 1) for s in sizes)
+    # greedy: the next row would have taken the chunk past a bound
+    assert all(len(s) == 7 or sum(s) + nxt[0] > 12_000 for s, nxt in zip(sizes, sizes[1:]))
+    got = [index for chunk in chunks for index in chunk.column("index").to_pylist()]
+    assert got == np.argsort(rank).tolist()  # every row once, in packing order
+
+
+def test_a_row_larger_than_a_chunk_goes_alone(sized_jsonl):
+    src = open_source(str(sized_jsonl))
+    chunks = list(read_band(src, np.arange(src.num_rows), 0, src.num_rows).chunks(128, max_bytes=50))
+    assert [chunk.num_rows for chunk in chunks] == [1] * src.num_rows
+
+
+def test_chunk_rows_are_asked_as_each_chunk_is_cut(sized_jsonl):
+    src = open_source(str(sized_jsonl))
+    wanted = iter([3, 1, 0, 5] + [100] * 10)
+    chunks = list(read_band(src, np.arange(src.num_rows), 0, 20).chunks(lambda: next(wanted)))
+    assert [chunk.num_rows for chunk in chunks] == [3, 1, 1, 5, 10]  # at least one row
+
+
+def test_a_band_lets_go_of_each_file_once_its_rows_are_in_chunks(tmp_path):
+    for k in range(2):
+        synthetic.write_jsonl([_conversation(10 * k + j, 200) for j in range(10)], tmp_path / f"{k}.jsonl")
+    src = open_source(str(tmp_path))
+    band = read_band(src, np.arange(20), 0, 20)  # the first file's rows come first
+    released = []
+    for chunk in band.chunks(5):
+        released.append([part is None for part in band.parts])
+    assert released == [[False, False], [True, False], [True, False], [True, True]]
 
 
 # --- rows over the bound -----------------------------------------------------------------
@@ -142,3 +196,97 @@ def test_workers_refuse_the_rows_the_reader_dropped(kimi_dir, tmp_path, monkeypa
     assert [s["index"] for s in two["skipped_invalid"]] == [s["index"] for s in one["skipped_invalid"]]
     assert all(s["reason"].startswith("the row is 30,") for s in two["skipped_invalid"])
     assert two["rows_sha256"] == one["rows_sha256"]
+
+
+# --- what a build encodes ----------------------------------------------------------------
+
+
+@pytest.fixture
+def big_source(tmp_path):
+    """20 conversations of 60 KB (about 15,000 tokens each): one fills a 512-token row."""
+    return synthetic.write_jsonl([_conversation(k, 60_000) for k in range(20)], tmp_path / "big.jsonl")
+
+
+def test_a_build_that_needs_one_conversation_has_one_encoded(kimi_dir, tmp_path, monkeypatch, big_source):
+    decoded, encoded = [], []
+    original_records, original_conversation = encode_module.records, encode_module.conversation
+    monkeypatch.setattr(encode_module, "records", lambda chunk: decoded.append(chunk.num_rows) or
+                        original_records(chunk))
+    monkeypatch.setattr(encode_module, "conversation", lambda record: encoded.append(1) or
+                        original_conversation(record))
+    manifest = build(_config(big_source, kimi_dir), tmp_path / "one")
+    assert manifest["stats"]["conversations"] == 1 and decoded == [1] and len(encoded) == 1
+
+
+def test_workers_get_one_conversation_when_the_build_needs_one(kimi_dir, tmp_path, monkeypatch, big_source):
+    """Two workers, a build that one conversation fills: one chunk of one row is sent."""
+    sent = []
+    submit = ProcessPoolExecutor.submit
+
+    def recording(self, fn, *args, **kwargs):
+        if fn is encode_module._encode_in_worker:
+            sent.append(args[0].num_rows)
+        return submit(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", recording)
+    manifest = build(_config(big_source, kimi_dir, workers=2), tmp_path / "two")
+    assert manifest["stats"]["conversations"] == 1 and sent == [1]
+    assert manifest == build(_config(big_source, kimi_dir), tmp_path / "one")
+
+
+def test_a_build_cuts_chunks_by_bytes_and_keeps_its_rows(kimi_dir, tmp_path, monkeypatch):
+    """Chunks of at most CHUNK_BYTES (or one larger row): the same build as with chunks of
+    CHUNK_ROWS rows, at 1 and 2 workers."""
+    rng = np.random.default_rng(5)
+    rows = [_conversation(k, int(rng.integers(500, 12_000))) for k in range(200)]
+    path = synthetic.write_jsonl(rows, tmp_path / "src.jsonl")
+    config = _config(path, kimi_dir, rows=40, row_tokens=1024)
+    expected = build(config, tmp_path / "rows")
+    cut = []
+    chunks = build_module._chunks
+
+    def recording(*args):
+        for first, chunk in chunks(*args):
+            cut.append(chunk.column("bytes").to_pylist())
+            yield first, chunk
+
+    monkeypatch.setattr(build_module, "CHUNK_BYTES", 20_000)
+    monkeypatch.setattr(build_module, "_chunks", recording)
+    for workers in (1, 2):
+        cut.clear()
+        assert build(_config(path, kimi_dir, rows=40, row_tokens=1024, workers=workers), tmp_path / f"w{workers}") \
+            == expected
+        assert len(cut) > 5 and all(sum(sizes) <= 20_000 or len(sizes) == 1 for sizes in cut)
+
+
+def test_chunks_in_flight_to_workers_are_bounded_in_bytes(monkeypatch):
+    """A chunk is sent only while those in flight, with it, hold at most IN_FLIGHT_BYTES
+    (or it is the only one): two chunks at the bound, one larger alone."""
+    events = []
+
+    class Pool:
+        def submit(self, fn, chunk, first, check_every):
+            events.append(("sent", first))
+            future = Future()
+            future.set_result([])
+            future.result = lambda: events.append(("done", first)) or []
+            return future
+
+    encoders = encode_module.Encoders.__new__(encode_module.Encoders)
+    encoders.workers, encoders.check_every, encoders._pool = 8, 0, Pool()
+    encoders._started = Future()
+    encoders._started.set_result(None)
+    monkeypatch.setattr(encode_module, "IN_FLIGHT_BYTES", 3_000)
+    chunks = [(k, pa.table({"x": pa.array([b"a" * size], pa.binary())}))
+              for k, size in enumerate([1_000, 1_000, 1_000, 2_500, 100, 100, 5_000, 100])]
+    sizes = [chunk.nbytes for _, chunk in chunks]
+    list(encoders.encode(chunks, lambda: float("inf")))
+    in_flight, most = set(), []
+    for event, k in events:
+        in_flight.add(k) if event == "sent" else in_flight.discard(k)
+        most.append(sum(sizes[j] for j in in_flight))
+    assert [k for e, k in events if e == "sent"] == list(range(8))
+    assert max(total for total in most if total < sizes[6]) <= 3_000  # two chunks of 1,000 at once, not three
+    assert most[events.index(("sent", 1))] == sizes[0] + sizes[1] and most[events.index(("sent", 2))] < 3_000
+    assert events[events.index(("sent", 6)) - 1] == ("done", 5)  # the 5,000-byte chunk went alone
+    assert events[events.index(("sent", 6)) + 1] == ("done", 6)
