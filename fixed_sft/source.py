@@ -29,10 +29,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .hashes import first_cache_damage
+from .pages import largest_page
 
 SUFFIXES = (".parquet", ".jsonl")
 _DATA_PATTERNS = tuple(f"*{suffix}" for suffix in SUFFIXES)
 READ_BATCH_ROWS = 4096
+# Parquet rows are decoded in batches of at most this many bytes (by the row group's bytes per
+# row), and column chunks read from the file in pieces of PARQUET_BUFFER_BYTES, not whole.
+READ_BATCH_BYTES = 16 << 20
+PARQUET_BUFFER_BYTES = 1 << 20
 # The largest source row a build encodes: a JSONL line's bytes, or the bytes of a Parquet row's
 # strings (with its other values' widths). A larger row is an invalid row, named by ``records``
 # (its data is dropped as it is read, so it costs no more than its read). A build holds a
@@ -42,9 +47,15 @@ READ_BATCH_ROWS = 4096
 # under 1 GiB with 1 or 2 workers (benchmarks/bench_memory.py). 8 MiB is about 2 million tokens of
 # English, twice the longest row a build makes (fixed_sft.build.MAX_ROW_TOKENS).
 MAX_CONVERSATION_BYTES = 8 << 20
+# The largest Parquet page (uncompressed) of the columns a build reads: a reader decodes a whole
+# page, taking about 4 times its size in memory with the values it gives, before any value of it
+# (a source whose pages may be over SHARED_PAGE_BYTES is read a file at a time, not READ_THREADS).
+# A larger page stops the build when the source is opened.
+MAX_PAGE_BYTES = 64 << 20
 _ID_BYTES_NAMED = 1024  # an over-bound Parquet row keeps its id, to be named by it, up to this size
 _SKIP_BYTES = 1 << 20  # an over-bound JSONL line is read past in pieces of this size
 READ_THREADS = 2  # more reader threads raise the peak memory with the source size
+SHARED_PAGE_BYTES = 16 << 20  # a source whose pages may be larger is read a file at a time
 # A reader returns freed decode memory to the OS after decoding this many bytes: at most this
 # much is held per reader, and returning it less often saves page faults when it is reused.
 RELEASE_BYTES = 64 << 20
@@ -127,6 +138,7 @@ class Source:
     row_counts: tuple[int, ...]
     stamps: tuple[tuple[int, int], ...]  # each file's (bytes, modification time in ns) when opened
     patterns: tuple[str, ...] | None = None  # the globs that chose the files (None: every data file)
+    page_bytes: int = 0  # at least the largest Parquet page of the columns read (0: JSONL)
 
     @property
     def num_rows(self) -> int:
@@ -194,14 +206,17 @@ def open_source(source: str, revision: str | None = None, license: str | None = 
     try:
         stamps = tuple(_stamp(f) for f in files)
         counts = tuple(_count_rows(f) for f in files)
+        page_bytes = 0
         if files[0].suffix == ".parquet":
             _check_parquet_types(files)
+            page_bytes = max(_check_parquet_pages(f) for f in files)
     except SourceError:
         damage = first_cache_damage(files)  # a damaged cached file explains the error better
         if damage:
             raise SourceError(damage) from None
         raise
-    return Source(source, revision, license, path if path.is_dir() else path.parent, files, counts, stamps, patterns)
+    return Source(source, revision, license, path if path.is_dir() else path.parent, files, counts, stamps, patterns,
+                  page_bytes)
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -230,6 +245,59 @@ def _check_parquet_types(files: tuple[Path, ...]) -> None:
                 f"{path}: 'messages' is {messages.field(0).type}, which does not combine with the earlier "
                 f"files' {combined.field(0).type}; the files of a source must agree"
             ) from None
+
+
+def _check_parquet_pages(path: Path) -> int:
+    """At least the largest page (uncompressed) in the columns a build reads (``id`` and
+    ``messages``): the largest such column chunk's size, or where one is larger than
+    ``MAX_PAGE_BYTES``, its largest page, read a page header at a time; ``SourceError``
+    naming the row group and column for a page over ``MAX_PAGE_BYTES``."""
+    try:
+        file = pq.ParquetFile(path)
+        meta = file.metadata
+        leaves, read = 0, []
+        for field in file.schema_arrow:
+            count = _leaves(field.type)
+            if field.name in ("id", "messages"):
+                read += range(leaves, leaves + count)
+            leaves += count
+        if leaves != meta.num_columns:  # a schema these rules do not map: every column is read as a whole
+            read = range(meta.num_columns)
+        bound = 0
+        with path.open("rb") as f:
+            for group in range(meta.num_row_groups):
+                for column in read:
+                    chunk = meta.row_group(group).column(column)
+                    largest = chunk.total_uncompressed_size
+                    if largest > MAX_PAGE_BYTES:
+                        first = chunk.dictionary_page_offset if chunk.has_dictionary_page else None
+                        largest = largest_page(f, first or chunk.data_page_offset, chunk.total_compressed_size)
+                        if largest is None:  # headers that cannot be read: the reader reports the damage
+                            largest = chunk.total_uncompressed_size
+                        elif largest > MAX_PAGE_BYTES:
+                            raise SourceError(
+                                f"{path}: row group {group}, column {chunk.path_in_schema}: a page of {largest:,} "
+                                f"bytes, over the {MAX_PAGE_BYTES:,} bytes (MAX_PAGE_BYTES) a build decodes at once "
+                                "(a reader decodes whole pages, and pyarrow's writer puts up to 1,024 values in a "
+                                "page); rewrite the file in smaller pages, as pyarrow.parquet.write_table(table, "
+                                "path, write_batch_size=1) writes it, or as JSONL")
+                    bound = max(bound, largest)
+        return bound
+    except (pa.ArrowException, OSError) as error:
+        raise SourceError(f"{path}: not a readable Parquet file ({error})") from None
+
+
+def _leaves(kind: pa.DataType) -> int:
+    """The Parquet leaf columns an Arrow type is stored in."""
+    if pa.types.is_struct(kind):
+        return sum(_leaves(kind.field(k).type) for k in range(kind.num_fields))
+    if pa.types.is_map(kind):
+        return _leaves(kind.key_type) + _leaves(kind.item_type)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _leaves(kind.value_type)
+    if pa.types.is_dictionary(kind):
+        return _leaves(kind.value_type)
+    return 1
 
 
 def _is_id_type(kind: pa.DataType) -> bool:
@@ -379,7 +447,8 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
             kept.append(positions[local])
         return tables, np.concatenate(kept)
 
-    with ThreadPoolExecutor(min(len(source.files), os.cpu_count() or 1, READ_THREADS)) as pool:
+    threads = 1 if source.page_bytes > SHARED_PAGE_BYTES else READ_THREADS  # (large pages: decoded one at a time)
+    with ThreadPoolExecutor(min(len(source.files), os.cpu_count() or 1, threads)) as pool:
         found = [part for part in pool.map(read_file, source.files, starts.tolist(), source.row_counts) if part]
     memory = pa.default_memory_pool()
     parts, positions = [], []
@@ -396,11 +465,12 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
 
 
 def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa.Table]]:
-    """``(local indices, rows)`` of the wanted rows, streamed in record batches so that
-    memory holds one batch of the file, whatever its row-group size; a row over
-    ``MAX_CONVERSATION_BYTES`` is dropped from the batch (``_bounded``)."""
+    """``(local indices, rows)`` of the wanted rows, streamed in record batches of at most
+    ``READ_BATCH_BYTES`` (by the row group's bytes per row) from column chunks read in
+    pieces, so that memory holds one batch of the file, whatever its row-group and row
+    sizes; a row over ``MAX_CONVERSATION_BYTES`` is dropped from the batch (``_bounded``)."""
     try:
-        file = pq.ParquetFile(path)
+        file = pq.ParquetFile(path, buffer_size=PARQUET_BUFFER_BYTES)
         names = file.schema_arrow.names
         columns = [c for c in ("id", "messages") if c in names]
         first = decoded = 0
@@ -408,7 +478,9 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
             meta = file.metadata.row_group(group)
             if inside[first : first + meta.num_rows].any():
                 start = first
-                for batch in file.iter_batches(batch_size=READ_BATCH_ROWS, row_groups=[group], columns=columns):
+                per_row = meta.total_byte_size / max(meta.num_rows, 1)
+                batch_rows = max(1, min(READ_BATCH_ROWS, int(READ_BATCH_BYTES / max(per_row, 1.0))))
+                for batch in file.iter_batches(batch_size=batch_rows, row_groups=[group], columns=columns):
                     wanted = np.flatnonzero(inside[start : start + batch.num_rows])
                     if len(wanted):
                         table = pa.Table.from_batches([batch])

@@ -1,9 +1,10 @@
 """Bounded memory whatever the conversations' sizes: chunks cut by bytes and by what the
-rows still want, rows over the bound refused naming them.
+rows still want, rows over the bound refused naming them, Parquet pages bounded.
 (Rules only: no timed or memory figures; benchmarks/bench_memory.py measures those.)"""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -19,6 +20,7 @@ from fixed_sft import encode as encode_module
 from fixed_sft import source as source_module
 from fixed_sft.build import BuildConfig, InvalidSourceRow, build
 from fixed_sft.order import permutation
+from fixed_sft.pages import largest_page, page_sizes
 from fixed_sft.source import InvalidRow, SourceError, open_source, read_band, records, value_bytes
 
 
@@ -290,3 +292,70 @@ def test_chunks_in_flight_to_workers_are_bounded_in_bytes(monkeypatch):
     assert most[events.index(("sent", 1))] == sizes[0] + sizes[1] and most[events.index(("sent", 2))] < 3_000
     assert events[events.index(("sent", 6)) - 1] == ("done", 5)  # the 5,000-byte chunk went alone
     assert events[events.index(("sent", 6)) + 1] == ("done", 6)
+
+
+# --- Parquet pages -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", [{}, {"data_page_version": "2.0"}, {"compression": "zstd", "data_page_size": 4096},
+                                     {"use_dictionary": False, "write_statistics": False},
+                                     {"compression": "none", "write_page_index": True, "row_group_size": 70},
+                                     {"compression": "gzip", "write_page_checksum": True, "write_batch_size": 16}])
+def test_page_headers_are_walked_to_the_end_of_each_column_chunk(options):
+    table = synthetic._to_table(synthetic.conversations(300, seed=6))
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, **options)
+    meta = pq.ParquetFile(buffer).metadata
+    for group in range(meta.num_row_groups):
+        for column in range(meta.num_columns):
+            chunk = meta.row_group(group).column(column)
+            start = (chunk.dictionary_page_offset if chunk.has_dictionary_page else None) or chunk.data_page_offset
+            pages = list(page_sizes(buffer, start, chunk.total_compressed_size))
+            assert sum(h + c for h, _, c in pages) == chunk.total_compressed_size
+            assert sum(h + u for h, u, _ in pages) == chunk.total_uncompressed_size
+            assert largest_page(buffer, start, chunk.total_compressed_size) == max(u for _, u, _ in pages)
+    assert largest_page(io.BytesIO(b"\x15\x00" * 8), 0, 16) is None  # not a page header
+
+
+def test_a_parquet_page_over_the_bound_stops_the_build_when_the_source_is_opened(kimi_dir, tmp_path, monkeypatch):
+    """pyarrow's writer puts up to 1,024 values in a page: 40 conversations of 60 KB make a
+    page of 2.4 MB, which a reader decodes whole. Written in pages of about 1 MB, they are read."""
+    monkeypatch.setattr(source_module, "MAX_PAGE_BYTES", 2 << 20)
+    table = synthetic._to_table([_conversation(k, 60_000) for k in range(40)])
+    pq.write_table(table, tmp_path / "big-pages.parquet")
+    message = (f"{tmp_path / 'big-pages.parquet'}: row group 0, column messages.list.element.content: a page of "
+               r"2,\d{3},\d{3} bytes, over the 2,097,152 bytes \(MAX_PAGE_BYTES\) a build decodes at once")
+    with pytest.raises(SourceError, match=message):
+        open_source(str(tmp_path / "big-pages.parquet"))
+    with pytest.raises(SourceError, match=message):
+        build(_config(tmp_path / "big-pages.parquet", kimi_dir), tmp_path / "out")
+    pq.write_table(table, tmp_path / "small-pages.parquet", write_batch_size=1)
+    src = open_source(str(tmp_path / "small-pages.parquet"))
+    assert 60_000 <= src.page_bytes < 2 << 20
+    rows = synthetic.conversations(40, seed=2)
+    rows[0]["source"] = "s" * (3 << 20)  # a page of 3 MiB in a column the build does not read
+    synthetic.write_parquet(rows, tmp_path / "other-column.parquet")
+    assert pq.ParquetFile(tmp_path / "other-column.parquet").metadata.row_group(0).column(3).path_in_schema == "source"
+    assert open_source(str(tmp_path / "other-column.parquet")).page_bytes < 2 << 20
+
+
+def test_a_source_of_large_pages_is_read_a_file_at_a_time(tmp_path, monkeypatch):
+    threads = []
+    pool = source_module.ThreadPoolExecutor
+    monkeypatch.setattr(source_module, "ThreadPoolExecutor", lambda n: threads.append(n) or pool(n))
+    rows = synthetic.conversations(40, seed=2)
+    synthetic.write_parquet(rows, tmp_path / "src", rows_per_file=10)
+    src = open_source(str(tmp_path / "src"))
+    read_band(src, np.arange(40), 0, 40)
+    monkeypatch.setattr(source_module, "SHARED_PAGE_BYTES", src.page_bytes - 1)
+    read_band(src, np.arange(40), 0, 40)
+    assert threads == [2, 1]
+
+
+def test_parquet_batches_are_sized_by_bytes(tmp_path, monkeypatch):
+    """A row group of 40 rows of about 60 KB, read in batches of about 200 KB: 3 rows."""
+    monkeypatch.setattr(source_module, "READ_BATCH_BYTES", 200_000)
+    pq.write_table(synthetic._to_table([_conversation(k, 60_000) for k in range(40)]), tmp_path / "rows.parquet",
+                   write_batch_size=1)
+    batches = [len(local) for local, _ in source_module._read_parquet(tmp_path / "rows.parquet", np.ones(40, bool))]
+    assert batches == [3] * 13 + [1]
