@@ -140,10 +140,10 @@ class ChatEncoder:
         lengths: list[int] = []
         for message in messages:
             layout = self._layouts[message["role"]]
-            body = self.tokenizer.encode_to_numpy(message["content"])
-            parts += (layout.prefix, body, layout.suffix)
+            body = list(self.tokenizer.encode_pieces(message["content"]))  # a long content's pieces: joined once
+            parts += (layout.prefix, *body, layout.suffix)
             values += (0, layout.body_mask)
-            lengths += (layout.header, layout.size - layout.header + len(body))
+            lengths += (layout.header, layout.size - layout.header + sum(map(len, body)))
         ids = np.concatenate(parts).view(np.int32) if parts else np.zeros(0, np.int32)
         return ids, np.repeat(np.array(values, dtype=np.uint8), lengths)
 
