@@ -380,7 +380,9 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             return max(1, math.ceil(min(CHUNK_ROWS, wanted())))
 
         def band_rows() -> int:
-            """Rows in the next band: those wanted, and a chunk, within the band memory budget."""
+            """Rows in the next band: those wanted and a chunk more (``CHUNK_ROWS`` rows, or
+            as many as ``CHUNK_BYTES`` holds at the source's average size), within the band
+            memory budget; ``_chunks`` reads at least one."""
             per_row = max(bytes_row, 1.0)
             return int(min(BAND_BYTES / per_row, wanted() + min(CHUNK_ROWS, CHUNK_BYTES / per_row)))
 
