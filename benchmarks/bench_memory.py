@@ -45,6 +45,8 @@ written by ``pyarrow.parquet.write_table``.
   synthetic conversations in 4 Parquet files.
 * ``many-max``: 48 such conversations at the bound, JSONL; 2,000 rows, which take about
   ten of them.
+* ``4mb-all`` (only when named): the ``4mb`` source built whole (``rows`` all), so
+  that bands, not one conversation, set the memory: 64 conversations a band.
 * ``100mb`` and ``100mb-parquet``: one 100 MiB conversation packed first among 300
   synthetic ones, JSONL and Parquet, with ``skip_invalid``; 4 rows. In JSONL the row is
   refused (over the bound) and recorded, and the build goes on; in Parquet its page is
@@ -87,6 +89,7 @@ GIB = 1 << 30
 TARGET_BYTES = GIB
 OUTCOME_CHARS = 60
 CASES = ("small", "4mb", "4mb-one-group", "max", "max-parquet", "normal-2000", "many-max", "100mb", "100mb-parquet")
+EXTRA_CASES = ("4mb-all",)  # run only when --cases names them
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ class Case:
     name: str
     title: str
     source: Path
-    rows: int
+    rows: int | None  # None: the whole source
     row_tokens: int = 8192
     skip_invalid: bool = False
     refused: str | None = None  # the error the build must stop with (a text it holds), if any
@@ -166,11 +169,14 @@ def make_sources(work: Path, names: set[str]) -> dict[str, Case]:
         cases["normal-2000"] = Case("normal-2000", "normal, 16,000 conv., 2000 x 8192", work / "normal-2000",
                                     rows=2000, baseline="normal-2000")
     pool = text_pool() if names - {"small"} else b""
-    if names & {"4mb", "4mb-one-group"}:
+    if names & {"4mb", "4mb-one-group", "4mb-all"}:
         rows = [huge_conversation(pool, 4 * MIB, k) for k in range(150)]
         if "4mb" in names:
             cases["4mb"] = Case("4mb", "150 of 4 MiB, Parquet, groups of 8, 1 x 8192",
                                 write_parquet(rows, work / "4mb.parquet", row_group_size=8), rows=1)
+        if "4mb-all" in names:
+            cases["4mb-all"] = Case("4mb-all", "150 of 4 MiB, Parquet, groups of 8, all rows",
+                                    write_parquet(rows, work / "4mb-all.parquet", row_group_size=8), rows=None)
         if "4mb-one-group" in names:
             cases["4mb-one-group"] = Case("4mb-one-group", "150 of 4 MiB, Parquet, one row group, 1 x 8192",
                                           write_parquet(rows, work / "4mb-one-group.parquet"), rows=1,
@@ -391,7 +397,8 @@ def print_table(cases: dict[str, Case], runs: list[dict[str, Any]], workers: lis
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3, metavar="K", help="builds per case and worker count")
-    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument("--cases", default=",".join(CASES),
+                        help=f"comma-separated, of {', '.join(CASES + EXTRA_CASES)} (default: all but {', '.join(EXTRA_CASES)})")
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts (default 1,2)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write every build's figures to OUT")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="write the sources and builds in DIR, and keep them")
@@ -403,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         child_main(args.child)
         return 0
     names = args.cases.split(",")
-    if unknown := set(names) - set(CASES):
+    if unknown := set(names) - set(CASES + EXTRA_CASES):
         parser.error(f"unknown case(s) {', '.join(sorted(unknown))}")
     workers = [int(w) for w in args.workers.split(",")]
     if args.repeat < 1 or min(workers) < 1:
