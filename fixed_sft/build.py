@@ -41,7 +41,11 @@ from .specs import ResolvedTokenizer, resolve_tokenizer
 from .tokenizer import eos_id
 
 ORDER_RULE = "splitmix64-key-v1"
+# A chunk (what one worker encodes at a time) holds at most CHUNK_ROWS rows and CHUNK_BYTES bytes
+# of rows (one row, however large, within MAX_CONVERSATION_BYTES), and no more rows than the
+# build still wants; a band (what one pass over the source keeps) holds BAND_BYTES of rows at most.
 CHUNK_ROWS = 128
+CHUNK_BYTES = 8 << 20
 BAND_BYTES = 256 << 20
 
 
@@ -78,14 +82,18 @@ def code_version() -> dict:
     return version
 
 
-def _chunks(source: Source, rank: np.ndarray, band_rows: Callable[[], int]) -> Iterator[tuple[int, pa.Table]]:
+def _chunks(source: Source, rank: np.ndarray, band_rows: Callable[[], int],
+            chunk_rows: Callable[[], int]) -> Iterator[tuple[int, pa.Table]]:
     """``(first position, rows)`` chunks in packing order, read a band at a time;
-    ``band_rows`` sizes each band when it is reached."""
+    ``band_rows`` sizes each band when it is reached, and ``chunk_rows`` each chunk when it
+    is cut (in bytes, a chunk holds at most ``CHUNK_BYTES``, or one row)."""
     lo = 0
     while lo < source.num_rows:
-        hi = min(source.num_rows, lo + max(CHUNK_ROWS, band_rows()))
-        for k, chunk in enumerate(read_band(source, rank, lo, hi).chunks(CHUNK_ROWS)):
-            yield lo + k * CHUNK_ROWS, chunk
+        hi = min(source.num_rows, lo + max(1, band_rows()))
+        first = lo
+        for chunk in read_band(source, rank, lo, hi).chunks(chunk_rows, CHUNK_BYTES):
+            yield first, chunk
+            first += chunk.num_rows
         lo = hi
 
 
@@ -229,11 +237,19 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             per_conversation = tally.tokens_encoded / encoded if encoded else bytes_row / 4
             return 1.2 * tokens_left / max(per_conversation, 1.0)
 
-        def band_rows() -> int:
-            """Rows in the next band: those wanted, and a chunk, within the band memory budget."""
-            return int(min(BAND_BYTES / max(bytes_row, 1.0), wanted() + CHUNK_ROWS))
+        def chunk_rows() -> int:
+            """Rows in the next chunk: ``CHUNK_ROWS``, or the conversations wanted where
+            fewer (so that a build that needs one does not have 128 encoded)."""
+            return max(1, math.ceil(min(CHUNK_ROWS, wanted())))
 
-        stream = encoders.encode(_chunks(source, rank, band_rows), wanted)
+        def band_rows() -> int:
+            """Rows in the next band: those wanted and a chunk more (``CHUNK_ROWS`` rows, or
+            as many as ``CHUNK_BYTES`` holds at the source's average size), within the band
+            memory budget; ``_chunks`` reads at least one."""
+            per_row = max(bytes_row, 1.0)
+            return int(min(BAND_BYTES / per_row, wanted() + min(CHUNK_ROWS, CHUNK_BYTES / per_row)))
+
+        stream = encoders.encode(_chunks(source, rank, band_rows, chunk_rows), wanted)
         try:
             with tqdm(total=config.rows, unit="row", disable=not progress, desc=config.name) as bar:
                 _pack(_valid(stream, source, config.skip_invalid, tally), config.rows, packer, writer, tally, bar)

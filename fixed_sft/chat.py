@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
@@ -139,10 +140,10 @@ class ChatEncoder:
         lengths: list[int] = []
         for message in messages:
             layout = self._layouts[message["role"]]
-            body = self.tokenizer.encode_to_numpy(message["content"])
-            parts += (layout.prefix, body, layout.suffix)
+            body = list(self.tokenizer.encode_pieces(message["content"]))  # a long content's pieces: joined once
+            parts += (layout.prefix, *body, layout.suffix)
             values += (0, layout.body_mask)
-            lengths += (layout.header, layout.size - layout.header + len(body))
+            lengths += (layout.header, layout.size - layout.header + sum(map(len, body)))
         ids = np.concatenate(parts).view(np.int32) if parts else np.zeros(0, np.int32)
         return ids, np.repeat(np.array(values, dtype=np.uint8), lengths)
 
@@ -163,13 +164,30 @@ class ChatEncoder:
         """Token ids by rendering the template and encoding the text; ``TemplateRefusal``
         when the template refuses to render the conversation (an error it raises, as for
         roles out of the order it allows)."""
+        return np.concatenate([np.zeros(0, np.uint32), *self._reference_pieces(messages)]).tolist()
+
+    def _reference_pieces(self, messages: list[dict]) -> Iterator[np.ndarray]:
+        """``reference_ids`` as the tokenizer's consecutive uint32 pieces (``encode_pieces``)."""
         try:
-            return self.tokenizer.encode(self.render(messages))
+            text = self.render(messages)
         except Exception as error:  # whatever the template raises
             raise TemplateRefusal(f"the chat template refuses the conversation ({type(error).__name__}: {error})") from None
+        return self.tokenizer.encode_pieces(text)
 
-    def check(self, messages: list[dict], ids: list[int] | np.ndarray) -> None:
+    def check(self, messages: list[dict], ids: np.ndarray) -> None:
         """Raise ``TemplateMismatch`` unless ``ids`` equal the rendered template's ids
-        (``TemplateRefusal`` when the template refuses to render the conversation)."""
-        if np.asarray(ids).tolist() != self.reference_ids(messages):
-            raise TemplateMismatch("fast-path ids differ from the rendered chat template")
+        (``TemplateRefusal`` when the template refuses to render the conversation). The
+        rendered text is encoded a piece at a time and each piece compared with its slice
+        of ``ids`` as arrays: a long conversation's ids never become Python integers, and
+        its reference ids are never all held at once."""
+        ids = np.asanyarray(ids)
+        offset = 0
+        for piece in self._reference_pieces(messages):
+            end = offset + len(piece)
+            if end > len(ids) or not np.array_equal(ids[offset:end], piece):
+                break
+            offset = end
+        else:
+            if offset == len(ids):
+                return
+        raise TemplateMismatch("fast-path ids differ from the rendered chat template")

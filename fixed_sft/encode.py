@@ -18,6 +18,7 @@ process is gone.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import json
 import os
@@ -156,6 +157,13 @@ def encode_chunk(encoder: ChatEncoder, chunk: pa.Table, first_position: int, che
     )
 
 
+# Chunks in flight to the workers hold at most this much Arrow data together (or one chunk): two
+# chunks of CHUNK_BYTES (fixed_sft.build: a chunk holds at most that, or one row within
+# MAX_CONVERSATION_BYTES, fixed_sft.source), with room for their index columns. So at most two
+# conversations near the bound are encoded at once, whatever the number of workers.
+IN_FLIGHT_BYTES = 17 << 20
+RELEASE_CHUNK_BYTES = 4 << 20
+
 PRELOAD_VARIABLE = "FIXED_SFT_PRELOAD_ENCODER"  # an EncoderConfig as JSON, for the fork server only
 BUILDER_VARIABLE = "FIXED_SFT_PRELOAD_BUILDER"  # the pid of the build's process, which starts the fork server
 
@@ -210,7 +218,26 @@ def _init_worker(config: EncoderConfig) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the build's to handle: it stops the workers
     threading.Thread(target=_exit_when_gone, args=(parent_process().sentinel,), daemon=True).start()
     pa.set_memory_pool(pa.system_memory_pool())  # as ``system_allocator`` in the build's process
+    _map_large_allocations()
     _worker_encoder = worker_encoder(config)
+
+
+MMAP_THRESHOLD_BYTES = 4 << 20
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def _map_large_allocations() -> None:
+    """In a worker (a process of the build's own): the C allocator maps every allocation
+    of ``MMAP_THRESHOLD_BYTES`` or more, and unmaps it when freed. By default glibc raises
+    that threshold, up to 32 MB, as such blocks are freed, and then serves them from its
+    heaps, where what a large conversation's texts, ids and rendering freed stays,
+    fragmented, under the next one's. Nothing where the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL(None)
+        if hasattr(libc, "gnu_get_libc_version"):
+            libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    except (OSError, AttributeError):
+        pass
 
 
 def _exit_when_gone(parent_sentinel: int) -> None:
@@ -223,7 +250,17 @@ def _exit_when_gone(parent_sentinel: int) -> None:
 def _encode_in_worker(chunk: pa.Table, first_position: int, check_every: int) -> EncodedChunk:
     if isinstance(_worker_encoder, Exception):
         raise _worker_encoder
-    return encode_chunk(_worker_encoder, chunk, first_position, check_every)
+    encoded = encode_chunk(_worker_encoder, chunk, first_position, check_every)
+    _release_after(chunk)
+    return encoded
+
+
+def _release_after(chunk: pa.Table) -> None:
+    """Give freed memory back to the OS after a chunk of at least ``RELEASE_CHUNK_BYTES``
+    (the C allocator keeps what a large conversation's texts, ids and rendering freed,
+    fragmented, under the next one's)."""
+    if chunk.nbytes >= RELEASE_CHUNK_BYTES:
+        pa.default_memory_pool().release_unused()  # (the system pool: malloc_trim, for all allocations)
 
 
 WORKER_MODULES = [__name__, RENDERER_MODULE]  # what the fork server imports once, for every worker
@@ -364,24 +401,38 @@ class Encoders:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
 
+    @staticmethod
+    def _consume(item: tuple[Future, int, int]) -> Iterator[Encoded]:
+        """The conversations of a chunk in flight, once its worker is done (memory given
+        back after a large one, as ``_release_after``)."""
+        future, _, size = item
+        yield from future.result()
+        del future, item
+        if size >= RELEASE_CHUNK_BYTES:
+            pa.default_memory_pool().release_unused()
+
     def encode(self, chunks: Iterable[tuple[int, pa.Table]], wanted: Callable[[], float]) -> Iterator[Encoded]:
         """Encoded conversations in the order of ``chunks``. Workers get the next chunk
         only while fewer than ``2 * workers`` chunks, holding fewer than ``wanted()``
-        conversations (the caller's estimate of what it still needs), are in flight."""
+        conversations (the caller's estimate of what it still needs) and, with it, at
+        most ``IN_FLIGHT_BYTES`` of Arrow data, are in flight (a larger chunk goes alone)."""
         if self._pool is None:
             for first_position, chunk in chunks:
                 yield from encode_rows(self._started.result(), chunk, first_position, self.check_every)
+                _release_after(chunk)
             return
-        pending: deque[tuple[Future, int]] = deque()  # with the conversations in each chunk
+        pending: deque[tuple[Future, int, int]] = deque()  # with the conversations and bytes in each chunk
         try:
             for first_position, chunk in chunks:
-                while pending and (len(pending) >= 2 * self.workers or sum(n for _, n in pending) >= wanted()):
-                    yield from pending.popleft()[0].result()
+                size = chunk.nbytes
+                while pending and (len(pending) >= 2 * self.workers or sum(p[1] for p in pending) >= wanted()
+                                   or sum(p[2] for p in pending) + size > IN_FLIGHT_BYTES):
+                    yield from self._consume(pending.popleft())
                 self._started.result()
                 pending.append((self._pool.submit(_encode_in_worker, chunk, first_position, self.check_every),
-                                chunk.num_rows))
+                                chunk.num_rows, size))
             while pending:
-                yield from pending.popleft()[0].result()
+                yield from self._consume(pending.popleft())
         finally:
-            for future, _ in pending:
+            for future, _, _ in pending:
                 future.cancel()

@@ -13,26 +13,51 @@ from __future__ import annotations
 
 import codecs
 import json
+import math
 import os
+import re
 import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .fields import STRICT_JSON, DuplicateKey
 from .hub import HubUnreachable, download_dataset, is_hub_id, raise_cache_damage
+from .pages import largest_page
 
 SUFFIXES = (".parquet", ".jsonl")
 _DATA_PATTERNS = tuple(f"*{suffix}" for suffix in SUFFIXES)
 READ_BATCH_ROWS = 4096
+# Parquet rows are decoded in batches of at most this many bytes (by the row group's bytes per
+# row), and column chunks read from the file in pieces of PARQUET_BUFFER_BYTES, not whole.
+READ_BATCH_BYTES = 16 << 20
+PARQUET_BUFFER_BYTES = 1 << 20
+# The largest source row a build encodes: a JSONL line's bytes, or the bytes of a Parquet row's
+# strings (with its other values' widths). A larger row is an invalid row, named by ``records``
+# (its data is dropped as it is read, so it costs no more than its read). A build holds a
+# conversation several times over while it encodes it (source bytes, its text as Python holds it:
+# up to 4 bytes a character, ids, the template check's rendering), in the build process and in
+# each of up to two workers that encode one at once: at 8 MiB, builds of such conversations stay
+# under 1 GiB with 1 or 2 workers (benchmarks/bench_memory.py). 8 MiB is about 2 million tokens of
+# English, twice the longest row a build makes (fixed_sft.build.MAX_ROW_TOKENS).
+MAX_CONVERSATION_BYTES = 8 << 20
+# The largest Parquet page (uncompressed) of the columns a build reads: a reader decodes a whole
+# page, taking about 4 times its size in memory with the values it gives, before any value of it
+# (a source whose pages may be over SHARED_PAGE_BYTES is read a file at a time, not READ_THREADS).
+# A larger page stops the build when the source is opened.
+MAX_PAGE_BYTES = 64 << 20
+_ID_BYTES_NAMED = 1024  # an over-bound Parquet row keeps its id, to be named by it, up to this size
+_SKIP_BYTES = 1 << 20  # an over-bound JSONL line is read past in pieces of this size
 READ_THREADS = 2  # more reader threads raise the peak memory with the source size
+SHARED_PAGE_BYTES = 16 << 20  # a source whose pages may be larger is read a file at a time
 # A reader returns freed decode memory to the OS after decoding this many bytes: at most this
 # much is held per reader, and returning it less often saves page faults when it is reused.
 RELEASE_BYTES = 64 << 20
@@ -115,6 +140,7 @@ class Source:
     row_counts: tuple[int, ...]
     stamps: tuple[tuple[int, int], ...]  # each file's (bytes, modification time in ns) when opened
     patterns: tuple[str, ...] | None = None  # the globs that chose the files (None: every data file)
+    page_bytes: int = 0  # at least the largest Parquet page of the columns read (0: JSONL)
 
     @property
     def num_rows(self) -> int:
@@ -156,12 +182,15 @@ def open_source(source: str, revision: str | None = None, license: str | None = 
     try:
         stamps = tuple(_stamp(f) for f in files)
         counts = tuple(_count_rows(f) for f in files)
+        page_bytes = 0
         if files[0].suffix == ".parquet":
             _check_parquet_types(files)
+            page_bytes = max(_check_parquet_pages(f) for f in files)
     except SourceError:
         raise_cache_damage(files, SourceError)  # a damaged cached file explains the error better
         raise
-    return Source(source, revision, license, path if path.is_dir() else path.parent, files, counts, stamps, patterns)
+    return Source(source, revision, license, path if path.is_dir() else path.parent, files, counts, stamps, patterns,
+                  page_bytes)
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -190,6 +219,59 @@ def _check_parquet_types(files: tuple[Path, ...]) -> None:
                 f"{path}: 'messages' is {messages.field(0).type}, which does not combine with the earlier "
                 f"files' {combined.field(0).type}; the files of a source must agree"
             ) from None
+
+
+def _check_parquet_pages(path: Path) -> int:
+    """At least the largest page (uncompressed) in the columns a build reads (``id`` and
+    ``messages``): the largest such column chunk's size, or where one is larger than
+    ``MAX_PAGE_BYTES``, its largest page, read a page header at a time; ``SourceError``
+    naming the row group and column for a page over ``MAX_PAGE_BYTES``."""
+    try:
+        file = pq.ParquetFile(path)
+        meta = file.metadata
+        leaves, read = 0, []
+        for field in file.schema_arrow:
+            count = _leaves(field.type)
+            if field.name in ("id", "messages"):
+                read += range(leaves, leaves + count)
+            leaves += count
+        if leaves != meta.num_columns:  # a schema these rules do not map: every column is read as a whole
+            read = range(meta.num_columns)
+        bound = 0
+        with path.open("rb") as f:
+            for group in range(meta.num_row_groups):
+                for column in read:
+                    chunk = meta.row_group(group).column(column)
+                    largest = chunk.total_uncompressed_size
+                    if largest > MAX_PAGE_BYTES:
+                        first = chunk.dictionary_page_offset if chunk.has_dictionary_page else None
+                        largest = largest_page(f, first or chunk.data_page_offset, chunk.total_compressed_size)
+                        if largest is None:  # headers that cannot be read: the reader reports the damage
+                            largest = chunk.total_uncompressed_size
+                        elif largest > MAX_PAGE_BYTES:
+                            raise SourceError(
+                                f"{path}: row group {group}, column {chunk.path_in_schema}: a page of {largest:,} "
+                                f"bytes, over the {MAX_PAGE_BYTES:,} bytes (MAX_PAGE_BYTES) a build decodes at once "
+                                "(a reader decodes whole pages, and pyarrow's writer puts up to 1,024 values in a "
+                                "page); rewrite the file in smaller pages, as pyarrow.parquet.write_table(table, "
+                                "path, write_batch_size=1) writes it, or as JSONL")
+                    bound = max(bound, largest)
+        return bound
+    except (pa.ArrowException, OSError) as error:
+        raise SourceError(f"{path}: not a readable Parquet file ({error})") from None
+
+
+def _leaves(kind: pa.DataType) -> int:
+    """The Parquet leaf columns an Arrow type is stored in."""
+    if pa.types.is_struct(kind):
+        return sum(_leaves(kind.field(k).type) for k in range(kind.num_fields))
+    if pa.types.is_map(kind):
+        return _leaves(kind.key_type) + _leaves(kind.item_type)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _leaves(kind.value_type)
+    if pa.types.is_dictionary(kind):
+        return _leaves(kind.value_type)
+    return 1
 
 
 def _is_id_type(kind: pa.DataType) -> bool:
@@ -276,33 +358,59 @@ def bytes_per_row(source: Source) -> float:
     return total / max(source.num_rows, 1)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Band:
     """The rows of one band: one table per source file holding its rows of the band
-    sorted by packing position; ``positions[k]`` are those positions for ``parts[k]``."""
+    sorted by packing position; ``positions[k]`` are those positions for ``parts[k]``.
+    Each table's ``bytes`` and ``dropped`` columns are its rows' sizes and whether their
+    data was dropped (``read_band``)."""
 
-    parts: list[pa.Table]
+    parts: list[pa.Table | None]
     positions: list[np.ndarray]
 
     @property
     def num_rows(self) -> int:
         return sum(map(len, self.positions))
 
-    def chunks(self, rows: int) -> Iterator[pa.Table]:
-        """Consecutive chunks of ``rows`` rows in packing order, each its own compact copy:
-        a chunk's rows are one slice of each part, interleaved by a single take."""
+    def chunks(self, rows: int | Callable[[], int], max_bytes: float = math.inf) -> Iterator[pa.Table]:
+        """Consecutive chunks in packing order, each its own compact copy: a chunk's rows
+        are one slice of each part, interleaved by a single take. A chunk holds ``rows``
+        rows (a callable: asked as each chunk is cut), or fewer where more would hold more
+        than ``max_bytes`` bytes of rows, and at least one row. A row whose data was
+        dropped when it was read (over ``MAX_CONVERSATION_BYTES``) weighs nothing.
+        The band lets go of each part once its last row is in a chunk (the part becomes
+        ``None``), so that a chunk being encoded is not also held in its band."""
         # positions are distinct (the order is a permutation), so [lo, hi) holds exactly a chunk
-        ordered = np.sort(np.concatenate(self.positions)) if self.parts else np.zeros(0, np.int64)
-        for start in range(0, len(ordered), rows):
-            lo, hi = ordered[start], ordered[min(start + rows, len(ordered)) - 1] + 1
+        if not self.parts:
+            return
+        everything = np.concatenate(self.positions)
+        by_position = np.argsort(everything, kind="stable")
+        ordered = everything[by_position]
+        sizes = np.concatenate([part.column("bytes").to_numpy() for part in self.parts])[by_position]
+        dropped = np.concatenate([part.column("dropped").to_numpy(zero_copy_only=False)
+                                  for part in self.parts])[by_position]
+        ends = np.cumsum(np.where(dropped, 0, sizes))
+        start = 0
+        while start < len(ordered):
+            count = rows() if callable(rows) else rows
+            before = ends[start - 1] if start else 0
+            fit = int(np.searchsorted(ends, before + max_bytes, side="right"))  # rows [start, fit) fit in max_bytes
+            stop = min(len(ordered), start + max(1, count), max(start + 1, fit))
+            lo, hi = ordered[start], ordered[stop - 1] + 1
             pieces, keys = [], []
-            for table, positions in zip(self.parts, self.positions):
+            for k, positions in enumerate(self.positions):
                 a, b = np.searchsorted(positions, (lo, hi)).tolist()
                 if b > a:
-                    pieces.append(table.slice(a, b - a))
+                    pieces.append(self.parts[k].slice(a, b - a))
                     keys.append(positions[a:b])
+                if len(positions) and positions[-1] < hi:
+                    self.parts[k] = None
             interleave = np.argsort(np.concatenate(keys), kind="stable")
-            yield pa.concat_tables(pieces, promote_options="permissive").take(pa.array(interleave)).combine_chunks()
+            chunk = pa.concat_tables(pieces, promote_options="permissive").take(pa.array(interleave)).combine_chunks()
+            del pieces
+            yield chunk
+            del chunk
+            start = stop
 
 
 def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
@@ -310,8 +418,10 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
     files in parallel threads (pyarrow decodes without the GIL).
 
     Columns: ``messages`` and, where the file has it, ``id`` (as text) for Parquet
-    sources, or ``line`` (the raw bytes) for JSONL sources; then ``index`` (the global
-    row index). ``records`` decodes them."""
+    sources, or ``line`` (the raw bytes) for JSONL sources; then ``bytes`` (the row's
+    size), ``dropped`` (true for a row over ``MAX_CONVERSATION_BYTES``, whose data is
+    dropped as it is read, so that no band holds it) and ``index`` (the global row
+    index). ``records`` decodes them."""
     starts = np.concatenate(([0], np.cumsum(source.row_counts)[:-1]))
 
     def read_file(path: Path, start: int, count: int) -> tuple[list[pa.Table], np.ndarray] | None:
@@ -326,7 +436,8 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
             kept.append(positions[local])
         return tables, np.concatenate(kept)
 
-    with ThreadPoolExecutor(min(len(source.files), os.cpu_count() or 1, READ_THREADS)) as pool:
+    threads = 1 if source.page_bytes > SHARED_PAGE_BYTES else READ_THREADS  # (large pages: decoded one at a time)
+    with ThreadPoolExecutor(min(len(source.files), os.cpu_count() or 1, threads)) as pool:
         found = [part for part in pool.map(read_file, source.files, starts.tolist(), source.row_counts) if part]
     memory = pa.default_memory_pool()
     parts, positions = [], []
@@ -343,10 +454,12 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
 
 
 def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa.Table]]:
-    """``(local indices, rows)`` of the wanted rows, streamed in record batches so that
-    memory holds one batch of the file, whatever its row-group size."""
+    """``(local indices, rows)`` of the wanted rows, streamed in record batches of at most
+    ``READ_BATCH_BYTES`` (by the row group's bytes per row) from column chunks read in
+    pieces, so that memory holds one batch of the file, whatever its row-group and row
+    sizes; a row over ``MAX_CONVERSATION_BYTES`` is dropped from the batch (``_bounded``)."""
     try:
-        file = pq.ParquetFile(path)
+        file = pq.ParquetFile(path, buffer_size=PARQUET_BUFFER_BYTES)
         names = file.schema_arrow.names
         columns = [c for c in ("id", "messages") if c in names]
         first = decoded = 0
@@ -354,7 +467,9 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
             meta = file.metadata.row_group(group)
             if inside[first : first + meta.num_rows].any():
                 start = first
-                for batch in file.iter_batches(batch_size=READ_BATCH_ROWS, row_groups=[group], columns=columns):
+                per_row = meta.total_byte_size / max(meta.num_rows, 1)
+                batch_rows = max(1, min(READ_BATCH_ROWS, int(READ_BATCH_BYTES / max(per_row, 1.0))))
+                for batch in file.iter_batches(batch_size=batch_rows, row_groups=[group], columns=columns):
                     wanted = np.flatnonzero(inside[start : start + batch.num_rows])
                     if len(wanted):
                         table = pa.Table.from_batches([batch])
@@ -362,8 +477,10 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
                         # ``take``, which has no kernel for string_view)
                         if "id" in columns:
                             table = table.set_column(0, "id", table.column("id").cast(pa.string()))
-                        yield start + wanted, table.take(pa.array(wanted))
+                        yield start + wanted, _bounded(table, wanted)
+                        del table
                     start += batch.num_rows
+                    del batch  # (before the next batch is decoded)
                 decoded += meta.total_byte_size
                 if decoded >= RELEASE_BYTES:  # give freed decode buffers back to the OS
                     pa.default_memory_pool().release_unused()
@@ -373,34 +490,134 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
         raise SourceError(f"{path}: cannot read Parquet ({error})") from None
 
 
+def _bounded(table: pa.Table, wanted: np.ndarray) -> pa.Table:
+    """Rows ``wanted`` of a decoded batch, with their sizes as a ``bytes`` column; a row
+    over ``MAX_CONVERSATION_BYTES`` is ``dropped``: null ``messages`` (and a null ``id``
+    where the id itself is over ``_ID_BYTES_NAMED``), its data never copied from the batch."""
+    values = {name: value_bytes(table.column(name))[wanted] for name in table.column_names}
+    sizes = np.sum(list(values.values()), axis=0, dtype=np.int64) if values else np.zeros(len(wanted), np.int64)
+    over = sizes > MAX_CONVERSATION_BYTES
+    columns = {}
+    for name in table.column_names:
+        drop = over & (values[name] > _ID_BYTES_NAMED) if name == "id" else over
+        columns[name] = table.column(name).take(pa.array(wanted, mask=drop) if drop.any() else pa.array(wanted))
+    return pa.table({**columns, "bytes": pa.array(sizes, pa.int64()), "dropped": pa.array(over)})
+
+
+def value_bytes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Bytes of each value of ``values`` (int64): the lengths of the strings and binaries
+    it holds and the widths of its other fixed-width values, summed through lists and
+    structs; a null is 0. A value of a type outside these (a map, a union) counts as an
+    even share of the array's buffers."""
+    if isinstance(values, pa.ChunkedArray):
+        return np.concatenate([np.zeros(0, np.int64), *map(value_bytes, values.chunks)])
+    kind, count = values.type, len(values)
+    if pa.types.is_dictionary(kind):
+        return value_bytes(values.dictionary_decode())
+    if pa.types.is_string_view(kind) or pa.types.is_binary_view(kind):
+        values = values.cast(pa.large_string() if pa.types.is_string_view(kind) else pa.large_binary())
+        kind = values.type
+    if (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+            or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)):
+        return pc.binary_length(values).fill_null(0).to_numpy().astype(np.int64)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        inner = value_bytes(pc.list_flatten(values))  # null lists hold nothing; slicing is taken care of
+        parents = pc.list_parent_indices(values).to_numpy()
+        return np.bincount(parents, weights=inner, minlength=count).astype(np.int64)
+    if pa.types.is_struct(kind):
+        sizes = np.zeros(count, np.int64)
+        for field in values.flatten():  # sliced, and null where the struct is
+            sizes += value_bytes(field)
+        return sizes
+    try:
+        width = max(kind.bit_width // 8, 1)
+    except ValueError:  # not fixed-width
+        return np.full(count, values.nbytes // max(count, 1), np.int64)
+    return np.where(values.is_null().to_numpy(zero_copy_only=False), 0, width).astype(np.int64)
+
+
+def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[bytes | None, int]]:
+    """``(line, size)`` for each line of ``f``: its bytes with their ``\\n`` (``None`` when
+    it is over ``limit`` bytes, its bytes then read a piece at a time and dropped) and its
+    size without the ``\\n``."""
+    while line := f.readline(limit + 2):
+        if line.endswith(b"\n"):
+            size = len(line) - 1
+        elif len(line) <= limit + 1:  # the last line, without \n
+            size = len(line)
+        else:  # more than limit + 1 bytes before the \n or the end
+            size = len(line)
+            while piece := f.readline(_SKIP_BYTES):
+                if piece.endswith(b"\n"):
+                    size += len(piece) - 1
+                    break
+                size += len(piece)
+        yield (line if size <= limit else None), size
+
+
 def _read_jsonl(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa.Table]]:
-    """``(local indices, raw lines)`` of the wanted rows; a UTF-8 byte-order mark that
-    starts the file is not part of its first line."""
-    local, lines = [], []
+    """``(local indices, raw lines)`` of the wanted rows, with their sizes as a ``bytes``
+    column; a UTF-8 byte-order mark that starts the file is not part of its first line,
+    and a line over ``MAX_CONVERSATION_BYTES`` is read a piece at a time and ``dropped``
+    (kept empty).
+    The lines are gathered in one buffer that becomes the Arrow data as it is, not copied."""
+    local, offsets, sizes, dropped = [], [0], [], []
+    data = bytearray()
     try:
         with path.open("rb") as f:
-            for n, line in enumerate(f):
+            if f.read(len(codecs.BOM_UTF8)) != codecs.BOM_UTF8:
+                f.seek(0)
+            for n, (line, size) in enumerate(_lines(f, MAX_CONVERSATION_BYTES)):
                 if n == len(inside):
                     raise changed(path)
                 if inside[n]:
                     local.append(n)
-                    lines.append(line.removeprefix(codecs.BOM_UTF8) if n == 0 else line)
+                    if line is not None:
+                        data += line
+                    offsets.append(len(data))
+                    sizes.append(size)
+                    dropped.append(line is None)
     except OSError as error:
         raise unreadable(path, error) from None
-    yield np.array(local, dtype=np.int64), pa.table({"line": pa.array(lines, pa.large_binary())})
+    lines = pa.Array.from_buffers(pa.large_binary(), len(local),
+                                  [None, pa.py_buffer(np.array(offsets, np.int64)), pa.py_buffer(data)])
+    yield np.array(local, dtype=np.int64), pa.table({"line": lines, "bytes": pa.array(sizes, pa.int64()),
+                                                     "dropped": pa.array(dropped, pa.bool_())})
+
+
+def too_large(size: int) -> str:
+    """The reason a row of ``size`` bytes, over ``MAX_CONVERSATION_BYTES``, is invalid."""
+    return (f"the row is {size:,} bytes, over the {MAX_CONVERSATION_BYTES:,}-byte limit on one conversation "
+            "(MAX_CONVERSATION_BYTES, which bounds a build's memory)")
 
 
 def records(chunk: pa.Table) -> list[tuple[int, object]]:
     """``(row index, record)`` pairs of a chunk; a record is the row as a dict, or an
-    ``InvalidRow`` when the row cannot even be decoded."""
+    ``InvalidRow`` when the row cannot even be decoded or its data was dropped as it was
+    read (over ``MAX_CONVERSATION_BYTES``)."""
     indices = chunk.column("index").to_pylist()
+    sizes = chunk.column("bytes").to_pylist()
+    dropped = chunk.column("dropped").to_pylist()
     if "line" in chunk.column_names:
-        return [(i, _parse_json_line(line)) for i, line in zip(indices, chunk.column("line").to_pylist())]
-    rows = chunk.drop_columns(["index"])
+        column = chunk.column("line")
+        lines = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # (one chunk: not copied)
+        # large_binary: int64 offsets into one data buffer
+        _, offsets, data = lines.buffers()
+        offsets = np.frombuffer(offsets, np.int64)[lines.offset : lines.offset + len(lines) + 1].tolist()
+        data = memoryview(data or b"")
+        decoded = [InvalidRow(too_large(size)) if drop else _parse_json_line(data[a:b])
+                   for size, drop, a, b in zip(sizes, dropped, offsets, offsets[1:])]
+        return list(zip(indices, decoded))
+    rows = chunk.drop_columns(["index", "bytes", "dropped"])
     try:
-        return list(zip(indices, rows.to_pylist()))
+        decoded = rows.to_pylist()
     except UnicodeDecodeError:  # a string that is not UTF-8: find the row(s)
-        return [(i, _parquet_row(rows.slice(k, 1))) for k, i in enumerate(indices)]
+        decoded = [_parquet_row(rows.slice(k, 1)) for k in range(len(indices))]
+    for k, (size, drop) in enumerate(zip(sizes, dropped)):
+        if drop:
+            row_id = decoded[k].get("id") if isinstance(decoded[k], dict) else None
+            decoded[k] = InvalidRow(too_large(size), None if row_id is None else str(row_id))
+    return list(zip(indices, decoded))
 
 
 def _parquet_row(row: pa.Table) -> object:
@@ -414,12 +631,13 @@ def _parquet_row(row: pa.Table) -> object:
         return InvalidRow(f"invalid UTF-8 at byte {error.start} of a string", row_id)
 
 
-def _parse_json_line(line: bytes) -> object:
-    """A JSONL line's record, or the ``InvalidRow`` it is: not UTF-8, not JSON, not an
+def _parse_json_line(line: memoryview) -> object:
+    """A JSONL line's record, decoded straight from its Arrow bytes (a view: no Python
+    ``bytes`` copy of the line), or the ``InvalidRow`` it is: not UTF-8, not JSON, not an
     object, or an object (at any depth) that repeats a key, which readers resolve
     differently (Python's json keeps the last value, pyarrow's reader refuses the line)."""
     try:
-        record = STRICT_JSON.decode(line.decode("utf-8"))  # (the hook adds ~7% to plain json.loads)
+        record = STRICT_JSON.decode(codecs.utf_8_decode(line, "strict", True)[0])  # (the hook adds ~7%)
     except UnicodeDecodeError as error:
         return InvalidRow(f"invalid UTF-8 at byte {error.start}")
     except DuplicateKey as error:
@@ -479,10 +697,10 @@ def non_unicode(path: Path) -> str | None:
     return None if _is_unicode(text) else os.fsencode(text).decode("utf-8", "backslashreplace")
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _is_unicode(text: str) -> bool:
-    """Whether ``text`` is valid Unicode (has no lone surrogate, which UTF-8 cannot hold)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    """Whether ``text`` is valid Unicode (has no lone surrogate, which UTF-8 cannot hold),
+    found without encoding it (a copy as large as the text)."""
+    return _SURROGATE.search(text) is None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import AbstractSet, Iterable, Iterator
 
 import numpy as np
 import tiktoken
@@ -173,7 +173,7 @@ class KimiTokenizer:
         clash = _overlap(specials)
         if clash:
             raise TokenizerError(f"{self.directory}: special tokens {clash[0]!r} and {clash[1]!r} overlap")
-        self._added_split = re.compile("(" + "|".join(map(re.escape, self.added)) + ")")
+        self._added_split = re.compile("|".join(map(re.escape, self.added)))
         self._special = re.compile("|".join(map(re.escape, specials)))
         self._special_firsts = sorted({text[0] for text in specials})
         self.eos_id = _eos_id(config, self.added)
@@ -192,34 +192,51 @@ class KimiTokenizer:
         return self.encode_to_numpy(text).tolist()
 
     def encode_to_numpy(self, text: str) -> np.ndarray:
-        """``encode`` as a read-only uint32 array.
+        """``encode`` as a read-only uint32 array."""
+        if len(text) <= MAX_RUN:
+            return self._encode_short(text)
+        ids = np.concatenate(list(self.encode_pieces(text)))
+        ids.flags.writeable = False
+        return ids
 
-        A text of at most ``MAX_RUN`` characters has no window or run cut, so rules 1-3
-        are one tiktoken call that allows the special-token strings the text holds
-        (tiktoken cuts at each, as the added-token split does: no name overlaps
-        another, which loading checks).
-        """
-        if len(text) > MAX_RUN:
-            ids = np.array(self._encode_cut(text), dtype=np.uint32)
-            ids.flags.writeable = False
-            return ids
+    def encode_pieces(self, text: str) -> Iterator[np.ndarray]:
+        """``encode`` as consecutive uint32 arrays, one per part that rules 1-3 cut (at
+        most a window each) and one per named added token: their concatenation is the
+        text's ids, so a caller that compares or copies them one at a time never holds the
+        ids of a long text as Python integers, nor all at once."""
+        if len(text) <= MAX_RUN:
+            yield self._encode_short(text)
+            return
+        # rules 1-3 step by step: the named added tokens, and between them the windows' runs
+        start = 0
+        for match in self._added_split.finditer(text):
+            yield from self._encode_plain(text, start, match.start())
+            yield np.array([self.added[match.group()]], dtype=np.uint32)
+            start = match.end()
+        yield from self._encode_plain(text, start, len(text))
+
+    def _encode_short(self, text: str) -> np.ndarray:
+        """The ids of a text of at most ``MAX_RUN`` characters, which has no window or run
+        cut, so rules 1-3 are one tiktoken call that allows the special-token strings the
+        text holds (tiktoken cuts at each, as the added-token split does: no name overlaps
+        another, which loading checks)."""
         allowed = _NONE
         if any(first in text for first in self._special_firsts):
             allowed = frozenset(self._special.findall(text))
-        try:
-            return self.encoding.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
-        except UnicodeEncodeError:  # surrogates: tiktoken's ``encode`` rule, which the model's tokenizer follows
-            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-            return self.encoding.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
+        return self._encode_part(text, allowed)
 
-    def _encode_cut(self, text: str) -> list[int]:
-        """Rules 1-3 step by step: split on the named added tokens, then cut each piece."""
-        ids: list[int] = []
-        for i, piece in enumerate(self._added_split.split(text)):
-            if i % 2:
-                ids.append(self.added[piece])
-            elif piece:
-                for start in range(0, len(piece), WINDOW_CHARS):
-                    for part in split_runs(piece[start : start + WINDOW_CHARS]):
-                        ids += self.encoding.encode(part, allowed_special="all")
-        return ids
+    def _encode_plain(self, text: str, start: int, end: int) -> Iterator[np.ndarray]:
+        """The ids of ``text[start:end]``, a piece holding no named added token, cut into
+        windows and runs; the piece is sliced a window at a time, never copied whole."""
+        for window in range(start, end, WINDOW_CHARS):
+            for part in split_runs(text[window : min(window + WINDOW_CHARS, end)]):
+                yield self._encode_part(part, "all")
+
+    def _encode_part(self, part: str, allowed: AbstractSet[str] | str) -> np.ndarray:
+        """tiktoken's ids of one part, as its ``encode`` gives them: a part with a
+        surrogate is first mended as ``encode`` mends it."""
+        try:
+            return self.encoding.encode_to_numpy(part, allowed_special=allowed, disallowed_special=())
+        except UnicodeEncodeError:  # surrogates: tiktoken's ``encode`` rule, which the model's tokenizer follows
+            part = part.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+            return self.encoding.encode_to_numpy(part, allowed_special=allowed, disallowed_special=())

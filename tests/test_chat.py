@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import synthetic
@@ -223,3 +224,29 @@ def test_template_kwargs_reach_the_template(kimi_dir, tmp_path):
     added = encoder.tokenizer.added
     assert ids[:4] == [added["<|im_user|>"], *encoder.tokenizer.encode("user!"), added["<|im_middle|>"]]
     assert ids == encoder.tokenizer.encode(encoder.render(messages))
+
+
+class _NoList(np.ndarray):
+    """Ids that refuse to become a Python list."""
+
+    def tolist(self):
+        raise AssertionError("the ids were turned into a Python list")
+
+
+def test_check_compares_ids_as_arrays_never_as_lists(encoder, monkeypatch):
+    """The template check of a long conversation (its rendered text encoded in many
+    pieces) turns neither the ids nor the reference's ids into Python lists, and still
+    finds a token changed, one missing and one more, anywhere."""
+    content = ("long answer, " * 9_000 + "<|im_end|> ") * 4  # past a window, several runs and added tokens
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": content}]
+    ids = np.array(encoder.encode_arrays(messages)[0])
+    monkeypatch.setattr(type(encoder.tokenizer), "encode", lambda self, text: pytest.fail("list encode used"))
+    encoder.check(messages, ids.view(_NoList))
+    for k in (0, len(ids) // 3, len(ids) - 1):
+        wrong = ids.copy()
+        wrong[k] = 163600 if wrong[k] != 163600 else 163601
+        with pytest.raises(TemplateMismatch):
+            encoder.check(messages, wrong.view(_NoList))
+    for wrong in (ids[:-1], np.append(ids, ids[-1])):
+        with pytest.raises(TemplateMismatch):
+            encoder.check(messages, wrong.view(_NoList))

@@ -193,3 +193,24 @@ def test_special_tokens_written_as_added_token_objects_reach_the_template_as_tex
     tokenizer = KimiTokenizer(_edited_config(kimi_dir, tmp_path / "tok", edit))
     assert tokenizer.special_tokens["eos_token"] == "[EOS]"
     assert tokenizer.eos_id == 163585
+
+
+def test_a_long_text_is_encoded_in_pieces_that_join_to_its_ids(tokenizer, reference):
+    """A text past a window, with added tokens between its runs, comes as pieces of at most
+    a window each (one per added token) whose concatenation is its ids, as arrays."""
+    import numpy as np
+
+    from fixed_sft.tokenizer import KimiTokenizer
+
+    text = ("word " * 30_000 + "<|im_end|>" + "x" * (MAX_RUN + 3) + "[EOS]" + " tail <|reserved_token_163700|>") * 3
+    assert len(text) > WINDOW_CHARS
+    calls = []
+    original = KimiTokenizer.encode
+    try:
+        KimiTokenizer.encode = lambda self, t: calls.append(t) or original(self, t)
+        pieces = list(tokenizer.encode_pieces(text))
+    finally:
+        KimiTokenizer.encode = original
+    assert not calls and all(isinstance(p, np.ndarray) and p.dtype == np.uint32 for p in pieces)
+    assert len(pieces) > 6 and max(map(len, pieces)) <= WINDOW_CHARS
+    assert np.concatenate(pieces).tolist() == tokenizer.encode(text) == reference.encode(text)
