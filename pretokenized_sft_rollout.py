@@ -155,8 +155,13 @@ class ParquetRowSource(DataSource):
             order = list(range(len(rows)))
             if self.shuffle:
                 random.Random(f"{self.seed}/{self.epoch_id}/{g}").shuffle(order)
-            self._held = ((self.epoch_id, g), ids.values.to_numpy(), mask.values.to_numpy(), ids.offsets.to_numpy(),
-                          order)
+            self._held = (
+                (self.epoch_id, g),
+                ids.values.to_numpy(),
+                mask.values.to_numpy(),
+                ids.offsets.to_numpy(),
+                order,
+            )
         return self._held[1:]
 
     def _row(self, position: int) -> tuple[list[int], list[int], int]:
@@ -177,10 +182,20 @@ class ParquetRowSource(DataSource):
                     self.epoch_id, self.sample_offset = self.epoch_id + 1, 0
                 ids, mask, row = self._row(self.sample_offset)
                 length, loss_mask = response(ids, mask)
-                groups.append([Sample(
-                    group_index=self.sample_group_index, index=self.sample_index, prompt=[dict(m) for m in PROMPT],
-                    tokens=ids, response_length=length, loss_mask=loss_mask, reward=0, metadata={"row": row},
-                )])
+                groups.append(
+                    [
+                        Sample(
+                            group_index=self.sample_group_index,
+                            index=self.sample_index,
+                            prompt=[dict(m) for m in PROMPT],
+                            tokens=ids,
+                            response_length=length,
+                            loss_mask=loss_mask,
+                            reward=0,
+                            metadata={"row": row},
+                        )
+                    ]
+                )
                 self.sample_offset += 1
                 self.sample_group_index += 1
                 self.sample_index += 1
@@ -195,8 +210,12 @@ class ParquetRowSource(DataSource):
 
     def _identity(self) -> dict:
         """What a saved position belongs to: the file (its rows and bytes) and the order."""
-        return {"rows": self.rows, "bytes": self.path.stat().st_size, "shuffle": self.shuffle,
-                "seed": self.seed if self.shuffle else None}
+        return {
+            "rows": self.rows,
+            "bytes": self.path.stat().st_size,
+            "shuffle": self.shuffle,
+            "seed": self.seed if self.shuffle else None,
+        }
 
     def save(self, rollout_id: int) -> None:
         if self.args.save is None:
@@ -204,9 +223,13 @@ class ParquetRowSource(DataSource):
         path = self._state_path(self.args.save, rollout_id)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with self._lock:
-            state = {"epoch_id": self.epoch_id, "sample_offset": self.sample_offset,
-                     "sample_group_index": self.sample_group_index, "sample_index": self.sample_index,
-                     **self._identity()}
+            state = {
+                "epoch_id": self.epoch_id,
+                "sample_offset": self.sample_offset,
+                "sample_group_index": self.sample_group_index,
+                "sample_index": self.sample_index,
+                **self._identity(),
+            }
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             json.dump(state, f)
         os.replace(path + ".tmp", path)

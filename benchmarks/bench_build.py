@@ -106,9 +106,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the package, and the corpus generator the tests use
@@ -116,8 +117,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the package, and the corpus g
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-
 import synthetic  # noqa: E402
+
 from fixed_sft.cli import usable_cores  # noqa: E402
 
 DEFAULT_TOKENIZER = ROOT.parent / "shared" / "tokenizers" / "kimi-k2.6"
@@ -171,10 +172,12 @@ class Plan:
         return self.corpus // 4
 
 
-QUICK = Plan("quick", corpus=16_000, rows_per_file=2_000, speed_rows=768, rss_rows=256, verify_row_tokens=1_024,
-             repeat=1)
-FULL = Plan("full", corpus=72_000, rows_per_file=9_000, speed_rows=1_536, rss_rows=1_024, verify_row_tokens=8_192,
-            repeat=2)
+QUICK = Plan(
+    "quick", corpus=16_000, rows_per_file=2_000, speed_rows=768, rss_rows=256, verify_row_tokens=1_024, repeat=1
+)
+FULL = Plan(
+    "full", corpus=72_000, rows_per_file=9_000, speed_rows=1_536, rss_rows=1_024, verify_row_tokens=8_192, repeat=2
+)
 
 
 @dataclass
@@ -329,9 +332,12 @@ def make_corpus(plan: Plan, work: Path) -> Corpus:
         "kinds": dict(sorted(kinds.items())),
         "seconds": time.perf_counter() - start,
     }
-    print(f"corpus: {plan.corpus:,} conversations, {info['messages']:,} messages, "
-          f"{info['content_bytes'] / MIB:.0f} MiB of content, {large_bytes / MIB:.0f} MiB Parquet; small source "
-          f"{plan.small:,} conversations ({small_bytes / MIB:.0f} MiB); made in {info['seconds']:.1f} s", flush=True)
+    print(
+        f"corpus: {plan.corpus:,} conversations, {info['messages']:,} messages, "
+        f"{info['content_bytes'] / MIB:.0f} MiB of content, {large_bytes / MIB:.0f} MiB Parquet; small source "
+        f"{plan.small:,} conversations ({small_bytes / MIB:.0f} MiB); made in {info['seconds']:.1f} s",
+        flush=True,
+    )
     return Corpus(rows, large, small, large_bytes, small_bytes, info)
 
 
@@ -466,8 +472,13 @@ def run_child(spec: dict[str, Any], work: Path, sample_tree: bool = False) -> tu
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     log = work / f"{name}.log"
     with log.open("wb") as stderr:
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)],
-                                stdout=subprocess.DEVNULL, stderr=stderr, env=env, cwd=str(ROOT))
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=env,
+            cwd=str(ROOT),
+        )
         sampler = TreeSampler(proc.pid) if sample_tree else None
         if sampler:
             sampler.start()
@@ -487,21 +498,52 @@ def run_child(spec: dict[str, Any], work: Path, sample_tree: bool = False) -> tu
     return json.loads(Path(spec["result"]).read_text()), sampler.peak if sampler else 0
 
 
-def child_build(label: str, source: Path, out: Path, rows: int, row_tokens: int, workers: int, tokenizer: Path,
-                work: Path, sample_tree: bool = False) -> BuildRun:
+def child_build(
+    label: str,
+    source: Path,
+    out: Path,
+    rows: int,
+    row_tokens: int,
+    workers: int,
+    tokenizer: Path,
+    work: Path,
+    sample_tree: bool = False,
+) -> BuildRun:
     """A fresh build of ``rows`` x ``row_tokens`` from ``source`` in a child process."""
-    config = dict(name=label, source=str(source), tokenizer=str(tokenizer), rows=rows, row_tokens=row_tokens,
-                  seed=ORDER_SEED, workers=workers)
+    config = dict(
+        name=label,
+        source=str(source),
+        tokenizer=str(tokenizer),
+        rows=rows,
+        row_tokens=row_tokens,
+        seed=ORDER_SEED,
+        workers=workers,
+    )
     result, tree = run_child({"config": config, "out": str(out)}, work, sample_tree)
-    run = BuildRun(label=label, source=source.name, rows=result["rows"], row_tokens=row_tokens, workers=workers,
-                   wall_s=result["wall_s"], cpu_s=result["cpu_s"], tree_cpu_s=result["tree_cpu_s"],
-                   worker_cpu_s=result["worker_cpu_s"], read_s=result["read_s"], read_passes=result["read_passes"],
-                   peak_rss=result["peak_rss"], tree_rss=tree, rows_sha256=result["rows_sha256"],
-                   conversations=result["conversations"], out=str(out))
-    print(f"  {label}: {run.rows} x {row_tokens} tokens, {workers} worker(s): {run.wall_s:.2f} s "
-          f"({run.tokens_per_s / 1e6:.2f} M tok/s; source read {run.read_s:.2f} s in {run.read_passes} pass(es)); "
-          f"peak RSS {run.peak_rss / MIB:.0f} MiB" + (f", process tree {tree / MIB:.0f} MiB" if tree else ""),
-          flush=True)
+    run = BuildRun(
+        label=label,
+        source=source.name,
+        rows=result["rows"],
+        row_tokens=row_tokens,
+        workers=workers,
+        wall_s=result["wall_s"],
+        cpu_s=result["cpu_s"],
+        tree_cpu_s=result["tree_cpu_s"],
+        worker_cpu_s=result["worker_cpu_s"],
+        read_s=result["read_s"],
+        read_passes=result["read_passes"],
+        peak_rss=result["peak_rss"],
+        tree_rss=tree,
+        rows_sha256=result["rows_sha256"],
+        conversations=result["conversations"],
+        out=str(out),
+    )
+    print(
+        f"  {label}: {run.rows} x {row_tokens} tokens, {workers} worker(s): {run.wall_s:.2f} s "
+        f"({run.tokens_per_s / 1e6:.2f} M tok/s; source read {run.read_s:.2f} s in {run.read_passes} pass(es)); "
+        f"peak RSS {run.peak_rss / MIB:.0f} MiB" + (f", process tree {tree / MIB:.0f} MiB" if tree else ""),
+        flush=True,
+    )
     return run
 
 
@@ -534,8 +576,9 @@ def parallel_bpe(encoding: Any, contents: list[str], processes: int) -> tuple[fl
     machine gives N workers at best."""
     context = multiprocessing.get_context("fork")
     barrier, done = context.Barrier(processes + 1), context.Queue()
-    children = [context.Process(target=_bpe_process, args=(contents, barrier, done, encoding))
-                for _ in range(processes)]
+    children = [
+        context.Process(target=_bpe_process, args=(contents, barrier, done, encoding)) for _ in range(processes)
+    ]
     for child in children:
         child.start()
     barrier.wait()
@@ -569,8 +612,13 @@ def read_proxy(source_dir: Path) -> dict[str, Any]:
         seconds = min(seconds, time.perf_counter() - start)
         if band.num_rows != keep:
             raise RuntimeError(f"read_band kept {band.num_rows} rows, expected {keep}")
-    return {"seconds": seconds, "bytes": source_bytes, "kept_rows": keep, "rows": source.num_rows,
-            "projected_s": seconds * TULU_PARQUET_BYTES / source_bytes}
+    return {
+        "seconds": seconds,
+        "bytes": source_bytes,
+        "kept_rows": keep,
+        "rows": source.num_rows,
+        "projected_s": seconds * TULU_PARQUET_BYTES / source_bytes,
+    }
 
 
 def hash_proxy(source_dir: Path) -> dict[str, Any]:
@@ -628,10 +676,12 @@ class Benchmark:
         self.corpus: Corpus  # made by run()
         self.runs: dict[int, list[BuildRun]] = {}  # every build of figures 1 and 3, by worker count
 
-    def build(self, label: str, source: Path, rows: int, row_tokens: int, workers: int,
-              sample_tree: bool = False) -> BuildRun:
-        run = child_build(label, source, self.work / label, rows, row_tokens, workers, self.tokenizer_dir,
-                          self.work, sample_tree)
+    def build(
+        self, label: str, source: Path, rows: int, row_tokens: int, workers: int, sample_tree: bool = False
+    ) -> BuildRun:
+        run = child_build(
+            label, source, self.work / label, rows, row_tokens, workers, self.tokenizer_dir, self.work, sample_tree
+        )
         self.details["builds"].append({**asdict(run), "tokens": run.tokens, "tokens_per_s": run.tokens_per_s})
         return run
 
@@ -648,20 +698,20 @@ class Benchmark:
         self.workers(curve, used)
         projected = self.projection(curve)
         self.memory()
-        self.verify(max((run for w, run in curve.items() if w <= self.cores), key=lambda r: r.tokens_per_s),
-                    projected)
+        self.verify(max((run for w, run in curve.items() if w <= self.cores), key=lambda r: r.tokens_per_s), projected)
 
     def worker_builds(self) -> dict[int, BuildRun]:
         """Figures 1 and 3: ``plan.repeat`` fresh builds per worker count, interleaved;
         the fastest of each count is kept. All must have the same ``rows_sha256``."""
         plan = self.plan
-        print(f"builds of {plan.speed_rows} x {DEFAULT_ROW_TOKENS} tokens from the large source "
-              f"(best of {plan.repeat}):", flush=True)
+        print(
+            f"builds of {plan.speed_rows} x {DEFAULT_ROW_TOKENS} tokens from the large source (best of {plan.repeat}):",
+            flush=True,
+        )
         runs: dict[int, list[BuildRun]] = {w: [] for w in plan.workers}
         for k in range(plan.repeat):
             for w in plan.workers:
-                runs[w].append(self.build(f"speed-w{w}-{k}", self.corpus.large, plan.speed_rows,
-                                          DEFAULT_ROW_TOKENS, w))
+                runs[w].append(self.build(f"speed-w{w}-{k}", self.corpus.large, plan.speed_rows, DEFAULT_ROW_TOKENS, w))
         self.runs = runs
         return {w: min(batch, key=lambda r: r.wall_s) for w, batch in runs.items()}
 
@@ -669,22 +719,45 @@ class Benchmark:
         """Figure 1: whole build at 1 worker against raw ``encode_ordinary`` of the same contents."""
         contents = [m["content"] for messages in used for m in messages]
         encoding = self.tokenizer.encoding
-        raw_s, raw_tokens = best_time(lambda: sum(len(encoding.encode_ordinary(c)) for c in contents),
-                                      self.plan.repeat)
-        fast_s, fast_tokens = best_time(lambda: sum(len(self.encoder.encode_arrays(m)[0]) for m in used),
-                                        self.plan.repeat)
+        raw_s, raw_tokens = best_time(lambda: sum(len(encoding.encode_ordinary(c)) for c in contents), self.plan.repeat)
+        fast_s, fast_tokens = best_time(
+            lambda: sum(len(self.encoder.encode_arrays(m)[0]) for m in used), self.plan.repeat
+        )
         raw_rate, fast_rate = raw_tokens / raw_s, fast_tokens / fast_s
-        self.details["baseline"] = {"conversations": len(used), "contents": len(contents), "raw_tokens": raw_tokens,
-                                    "raw_s": raw_s, "fast_tokens": fast_tokens, "fast_s": fast_s}
+        self.details["baseline"] = {
+            "conversations": len(used),
+            "contents": len(contents),
+            "raw_tokens": raw_tokens,
+            "raw_s": raw_s,
+            "fast_tokens": fast_tokens,
+            "fast_s": fast_s,
+        }
         ratio = one.tokens_per_s / raw_rate
-        self.add(Figure(f"1. pipeline, 1 worker ({one.tokens / 1e6:.1f}M tok)", fmt_rate(one.tokens_per_s),
-                        f"raw tiktoken {fmt_rate(raw_rate)}", f"{ratio:.2f}", f">= {TARGET_PIPELINE_RATIO}",
-                        ratio >= TARGET_PIPELINE_RATIO,
-                        numbers={"tokens_per_s": one.tokens_per_s, "wall_s": one.wall_s,
-                                 "raw_tokens_per_s": raw_rate, "ratio": ratio}))
-        self.add(Figure(f"   encode_arrays alone ({len(used):,} convs)", fmt_rate(fast_rate),
-                        f"raw tiktoken {fmt_rate(raw_rate)}", f"{fast_rate / raw_rate:.2f}",
-                        numbers={"tokens_per_s": fast_rate}))
+        self.add(
+            Figure(
+                f"1. pipeline, 1 worker ({one.tokens / 1e6:.1f}M tok)",
+                fmt_rate(one.tokens_per_s),
+                f"raw tiktoken {fmt_rate(raw_rate)}",
+                f"{ratio:.2f}",
+                f">= {TARGET_PIPELINE_RATIO}",
+                ratio >= TARGET_PIPELINE_RATIO,
+                numbers={
+                    "tokens_per_s": one.tokens_per_s,
+                    "wall_s": one.wall_s,
+                    "raw_tokens_per_s": raw_rate,
+                    "ratio": ratio,
+                },
+            )
+        )
+        self.add(
+            Figure(
+                f"   encode_arrays alone ({len(used):,} convs)",
+                fmt_rate(fast_rate),
+                f"raw tiktoken {fmt_rate(raw_rate)}",
+                f"{fast_rate / raw_rate:.2f}",
+                numbers={"tokens_per_s": fast_rate},
+            )
+        )
 
     def fast_path(self, used: list[list[dict]]) -> None:
         """Figure 2: ``encode_arrays`` against ``ReferenceKimi`` on a sample: ids and masks
@@ -712,16 +785,42 @@ class Benchmark:
         fast = [self.encoder.encode_arrays(m) for m in sample]
         same = sum(f[0].tolist() == i and f[1].tolist() == k for f, i, k in zip(fast, ids, masks))
         speedup = reference_s / fast_s
-        self.add(Figure(f"2. fast path vs reference, ids + masks ({len(sample)} convs)", fmt_rate(tokens / fast_s),
-                        f"reference {fmt_rate(tokens / reference_s)}", f"{speedup:.1f}x",
-                        f">= {TARGET_FAST_PATH_RATIO:.0f}x", speedup >= TARGET_FAST_PATH_RATIO,
-                        numbers={"fast_s": fast_s, "reference_ids_s": ids_s, "reference_s": reference_s,
-                                 "tokens": tokens, "ratio": speedup}))
-        self.add(Figure("   fast-path ids and masks == reference", f"{same}/{len(sample)}", target="all identical",
-                        ok=same == len(sample), correctness=True, numbers={"identical": same, "sample": len(sample)}))
-        self.add(Figure("   fast path vs reference, ids only", fmt_rate(tokens / fast_s),
-                        f"reference {fmt_rate(tokens / ids_s)}", f"{ids_s / fast_s:.1f}x",
-                        numbers={"ratio": ids_s / fast_s}))
+        self.add(
+            Figure(
+                f"2. fast path vs reference, ids + masks ({len(sample)} convs)",
+                fmt_rate(tokens / fast_s),
+                f"reference {fmt_rate(tokens / reference_s)}",
+                f"{speedup:.1f}x",
+                f">= {TARGET_FAST_PATH_RATIO:.0f}x",
+                speedup >= TARGET_FAST_PATH_RATIO,
+                numbers={
+                    "fast_s": fast_s,
+                    "reference_ids_s": ids_s,
+                    "reference_s": reference_s,
+                    "tokens": tokens,
+                    "ratio": speedup,
+                },
+            )
+        )
+        self.add(
+            Figure(
+                "   fast-path ids and masks == reference",
+                f"{same}/{len(sample)}",
+                target="all identical",
+                ok=same == len(sample),
+                correctness=True,
+                numbers={"identical": same, "sample": len(sample)},
+            )
+        )
+        self.add(
+            Figure(
+                "   fast path vs reference, ids only",
+                fmt_rate(tokens / fast_s),
+                f"reference {fmt_rate(tokens / ids_s)}",
+                f"{ids_s / fast_s:.1f}x",
+                numbers={"ratio": ids_s / fast_s},
+            )
+        )
 
     def workers(self, curve: dict[int, BuildRun], used: list[list[dict]]) -> None:
         """Figure 3: speedup of 2 (and more) workers over 1; identical rows at every count.
@@ -741,70 +840,137 @@ class Benchmark:
                 continue
             speedup = one.wall_s / run.wall_s
             main = w == 2
-            self.add(Figure(f"{'3.' if main else '  '} build wall, {w} workers", fmt_s(run.wall_s),
-                            f"1 worker {fmt_s(one.wall_s)}", f"{speedup:.2f}x",
-                            f">= {TARGET_TWO_WORKER_SPEEDUP}x" if main else "info",
-                            (speedup >= TARGET_TWO_WORKER_SPEEDUP) if main else None,
-                            numbers={"workers": w, "wall_s": run.wall_s, "speedup": speedup}))
+            self.add(
+                Figure(
+                    f"{'3.' if main else '  '} build wall, {w} workers",
+                    fmt_s(run.wall_s),
+                    f"1 worker {fmt_s(one.wall_s)}",
+                    f"{speedup:.2f}x",
+                    f">= {TARGET_TWO_WORKER_SPEEDUP}x" if main else "info",
+                    (speedup >= TARGET_TWO_WORKER_SPEEDUP) if main else None,
+                    numbers={"workers": w, "wall_s": run.wall_s, "speedup": speedup},
+                )
+            )
             pairs = [first.wall_s / other.wall_s for first, other in zip(self.runs[1], self.runs[w])]
-            self.add(Figure(f"   adjacent pairs, {w} workers vs 1",
-                            f"median {statistics.median(pairs):.2f}x", f"{len(pairs)} pairs",
-                            f"{min(pairs):.2f}-{max(pairs):.2f}x",
-                            numbers={"workers": w, "speedups": pairs, "median": statistics.median(pairs)}))
+            self.add(
+                Figure(
+                    f"   adjacent pairs, {w} workers vs 1",
+                    f"median {statistics.median(pairs):.2f}x",
+                    f"{len(pairs)} pairs",
+                    f"{min(pairs):.2f}-{max(pairs):.2f}x",
+                    numbers={"workers": w, "speedups": pairs, "median": statistics.median(pairs)},
+                )
+            )
             if run.tree_cpu_s is not None and one.tree_cpu_s is not None:
                 cpu = run.tree_cpu_s / one.tree_cpu_s
-                self.add(Figure("   CPU of all its processes", fmt_s(run.tree_cpu_s),
-                                f"1 worker {fmt_s(one.tree_cpu_s)}", f"{cpu:.2f}x",
-                                numbers={"workers": w, "tree_cpu_s": run.tree_cpu_s, "ratio": cpu}))
+                self.add(
+                    Figure(
+                        "   CPU of all its processes",
+                        fmt_s(run.tree_cpu_s),
+                        f"1 worker {fmt_s(one.tree_cpu_s)}",
+                        f"{cpu:.2f}x",
+                        numbers={"workers": w, "tree_cpu_s": run.tree_cpu_s, "ratio": cpu},
+                    )
+                )
                 helpers = run.tree_cpu_s - run.cpu_s - run.worker_cpu_s
-                self.add(Figure("   ... build process / fork server / workers",
-                                f"{run.cpu_s:.1f} / {helpers:.1f} / {run.worker_cpu_s:.1f} s",
-                                numbers={"build_process_s": run.cpu_s, "fork_server_s": helpers,
-                                         "workers_s": run.worker_cpu_s}))
+                self.add(
+                    Figure(
+                        "   ... build process / fork server / workers",
+                        f"{run.cpu_s:.1f} / {helpers:.1f} / {run.worker_cpu_s:.1f} s",
+                        numbers={"build_process_s": run.cpu_s, "fork_server_s": helpers, "workers_s": run.worker_cpu_s},
+                    )
+                )
             ceiling = rates[w] / rates[1]
-            self.add(Figure(f"   raw BPE in {w} processes (machine ceiling)", fmt_rate(rates[w]),
-                            f"1 process {fmt_rate(rates[1])}", f"{ceiling:.2f}x",
-                            numbers={"processes": w, "tokens_per_s": rates[w], "speedup": ceiling}))
+            self.add(
+                Figure(
+                    f"   raw BPE in {w} processes (machine ceiling)",
+                    fmt_rate(rates[w]),
+                    f"1 process {fmt_rate(rates[1])}",
+                    f"{ceiling:.2f}x",
+                    numbers={"processes": w, "tokens_per_s": rates[w], "speedup": ceiling},
+                )
+            )
         if len(curve) == 1:
             self.add(Figure("3. build wall, 2 workers", "not run", target="--workers-max >= 2"))
         busy = one.cpu_s / one.wall_s  # one worker encodes in the build process
-        self.add(Figure("   cores busy in the 1-worker build", f"{busy:.2f}",
-                        f"CPU {fmt_s(one.cpu_s)} / wall {fmt_s(one.wall_s)}",
-                        numbers={"cpu_s": one.cpu_s, "busy_cores": busy}))
+        self.add(
+            Figure(
+                "   cores busy in the 1-worker build",
+                f"{busy:.2f}",
+                f"CPU {fmt_s(one.cpu_s)} / wall {fmt_s(one.wall_s)}",
+                numbers={"cpu_s": one.cpu_s, "busy_cores": busy},
+            )
+        )
         two = curve.get(2)
         if two is not None and two.tree_cpu_s is not None and self.cores == 2:
             allowed = 2 * one.wall_s / two.tree_cpu_s
-            self.add(Figure("   2 workers with both cores busy throughout", f"{allowed:.2f}x",
-                            f"2 x {fmt_s(one.wall_s)} / {fmt_s(two.tree_cpu_s)} of CPU",
-                            numbers={"speedup": allowed}))
+            self.add(
+                Figure(
+                    "   2 workers with both cores busy throughout",
+                    f"{allowed:.2f}x",
+                    f"2 x {fmt_s(one.wall_s)} / {fmt_s(two.tree_cpu_s)} of CPU",
+                    numbers={"speedup": allowed},
+                )
+            )
         builds = len(curve) * self.plan.repeat
         digests = {run.rows_sha256 for batch in self.runs.values() for run in batch}
-        self.add(Figure(f"   rows_sha256, {builds} build(s) at {','.join(map(str, curve))} workers",
-                        "identical" if len(digests) == 1 else f"{len(digests)} different",
-                        one.rows_sha256[:16] + "...", target="identical", ok=len(digests) == 1,
-                        correctness=True, numbers={"rows_sha256": sorted(digests)}))
+        self.add(
+            Figure(
+                f"   rows_sha256, {builds} build(s) at {','.join(map(str, curve))} workers",
+                "identical" if len(digests) == 1 else f"{len(digests)} different",
+                one.rows_sha256[:16] + "...",
+                target="identical",
+                ok=len(digests) == 1,
+                correctness=True,
+                numbers={"rows_sha256": sorted(digests)},
+            )
+        )
 
     def projection(self, curve: dict[int, BuildRun]) -> float:
         """Figure 4: default build time projected from the best throughput (<= cores), and
         the proxy for one read pass over the real 1.4 GB source."""
         best = max((run for w, run in curve.items() if w <= self.cores), key=lambda r: r.tokens_per_s)
         projected = DEFAULT_ROWS * DEFAULT_ROW_TOKENS / best.tokens_per_s
-        self.add(Figure("4. PROJECTED default build 6400x8192 (synthetic)", fmt_s(projected),
-                        f"{fmt_rate(best.tokens_per_s)} @ {best.workers}w", target="projection",
-                        numbers={"projected_s": projected, "workers": best.workers,
-                                 "tokens_per_s": best.tokens_per_s}))
+        self.add(
+            Figure(
+                "4. PROJECTED default build 6400x8192 (synthetic)",
+                fmt_s(projected),
+                f"{fmt_rate(best.tokens_per_s)} @ {best.workers}w",
+                target="projection",
+                numbers={"projected_s": projected, "workers": best.workers, "tokens_per_s": best.tokens_per_s},
+            )
+        )
         proxy = read_proxy(self.corpus.large)
         self.details["read_proxy"] = proxy
-        self.add(Figure("   + read of real 1.4 GB source, per band (proxy)", fmt_s(proxy["projected_s"]),
-                        f"{fmt_s(proxy['seconds'])} / {proxy['bytes'] / MIB:.0f} MiB", numbers=proxy))
+        self.add(
+            Figure(
+                "   + read of real 1.4 GB source, per band (proxy)",
+                fmt_s(proxy["projected_s"]),
+                f"{fmt_s(proxy['seconds'])} / {proxy['bytes'] / MIB:.0f} MiB",
+                numbers=proxy,
+            )
+        )
         hashing = hash_proxy(self.corpus.large)
         self.details["hash_proxy"] = hashing
-        self.add(Figure("   + sha256 of real 1.4 GB source (proxy)", fmt_s(hashing["projected_s"]),
-                        f"{fmt_s(hashing['seconds'])} / {hashing['bytes'] / MIB:.0f} MiB", numbers=hashing))
+        self.add(
+            Figure(
+                "   + sha256 of real 1.4 GB source (proxy)",
+                fmt_s(hashing["projected_s"]),
+                f"{fmt_s(hashing['seconds'])} / {hashing['bytes'] / MIB:.0f} MiB",
+                numbers=hashing,
+            )
+        )
         total = projected + proxy["projected_s"] + hashing["projected_s"]
-        self.add(Figure("   PROJECTED default build, total", fmt_s(total), "build + both proxies",
-                        target="<= 30 s", ok=total <= TARGET_DEFAULT_BUILD_SECONDS,
-                        numbers={"projected_total_s": total}))
+        self.add(
+            Figure(
+                "   PROJECTED default build, total",
+                fmt_s(total),
+                "build + both proxies",
+                target="<= 30 s",
+                ok=total <= TARGET_DEFAULT_BUILD_SECONDS,
+                numbers={"projected_total_s": total},
+            )
+        )
         return projected
 
     def memory(self) -> None:
@@ -815,17 +981,32 @@ class Benchmark:
         small = self.build("rss-small", self.corpus.small, rows, DEFAULT_ROW_TOKENS, 1, sample_tree=True)
         large = self.build("rss-4x", self.corpus.large, rows, DEFAULT_ROW_TOKENS, 1, sample_tree=True)
         growth = large.peak_rss / small.peak_rss
-        self.add(Figure(f"5. peak RSS, {rows} rows, small source", fmt_mib(small.peak_rss),
-                        f"tokenizer only {fmt_mib(idle['peak_rss'])}", f"{small.peak_rss / idle['peak_rss']:.2f}x",
-                        "<= 1 GiB", small.peak_rss <= TARGET_RSS_BYTES,
-                        numbers={"peak_rss": small.peak_rss, "idle_rss": idle["peak_rss"],
-                                 "source_bytes": self.corpus.small_bytes}))
-        self.add(Figure(f"   peak RSS, {rows} rows, 4x source", fmt_mib(large.peak_rss),
-                        f"small source {fmt_mib(small.peak_rss)}", f"{growth:.2f}x",
-                        f"<= 1 GiB, <= {TOLERANCE_RSS_GROWTH}x",
-                        large.peak_rss <= TARGET_RSS_BYTES and growth <= TOLERANCE_RSS_GROWTH,
-                        numbers={"peak_rss": large.peak_rss, "growth": growth,
-                                 "source_bytes": self.corpus.large_bytes}))
+        self.add(
+            Figure(
+                f"5. peak RSS, {rows} rows, small source",
+                fmt_mib(small.peak_rss),
+                f"tokenizer only {fmt_mib(idle['peak_rss'])}",
+                f"{small.peak_rss / idle['peak_rss']:.2f}x",
+                "<= 1 GiB",
+                small.peak_rss <= TARGET_RSS_BYTES,
+                numbers={
+                    "peak_rss": small.peak_rss,
+                    "idle_rss": idle["peak_rss"],
+                    "source_bytes": self.corpus.small_bytes,
+                },
+            )
+        )
+        self.add(
+            Figure(
+                f"   peak RSS, {rows} rows, 4x source",
+                fmt_mib(large.peak_rss),
+                f"small source {fmt_mib(small.peak_rss)}",
+                f"{growth:.2f}x",
+                f"<= 1 GiB, <= {TOLERANCE_RSS_GROWTH}x",
+                large.peak_rss <= TARGET_RSS_BYTES and growth <= TOLERANCE_RSS_GROWTH,
+                numbers={"peak_rss": large.peak_rss, "growth": growth, "source_bytes": self.corpus.large_bytes},
+            )
+        )
 
     def verify(self, best: BuildRun, projected: float) -> None:
         """Figure 6: ``verify`` on a 6,400-row build (at the best worker count); its peak
@@ -834,34 +1015,71 @@ class Benchmark:
 
         row_tokens = self.plan.verify_row_tokens
         print(f"build of {DEFAULT_ROWS} x {row_tokens} tokens for verify ({best.workers} workers):", flush=True)
-        run = self.build(f"verify-{row_tokens}", self.corpus.large, DEFAULT_ROWS, row_tokens, best.workers,
-                         sample_tree=True)
+        run = self.build(
+            f"verify-{row_tokens}", self.corpus.large, DEFAULT_ROWS, row_tokens, best.workers, sample_tree=True
+        )
         start = time.perf_counter()
         problems = verify(Path(run.out))  # the output was just written: warm page cache
         verify_s = time.perf_counter() - start
         at_default = row_tokens == DEFAULT_ROW_TOKENS
         if at_default:
-            self.insert_after("   PROJECTED default build, total", Figure(
-                "   MEASURED default build 6400x8192 (synthetic)", fmt_s(run.wall_s), f"projection {fmt_s(projected)}",
-                f"{run.wall_s / projected:.2f}", numbers={"wall_s": run.wall_s, "workers": run.workers}))
-        self.add(Figure(f"   peak RSS, {DEFAULT_ROWS}x{row_tokens} build, {run.workers}w: main",
-                        fmt_mib(run.peak_rss), target="<= 1 GiB", ok=run.peak_rss <= TARGET_RSS_BYTES,
-                        numbers={"peak_rss": run.peak_rss}))
-        self.add(Figure("   ... all processes (sum of RSS, sampled)", fmt_mib(run.tree_rss),
-                        numbers={"tree_rss": run.tree_rss}))
+            self.insert_after(
+                "   PROJECTED default build, total",
+                Figure(
+                    "   MEASURED default build 6400x8192 (synthetic)",
+                    fmt_s(run.wall_s),
+                    f"projection {fmt_s(projected)}",
+                    f"{run.wall_s / projected:.2f}",
+                    numbers={"wall_s": run.wall_s, "workers": run.workers},
+                ),
+            )
+        self.add(
+            Figure(
+                f"   peak RSS, {DEFAULT_ROWS}x{row_tokens} build, {run.workers}w: main",
+                fmt_mib(run.peak_rss),
+                target="<= 1 GiB",
+                ok=run.peak_rss <= TARGET_RSS_BYTES,
+                numbers={"peak_rss": run.peak_rss},
+            )
+        )
+        self.add(
+            Figure(
+                "   ... all processes (sum of RSS, sampled)", fmt_mib(run.tree_rss), numbers={"tree_rss": run.tree_rss}
+            )
+        )
         parquet_bytes = (Path(run.out) / "train.parquet").stat().st_size
-        self.add(Figure(f"6. verify {DEFAULT_ROWS}x{row_tokens}" + ("" if at_default else " (measured)"),
-                        fmt_s(verify_s), f"{parquet_bytes / MIB:.0f} MiB Parquet",
-                        target="<= 5 s" if at_default else "info",
-                        ok=verify_s <= TARGET_VERIFY_SECONDS if at_default else None,
-                        numbers={"verify_s": verify_s, "row_tokens": row_tokens, "parquet_bytes": parquet_bytes}))
+        self.add(
+            Figure(
+                f"6. verify {DEFAULT_ROWS}x{row_tokens}" + ("" if at_default else " (measured)"),
+                fmt_s(verify_s),
+                f"{parquet_bytes / MIB:.0f} MiB Parquet",
+                target="<= 5 s" if at_default else "info",
+                ok=verify_s <= TARGET_VERIFY_SECONDS if at_default else None,
+                numbers={"verify_s": verify_s, "row_tokens": row_tokens, "parquet_bytes": parquet_bytes},
+            )
+        )
         if not at_default:
             scaled = verify_s * DEFAULT_ROW_TOKENS / row_tokens
-            self.add(Figure(f"   verify {DEFAULT_ROWS}x{DEFAULT_ROW_TOKENS} (PROJECTED, linear)", fmt_s(scaled),
-                            f"{DEFAULT_ROW_TOKENS // row_tokens}x the measured", target="<= 5 s",
-                            ok=scaled <= TARGET_VERIFY_SECONDS, numbers={"projected_verify_s": scaled}))
-        self.add(Figure("   verify result", "ok" if not problems else f"{len(problems)} problem(s)", target="ok",
-                        ok=not problems, correctness=True, numbers={"problems": problems}))
+            self.add(
+                Figure(
+                    f"   verify {DEFAULT_ROWS}x{DEFAULT_ROW_TOKENS} (PROJECTED, linear)",
+                    fmt_s(scaled),
+                    f"{DEFAULT_ROW_TOKENS // row_tokens}x the measured",
+                    target="<= 5 s",
+                    ok=scaled <= TARGET_VERIFY_SECONDS,
+                    numbers={"projected_verify_s": scaled},
+                )
+            )
+        self.add(
+            Figure(
+                "   verify result",
+                "ok" if not problems else f"{len(problems)} problem(s)",
+                target="ok",
+                ok=not problems,
+                correctness=True,
+                numbers={"problems": problems},
+            )
+        )
 
     def insert_after(self, prefix: str, figure: Figure) -> None:
         at = next(k for k, f in enumerate(self.figures) if f.metric.startswith(prefix))
@@ -877,7 +1095,7 @@ def print_table(figures: Sequence[Figure]) -> None:
     headers = ("metric", "value", "baseline", "ratio", "target", "result")
     rows = [(f.metric, f.value, f.baseline, f.ratio, f.target, f.result) for f in figures]
     widths = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(headers)]
-    line = "  ".join("{:<%d}" % w for w in widths)
+    line = "  ".join(f"{{:<{w}}}" for w in widths)
     print(line.format(*headers).rstrip())
     print("  ".join("-" * w for w in widths))
     for r in rows:
@@ -887,15 +1105,29 @@ def print_table(figures: Sequence[Figure]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller corpus and builds (under a minute on 2 cores)")
-    parser.add_argument("--workers-max", type=int, default=2, metavar="N",
-                        help="time whole builds at 1, 2, 4, ... and N workers (default 2)")
-    parser.add_argument("--repeat", type=int, metavar="K",
-                        help="fresh builds per worker count, fastest kept (default: 1 quick, 2 full)")
+    parser.add_argument(
+        "--workers-max",
+        type=int,
+        default=2,
+        metavar="N",
+        help="time whole builds at 1, 2, 4, ... and N workers (default 2)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, metavar="K", help="fresh builds per worker count, fastest kept (default: 1 quick, 2 full)"
+    )
     parser.add_argument("--json", type=Path, metavar="OUT", help="write the machine, plan, builds and figures to OUT")
-    parser.add_argument("--speed-rows", type=int, metavar="R",
-                        help="rows of 8,192 tokens for figures 1, 3 and 4 (default: 768 quick, 1,536 full)")
-    parser.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER,
-                        help=f"Kimi-K2.6 tokenizer folder (default {DEFAULT_TOKENIZER})")
+    parser.add_argument(
+        "--speed-rows",
+        type=int,
+        metavar="R",
+        help="rows of 8,192 tokens for figures 1, 3 and 4 (default: 768 quick, 1,536 full)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=DEFAULT_TOKENIZER,
+        help=f"Kimi-K2.6 tokenizer folder (default {DEFAULT_TOKENIZER})",
+    )
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -909,15 +1141,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no tokenizer files in {args.tokenizer}")
 
     base = QUICK if args.quick else FULL
-    plan = Plan(**{**asdict(base), "workers": tuple(worker_counts(args.workers_max)),
-                   "repeat": args.repeat or base.repeat, "speed_rows": args.speed_rows or base.speed_rows})
+    plan = Plan(
+        **{
+            **asdict(base),
+            "workers": tuple(worker_counts(args.workers_max)),
+            "repeat": args.repeat or base.repeat,
+            "speed_rows": args.speed_rows or base.speed_rows,
+        }
+    )
     info = machine()
-    print(f"machine: {info['cpu']}, {info['cores']} cores; python {info['python']}, tiktoken {info['tiktoken']}, "
-          f"pyarrow {info['pyarrow']}, numpy {info['numpy']}, transformers {info['transformers']}; "
-          f"fixed_sft {info['fixed_sft']} (code_sha256 {info['code']['code_sha256'][:12]}, "
-          f"git {info['code'].get('git_commit', 'none')[:12]}{' + changes' if info['code'].get('git_dirty') else ''})")
-    print(f"mode: {plan.mode}; workers {', '.join(map(str, plan.workers))}; repeat {plan.repeat}; "
-          f"load average {info['loadavg_start'][0]:.2f}", flush=True)
+    print(
+        f"machine: {info['cpu']}, {info['cores']} cores; python {info['python']}, tiktoken {info['tiktoken']}, "
+        f"pyarrow {info['pyarrow']}, numpy {info['numpy']}, transformers {info['transformers']}; "
+        f"fixed_sft {info['fixed_sft']} (code_sha256 {info['code']['code_sha256'][:12]}, "
+        f"git {info['code'].get('git_commit', 'none')[:12]}{' + changes' if info['code'].get('git_dirty') else ''})"
+    )
+    print(
+        f"mode: {plan.mode}; workers {', '.join(map(str, plan.workers))}; repeat {plan.repeat}; "
+        f"load average {info['loadavg_start'][0]:.2f}",
+        flush=True,
+    )
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench_build-") as tmp:
         bench = Benchmark(plan, args.tokenizer, Path(tmp))
@@ -925,18 +1168,32 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter() - start
     info["loadavg_end"] = os.getloadavg()
     print()
-    print(f"fixed-sft build benchmark ({plan.mode}, synthetic Tulu-like corpus): {info['cpu']}, {info['cores']} cores, "
-          f"python {info['python']}, tiktoken {info['tiktoken']}, pyarrow {info['pyarrow']}; {total:.0f} s; "
-          f"load average {info['loadavg_start'][0]:.2f} at start")
+    print(
+        f"fixed-sft build benchmark ({plan.mode}, synthetic Tulu-like corpus): {info['cpu']}, {info['cores']} cores, "
+        f"python {info['python']}, tiktoken {info['tiktoken']}, pyarrow {info['pyarrow']}; {total:.0f} s; "
+        f"load average {info['loadavg_start'][0]:.2f} at start"
+    )
     print_table(bench.figures)
     print("PROJECTED rows are estimates from the synthetic corpus, not measurements of the real Tulu 3 build.")
     if info["loadavg_start"][0] > 0.5:
-        print(f"note: the machine was busy at start (load average {info['loadavg_start'][0]:.2f}); "
-              "timings are distorted by other processes.")
+        print(
+            f"note: the machine was busy at start (load average {info['loadavg_start'][0]:.2f}); "
+            "timings are distorted by other processes."
+        )
     if args.json:
-        args.json.write_text(json.dumps(
-            {"machine": info, "mode": plan.mode, "seconds": total, **bench.details,
-             "figures": [{**asdict(f), "result": f.result} for f in bench.figures]}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": info,
+                    "mode": plan.mode,
+                    "seconds": total,
+                    **bench.details,
+                    "figures": [{**asdict(f), "result": f.result} for f in bench.figures],
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         print(f"wrote {args.json}")
     return 0 if all(f.ok for f in bench.figures if f.correctness) else 1
 

@@ -78,7 +78,6 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the package, and the corpus g
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-
 import synthetic  # noqa: E402
 
 DEFAULT_TOKENIZER = ROOT.parent / "shared" / "tokenizers" / "kimi-k2.6"
@@ -128,9 +127,14 @@ def big_text(pool: bytes, size: int, k: int) -> str:
 def huge_conversation(pool: bytes, size: int, k: int, line_bytes: int | None = None) -> dict[str, Any]:
     """A short user message and an assistant reply of about ``size`` bytes; with
     ``line_bytes``, the reply shortened until the row's JSONL line has at most that many."""
-    row = {"id": f"huge_{k}", "source": "bench/huge",
-           "messages": [{"role": "user", "content": f"Summarize document {k}."},
-                        {"role": "assistant", "content": big_text(pool, size, k)}]}
+    row = {
+        "id": f"huge_{k}",
+        "source": "bench/huge",
+        "messages": [
+            {"role": "user", "content": f"Summarize document {k}."},
+            {"role": "assistant", "content": big_text(pool, size, k)},
+        ],
+    }
     while line_bytes is not None and (over := len(json.dumps(row, ensure_ascii=False).encode()) - line_bytes) > 0:
         reply = row["messages"][1]["content"]
         row["messages"][1]["content"] = reply[: len(reply) - over - 64]
@@ -166,48 +170,83 @@ def make_sources(work: Path, names: set[str]) -> dict[str, Case]:
         cases["small"] = Case("small", "normal, 4,000 conv., 64 x 8192", work / "small", rows=64)
     if "normal-2000" in names:
         synthetic.write_parquet(synthetic.conversations(16000, seed=5), work / "normal-2000", rows_per_file=4000)
-        cases["normal-2000"] = Case("normal-2000", "normal, 16,000 conv., 2000 x 8192", work / "normal-2000",
-                                    rows=2000, baseline="normal-2000")
+        cases["normal-2000"] = Case(
+            "normal-2000", "normal, 16,000 conv., 2000 x 8192", work / "normal-2000", rows=2000, baseline="normal-2000"
+        )
     pool = text_pool() if names - {"small"} else b""
     if names & {"4mb", "4mb-one-group", "4mb-all"}:
         rows = [huge_conversation(pool, 4 * MIB, k) for k in range(150)]
         if "4mb" in names:
-            cases["4mb"] = Case("4mb", "150 of 4 MiB, Parquet, groups of 8, 1 x 8192",
-                                write_parquet(rows, work / "4mb.parquet", row_group_size=8), rows=1)
+            cases["4mb"] = Case(
+                "4mb",
+                "150 of 4 MiB, Parquet, groups of 8, 1 x 8192",
+                write_parquet(rows, work / "4mb.parquet", row_group_size=8),
+                rows=1,
+            )
         if "4mb-all" in names:
-            cases["4mb-all"] = Case("4mb-all", "150 of 4 MiB, Parquet, groups of 8, all rows",
-                                    write_parquet(rows, work / "4mb-all.parquet", row_group_size=8), rows=None)
+            cases["4mb-all"] = Case(
+                "4mb-all",
+                "150 of 4 MiB, Parquet, groups of 8, all rows",
+                write_parquet(rows, work / "4mb-all.parquet", row_group_size=8),
+                rows=None,
+            )
         if "4mb-one-group" in names:
-            cases["4mb-one-group"] = Case("4mb-one-group", "150 of 4 MiB, Parquet, one row group, 1 x 8192",
-                                          write_parquet(rows, work / "4mb-one-group.parquet"), rows=1,
-                                          refused="MAX_PAGE_BYTES")
+            cases["4mb-one-group"] = Case(
+                "4mb-one-group",
+                "150 of 4 MiB, Parquet, one row group, 1 x 8192",
+                write_parquet(rows, work / "4mb-one-group.parquet"),
+                rows=1,
+                refused="MAX_PAGE_BYTES",
+            )
         del rows
     others = synthetic.conversations(300, seed=7)
     if names & {"max", "max-parquet"}:
         huge = huge_conversation(widest(pool), MAX_CONVERSATION_BYTES, 0, MAX_CONVERSATION_BYTES)
         rows = with_huge_first(huge, others)
         if "max" in names:
-            cases["max"] = Case("max", f"one of {MAX_CONVERSATION_BYTES / MIB:.0f} MiB (bound), JSONL, 4 x 8192",
-                                synthetic.write_jsonl(rows, work / "max.jsonl"), rows=4)
+            cases["max"] = Case(
+                "max",
+                f"one of {MAX_CONVERSATION_BYTES / MIB:.0f} MiB (bound), JSONL, 4 x 8192",
+                synthetic.write_jsonl(rows, work / "max.jsonl"),
+                rows=4,
+            )
         if "max-parquet" in names:
-            cases["max-parquet"] = Case("max-parquet", f"one of {MAX_CONVERSATION_BYTES / MIB:.0f} MiB (bound), "
-                                        "Parquet, 4 x 8192", write_parquet(rows, work / "max.parquet"), rows=4)
+            cases["max-parquet"] = Case(
+                "max-parquet",
+                f"one of {MAX_CONVERSATION_BYTES / MIB:.0f} MiB (bound), Parquet, 4 x 8192",
+                write_parquet(rows, work / "max.parquet"),
+                rows=4,
+            )
     if "many-max" in names:
         wide = widest(pool)
         rows = [huge_conversation(wide, MAX_CONVERSATION_BYTES, k, MAX_CONVERSATION_BYTES) for k in range(48)]
-        cases["many-max"] = Case("many-max", f"48 of {MAX_CONVERSATION_BYTES / MIB:.0f} MiB, JSONL, 2000 x 8192",
-                                 synthetic.write_jsonl(rows, work / "many-max.jsonl"), rows=2000,
-                                 baseline="normal-2000")
+        cases["many-max"] = Case(
+            "many-max",
+            f"48 of {MAX_CONVERSATION_BYTES / MIB:.0f} MiB, JSONL, 2000 x 8192",
+            synthetic.write_jsonl(rows, work / "many-max.jsonl"),
+            rows=2000,
+            baseline="normal-2000",
+        )
         del rows
     if names & {"100mb", "100mb-parquet"}:
         rows = with_huge_first(huge_conversation(pool, 100 * MIB, 0), others)
         if "100mb" in names:
-            cases["100mb"] = Case("100mb", "one of 100 MiB, JSONL, skip_invalid, 4 x 8192",
-                                  synthetic.write_jsonl(rows, work / "100mb.jsonl"), rows=4, skip_invalid=True)
+            cases["100mb"] = Case(
+                "100mb",
+                "one of 100 MiB, JSONL, skip_invalid, 4 x 8192",
+                synthetic.write_jsonl(rows, work / "100mb.jsonl"),
+                rows=4,
+                skip_invalid=True,
+            )
         if "100mb-parquet" in names:
-            cases["100mb-parquet"] = Case("100mb-parquet", "one of 100 MiB, Parquet, skip_invalid, 4 x 8192",
-                                          write_parquet(rows, work / "100mb.parquet"), rows=4, skip_invalid=True,
-                                          refused="MAX_PAGE_BYTES")
+            cases["100mb-parquet"] = Case(
+                "100mb-parquet",
+                "one of 100 MiB, Parquet, skip_invalid, 4 x 8192",
+                write_parquet(rows, work / "100mb.parquet"),
+                rows=4,
+                skip_invalid=True,
+                refused="MAX_PAGE_BYTES",
+            )
     return cases
 
 
@@ -224,8 +263,11 @@ def child_main(spec_path: Path) -> None:
     start = time.perf_counter()
     try:
         manifest = build(BuildConfig(**spec["config"]), Path(spec["out"]))
-        result = {"rows_sha256": manifest["rows_sha256"], "stats": manifest["stats"],
-                  "skipped": [s["reason"] for s in manifest["skipped_invalid"]]}
+        result = {
+            "rows_sha256": manifest["rows_sha256"],
+            "stats": manifest["stats"],
+            "skipped": [s["reason"] for s in manifest["skipped_invalid"]],
+        }
     except Exception as error:  # reported, and the script exits 1
         result = {"error": f"{type(error).__name__}: {error}"}
     result["wall_s"] = time.perf_counter() - start
@@ -304,16 +346,29 @@ class TreeSampler(threading.Thread):
 def run_build(case: Case, workers: int, tokenizer: Path, work: Path) -> dict[str, Any]:
     """One build of ``case`` in a fresh interpreter, its process tree sampled."""
     name = f"{case.name}-w{workers}-{time.monotonic_ns()}"
-    config = dict(name=case.name, source=str(case.source), tokenizer=str(tokenizer), rows=case.rows,
-                  row_tokens=case.row_tokens, seed=SEED, workers=workers, skip_invalid=case.skip_invalid)
+    config = dict(
+        name=case.name,
+        source=str(case.source),
+        tokenizer=str(tokenizer),
+        rows=case.rows,
+        row_tokens=case.row_tokens,
+        seed=SEED,
+        workers=workers,
+        skip_invalid=case.skip_invalid,
+    )
     spec = {"config": config, "out": str(work / "out" / name), "result": str(work / f"{name}.json")}
     spec_path = work / f"{name}.spec.json"
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     log = work / f"{name}.log"
     with log.open("wb") as stderr:
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)],
-                                stdout=subprocess.DEVNULL, stderr=stderr, env=env, cwd=str(ROOT))
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=env,
+            cwd=str(ROOT),
+        )
         sampler = TreeSampler(proc.pid)
         sampler.start()
         try:
@@ -330,8 +385,15 @@ def run_build(case: Case, workers: int, tokenizer: Path, work: Path) -> dict[str
         result = {"error": f"the build process exited {code}"}
     else:
         result = json.loads(Path(spec["result"]).read_text())
-    return {**result, "case": case.name, "workers": workers, "tree_rss": sampler.rss, "tree_pss": sampler.pss,
-            "sum_hwm": sum(sampler.hwm.values()), "processes": sampler.processes}
+    return {
+        **result,
+        "case": case.name,
+        "workers": workers,
+        "tree_rss": sampler.rss,
+        "tree_pss": sampler.pss,
+        "sum_hwm": sum(sampler.hwm.values()),
+        "processes": sampler.processes,
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -367,8 +429,17 @@ def as_expected(case: Case, runs: list[dict[str, Any]]) -> bool:
 
 
 def print_table(cases: dict[str, Case], runs: list[dict[str, Any]], workers: list[int]) -> None:
-    headers = ("case", "workers", "tree RSS MiB", "x baseline", "tree PSS MiB", "sum of peaks MiB", "wall s",
-               "RSS < 1 GiB", "outcome")
+    headers = (
+        "case",
+        "workers",
+        "tree RSS MiB",
+        "x baseline",
+        "tree PSS MiB",
+        "sum of peaks MiB",
+        "wall s",
+        "RSS < 1 GiB",
+        "outcome",
+    )
 
     def median_rss(name: str, count: int) -> float | None:
         mine = [r["tree_rss"] for r in runs if r["case"] == name and r["workers"] == count]
@@ -383,11 +454,21 @@ def print_table(cases: dict[str, Case], runs: list[dict[str, Any]], workers: lis
             rss = [r["tree_rss"] for r in mine]
             base = median_rss(case.baseline, count)
             ratio = "(baseline)" if case.baseline == name else f"{statistics.median(rss) / base:.2f}x" if base else ""
-            table.append((case.title, str(count), spread(rss, MIB), ratio, spread([r["tree_pss"] for r in mine], MIB),
-                          spread([r["sum_hwm"] for r in mine], MIB), spread([r["wall_s"] for r in mine], 1, "{:.1f}"),
-                          "yes" if max(rss) < TARGET_BYTES else "NO", outcome(case, mine)))
+            table.append(
+                (
+                    case.title,
+                    str(count),
+                    spread(rss, MIB),
+                    ratio,
+                    spread([r["tree_pss"] for r in mine], MIB),
+                    spread([r["sum_hwm"] for r in mine], MIB),
+                    spread([r["wall_s"] for r in mine], 1, "{:.1f}"),
+                    "yes" if max(rss) < TARGET_BYTES else "NO",
+                    outcome(case, mine),
+                )
+            )
     widths = [max(len(h), *(len(row[k]) for row in table)) for k, h in enumerate(headers)]
-    line = "  ".join("{:<%d}" % w for w in widths)
+    line = "  ".join(f"{{:<{w}}}" for w in widths)
     print(line.format(*headers).rstrip())
     print("  ".join("-" * w for w in widths))
     for row in table:
@@ -397,13 +478,20 @@ def print_table(cases: dict[str, Case], runs: list[dict[str, Any]], workers: lis
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3, metavar="K", help="builds per case and worker count")
-    parser.add_argument("--cases", default=",".join(CASES),
-                        help=f"comma-separated, of {', '.join(CASES + EXTRA_CASES)} (default: all but {', '.join(EXTRA_CASES)})")
+    parser.add_argument(
+        "--cases",
+        default=",".join(CASES),
+        help=f"comma-separated, of {', '.join(CASES + EXTRA_CASES)} (default: all but {', '.join(EXTRA_CASES)})",
+    )
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts (default 1,2)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write every build's figures to OUT")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="write the sources and builds in DIR, and keep them")
-    parser.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER,
-                        help=f"Kimi-K2.6 tokenizer folder (default {DEFAULT_TOKENIZER})")
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=DEFAULT_TOKENIZER,
+        help=f"Kimi-K2.6 tokenizer folder (default {DEFAULT_TOKENIZER})",
+    )
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -421,9 +509,12 @@ def main(argv: list[str] | None = None) -> int:
     from fixed_sft.build import code_version
 
     code = code_version()
-    print(f"python {platform.python_version()}, pyarrow {pa.__version__}, {os.cpu_count()} cores; fixed_sft "
-          f"{fixed_sft.__version__} (code_sha256 {code['code_sha256'][:12]}, git {code.get('git_commit', 'none')[:12]}"
-          f"{' + changes' if code.get('git_dirty') else ''}); load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"python {platform.python_version()}, pyarrow {pa.__version__}, {os.cpu_count()} cores; fixed_sft "
+        f"{fixed_sft.__version__} (code_sha256 {code['code_sha256'][:12]}, git {code.get('git_commit', 'none')[:12]}"
+        f"{' + changes' if code.get('git_dirty') else ''}); load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench_memory-") as tmp:
         work = Path(tmp) if args.keep is None else args.keep
@@ -437,13 +528,18 @@ def main(argv: list[str] | None = None) -> int:
                 for count in workers:
                     run = run_build(case, count, args.tokenizer, work)
                     runs.append(run)
-                    print(f"  {case.name} w{count} #{repeat + 1}: tree RSS {run['tree_rss'] / MIB:.0f} MiB, "
-                          f"PSS {run['tree_pss'] / MIB:.0f} MiB, sum of peaks {run['sum_hwm'] / MIB:.0f} MiB, "
-                          f"{run['processes']} processes, {run['wall_s']:.1f} s"
-                          + (f"; {run['error']}" if "error" in run else ""), flush=True)
+                    print(
+                        f"  {case.name} w{count} #{repeat + 1}: tree RSS {run['tree_rss'] / MIB:.0f} MiB, "
+                        f"PSS {run['tree_pss'] / MIB:.0f} MiB, sum of peaks {run['sum_hwm'] / MIB:.0f} MiB, "
+                        f"{run['processes']} processes, {run['wall_s']:.1f} s"
+                        + (f"; {run['error']}" if "error" in run else ""),
+                        flush=True,
+                    )
     print()
-    print(f"peak memory of builds, median (range) of {args.repeat} build(s) each; load average "
-          f"{os.getloadavg()[0]:.2f} at end")
+    print(
+        f"peak memory of builds, median (range) of {args.repeat} build(s) each; load average "
+        f"{os.getloadavg()[0]:.2f} at end"
+    )
     print_table(cases, runs, workers)
     if args.json:
         args.json.write_text(json.dumps({"code": code, "runs": runs}, indent=1) + "\n")

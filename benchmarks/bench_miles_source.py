@@ -67,8 +67,9 @@ def write(path: Path, rows: int, seed: int) -> None:
 
 
 def peak(mode: str, path: Path) -> float:
-    run = subprocess.run([sys.executable, "-c", READ, str(ROOT), mode, str(path)], capture_output=True, text=True,
-                         check=True)
+    run = subprocess.run(
+        [sys.executable, "-c", READ, str(ROOT), mode, str(path)], capture_output=True, text=True, check=True
+    )
     return float(json.loads(run.stdout.splitlines()[-1])["peak_mib"])
 
 
@@ -83,17 +84,25 @@ def main() -> None:
         write(large, 10 * options.rows, 2)
         results: dict[str, list[float]] = {}
         for _ in range(options.repeats):
-            for name, mode, path in [("baseline (open only)", "open", large), ("source, 1x file", "source", small),
-                                     ("source, 10x file", "source", large), ("miles Dataset, 1x file", "dataset", small)]:
+            for name, mode, path in [
+                ("baseline (open only)", "open", large),
+                ("source, 1x file", "source", small),
+                ("source, 10x file", "source", large),
+                ("miles Dataset, 1x file", "dataset", small),
+            ]:
                 results.setdefault(name, []).append(peak(mode, path))
-    print(f"rows of {ROW_TOKENS:,} tokens: {options.rows:,} (1x) and {10 * options.rows:,} (10x); "
-          f"{options.repeats} repeats")
+    print(
+        f"rows of {ROW_TOKENS:,} tokens: {options.rows:,} (1x) and {10 * options.rows:,} (10x); "
+        f"{options.repeats} repeats"
+    )
     print(f"{'case':<26}{'peak RSS MiB, median':>22}{'range':>20}")
     for name, values in results.items():
         print(f"{name:<26}{statistics.median(values):>22.0f}{f'{min(values):.0f}-{max(values):.0f}':>20}")
     ratios = [b / a for a, b in zip(results["source, 1x file"], results["source, 10x file"])]
-    print(f"source peak, 10x file / 1x file: median {statistics.median(ratios):.2f} "
-          f"(range {min(ratios):.2f}-{max(ratios):.2f})")
+    print(
+        f"source peak, 10x file / 1x file: median {statistics.median(ratios):.2f} "
+        f"(range {min(ratios):.2f}-{max(ratios):.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
-CASES = {"import only": None, "normal": "normal", "largest row group": "largest", "widest row group read": "widest",
-         "largest manifest": "manifest", "bomb": "bomb", "forged bomb": "forged", "sparse manifest": "sparse", "small-values manifest": "values"}
+CASES = {
+    "import only": None,
+    "normal": "normal",
+    "largest row group": "largest",
+    "widest row group read": "widest",
+    "largest manifest": "manifest",
+    "bomb": "bomb",
+    "forged bomb": "forged",
+    "sparse manifest": "sparse",
+    "small-values manifest": "values",
+}
 if __name__ == "__main__" and sys.argv[1:2] == ["--write"]:  # (the folders are written in a process of their own:
     # Linux counts a process's peak RSS from before it started another program, so the
     # process that starts the measured ones must stay small)
@@ -70,22 +79,45 @@ def manifest_for(rows: list[Row], row_tokens: int, parquet: Path) -> dict:
     trainable = sum(int(np.count_nonzero(row.mask[1:])) for row in rows)
     tokens = len(rows) * row_tokens
     return {
-        "format": FORMAT, "name": "bench",
+        "format": FORMAT,
+        "name": "bench",
         "code_version": {"fixed_sft": "bench", "format": FORMAT, "code_sha256": "0" * 64},
-        "params": {"rows": len(rows), "row_tokens": row_tokens, "seed": 0, "order": "splitmix64-key-v1",
-                   "loss_mask_type": "kimi_k25", "skip_invalid": False},
-        "source": {"name": "bench", "revision": None, "license": None, "file_patterns": None, "rows": len(rows),
-                   "files": []},
+        "params": {
+            "rows": len(rows),
+            "row_tokens": row_tokens,
+            "seed": 0,
+            "order": "splitmix64-key-v1",
+            "loss_mask_type": "kimi_k25",
+            "skip_invalid": False,
+        },
+        "source": {
+            "name": "bench",
+            "revision": None,
+            "license": None,
+            "file_patterns": None,
+            "rows": len(rows),
+            "files": [],
+        },
         "tokenizer": {"name": None, "repo": None, "revision": None, "files": {}, "pinned": False},
         "loss_mask": {"type": "kimi_k25", "template_kwargs": {}},
         "template_check": {"every": 0, "checked": 0},
-        "stats": {"rows": len(rows), "tokens": tokens, "supervised_tokens": supervised,
-                  "supervised_token_ratio": supervised / tokens, "trainable_tokens": trainable,
-                  "padding_tokens": 0, "conversations": len(rows), "conversations_split": 0, "rows_skipped": 0,
-                  "tail_tokens_dropped": 0, "invalid_rows_skipped": 0},
+        "stats": {
+            "rows": len(rows),
+            "tokens": tokens,
+            "supervised_tokens": supervised,
+            "supervised_token_ratio": supervised / tokens,
+            "trainable_tokens": trainable,
+            "padding_tokens": 0,
+            "conversations": len(rows),
+            "conversations_split": 0,
+            "rows_skipped": 0,
+            "tail_tokens_dropped": 0,
+            "invalid_rows_skipped": 0,
+        },
         "skipped_invalid": [],
         "parquet": {"path": PARQUET_NAME, "bytes": parquet.stat().st_size, "sha256": sha256_file(parquet)},
-        "rows_sha256": rows_digest(digests), "row_sha256": [d.hex() for d in digests],
+        "rows_sha256": rows_digest(digests),
+        "row_sha256": [d.hex() for d in digests],
     }
 
 
@@ -115,12 +147,17 @@ def write_bomb(folder: Path, tokens: int, forge: bool) -> None:
     with ``forge``, the footer says its columns hold 8192 values."""
     write_folder(folder, 1, 8192, seed=1)
     zeros = pa.array(np.zeros(tokens, np.int32))
-    metadata = pa.StructArray.from_arrays([
-        pa.ListArray.from_arrays(pa.array([0, tokens], pa.int32()), zeros),
-        pa.ListArray.from_arrays(pa.array([0, tokens], pa.int32()), zeros.cast(pa.uint8())),
-        pa.array([0], pa.int64()),
-        pa.array([[{"source_index": 0, "id": None, "start": 0, "end": 8192}]], SCHEMA.field("metadata").type[3].type),
-    ], fields=list(SCHEMA.field("metadata").type))
+    metadata = pa.StructArray.from_arrays(
+        [
+            pa.ListArray.from_arrays(pa.array([0, tokens], pa.int32()), zeros),
+            pa.ListArray.from_arrays(pa.array([0, tokens], pa.int32()), zeros.cast(pa.uint8())),
+            pa.array([0], pa.int64()),
+            pa.array(
+                [[{"source_index": 0, "id": None, "start": 0, "end": 8192}]], SCHEMA.field("metadata").type[3].type
+            ),
+        ],
+        fields=list(SCHEMA.field("metadata").type),
+    )
     table = pa.Table.from_arrays([pa.array([PROMPT], SCHEMA.field("messages").type), metadata], schema=SCHEMA)
     del zeros, metadata
     parquet = folder / PARQUET_NAME
@@ -129,13 +166,13 @@ def write_bomb(folder: Path, tokens: int, forge: bool) -> None:
     if forge:
         data = parquet.read_bytes()
         length = int.from_bytes(data[-8:-4], "little")
-        footer = thrift.Reader(data[-8 - length:-8]).struct()
+        footer = thrift.Reader(data[-8 - length : -8]).struct()
         (group,) = thrift.get(footer, 4)[1]
         for chunk in thrift.get(group, 1)[1][2:4]:  # metadata.input_ids, metadata.loss_mask
             meta = thrift.get(chunk, 3)
             meta[:] = [(f, k, 8192 if f == 5 else v) for f, k, v in meta]  # ColumnMetaData.num_values
         encoded = thrift.write_struct(footer)
-        parquet.write_bytes(data[:-8 - length] + encoded + len(encoded).to_bytes(4, "little") + b"PAR1")
+        parquet.write_bytes(data[: -8 - length] + encoded + len(encoded).to_bytes(4, "little") + b"PAR1")
     manifest = json.loads((folder / MANIFEST_NAME).read_text())
     manifest["parquet"].update(bytes=parquet.stat().st_size, sha256=sha256_file(parquet))
     (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1))
@@ -182,8 +219,12 @@ def write(base: Path, rows: int, bomb_tokens: int) -> None:
     write_largest_manifest(base / "manifest")
     write_sparse_manifest(base / "sparse")
     write_small_values_manifest(base / "values")
-    print(", ".join(f"{name} {(base / name / PARQUET_NAME).stat().st_size:,}"
-                    for name in ("normal", "largest", "widest", "bomb", "forged")))
+    print(
+        ", ".join(
+            f"{name} {(base / name / PARQUET_NAME).stat().st_size:,}"
+            for name in ("normal", "largest", "widest", "bomb", "forged")
+        )
+    )
 
 
 def measure(folder: Path | None) -> dict:
@@ -204,19 +245,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-verify-") as scratch:
         base = Path(scratch)
         started = time.perf_counter()
-        sizes = subprocess.run([sys.executable, __file__, "--write", scratch, str(args.rows), str(args.bomb_tokens)],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        sizes = subprocess.run(
+            [sys.executable, __file__, "--write", scratch, str(args.rows), str(args.bomb_tokens)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         print(f"wrote the folders in {time.perf_counter() - started:.0f} s; train.parquet bytes: {sizes}")
-        results = {name: [measure(folder and base / folder) for _ in range(args.repeats)]
-                   for name, folder in CASES.items()}
+        results = {
+            name: [measure(folder and base / folder) for _ in range(args.repeats)] for name, folder in CASES.items()
+        }
     print(f"\n{'case':<24}{'peak RSS MiB: median':>22}{'range':>16}{'seconds':>10}  verify says")
     for name, runs in results.items():
         peaks = [r["peak_mib"] for r in runs]
         seconds = statistics.median(r["seconds"] for r in runs)
         problems = runs[0]["problems"]
         said = "-" if problems is None else "ok" if not problems else problems[-1].split(": ", 1)[-1][:70]
-        print(f"{name:<24}{statistics.median(peaks):>22.0f}{min(peaks):>9.0f} - {max(peaks):<5.0f}{seconds:>10.2f}  "
-              f"{said}")
+        print(
+            f"{name:<24}{statistics.median(peaks):>22.0f}{min(peaks):>9.0f} - {max(peaks):<5.0f}{seconds:>10.2f}  "
+            f"{said}"
+        )
 
 
 if __name__ == "__main__":

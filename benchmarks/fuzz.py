@@ -31,13 +31,13 @@ DEFAULT_TOKENIZER = ROOT.parent / "shared" / "tokenizers" / "kimi-k2.6"
 def run_job(job: int, examples: int, seed: int, tokenizer_dir: str, progress_every: int, tagged: bool = False) -> dict:
     """Run ``examples`` hypothesis examples with ``seed``; return counts and, on
     failure, the minimal failing example's description."""
+    import strategies as S
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
+    from reference_kimi import ReferenceKimi
 
-    import strategies as S
     from fixed_sft.chat import ChatEncoder
     from fixed_sft.tokenizer import KimiTokenizer
-    from reference_kimi import ReferenceKimi
 
     encoder = ChatEncoder(KimiTokenizer(tokenizer_dir))
     reference = ReferenceKimi(tokenizer_dir)
@@ -129,12 +129,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no tokenizer files at {args.tokenizer}")
 
     started = time.perf_counter()
-    print(f"fuzz: {args.examples} examples, seed {args.seed}, {args.jobs} job(s), tokenizer {args.tokenizer}", flush=True)
+    print(
+        f"fuzz: {args.examples} examples, seed {args.seed}, {args.jobs} job(s), tokenizer {args.tokenizer}", flush=True
+    )
     if args.jobs == 1:
         results = [run_job(0, args.examples, args.seed, args.tokenizer, args.progress_every)]
     else:
         shares = [args.examples // args.jobs + (k < args.examples % args.jobs) for k in range(args.jobs)]
-        work = [(k, n, args.seed * 1000 + k, args.tokenizer, args.progress_every, True) for k, n in enumerate(shares) if n]
+        work = [
+            (k, n, args.seed * 1000 + k, args.tokenizer, args.progress_every, True) for k, n in enumerate(shares) if n
+        ]
         with multiprocessing.get_context("spawn").Pool(len(work)) as pool:
             results = pool.map(_job, work)
 

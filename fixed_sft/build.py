@@ -14,11 +14,11 @@ import math
 import os
 import subprocess
 from collections import Counter
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -30,8 +30,20 @@ from .errors import BuildError, UsageError
 from .folder import transaction
 from .hashes import row_digest, rows_digest, sha256_file
 from .hub import raise_cache_damage
-from .manifest import (PARQUET, THIS_FORMAT, CodeVersion, LossMask, Manifest, ParquetFile, Params, SkippedRow,
-                       SourceFile, SourceRecord, Stats, TemplateCheck)
+from .manifest import (
+    PARQUET,
+    THIS_FORMAT,
+    CodeVersion,
+    LossMask,
+    Manifest,
+    Params,
+    ParquetFile,
+    SkippedRow,
+    SourceFile,
+    SourceRecord,
+    Stats,
+    TemplateCheck,
+)
 from .order import permutation, positions
 from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, RowWriter, naming
 from .pack import Packer
@@ -58,7 +70,6 @@ class InvalidSourceRow(BuildError):
         self.problem = problem
 
 
-
 def code_version() -> dict:
     """The builder's version: package version, format, ``code_sha256`` (sha256 over each
     ``fixed_sft/*.py`` file's name and bytes, in name order: exact wherever the code
@@ -82,8 +93,9 @@ def code_version() -> dict:
     return version
 
 
-def _chunks(source: Source, rank: np.ndarray, band_rows: Callable[[], int],
-            chunk_rows: Callable[[], int]) -> Iterator[tuple[int, pa.Table]]:
+def _chunks(
+    source: Source, rank: np.ndarray, band_rows: Callable[[], int], chunk_rows: Callable[[], int]
+) -> Iterator[tuple[int, pa.Table]]:
     """``(first position, rows)`` chunks in packing order, read a band at a time;
     ``band_rows`` sizes each band when it is reached, and ``chunk_rows`` each chunk when it
     is cut (in bytes, a chunk holds at most ``CHUNK_BYTES``, or one row)."""
@@ -95,7 +107,6 @@ def _chunks(source: Source, rank: np.ndarray, band_rows: Callable[[], int],
             yield first, chunk
             first += chunk.num_rows
         lo = hi
-
 
 
 def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
@@ -162,8 +173,9 @@ def _valid(stream: Iterator[Encoded], source: Source, skip_invalid: bool, tally:
             raise InvalidSourceRow(f"{where}: {reason}")
 
 
-def _pack(conversations: Iterator[Encoded], rows: int | None, packer: Packer, writer: RowWriter, tally: _Tally,
-          bar: tqdm) -> None:
+def _pack(
+    conversations: Iterator[Encoded], rows: int | None, packer: Packer, writer: RowWriter, tally: _Tally, bar: tqdm
+) -> None:
     """Feed conversations to the packer and write kept rows until ``rows`` (``None``: all)."""
     for item in conversations:
         tally.conversations_encoded += 1
@@ -211,14 +223,19 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         raise UsageError(
             f"tokenizer {tokenizer.name} goes with loss mask {tokenizer.loss_mask_type}, not {config.loss_mask_type}"
         )
-    encoder_config = EncoderConfig(tokenizer.directory, {name: f["sha256"] for name, f in tokenizer.files.items()},
-                                   config.loss_mask_type, tokenizer.template_kwargs)
+    encoder_config = EncoderConfig(
+        tokenizer.directory,
+        {name: f["sha256"] for name, f in tokenizer.files.items()},
+        config.loss_mask_type,
+        tokenizer.template_kwargs,
+    )
     with Encoders(encoder_config, config.workers, config.check_every) as encoders, _cancelling_pool() as hashing:
         source = open_source(config.source, config.source_revision, config.source_license, config.source_files)
         if config.source_rows is not None and source.num_rows != config.source_rows:
             raise_cache_damage(source.files, BuildError)  # a damaged cached file explains the count better
-            raise BuildError(f"source {source.name} has {source.num_rows} rows; {config.name} expects "
-                             f"{config.source_rows}")
+            raise BuildError(
+                f"source {source.name} has {source.num_rows} rows; {config.name} expects {config.source_rows}"
+            )
         source_hashes = [hashing.submit(sha256_file, path) for path in source.files]
         rank = positions(permutation(config.seed, source.num_rows))
         packer = Packer(config.row_tokens, eos_id(tokenizer.directory))
@@ -265,9 +282,8 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             stream.close()
         if writer.rows == 0 or (config.rows is not None and writer.rows < config.rows):
             needed = f"--rows is {config.rows}" if config.rows is not None else "a build needs at least one"
-            raise BuildError(
-                f"the source fills only {writer.rows} rows of {config.row_tokens} tokens with supervised tokens; {needed}"
-            )
+            filled = f"the source fills only {writer.rows} rows of {config.row_tokens} tokens"
+            raise BuildError(f"{filled} with supervised tokens; {needed}")
         source_files = _source_files(source, source_hashes)
     document = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME).to_json()
     _write_manifest(folder / MANIFEST_NAME, document)
@@ -292,15 +308,27 @@ def _source_files(source: Source, hashes: list[Future]) -> list[dict]:
     ]
 
 
-def _manifest(config: BuildConfig, source: Source, source_files: list[dict], tokenizer: ResolvedTokenizer,
-              tally: _Tally, parquet: Path) -> Manifest:
+def _manifest(
+    config: BuildConfig,
+    source: Source,
+    source_files: list[dict],
+    tokenizer: ResolvedTokenizer,
+    tally: _Tally,
+    parquet: Path,
+) -> Manifest:
     """``manifest.json`` of a finished build (keys: data/README.md)."""
     return Manifest(
         format=THIS_FORMAT,
         name=config.name,
         code_version=CodeVersion(**code_version()),
-        params=Params(order=ORDER_RULE, **{name: to_json(name, getattr(config, name)) for name, path in RECORDED.items()
-                                          if path.startswith("params.")}),
+        params=Params(
+            order=ORDER_RULE,
+            **{
+                name: to_json(name, getattr(config, name))
+                for name, path in RECORDED.items()
+                if path.startswith("params.")
+            },
+        ),
         source=SourceRecord(
             name=source.name,
             revision=source.revision,

@@ -19,8 +19,8 @@ Every token of system and user messages is 0.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 
@@ -73,9 +73,7 @@ RENDERER_MODULE = "transformers.utils.chat_template_utils"
 class ChatEncoder:
     """Encodes conversations of ``{"role": system|user|assistant, "content": str}``."""
 
-    def __init__(
-        self, tokenizer: KimiTokenizer, loss_mask_type: str = "kimi_k25", template_kwargs: dict | None = None
-    ):
+    def __init__(self, tokenizer: KimiTokenizer, loss_mask_type: str = "kimi_k25", template_kwargs: dict | None = None):
         if loss_mask_type not in MASK_TYPES:
             raise ValueError(f"unknown loss mask type {loss_mask_type!r} (known: {', '.join(MASK_TYPES)})")
         self.tokenizer = tokenizer
@@ -87,8 +85,10 @@ class ChatEncoder:
         try:
             text = self.render([{"role": role, "content": _PROBE}])
         except Exception as error:  # Jinja syntax, undefined names, template-raised errors
-            raise TemplateMismatch(f"{self.tokenizer.directory / 'chat_template.jinja'}: cannot render a {role} "
-                                   f"message ({type(error).__name__}: {error})") from None
+            raise TemplateMismatch(
+                f"{self.tokenizer.directory / 'chat_template.jinja'}: cannot render a {role} "
+                f"message ({type(error).__name__}: {error})"
+            ) from None
         before, probe, after = text.partition(_PROBE)
         added = self.tokenizer.added
         if not probe or not any(before.endswith(t) for t in added) or not any(after.startswith(t) for t in added):
@@ -98,7 +98,9 @@ class ChatEncoder:
             return RoleLayout(prefix, suffix, header=len(prefix), body_mask=0)
         header = prefix.tolist()
         if added.get("<|im_middle|>") not in header:
-            raise TemplateMismatch("the chat template's assistant header has no <|im_middle|>, which ends it for kimi_k25")
+            raise TemplateMismatch(
+                "the chat template's assistant header has no <|im_middle|>, which ends it for kimi_k25"
+            )
         return RoleLayout(prefix, suffix, header=header.index(added["<|im_middle|>"]) + 1, body_mask=1)
 
     def _check_probes(self) -> None:
@@ -112,8 +114,10 @@ class ChatEncoder:
         rendered, refusal = 0, None
         for roles in PROBE_CONVERSATIONS:
             for shift in range(len(_PROBE_CONTENTS)):
-                messages = [{"role": role, "content": _PROBE_CONTENTS[(k + shift) % len(_PROBE_CONTENTS)].format(k)}
-                            for k, role in enumerate(roles)]
+                messages = [
+                    {"role": role, "content": _PROBE_CONTENTS[(k + shift) % len(_PROBE_CONTENTS)].format(k)}
+                    for k, role in enumerate(roles)
+                ]
                 try:
                     expected = self.reference_ids(messages)
                 except TemplateRefusal as error:
@@ -123,7 +127,8 @@ class ChatEncoder:
                     raise TemplateMismatch(
                         f"{template}: the chat template does not render each message as its role's prefix + "
                         f"content + suffix, whatever the messages around it (a {'/'.join(roles)} conversation "
-                        "differs), so its ids cannot be built per message")
+                        "differs), so its ids cannot be built per message"
+                    )
                 rendered += 1
         if not rendered:
             raise TemplateMismatch(f"{template}: the chat template renders no probe conversation ({refusal})")
@@ -171,7 +176,9 @@ class ChatEncoder:
         try:
             text = self.render(messages)
         except Exception as error:  # whatever the template raises
-            raise TemplateRefusal(f"the chat template refuses the conversation ({type(error).__name__}: {error})") from None
+            raise TemplateRefusal(
+                f"the chat template refuses the conversation ({type(error).__name__}: {error})"
+            ) from None
         return self.tokenizer.encode_pieces(text)
 
     def check(self, messages: list[dict], ids: np.ndarray) -> None:

@@ -85,8 +85,10 @@ def _add_build_flags(build: argparse.ArgumentParser) -> None:
     kinds = hints(BuildConfig)
     for name in FLAGS:
         meta, kind = PARAMS[name].metadata, kinds[name]
-        options: dict[str, Any] = {"default": meta["flag_default"]() if meta["flag_default"] else argparse.SUPPRESS,
-                                   "help": meta["help"].format(default=PARAMS[name].default)}
+        options: dict[str, Any] = {
+            "default": meta["flag_default"]() if meta["flag_default"] else argparse.SUPPRESS,
+            "help": meta["help"].format(default=PARAMS[name].default),
+        }
         members = (kind, *get_args(kind))
         if kind is bool:
             options["action"] = "store_true"
@@ -115,20 +117,31 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("name", nargs="?", help=f"named build in fixed_sft/builds/ (default: {DEFAULT_BUILD})")
     build.add_argument("--out", type=Path, help="output folder (default: out/NAME)")
     _add_build_flags(build)
-    build.add_argument("--trust-remote-code", action="store_true", help="accepted for compatibility; no remote code is run")
+    build.add_argument(
+        "--trust-remote-code", action="store_true", help="accepted for compatibility; no remote code is run"
+    )
     build.add_argument("--quiet", action="store_true", help="no progress bar")
 
     verify = commands.add_parser("verify", help="check a built folder against its manifest")
     verify.add_argument("folder", type=Path)
     verify.add_argument("--published", metavar="NAME", help="also compare with a named build's published values")
-    verify.add_argument("--rebuild", action="store_true",
-                        help="also rebuild from the inputs the manifest records, and compare")
-    verify.add_argument("--source", metavar="PATH|HF_ID",
-                        help="with --rebuild: where the source is, if not where the manifest says")
-    verify.add_argument("--tokenizer", metavar="FOLDER|HF_REPO",
-                        help="with --rebuild: where the tokenizer files are, if not the manifest's spec or repo")
-    verify.add_argument("--workers", type=int, metavar="N",
-                        help="with --rebuild: encoding processes (default: the cores this process may use)")
+    verify.add_argument(
+        "--rebuild", action="store_true", help="also rebuild from the inputs the manifest records, and compare"
+    )
+    verify.add_argument(
+        "--source", metavar="PATH|HF_ID", help="with --rebuild: where the source is, if not where the manifest says"
+    )
+    verify.add_argument(
+        "--tokenizer",
+        metavar="FOLDER|HF_REPO",
+        help="with --rebuild: where the tokenizer files are, if not the manifest's spec or repo",
+    )
+    verify.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="with --rebuild: encoding processes (default: the cores this process may use)",
+    )
     verify.add_argument("--quiet", action="store_true", help="with --rebuild: no progress bar")
     return top
 
@@ -151,8 +164,11 @@ def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path, dict | None]:
         except UsageError as error:
             raise UsageError(f"{BUILDS / name}.json: {error}") from None
     if "source" in args:  # another source: the spec's revision, license, files and size do not apply
-        values = {k: v for k, v in values.items()
-                  if k not in ("source_revision", "source_license", "source_files", "source_rows")}
+        values = {
+            k: v
+            for k, v in values.items()
+            if k not in ("source_revision", "source_license", "source_files", "source_rows")
+        }
     if "tokenizer" in values:
         values["expected_tokenizer"] = values["tokenizer"]
     values.update({key: from_json(key, getattr(args, key)) for key in FLAGS if key in args})
@@ -165,8 +181,10 @@ def _report_published(manifest: dict, published: dict, name: str) -> bool:
 
     results = published_comparison(manifest, published)
     same = all(equal for *_, equal in results)
-    print(f"{'the same as' if same else 'not the same as'} the values published for {name} "
-          f"by {published.get('by', 'an unknown builder')}:")
+    print(
+        f"{'the same as' if same else 'not the same as'} the values published for {name} "
+        f"by {published.get('by', 'an unknown builder')}:"
+    )
     for key, mine, theirs, equal in results:
         print(f"  {key}: {'same' if equal else 'differs'} (these rows {mine}, published {theirs})")
     return same
@@ -244,8 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         code = _exit_code(error)
         if code is None and os.environ.get("FIXED_SFT_DEBUG"):
             raise
-        detail = _describe(error) if code else (f"internal error ({type(error).__name__}: {error}); "
-                                                "FIXED_SFT_DEBUG=1 shows the traceback")
+        detail = (
+            _describe(error)
+            if code
+            else (f"internal error ({type(error).__name__}: {error}); FIXED_SFT_DEBUG=1 shows the traceback")
+        )
         print(f"error: {detail}", file=sys.stderr)
         return code or FAILURE
     finally:

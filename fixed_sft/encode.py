@@ -26,13 +26,14 @@ import shutil
 import signal
 import threading
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import forkserver, get_context, parent_process, resource_tracker, util
-from multiprocessing.context import BaseContext
 from multiprocessing.connection import wait
+from multiprocessing.context import BaseContext
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -74,7 +75,9 @@ class EncodedChunk:
 
     def __iter__(self) -> Iterator[Encoded]:
         offset = 0
-        for index, row_id, length, checked in zip(self.indices, self.row_ids, self.lengths.tolist(), self.checked.tolist()):
+        for index, row_id, length, checked in zip(
+            self.indices, self.row_ids, self.lengths.tolist(), self.checked.tolist()
+        ):
             if length < 0:
                 yield Encoded(index, row_id, None, None, self.invalid[index])
             else:
@@ -102,15 +105,16 @@ class EncoderConfig:
         encoder = ChatEncoder(KimiTokenizer(self.tokenizer_dir), self.loss_mask_type, self.template_kwargs)
         for name, digest in self.tokenizer_sha256.items():
             if sha256_file(self.tokenizer_dir / name) != digest:
-                raise TokenizerError(f"{self.tokenizer_dir / name} changed since the build read its sha256; "
-                                     "run the build again")
+                raise TokenizerError(
+                    f"{self.tokenizer_dir / name} changed since the build read its sha256; run the build again"
+                )
         return encoder
 
     def to_json(self) -> str:
         return json.dumps({**vars(self), "tokenizer_dir": str(self.tokenizer_dir)})
 
     @classmethod
-    def from_json(cls, text: str) -> "EncoderConfig":
+    def from_json(cls, text: str) -> EncoderConfig:
         fields = json.loads(text)
         return cls(**{**fields, "tokenizer_dir": Path(fields["tokenizer_dir"])})
 
@@ -373,12 +377,14 @@ class Encoders:
         self._pool: ProcessPoolExecutor | None = None
         self._started: Future | None = None  # the ChatEncoder (1 worker), or None when workers are up
 
-    def __enter__(self) -> "Encoders":
+    def __enter__(self) -> Encoders:
         start = self.config.load
         if self.workers > 1:
             self._pool = ProcessPoolExecutor(
-                self.workers, mp_context=start_forkserver(self.config), initializer=_init_worker,
-                initargs=(self.config,)
+                self.workers,
+                mp_context=start_forkserver(self.config),
+                initializer=_init_worker,
+                initargs=(self.config,),
             )
             start = self._start_workers
         starter = ThreadPoolExecutor(1, thread_name_prefix="start-encoders")
@@ -425,12 +431,20 @@ class Encoders:
         try:
             for first_position, chunk in chunks:
                 size = chunk.nbytes
-                while pending and (len(pending) >= 2 * self.workers or sum(p[1] for p in pending) >= wanted()
-                                   or sum(p[2] for p in pending) + size > IN_FLIGHT_BYTES):
+                while pending and (
+                    len(pending) >= 2 * self.workers
+                    or sum(p[1] for p in pending) >= wanted()
+                    or sum(p[2] for p in pending) + size > IN_FLIGHT_BYTES
+                ):
                     yield from self._consume(pending.popleft())
                 self._started.result()
-                pending.append((self._pool.submit(_encode_in_worker, chunk, first_position, self.check_every),
-                                chunk.num_rows, size))
+                pending.append(
+                    (
+                        self._pool.submit(_encode_in_worker, chunk, first_position, self.check_every),
+                        chunk.num_rows,
+                        size,
+                    )
+                )
             while pending:
                 yield from self._consume(pending.popleft())
         finally:

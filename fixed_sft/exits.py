@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, NoReturn
+from typing import NoReturn
 
 _folders: list[Path] = []
 

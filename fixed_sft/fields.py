@@ -145,8 +145,16 @@ class Within(Rule):
         return f"{shown}, outside {self.text or f'{self.low} .. {self.high}'}"
 
 
-_NAMES: dict[Any, str] = {str: "a string", int: "an integer", float: "a decimal number", bool: "true or false",
-                          type(None): "null", list: "an array", tuple: "an array", dict: "an object"}
+_NAMES: dict[Any, str] = {
+    str: "a string",
+    int: "an integer",
+    float: "a decimal number",
+    bool: "true or false",
+    type(None): "null",
+    list: "an array",
+    tuple: "an array",
+    dict: "an object",
+}
 
 
 @functools.cache

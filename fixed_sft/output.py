@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -29,9 +29,7 @@ WRITE_BATCH_VALUES = 1 << 20  # values per encoding batch: a row group's column 
 # zstd alone gives files as small with ~15% less writer CPU.
 DICTIONARY_COLUMNS = ["metadata.input_ids.list.element"]
 
-SEGMENT = pa.struct(
-    [("source_index", pa.int64()), ("id", pa.string()), ("start", pa.int32()), ("end", pa.int32())]
-)
+SEGMENT = pa.struct([("source_index", pa.int64()), ("id", pa.string()), ("start", pa.int32()), ("end", pa.int32())])
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 # Every row's ``messages``: one message with string content, so that miles, which reads a
 # row's ``messages`` as its prompt, finds the list of messages it requires when the
@@ -79,7 +77,11 @@ class RowWriter:
         self.path = path
         with naming(path):
             self._writer = pq.ParquetWriter(
-                path, SCHEMA, compression="zstd", use_dictionary=DICTIONARY_COLUMNS, write_statistics=False,
+                path,
+                SCHEMA,
+                compression="zstd",
+                use_dictionary=DICTIONARY_COLUMNS,
+                write_statistics=False,
                 write_batch_size=WRITE_BATCH_VALUES,
             )
         self._pending: list[tuple[int, Row]] = []
@@ -104,11 +106,15 @@ class RowWriter:
         messages = pa.array([PROMPT] * len(rows), SCHEMA.field("messages").type)
         numbers = pa.array([n for n, _ in self._pending], pa.int64())
         segments = pa.array(
-            [[{"source_index": s.index, "id": s.id, "start": s.start, "end": s.end} for s in row.segments]
-             for row in rows],
+            [
+                [{"source_index": s.index, "id": s.id, "start": s.start, "end": s.end} for s in row.segments]
+                for row in rows
+            ],
             pa.list_(SEGMENT),
         )
-        metadata = pa.StructArray.from_arrays([ids, mask, numbers, segments], fields=list(SCHEMA.field("metadata").type))
+        metadata = pa.StructArray.from_arrays(
+            [ids, mask, numbers, segments], fields=list(SCHEMA.field("metadata").type)
+        )
         table = pa.Table.from_arrays([messages, metadata], schema=SCHEMA)
         self._wait()
         self._writing = self._thread.submit(self._writer.write_table, table)
@@ -188,5 +194,8 @@ def read_rows(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return np.zeros(0, np.int32), np.zeros(0, np.uint8), np.zeros(1, np.int64)
     ends = np.cumsum([0] + [len(ids) for ids, _, _ in parts])
     offsets = np.concatenate([[0]] + [o[1:] + end for (_, _, o), end in zip(parts, ends)])
-    return (np.concatenate([ids for ids, _, _ in parts]), np.concatenate([mask for _, mask, _ in parts]),
-            offsets.astype(np.int64))
+    return (
+        np.concatenate([ids for ids, _, _ in parts]),
+        np.concatenate([mask for _, mask, _ in parts]),
+        offsets.astype(np.int64),
+    )

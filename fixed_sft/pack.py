@@ -10,8 +10,8 @@ conversation's tokens followed by its ``[EOS]`` (position ``len(tokens)`` is the
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 

@@ -11,7 +11,8 @@ compressed bytes. ``page_sizes`` walks those headers.
 
 from __future__ import annotations
 
-from typing import BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import BinaryIO
 
 _I32 = 5
 _STRUCT = 12

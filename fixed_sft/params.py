@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, get_args
+from typing import Any, Literal, get_args
 
 from .chat import MASK_TYPES
 from .errors import UsageError

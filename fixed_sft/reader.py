@@ -27,17 +27,17 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import thrift
-from .output import SCHEMA, GROUP_VALUES, tokens
+from .output import GROUP_VALUES, SCHEMA, tokens
 
 MAGIC = b"PAR1"
 PAGE_BYTES = 64 << 20  # the most a page may hold, compressed or not (a build's pages hold a few MiB)
@@ -89,7 +89,7 @@ def _format_footer() -> bytes:
     sink = pa.BufferOutputStream()
     pq.write_table(SCHEMA.empty_table(), sink)
     data = sink.getvalue().to_pybytes()
-    return data[-8 - int.from_bytes(data[-8:-4], "little"):-8]
+    return data[-8 - int.from_bytes(data[-8:-4], "little") : -8]
 
 
 @cache
@@ -101,8 +101,9 @@ def _format_elements() -> tuple:
 @cache
 def _format_leaves() -> tuple[str, ...]:
     """The format's leaf columns, in order, as paths (``metadata.input_ids.list.element``)."""
-    schema = pq.ParquetFile(pa.BufferReader(MAGIC + _format_footer() + len(_format_footer()).to_bytes(4, "little")
-                                            + MAGIC)).schema
+    schema = pq.ParquetFile(
+        pa.BufferReader(MAGIC + _format_footer() + len(_format_footer()).to_bytes(4, "little") + MAGIC)
+    ).schema
     return tuple(schema.column(n).path for n in range(len(schema)))
 
 
@@ -145,13 +146,13 @@ class _Spliced(io.RawIOBase):
         view, n = memoryview(buffer).cast("B"), 0
         while n < len(view) and self._pos < self._end:  # (pyarrow takes a short read for the end of the file)
             self._file.seek(self._pos)
-            got = self._file.readinto(view[n:n + self._end - self._pos])
+            got = self._file.readinto(view[n : n + self._end - self._pos])
             if not got:
                 break
             n, self._pos = n + got, self._pos + got
         if self._pos >= self._end:
-            part = self._tail[self._pos - self._end:self._pos - self._end + len(view) - n]
-            view[n:n + len(part)] = part
+            part = self._tail[self._pos - self._end : self._pos - self._end + len(view) - n]
+            view[n : n + len(part)] = part
             n, self._pos = n + len(part), self._pos + len(part)
         return n
 
@@ -193,15 +194,17 @@ class RowFile:
         if length > size - 12:
             raise ValueError(f"its footer's length ({length}) is more than the file holds")
         if length > limit:
-            raise self._refuse(f"its footer is {length} bytes, more than the {limit} a file of {rows} rows "
-                               "needs; not read")
+            raise self._refuse(
+                f"its footer is {length} bytes, more than the {limit} a file of {rows} rows needs; not read"
+            )
         self._data_end = size - 8 - length
         f.seek(self._data_end)
         footer = f.read(length)
         self.arrow_schema = pq.read_schema(pa.BufferReader(MAGIC + footer + tail))
         if not self.arrow_schema.equals(SCHEMA, check_metadata=False):
-            raise SchemaDiffers(f"schema differs from the format's "
-                                f"({', '.join(f'{f.name}: {f.type}' for f in self.arrow_schema)})")
+            raise SchemaDiffers(
+                f"schema differs from the format's ({', '.join(f'{f.name}: {f.type}' for f in self.arrow_schema)})"
+            )
         (start, end), elements = _schema(footer)
         self._check_schema(elements)
         # The footer pyarrow reads: the mask's column without its UINT_8 annotation, so
@@ -211,8 +214,7 @@ class RowFile:
         elements[mask] = [(f, k, v) for f, k, v in elements[mask] if f not in (6, 10)]
         spliced = footer[:start] + thrift.write_value(thrift.LIST, (thrift.STRUCT, elements)) + footer[end:]
         source = _Spliced(f, self._data_end, spliced + len(spliced).to_bytes(4, "little") + MAGIC)
-        self._parquet = pq.ParquetFile(source, buffer_size=1 << 20, pre_buffer=False,
-                                       read_dictionary=list(STRINGS))
+        self._parquet = pq.ParquetFile(source, buffer_size=1 << 20, pre_buffer=False, read_dictionary=list(STRINGS))
         self.metadata = self._parquet.metadata
         self.rows = self.metadata.num_rows
         self._firsts = self._check_groups(row_tokens)
@@ -222,8 +224,10 @@ class RowFile:
         names = _paths(want)
         for n, (here, there) in enumerate(zip(got[1:], want[1:]), 1):
             if here != there:
-                raise SchemaDiffers(f"its Parquet schema differs from the format's at {names[n]} "
-                                    f"({_describe(here)}, not {_describe(there)})")
+                raise SchemaDiffers(
+                    f"its Parquet schema differs from the format's at {names[n]} "
+                    f"({_describe(here)}, not {_describe(there)})"
+                )
         if len(got) != len(want):
             raise SchemaDiffers(f"its Parquet schema has {len(got)} elements, the format's {len(want)}")
 
@@ -252,21 +256,27 @@ class RowFile:
                 if path in TOKENS or path in SEGMENTS:
                     most = (rows + 1) * row_tokens
                     if values > most:
-                        raise self._refuse(f"{where} holds {values} {_name(path)} values, more "
-                                           f"than its {rows} rows of {row_tokens} tokens and one more row; not decoded")
+                        raise self._refuse(
+                            f"{where} holds {values} {_name(path)} values, more "
+                            f"than its {rows} rows of {row_tokens} tokens and one more row; not decoded"
+                        )
                 elif path == "metadata.row" and values != rows:
                     raise self._refuse(f"{where} holds {values} metadata.row values for {rows} rows; not decoded")
                 if path in STRINGS:
                     decoded += values * 8 + chunk.total_uncompressed_size
                 else:
                     if chunk.total_uncompressed_size > values * NUMERIC_CHUNK_BYTES + (1 << 20):
-                        raise self._refuse(f"{at}: {chunk.total_uncompressed_size} bytes uncompressed, more than "
-                                           f"its {values} values take; not decoded")
+                        raise self._refuse(
+                            f"{at}: {chunk.total_uncompressed_size} bytes uncompressed, more than "
+                            f"its {values} values take; not decoded"
+                        )
                     decoded += values * WIDTH.get(path, 8)
             if decoded > DECODE_BYTES:
-                raise self._refuse(f"{where} would take about {decoded >> 20} MiB decoded, more than the "
-                                   f"{DECODE_BYTES >> 20} MiB read at once (a build's row groups hold at most "
-                                   f"{GROUP_VALUES} tokens); not decoded")
+                raise self._refuse(
+                    f"{where} would take about {decoded >> 20} MiB decoded, more than the "
+                    f"{DECODE_BYTES >> 20} MiB read at once (a build's row groups hold at most "
+                    f"{GROUP_VALUES} tokens); not decoded"
+                )
             first += rows
         if first != self.rows:
             raise self._refuse(f"its row groups hold {first} rows, its footer says {self.rows}; not decoded")
@@ -284,10 +294,16 @@ class RowFile:
             while pos < end:
                 header, size = self._page_header(pos, end, at)
                 kind, raw, packed = (thrift.get(header, n) for n in (1, 2, 3))
-                if not (isinstance(raw, int) and isinstance(packed, int) and 0 <= raw <= PAGE_BYTES
-                        and 0 <= packed <= PAGE_BYTES):
-                    raise self._refuse(f"{at}: a page of {raw} bytes ({packed} compressed), more than the "
-                                       f"{PAGE_BYTES} a page may hold; not decoded")
+                if not (
+                    isinstance(raw, int)
+                    and isinstance(packed, int)
+                    and 0 <= raw <= PAGE_BYTES
+                    and 0 <= packed <= PAGE_BYTES
+                ):
+                    raise self._refuse(
+                        f"{at}: a page of {raw} bytes ({packed} compressed), more than the "
+                        f"{PAGE_BYTES} a page may hold; not decoded"
+                    )
                 if kind == _DICTIONARY and pos != start:
                     raise self._refuse(f"{at}: a dictionary page after its first; not decoded")
                 if kind in (_DATA, _DATA_V2):
@@ -299,11 +315,14 @@ class RowFile:
             if pos != end:
                 raise self._refuse(f"{at}: its pages run past its column chunk; not decoded")
             if values != chunk.num_values:
-                raise self._refuse(f"{at}: its pages hold {values} values, the footer says "
-                                   f"{chunk.num_values}; not decoded")
+                raise self._refuse(
+                    f"{at}: its pages hold {values} values, the footer says {chunk.num_values}; not decoded"
+                )
             if uncompressed != chunk.total_uncompressed_size:
-                raise self._refuse(f"{at}: its pages take {uncompressed} bytes "
-                                   f"uncompressed, the footer says {chunk.total_uncompressed_size}; not decoded")
+                raise self._refuse(
+                    f"{at}: its pages take {uncompressed} bytes "
+                    f"uncompressed, the footer says {chunk.total_uncompressed_size}; not decoded"
+                )
 
     def _page_header(self, pos: int, end: int, at: str) -> tuple[list, int]:
         """The page header at ``pos`` (read by ``thrift``) and its size in bytes."""
@@ -382,8 +401,22 @@ def _describe(element: tuple) -> str:
 
 
 def _logical(union: list) -> str:
-    names = {1: "STRING", 2: "MAP", 3: "LIST", 4: "ENUM", 5: "DECIMAL", 6: "DATE", 7: "TIME", 8: "TIMESTAMP",
-             10: "INT", 11: "NULL", 12: "JSON", 13: "BSON", 14: "UUID", 15: "FLOAT16"}
+    names = {
+        1: "STRING",
+        2: "MAP",
+        3: "LIST",
+        4: "ENUM",
+        5: "DECIMAL",
+        6: "DATE",
+        7: "TIME",
+        8: "TIMESTAMP",
+        10: "INT",
+        11: "NULL",
+        12: "JSON",
+        13: "BSON",
+        14: "UUID",
+        15: "FLOAT16",
+    }
     if not union:
         return "none"
     field, _, value = union[0]

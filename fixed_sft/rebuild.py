@@ -17,9 +17,10 @@ rows may be encoded by another writer, or built by other code; the rest of
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -61,8 +62,9 @@ def check_recorded(document: dict) -> Manifest:
         raise BuildError(str(error)) from None
 
 
-def recorded_config(document: dict, source: str | None = None, tokenizer: str | None = None,
-                    workers: int = 1) -> BuildConfig:
+def recorded_config(
+    document: dict, source: str | None = None, tokenizer: str | None = None, workers: int = 1
+) -> BuildConfig:
     """The build ``manifest`` records (checked by ``check_recorded``), reading the source
     from ``source`` and the tokenizer from ``tokenizer`` when given, else from where the
     manifest says: a recorded path is relative to the current folder, and read only when it
@@ -78,23 +80,34 @@ def recorded_config(document: dict, source: str | None = None, tokenizer: str | 
         _refuse_outside("source", recorded.name, "--source PATH")
     hub_source = recorded.revision is not None and is_hub_id(recorded.name)  # a path may hold '/' too
     if source is None and not (Path(recorded.name).exists() or hub_source):
-        raise UsageError(f"the manifest's source {recorded.name!r} is not here (a recorded path is relative to "
-                         "the current folder); pass --source PATH")
+        raise UsageError(
+            f"the manifest's source {recorded.name!r} is not here (a recorded path is relative to "
+            "the current folder); pass --source PATH"
+        )
     spec = used.name if used.name in {s["name"] for s in tokenizer_specs()} else None
     if tokenizer is None:
         if used.pinned or used.name is None:  # a pinned spec, or an unpinned Hub repo
             tokenizer = spec or used.repo
         if tokenizer is None:
-            raise UsageError("the manifest's tokenizer files are not a pinned spec's and may come from a local "
-                             "folder or another revision; pass --tokenizer FOLDER or HF_REPO")
+            raise UsageError(
+                "the manifest's tokenizer files are not a pinned spec's and may come from a local "
+                "folder or another revision; pass --tokenizer FOLDER or HF_REPO"
+            )
         if tokenizer != spec:
             _refuse_outside("tokenizer", tokenizer, "--tokenizer FOLDER")
     values = recorded_values(manifest)
     if source is not None and Path(source).is_file():
         values["source_files"] = None  # a file named by the caller is the source, whatever the recorded globs chose
-    config = BuildConfig(**{**values, "source": source or recorded.name, "tokenizer": tokenizer,
-                            "expected_tokenizer": spec, "allow_unpinned_tokenizer": not used.pinned,
-                            "workers": workers})
+    config = BuildConfig(
+        **{
+            **values,
+            "source": source or recorded.name,
+            "tokenizer": tokenizer,
+            "expected_tokenizer": spec,
+            "allow_unpinned_tokenizer": not used.pinned,
+            "workers": workers,
+        }
+    )
     try:  # the manifest's values, named by their keys (the caller's --workers is the build's to check)
         replace(config, workers=1).validate(label=manifest_label)
     except UsageError as error:
@@ -110,18 +123,23 @@ def _refuse_outside(what: str, name: str, flag: str) -> None:
     here = Path.cwd().resolve()
     path = Path(name)
     if path.is_absolute() or not path.resolve().is_relative_to(here):
-        raise UsageError(f"the manifest's {what} {name!r} is outside the current folder; a rebuild reads a recorded "
-                         f"path only inside it: pass {flag} to read it")
+        raise UsageError(
+            f"the manifest's {what} {name!r} is outside the current folder; a rebuild reads a recorded "
+            f"path only inside it: pass {flag} to read it"
+        )
 
 
 def _check_tokenizer(config: BuildConfig, recorded: dict[str, FileHash]) -> None:
     """Raise ``BuildError`` unless the rebuild's tokenizer files are the recorded ones."""
-    found = resolve_tokenizer(config.tokenizer, config.tokenizer_revision, expected=config.expected_tokenizer,
-                              allow_unpinned=True)
+    found = resolve_tokenizer(
+        config.tokenizer, config.tokenizer_revision, expected=config.expected_tokenizer, allow_unpinned=True
+    )
     other = [name for name, file in found.files.items() if encode(recorded.get(name)) != file]
     if other:
-        raise BuildError(f"the tokenizer files in {found.directory} are not the ones the manifest records "
-                         f"({', '.join(other)} differ); pass --tokenizer FOLDER holding those")
+        raise BuildError(
+            f"the tokenizer files in {found.directory} are not the ones the manifest records "
+            f"({', '.join(other)} differ); pass --tokenizer FOLDER holding those"
+        )
 
 
 INFORMATION = ("parquet", "code_version")  # compared, but the verdict does not depend on them
@@ -133,12 +151,19 @@ def _view(manifest: dict, given_source: bool, given_tokenizer: bool) -> dict:
     inputs the caller gave."""
     source = {"file_patterns": None, **manifest["source"]}  # (manifests before globs lack the key)
     source = {key: value for key, value in source.items() if not (given_source and key in ("name", "file_patterns"))}
-    source["files"] = [file if not given_source or not isinstance(file, dict) else
-                       {k: v for k, v in file.items() if k != "path"} for file in source["files"]]
-    tokenizer = {key: value for key, value in manifest["tokenizer"].items()
-                 if not (given_tokenizer and key in ("name", "repo", "revision"))}
-    skipped = [{k: v for k, v in row.items() if k != "reason"} if isinstance(row, dict) else row
-               for row in manifest["skipped_invalid"]]
+    source["files"] = [
+        file if not given_source or not isinstance(file, dict) else {k: v for k, v in file.items() if k != "path"}
+        for file in source["files"]
+    ]
+    tokenizer = {
+        key: value
+        for key, value in manifest["tokenizer"].items()
+        if not (given_tokenizer and key in ("name", "repo", "revision"))
+    }
+    skipped = [
+        {k: v for k, v in row.items() if k != "reason"} if isinstance(row, dict) else row
+        for row in manifest["skipped_invalid"]
+    ]
     view = {key: value for key, value in manifest.items() if key not in INFORMATION}
     return {**view, "source": source, "tokenizer": tokenizer, "skipped_invalid": skipped}
 
@@ -150,8 +175,12 @@ class RowAt(NamedTuple):
     row: dict
 
 
-PROVENANCE = ["metadata.input_ids.list.element", "metadata.loss_mask.list.element", "metadata.row",
-              *(f"metadata.segments.list.element.{key}" for key in ("source_index", "id", "start", "end"))]
+PROVENANCE = [
+    "metadata.input_ids.list.element",
+    "metadata.loss_mask.list.element",
+    "metadata.row",
+    *(f"metadata.segments.list.element.{key}" for key in ("source_index", "id", "start", "end")),
+]
 
 
 def _provenance(folder: Path, manifest: dict, rebuilt_folder: Path, rebuilt: dict) -> tuple[dict, dict]:
@@ -167,17 +196,22 @@ def _provenance(folder: Path, manifest: dict, rebuilt_folder: Path, rebuilt: dic
         except (OSError, ValueError) as error:
             for file in files:
                 file.__exit__()
-            raise BuildError(str(error) if isinstance(error, Refused) else f"{path}: unreadable ({described(error)})") from None
+            raise BuildError(
+                str(error) if isinstance(error, Refused) else f"{path}: unreadable ({described(error)})"
+            ) from None
     here, again = files
     with system_allocator(), here, again:
-        views = [{"file metadata": _file_metadata(file), "field metadata": _field_metadata(file.arrow_schema)}
-                 for file in files]
+        views = [
+            {"file metadata": _file_metadata(file), "field metadata": _field_metadata(file.arrow_schema)}
+            for file in files
+        ]
         limit = len(manifest["row_sha256"]) + 1
         try:
             first = _first_difference(here.groups(PROVENANCE, limit), again.groups(PROVENANCE))
         except (OSError, ValueError) as error:
-            raise BuildError(str(error) if isinstance(error, Refused) else f"{here.path}: unreadable ({described(error)})") \
-                from None
+            raise BuildError(
+                str(error) if isinstance(error, Refused) else f"{here.path}: unreadable ({described(error)})"
+            ) from None
         if first is None:
             views[0]["rows"], views[1]["rows"] = here.rows, again.rows
         else:
@@ -186,8 +220,11 @@ def _provenance(folder: Path, manifest: dict, rebuilt_folder: Path, rebuilt: dic
 
 
 def _file_metadata(file: RowFile) -> dict:
-    return {key.decode(errors="replace"): value.decode(errors="replace")
-            for key, value in (file.metadata.metadata or {}).items() if key != b"ARROW:schema"}
+    return {
+        key.decode(errors="replace"): value.decode(errors="replace")
+        for key, value in (file.metadata.metadata or {}).items()
+        if key != b"ARROW:schema"
+    }
 
 
 def _field_metadata(schema: pa.Schema) -> dict:
@@ -198,11 +235,20 @@ def _field_metadata(schema: pa.Schema) -> dict:
         if field.metadata:
             found[path] = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in field.metadata.items()}
         kind = field.type
-        children = ([kind.value_field] if isinstance(kind, (pa.ListType, pa.LargeListType)) else
-                    [kind.field(n) for n in range(kind.num_fields)] if isinstance(kind, pa.StructType) else [])
+        children = (
+            [kind.value_field]
+            if isinstance(kind, (pa.ListType, pa.LargeListType))
+            else [kind.field(n) for n in range(kind.num_fields)]
+            if isinstance(kind, pa.StructType)
+            else []
+        )
         for child in children:
-            visit(child, path if isinstance(kind, (pa.ListType, pa.LargeListType)) and child.metadata is None
-                  else f"{path}.{child.name}")
+            visit(
+                child,
+                path
+                if isinstance(kind, (pa.ListType, pa.LargeListType)) and child.metadata is None
+                else f"{path}.{child.name}",
+            )
 
     for field in schema:
         visit(field, field.name)
@@ -271,8 +317,10 @@ def _lengths(strings: pa.Array) -> np.ndarray:
 
 def _first_row_difference(a: pa.StructArray, b: pa.StructArray) -> int | None:
     """The first row where two ``metadata`` arrays of as many rows differ."""
-    found = [_first_mismatch(*(np.asarray(x.is_valid()) for x in (a, b))),
-             _values_mismatch(a.field("row"), b.field("row"))]
+    found = [
+        _first_mismatch(*(np.asarray(x.is_valid()) for x in (a, b))),
+        _values_mismatch(a.field("row"), b.field("row")),
+    ]
     for key in ("input_ids", "loss_mask", "segments"):
         x, y = a.field(key), b.field(key)
         valid = _first_mismatch(np.asarray(x.is_valid()), np.asarray(y.is_valid()))
@@ -300,13 +348,22 @@ def _row(metadata: pa.StructArray, n: int) -> dict:
         fields = [ids if f.name == "id" else spans.field(f.name) for f in spans.type]
         spans = pa.StructArray.from_arrays(fields, names=[f.name for f in spans.type], mask=spans.is_null())
         lists = pa.ListArray.from_arrays(pa.array([0, len(spans)], pa.int32()), spans)
-        row = pa.StructArray.from_arrays([lists if f.name == "segments" else row.field(f.name) for f in row.type],
-                                         names=[f.name for f in row.type], mask=row.is_null())
+        row = pa.StructArray.from_arrays(
+            [lists if f.name == "segments" else row.field(f.name) for f in row.type],
+            names=[f.name for f in row.type],
+            mask=row.is_null(),
+        )
     return row.to_pylist()[0]
 
 
-def comparison(manifest: dict, rebuilt: dict, folder: Path, rebuilt_folder: Path, given_source: bool = False,
-               given_tokenizer: bool = False) -> list[Compared]:
+def comparison(
+    manifest: dict,
+    rebuilt: dict,
+    folder: Path,
+    rebuilt_folder: Path,
+    given_source: bool = False,
+    given_tokenizer: bool = False,
+) -> list[Compared]:
     """The folder's manifest and Parquet provenance beside the rebuild's (see the module
     docstring for what is compared, and how)."""
     here, again = _view(manifest, given_source, given_tokenizer), _view(rebuilt, given_source, given_tokenizer)
@@ -314,13 +371,18 @@ def comparison(manifest: dict, rebuilt: dict, folder: Path, rebuilt_folder: Path
         *(Compared(key, here.get(key, MISSING), again.get(key, MISSING), True) for key in {**here, **again}),
         Compared("provenance", *_provenance(folder, manifest, rebuilt_folder, rebuilt), True),
         Compared("parquet", manifest["parquet"], rebuilt["parquet"], False),
-        Compared("code_sha256", value_at(manifest, ("code_version", "code_sha256")),
-                 rebuilt["code_version"]["code_sha256"], False),
+        Compared(
+            "code_sha256",
+            value_at(manifest, ("code_version", "code_sha256")),
+            rebuilt["code_version"]["code_sha256"],
+            False,
+        ),
     ]
 
 
-def rebuild(folder: Path, source: str | None = None, tokenizer: str | None = None, workers: int = 1,
-            progress: bool = False) -> list[Compared]:
+def rebuild(
+    folder: Path, source: str | None = None, tokenizer: str | None = None, workers: int = 1, progress: bool = False
+) -> list[Compared]:
     """Rebuild ``folder``'s manifest into a temporary folder (in the system's, deleted
     after) and compare (see ``comparison``)."""
     folder = Path(folder)
@@ -338,8 +400,10 @@ def rebuild(folder: Path, source: str | None = None, tokenizer: str | None = Non
         try:
             rebuilt = build(config, out, progress)
         except SourceUnreachable as error:  # the build's advice names flags a rebuild does not need
-            raise SourceError(f"{error.problem}. Without the Hub, download its files at that revision elsewhere "
-                              "and pass --source PATH") from None
+            raise SourceError(
+                f"{error.problem}. Without the Hub, download its files at that revision elsewhere "
+                "and pass --source PATH"
+            ) from None
         except InvalidSourceRow as error:  # the recorded build read the row without stopping
             same_code = value_at(manifest, ("code_version", "code_sha256")) == code_version()["code_sha256"]
             other = "its source was another" if same_code else "its source or its code (code_sha256) was another"
@@ -370,17 +434,23 @@ def report(results: list[Compared]) -> tuple[bool, list[str]]:
     agrees = {r.key: r.same for r in results}  # each compared once: the provenance holds every row
     proven = all(agrees[r.key] for r in results if r.proof)
     rows = agrees["rows_sha256"] and agrees["provenance"]
-    verdict = ("gives the same rows and manifest" if proven else
-               "gives the same rows, but not what the manifest says of them" if rows else
-               "does not give the same rows")
+    verdict = (
+        "gives the same rows and manifest"
+        if proven
+        else "gives the same rows, but not what the manifest says of them"
+        if rows
+        else "does not give the same rows"
+    )
     lines = [f"the rebuild from the recorded inputs {verdict}"]
     for r in results:
         info = "" if r.proof else " (for information)"
         if agrees[r.key]:
             lines.append(f"  {r.key}: same{info}")
         elif r.key == "parquet" and rows:
-            lines.append(f"  {r.key}: differs{info} ({difference(r.here, r.rebuilt)}): the same rows and "
-                         "provenance, encoded otherwise (by another pyarrow, say)")
+            lines.append(
+                f"  {r.key}: differs{info} ({difference(r.here, r.rebuilt)}): the same rows and "
+                "provenance, encoded otherwise (by another pyarrow, say)"
+            )
         else:
             lines.append(f"  {r.key}: differs{info} ({difference(r.here, r.rebuilt)})")
     return proven, lines

@@ -18,11 +18,12 @@ import os
 import re
 import stat
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -164,8 +165,9 @@ class Source:
         return self.files[k], index - int(ends[k] - self.row_counts[k])
 
 
-def open_source(source: str, revision: str | None = None, license: str | None = None,
-                patterns: tuple[str, ...] | None = None) -> Source:
+def open_source(
+    source: str, revision: str | None = None, license: str | None = None, patterns: tuple[str, ...] | None = None
+) -> Source:
     """Resolve ``source`` (a local file/folder, else a Hub dataset id), keep the data
     files whose path matches one of ``patterns`` (all when ``None``), and count their rows."""
     path = Path(source)
@@ -173,7 +175,9 @@ def open_source(source: str, revision: str | None = None, license: str | None = 
         if not is_hub_id(source):
             raise SourceError(f"source {source!r}: no such file or folder")
         if not revision:
-            raise SourceError(f"source {source!r} is not a local file or folder; as a Hub dataset id it needs --source-revision")
+            raise SourceError(
+                f"source {source!r} is not a local file or folder; as a Hub dataset id it needs --source-revision"
+            )
         try:
             path, revision = download_dataset(source, revision, patterns or _DATA_PATTERNS)
         except HubUnreachable as error:
@@ -189,8 +193,9 @@ def open_source(source: str, revision: str | None = None, license: str | None = 
     except SourceError:
         raise_cache_damage(files, SourceError)  # a damaged cached file explains the error better
         raise
-    return Source(source, revision, license, path if path.is_dir() else path.parent, files, counts, stamps, patterns,
-                  page_bytes)
+    return Source(
+        source, revision, license, path if path.is_dir() else path.parent, files, counts, stamps, patterns, page_bytes
+    )
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -213,7 +218,9 @@ def _check_parquet_types(files: tuple[Path, ...]) -> None:
             raise SourceError(f"{path}: 'id' is {schema.field('id').type}; ids must be strings or integers")
         messages = pa.schema([schema.field("messages")])
         try:
-            combined = messages if combined is None else pa.unify_schemas([combined, messages], promote_options="permissive")
+            combined = (
+                messages if combined is None else pa.unify_schemas([combined, messages], promote_options="permissive")
+            )
         except (pa.ArrowTypeError, pa.ArrowInvalid):
             raise SourceError(
                 f"{path}: 'messages' is {messages.field(0).type}, which does not combine with the earlier "
@@ -254,7 +261,8 @@ def _check_parquet_pages(path: Path) -> int:
                                 f"bytes, over the {MAX_PAGE_BYTES:,} bytes (MAX_PAGE_BYTES) a build decodes at once "
                                 "(a reader decodes whole pages, and pyarrow's writer puts up to 1,024 values in a "
                                 "page); rewrite the file in smaller pages, as pyarrow.parquet.write_table(table, "
-                                "path, write_batch_size=1) writes it, or as JSONL")
+                                "path, write_batch_size=1) writes it, or as JSONL"
+                            )
                     bound = max(bound, largest)
         return bound
     except (pa.ArrowException, OSError) as error:
@@ -277,7 +285,11 @@ def _leaves(kind: pa.DataType) -> int:
 def _is_id_type(kind: pa.DataType) -> bool:
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
-    return pa.types.is_null(kind) or pa.types.is_integer(kind) or kind in (pa.string(), pa.large_string(), pa.string_view())
+    return (
+        pa.types.is_null(kind)
+        or pa.types.is_integer(kind)
+        or kind in (pa.string(), pa.large_string(), pa.string_view())
+    )
 
 
 def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Path, ...]:
@@ -294,8 +306,13 @@ def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Pa
 
     if not path.is_file() and not path.is_dir():
         raise _not_regular(path)
-    found = [path] if path.is_file() else [  # every entry but folders (whose files are found in turn)
-        p for p in path.rglob("*") if p.suffix in SUFFIXES and (p.is_symlink() or not p.is_dir())]
+    found = (
+        [path]
+        if path.is_file()
+        else [  # every entry but folders (whose files are found in turn)
+            p for p in path.rglob("*") if p.suffix in SUFFIXES and (p.is_symlink() or not p.is_dir())
+        ]
+    )
     chosen = filter_repo_objects(found, allow_patterns=None if patterns is None else list(patterns), key=name)
     files = sorted(chosen, key=name)
     if not path.is_file():
@@ -323,8 +340,15 @@ def _not_regular(path: Path) -> SourceError:
     """The error for a source path that is neither a regular file nor a folder (a FIFO,
     which opening would block on, a socket, a device), found by ``stat``, never opened."""
     mode = path.stat().st_mode
-    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else
-            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "of another kind")
+    kind = (
+        "a FIFO"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "of another kind"
+    )
     return SourceError(f"{path}: not a regular file ({kind})")
 
 
@@ -387,8 +411,9 @@ class Band:
         by_position = np.argsort(everything, kind="stable")
         ordered = everything[by_position]
         sizes = np.concatenate([part.column("bytes").to_numpy() for part in self.parts])[by_position]
-        dropped = np.concatenate([part.column("dropped").to_numpy(zero_copy_only=False)
-                                  for part in self.parts])[by_position]
+        dropped = np.concatenate([part.column("dropped").to_numpy(zero_copy_only=False) for part in self.parts])[
+            by_position
+        ]
         ends = np.cumsum(np.where(dropped, 0, sizes))
         start = 0
         while start < len(ordered):
@@ -517,8 +542,13 @@ def value_bytes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if pa.types.is_string_view(kind) or pa.types.is_binary_view(kind):
         values = values.cast(pa.large_string() if pa.types.is_string_view(kind) else pa.large_binary())
         kind = values.type
-    if (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
-            or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)):
+    if (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+        or pa.types.is_fixed_size_binary(kind)
+    ):
         return pc.binary_length(values).fill_null(0).to_numpy().astype(np.int64)
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
         inner = value_bytes(pc.list_flatten(values))  # null lists hold nothing; slicing is taken care of
@@ -579,16 +609,21 @@ def _read_jsonl(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa
                     dropped.append(line is None)
     except OSError as error:
         raise unreadable(path, error) from None
-    lines = pa.Array.from_buffers(pa.large_binary(), len(local),
-                                  [None, pa.py_buffer(np.array(offsets, np.int64)), pa.py_buffer(data)])
-    yield np.array(local, dtype=np.int64), pa.table({"line": lines, "bytes": pa.array(sizes, pa.int64()),
-                                                     "dropped": pa.array(dropped, pa.bool_())})
+    lines = pa.Array.from_buffers(
+        pa.large_binary(), len(local), [None, pa.py_buffer(np.array(offsets, np.int64)), pa.py_buffer(data)]
+    )
+    yield (
+        np.array(local, dtype=np.int64),
+        pa.table({"line": lines, "bytes": pa.array(sizes, pa.int64()), "dropped": pa.array(dropped, pa.bool_())}),
+    )
 
 
 def too_large(size: int) -> str:
     """The reason a row of ``size`` bytes, over ``MAX_CONVERSATION_BYTES``, is invalid."""
-    return (f"the row is {size:,} bytes, over the {MAX_CONVERSATION_BYTES:,}-byte limit on one conversation "
-            "(MAX_CONVERSATION_BYTES, which bounds a build's memory)")
+    return (
+        f"the row is {size:,} bytes, over the {MAX_CONVERSATION_BYTES:,}-byte limit on one conversation "
+        "(MAX_CONVERSATION_BYTES, which bounds a build's memory)"
+    )
 
 
 def records(chunk: pa.Table) -> list[tuple[int, object]]:
@@ -605,8 +640,10 @@ def records(chunk: pa.Table) -> list[tuple[int, object]]:
         _, offsets, data = lines.buffers()
         offsets = np.frombuffer(offsets, np.int64)[lines.offset : lines.offset + len(lines) + 1].tolist()
         data = memoryview(data or b"")
-        decoded = [InvalidRow(too_large(size)) if drop else _parse_json_line(data[a:b])
-                   for size, drop, a, b in zip(sizes, dropped, offsets, offsets[1:])]
+        decoded = [
+            InvalidRow(too_large(size)) if drop else _parse_json_line(data[a:b])
+            for size, drop, a, b in zip(sizes, dropped, offsets, offsets[1:])
+        ]
         return list(zip(indices, decoded))
     rows = chunk.drop_columns(["index", "bytes", "dropped"])
     try:

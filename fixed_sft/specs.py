@@ -9,10 +9,11 @@ allows unpinned tokenizers, in which case the difference is recorded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .fields import FieldError, decode, read_json_object
 from .hashes import sha256_file
@@ -158,8 +159,10 @@ def resolve_tokenizer(
     elif is_hub_id(tokenizer):
         spec = next((s for s in specs.values() if s["repo"] == tokenizer), None)
         if not (revision or spec):
-            raise SpecError(f"tokenizer {tokenizer!r} is not a local folder; as a Hub repo id it is not pinned in "
-                            f"{TOKENIZERS}, so it needs --tokenizer-revision")
+            raise SpecError(
+                f"tokenizer {tokenizer!r} is not a local folder; as a Hub repo id it is not pinned in "
+                f"{TOKENIZERS}, so it needs --tokenizer-revision"
+            )
         directory, revision = _download(tokenizer, revision or spec["revision"])
     elif tokenizer.startswith((".", "/")):
         raise SpecError(f"tokenizer {tokenizer!r}: no such folder")
@@ -169,7 +172,9 @@ def resolve_tokenizer(
     missing = [name for name in FILES if not (directory / name).is_file()]
     if missing:
         raise SpecError(f"tokenizer folder {directory} lacks {', '.join(missing)}")
-    files = {name: {"bytes": (directory / name).stat().st_size, "sha256": sha256_file(directory / name)} for name in FILES}
+    files = {
+        name: {"bytes": (directory / name).stat().st_size, "sha256": sha256_file(directory / name)} for name in FILES
+    }
     raise_cache_damage([directory / name for name in FILES], SpecError, [files[name]["sha256"] for name in FILES])
     if spec is None:
         spec = next((s for s in specs.values() if all(s["files"][n] == files[n] for n in FILES)), None)
@@ -180,12 +185,15 @@ def resolve_tokenizer(
         closest = min(differences, key=lambda name: len(differences[name]), default=None)
         shared = closest is not None and len(differences[closest]) < len(FILES)
         mismatches = ["the files match no pinned spec"] + (
-            [f"closest is {closest}, from which " + "; ".join(differences[closest])] if shared
-            else [f"{name} sha256 {files[name]['sha256']}" for name in FILES])
+            [f"closest is {closest}, from which " + "; ".join(differences[closest])]
+            if shared
+            else [f"{name} sha256 {files[name]['sha256']}" for name in FILES]
+        )
     if mismatches and not allow_unpinned:
         pinned = f"the pinned spec {spec['name']}" if spec else f"every pinned spec in {TOKENIZERS}"
         raise SpecError(
-            f"tokenizer files in {directory} differ from {pinned}: " + "; ".join(mismatches)
+            f"tokenizer files in {directory} differ from {pinned}: "
+            + "; ".join(mismatches)
             + " (--allow-unpinned-tokenizer builds anyway and records it)"
         )
     return ResolvedTokenizer(

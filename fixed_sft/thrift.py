@@ -11,7 +11,8 @@ of nesting and raises ``ValueError`` for bytes that end early or hold an unknown
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 Value = Any  # an int, bool, bytes, a struct's field list or a container's tuple (module docstring)
 Fields = list[tuple[int, int, Value]]
@@ -52,7 +53,7 @@ class Reader:
         if n < 0 or self.pos + n > len(self.data):
             raise ValueError("Thrift value ends early")
         self.pos += n
-        return bytes(self.data[self.pos - n:self.pos])
+        return bytes(self.data[self.pos - n : self.pos])
 
     def value(self, kind: int, depth: int = 0) -> Value:
         if depth > MAX_DEPTH:
@@ -182,14 +183,21 @@ def write_value(kind: int, value: Value) -> bytes:
         return write_varint(len(value)) + bytes(value)
     if kind in (LIST, SET):
         element, items = value
-        header = bytes([len(items) << 4 | element]) if len(items) < 15 else bytes([0xF0 | element]) + write_varint(len(items))
+        header = (
+            bytes([len(items) << 4 | element])
+            if len(items) < 15
+            else bytes([0xF0 | element]) + write_varint(len(items))
+        )
         return header + b"".join(write_value(element, item) for item in items)
     if kind == MAP:
         key, val, items = value
         if not items:
             return write_varint(0)
-        return write_varint(len(items)) + bytes([key << 4 | val]) + b"".join(
-            write_value(key, k) + write_value(val, v) for k, v in items)
+        return (
+            write_varint(len(items))
+            + bytes([key << 4 | val])
+            + b"".join(write_value(key, k) + write_value(val, v) for k, v in items)
+        )
     if kind == STRUCT:
         return write_struct(value)
     raise ValueError(f"unknown Thrift type {kind}")
@@ -211,4 +219,3 @@ def write_struct(fields: Fields) -> bytes:
 def get(fields: Fields, field: int, default: Value = None) -> Value:
     """The value of ``field`` in a struct read by ``Reader.struct``, or ``default``."""
     return next((value for number, _, value in fields if number == field), default)
-

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable, Iterator, Set
 from pathlib import Path
-from typing import AbstractSet, Iterable, Iterator
 
 import numpy as np
 import tiktoken
@@ -158,8 +158,7 @@ class KimiTokenizer:
             # tiktoken caches a file's contents by its path: the hash makes it re-read a changed file
             ranks = load_tiktoken_bpe(str(model), expected_hash=sha256_file(model))
         except Exception as error:  # a damaged file fails in base64, int or split
-            raise TokenizerError(f"{model}: not a tiktoken BPE file "
-                                 f"({type(error).__name__}: {error})") from None
+            raise TokenizerError(f"{model}: not a tiktoken BPE file ({type(error).__name__}: {error})") from None
         config = _config(self.directory)
         named = _named(config)
         first = len(ranks)
@@ -232,7 +231,7 @@ class KimiTokenizer:
             for part in split_runs(text[window : min(window + WINDOW_CHARS, end)]):
                 yield self._encode_part(part, "all")
 
-    def _encode_part(self, part: str, allowed: AbstractSet[str] | str) -> np.ndarray:
+    def _encode_part(self, part: str, allowed: Set[str] | str) -> np.ndarray:
         """tiktoken's ids of one part, as its ``encode`` gives them: a part with a
         surrogate is first mended as ``encode`` mends it."""
         try:

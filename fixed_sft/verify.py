@@ -66,7 +66,9 @@ def verify(folder: str | Path) -> list[str]:
 
     problems = _check_stats(manifest, len(expected), row_tokens)
     if rows_digest(expected) != rows_sha256:
-        problems.append(f"{MANIFEST_NAME}: rows_sha256 does not match the hash of its row_sha256 list (edited manifest)")
+        problems.append(
+            f"{MANIFEST_NAME}: rows_sha256 does not match the hash of its row_sha256 list (edited manifest)"
+        )
     if len(expected) != stats.rows:
         problems.append(f"{MANIFEST_NAME}: lists {len(expected)} row hashes but stats.rows is {stats.rows}")
 
@@ -102,15 +104,25 @@ def verify(folder: str | Path) -> list[str]:
     problems += checks.problems("messages", "metadata")
     if read_all and not any(p.startswith("row ") for p in checks.problems("metadata")):
         held = {"conversations": checks.conversations, "conversations_split": checks.split}
-        problems += [f"{MANIFEST_NAME}: stats.{key} is {getattr(stats, key)}, the rows hold {value}"
-                     for key, value in held.items() if getattr(stats, key) != value]
+        problems += [
+            f"{MANIFEST_NAME}: stats.{key} is {getattr(stats, key)}, the rows hold {value}"
+            for key, value in held.items()
+            if getattr(stats, key) != value
+        ]
     return problems
 
 
 # The columns verify reads (a segment's id it does not)
-VERIFIED = ["messages.list.element.role", "messages.list.element.content", "metadata.input_ids.list.element",
-            "metadata.loss_mask.list.element", "metadata.row", "metadata.segments.list.element.source_index",
-            "metadata.segments.list.element.start", "metadata.segments.list.element.end"]
+VERIFIED = [
+    "messages.list.element.role",
+    "messages.list.element.content",
+    "metadata.input_ids.list.element",
+    "metadata.loss_mask.list.element",
+    "metadata.row",
+    "metadata.segments.list.element.source_index",
+    "metadata.segments.list.element.start",
+    "metadata.segments.list.element.end",
+]
 
 
 class _RowChecks:
@@ -150,13 +162,16 @@ class _RowChecks:
         if len(filled):
             per_row[filled] = np.add.reduceat(supervised, starts[filled], dtype=np.int64) - supervised[starts[filled]]
         if len(untrained := np.flatnonzero(per_row == 0)):
-            self._note("untrained", f"row {first + untrained[0]}: no supervised token after token 0 (the format "
-                                    "skips such rows)")
+            self._note(
+                "untrained",
+                f"row {first + untrained[0]}: no supervised token after token 0 (the format skips such rows)",
+            )
         self.trainable += int(np.sum(per_row))
         if "messages" not in self.first and (problem := _check_messages(group.column("messages"), first)):
             self._note("messages", problem)
-        if "metadata" not in self.first and (problem := _check_metadata(group.column("metadata"), first,
-                                                                         self.row_tokens)):
+        if "metadata" not in self.first and (
+            problem := _check_metadata(group.column("metadata"), first, self.row_tokens)
+        ):
             self._note("metadata", problem)
         self._count_conversations(group.column("metadata"))
 
@@ -257,19 +272,24 @@ def read_manifest(path: Path) -> Any:
         if not stat.S_ISREG(info.st_mode):
             raise ManifestRefused("not a file")
         if info.st_size > MANIFEST_BYTES:
-            raise ManifestRefused(f"{info.st_size} bytes, more than the {MANIFEST_BYTES} a manifest of "
-                                  f"{MANIFEST_ROWS:,} rows takes; not read")
+            raise ManifestRefused(
+                f"{info.st_size} bytes, more than the {MANIFEST_BYTES} a manifest of "
+                f"{MANIFEST_ROWS:,} rows takes; not read"
+            )
         data = f.read(MANIFEST_BYTES + 1)
     if len(data) > MANIFEST_BYTES:  # (grown since)
-        raise ManifestRefused(f"more than the {MANIFEST_BYTES} bytes a manifest of {MANIFEST_ROWS:,} rows takes; "
-                              "not read")
+        raise ManifestRefused(
+            f"more than the {MANIFEST_BYTES} bytes a manifest of {MANIFEST_ROWS:,} rows takes; not read"
+        )
     containers = data.count(b"{") + data.count(b"[")
     values = containers + data.count(b",") + data.count(b":") + 1
     need = _CONTAINER_COST * containers + _VALUE_COST * values + 2 * len(data)
     if need > MANIFEST_MEMORY:
-        raise ManifestRefused(f"holds up to {containers} objects and arrays and {values} values: about "
-                              f"{need >> 20} MiB to parse, more than the {MANIFEST_MEMORY >> 20} MiB a manifest may "
-                              "take; not read")
+        raise ManifestRefused(
+            f"holds up to {containers} objects and arrays and {values} values: about "
+            f"{need >> 20} MiB to parse, more than the {MANIFEST_MEMORY >> 20} MiB a manifest may "
+            "take; not read"
+        )
     text = data.decode("utf-8")
     del data
     return loads(text)
@@ -291,13 +311,18 @@ def _check_stats(manifest: Manifest, rows: int, row_tokens: int) -> list[str]:
     derived: dict[str, tuple[int | float, int | float]] = {
         "stats.tokens": (stats.tokens, tokens),
         "stats.padding_tokens": (stats.padding_tokens, 0),
-        "stats.supervised_token_ratio": (stats.supervised_token_ratio,
-                                         stats.supervised_tokens / tokens if tokens else 0.0),
+        "stats.supervised_token_ratio": (
+            stats.supervised_token_ratio,
+            stats.supervised_tokens / tokens if tokens else 0.0,
+        ),
     }
     if params.rows != "all":
         derived["params.rows"] = (params.rows, rows)
-    return [f"{MANIFEST_NAME}: {key} is {show(got)}, expected {show(want)}"
-            for key, (got, want) in derived.items() if got != want]
+    return [
+        f"{MANIFEST_NAME}: {key} is {show(got)}, expected {show(want)}"
+        for key, (got, want) in derived.items()
+        if got != want
+    ]
 
 
 def described(error: BaseException) -> str:
@@ -316,8 +341,12 @@ def _check_metadata(metadata: pa.StructArray, first: int, row_tokens: int) -> st
     except Exception as error:  # a missing field means a damaged file
         return f"row {first}: metadata unreadable ({described(error)})"
     parents = pc.list_parent_indices(segments).to_numpy()
-    checks = [("metadata", metadata, None), ("metadata.row", rows, None), ("metadata.segments", segments, None),
-              ("a metadata segment", spans, parents)]
+    checks = [
+        ("metadata", metadata, None),
+        ("metadata.row", rows, None),
+        ("metadata.segments", segments, None),
+        ("a metadata segment", spans, parents),
+    ]
     checks += [(f"a metadata segment's {key}", values, parents) for key, values in fields.items()]
     for name, values, row_of in checks:  # a segment's id may be null (a source row without one)
         if (null := first_null(values)) is not None:  # struct_field keeps its parents' nulls

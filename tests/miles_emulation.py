@@ -75,8 +75,10 @@ class DataSource(abc.ABC):
 def install(monkeypatch) -> types.ModuleType:
     """Put ``miles.rollout.data_source`` and ``miles.utils.types`` in ``sys.modules`` and
     import ``pretokenized_sft_rollout`` afresh against them."""
-    modules = {name: types.ModuleType(name) for name in ("miles", "miles.rollout", "miles.rollout.data_source",
-                                                         "miles.utils", "miles.utils.types")}
+    modules = {
+        name: types.ModuleType(name)
+        for name in ("miles", "miles.rollout", "miles.rollout.data_source", "miles.utils", "miles.utils.types")
+    }
     modules["miles.rollout.data_source"].DataSource = DataSource
     modules["miles.utils.types"].Sample = Sample
     for name, module in modules.items():
@@ -96,8 +98,12 @@ def extract_vision_info(conversations: list) -> list:
         for message in conversation:
             if isinstance(message["content"], list):
                 for part in message["content"]:
-                    if "image" in part or "image_url" in part or "video" in part or \
-                            part.get("type", "text") in ("image", "image_url", "video"):
+                    if (
+                        "image" in part
+                        or "image_url" in part
+                        or "video" in part
+                        or part.get("type", "text") in ("image", "image_url", "video")
+                    ):
                         infos.append(part)
     return infos
 
@@ -191,5 +197,9 @@ def train_data(groups: list[list[Sample]]) -> dict:
     samples = [sample for group in groups for sample in group]
     for sample in samples:
         assert len(sample.loss_mask) == sample.response_length, "loss mask length != response length"
-    return {"tokens": [s.tokens for s in samples], "response_lengths": [s.response_length for s in samples],
-            "loss_masks": [s.loss_mask for s in samples], "rewards": [s.reward for s in samples]}
+    return {
+        "tokens": [s.tokens for s in samples],
+        "response_lengths": [s.response_length for s in samples],
+        "loss_masks": [s.loss_mask for s in samples],
+        "rewards": [s.reward for s in samples],
+    }

@@ -36,7 +36,6 @@ from typing import Any
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 from transformers import AddedToken
-
 from transformers.tokenization_python import PythonBackend
 from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -229,7 +228,9 @@ class ReferenceKimi:
         """
         full = self.chat_ids(messages)
         mask = [0] * len(full)
-        im_assistant, im_middle, think = self.tok.convert_tokens_to_ids(["<|im_assistant|>", "<|im_middle|>", "<think>"])
+        im_assistant, im_middle, think = self.tok.convert_tokens_to_ids(
+            ["<|im_assistant|>", "<|im_middle|>", "<think>"]
+        )
         for k, msg in enumerate(messages):
             if msg["role"] != "assistant":
                 continue

@@ -28,26 +28,90 @@ MAX_RUN = 25_000
 MAX_TURNS = 12
 
 SPECIAL_STRINGS = (
-    "<|im_end|>", "[EOS]", "[BOS]", "[PAD]", "[UNK]", "[EOT]", "<think>", "</think>",
-    "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>",
-    "<|tool_calls_section_begin|>", "<|media_pad|>",
-    "<|reserved_token_163700|>", "<|reserved_token_163589|>", "<|reserved_token_163839|>",
+    "<|im_end|>",
+    "[EOS]",
+    "[BOS]",
+    "[PAD]",
+    "[UNK]",
+    "[EOT]",
+    "<think>",
+    "</think>",
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_system|>",
+    "<|im_middle|>",
+    "<|tool_calls_section_begin|>",
+    "<|media_pad|>",
+    "<|reserved_token_163700|>",
+    "<|reserved_token_163589|>",
+    "<|reserved_token_163839|>",
     "<|reserved_token_99|>",  # not a special: plain text
-    "<|im_", "im_end|>", "<|", "|>", "[EO", "S]", "<think", "</thin", "<|reserved_token_",
-    "<|<|im_end|>|>", "<<think>>", "{{ bos_token }}", "{% if %}",
+    "<|im_",
+    "im_end|>",
+    "<|",
+    "|>",
+    "[EO",
+    "S]",
+    "<think",
+    "</thin",
+    "<|reserved_token_",
+    "<|<|im_end|>|>",
+    "<<think>>",
+    "{{ bos_token }}",
+    "{% if %}",
 )
 
 ODD_WHITESPACE = (
-    " ", "  ", "\n", "\r\n", "\r", "\t", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x1f", "\x85",
-    "\u00a0", "\u1680", "\u2000", "\u2009", "\u200b", "\u200d", "\u2028", "\u2029", "\u202f",
-    "\u205f", "\u3000", "\ufeff", " \n", "\n\n\n", " \t \t",
+    " ",
+    "  ",
+    "\n",
+    "\r\n",
+    "\r",
+    "\t",
+    "\v",
+    "\f",
+    "\x1c",
+    "\x1d",
+    "\x1e",
+    "\x1f",
+    "\x85",
+    "\u00a0",
+    "\u1680",
+    "\u2000",
+    "\u2009",
+    "\u200b",
+    "\u200d",
+    "\u2028",
+    "\u2029",
+    "\u202f",
+    "\u205f",
+    "\u3000",
+    "\ufeff",
+    " \n",
+    "\n\n\n",
+    " \t \t",
 )
 
 ASTRAL_AND_MARKS = (
-    "\U0001F600", "\U0001F468\u200d\U0001F469\u200d\U0001F467", "\U0001F3F4\U000E0067\U000E0062\U000E007F",
-    "\U00020000", "\U0001D518", "\U00010348", "\U0010FFFD", "\U000F0000",
-    "e\u0301", "\u0301", "\u0301\u0302\u0303\u0304", "a" + "\u0300" * 40, "\u1100\u1161\u11a8", "\u0e01\u0e34",
-    "\u0915\u094d\u0937", "\u202e", "\x00", "\ufffd", "\uffff",
+    "\U0001f600",
+    "\U0001f468\u200d\U0001f469\u200d\U0001f467",
+    "\U0001f3f4\U000e0067\U000e0062\U000e007f",
+    "\U00020000",
+    "\U0001d518",
+    "\U00010348",
+    "\U0010fffd",
+    "\U000f0000",
+    "e\u0301",
+    "\u0301",
+    "\u0301\u0302\u0303\u0304",
+    "a" + "\u0300" * 40,
+    "\u1100\u1161\u11a8",
+    "\u0e01\u0e34",
+    "\u0915\u094d\u0937",
+    "\u202e",
+    "\x00",
+    "\ufffd",
+    "\uffff",
 )
 
 
@@ -59,7 +123,7 @@ def _long_strings() -> tuple[str, ...]:
         "\n" * n,
         "\u3000" * n,
         "\u5b57" * n,  # one CJK char
-        "\U0001F600" * n,  # astral
+        "\U0001f600" * n,  # astral
         "e\u0301" * (n // 2 + 1),  # combining marks: one non-space run
         "x" * MAX_RUN,  # exactly at the limit
         " " * MAX_RUN + "y",
@@ -206,6 +270,6 @@ def describe(conversation: list[dict], limit: int = 200) -> str:
     parts = []
     for m in conversation:
         c = m["content"]
-        shown = repr(c) if len(c) <= limit else f"{c[:limit // 2]!r} + ... ({len(c)} chars) ... + {c[-limit // 2:]!r}"
+        shown = repr(c) if len(c) <= limit else f"{c[: limit // 2]!r} + ... ({len(c)} chars) ... + {c[-limit // 2 :]!r}"
         parts.append(f"{m['role']}: {shown}")
     return "[" + ", ".join(parts) + "]"

@@ -44,8 +44,9 @@ import json
 import math
 import os
 import random
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -101,17 +102,39 @@ build write read understand remember choose follow change develop support
 )
 
 _EN_CONNECTORS: tuple[str, ...] = (
-    "In addition,", "However,", "For example,", "As a result,", "In practice,",
-    "Note that", "First,", "Second,", "Finally,", "In short,", "Overall,",
-    "On the other hand,", "Importantly,", "To summarize,", "Historically,",
+    "In addition,",
+    "However,",
+    "For example,",
+    "As a result,",
+    "In practice,",
+    "Note that",
+    "First,",
+    "Second,",
+    "Finally,",
+    "In short,",
+    "Overall,",
+    "On the other hand,",
+    "Importantly,",
+    "To summarize,",
+    "Historically,",
 )
 
 _USER_OPENERS: tuple[str, ...] = (
-    "Can you explain", "Please describe", "Write a short essay about",
-    "What is the difference between", "Summarize the following:",
-    "I need help with", "Give me three ideas for", "How would you improve",
-    "Tell me about", "Why does", "Compare", "Rewrite this paragraph:",
-    "Translate into English:", "Is it true that", "List the main points of",
+    "Can you explain",
+    "Please describe",
+    "Write a short essay about",
+    "What is the difference between",
+    "Summarize the following:",
+    "I need help with",
+    "Give me three ideas for",
+    "How would you improve",
+    "Tell me about",
+    "Why does",
+    "Compare",
+    "Rewrite this paragraph:",
+    "Translate into English:",
+    "Is it true that",
+    "List the main points of",
 )
 
 _SYSTEM_PROMPTS: tuple[str, ...] = (
@@ -140,8 +163,21 @@ callback response request client server parser reader writer stream
 )
 
 _JS_WORDS: tuple[str, ...] = (
-    "fetch", "render", "update", "handle", "parse", "format", "validate",
-    "compute", "load", "save", "merge", "filter", "sort", "group", "build",
+    "fetch",
+    "render",
+    "update",
+    "handle",
+    "parse",
+    "format",
+    "validate",
+    "compute",
+    "load",
+    "save",
+    "merge",
+    "filter",
+    "sort",
+    "group",
+    "build",
 )
 
 # ~300 frequent Han characters, weighted heavily against the whole
@@ -156,9 +192,7 @@ _HAN_COMMON = (
     "晚春夏秋冬山河海风雨雪花草树鸟鱼猫狗饭菜茶酒书报纸笔窗户桌椅床衣服鞋帽钱买"
     "卖商店银行工作休息旅游飞机火车汽车自行车快慢远近左右东南西北红黄蓝绿白黑"
 )
-_HAN_POOL: tuple[str, ...] = tuple(_HAN_COMMON) * 24 + tuple(
-    chr(c) for c in range(0x4E00, 0x9FA6)
-)
+_HAN_POOL: tuple[str, ...] = tuple(_HAN_COMMON) * 24 + tuple(chr(c) for c in range(0x4E00, 0x9FA6))
 _ZH_PUNCT = ("，", "，", "，", "。", "。", "、", "；", "：", "！", "？")
 
 _HIRAGANA: tuple[str, ...] = tuple(
@@ -168,15 +202,53 @@ _HIRAGANA: tuple[str, ...] = tuple(
 _JA_PARTICLES = ("は", "が", "を", "に", "で", "と", "の", "も", "から", "まで", "へ")
 _JA_ENDINGS = ("です。", "ます。", "でした。", "ません。", "だ。", "でしょう。", "ですか？")
 _KATAKANA_WORDS = (
-    "コンピューター", "データ", "モデル", "プログラム", "ネットワーク", "テスト",
-    "アルゴリズム", "ファイル", "サーバー", "ユーザー", "コーヒー", "ラーメン",
-    "トークン", "パラメータ", "スマートフォン", "インターネット",
+    "コンピューター",
+    "データ",
+    "モデル",
+    "プログラム",
+    "ネットワーク",
+    "テスト",
+    "アルゴリズム",
+    "ファイル",
+    "サーバー",
+    "ユーザー",
+    "コーヒー",
+    "ラーメン",
+    "トークン",
+    "パラメータ",
+    "スマートフォン",
+    "インターネット",
 )
 
 _KO_WORDS = (
-    "안녕하세요", "감사합니다", "사람", "학교", "컴퓨터", "데이터", "모델", "한국어",
-    "서울", "시간", "오늘", "내일", "공부", "문제", "방법", "결과", "생각", "이야기",
-    "음식", "친구", "세계", "경제", "문화", "역사", "과학", "기술", "언어", "질문",
+    "안녕하세요",
+    "감사합니다",
+    "사람",
+    "학교",
+    "컴퓨터",
+    "데이터",
+    "모델",
+    "한국어",
+    "서울",
+    "시간",
+    "오늘",
+    "내일",
+    "공부",
+    "문제",
+    "방법",
+    "결과",
+    "생각",
+    "이야기",
+    "음식",
+    "친구",
+    "세계",
+    "경제",
+    "문화",
+    "역사",
+    "과학",
+    "기술",
+    "언어",
+    "질문",
 )
 _KO_PARTICLES = ("은", "는", "이", "가", "을", "를", "에", "에서", "의", "와", "도", "로")
 _KO_ENDINGS = ("합니다.", "입니다.", "했어요.", "있습니다.", "없어요.", "할까요?", "이다.")
@@ -219,22 +291,104 @@ problème système modèle données façon façade ça crème brûlée pâte go�
 )
 
 _HI_WORDS = (
-    "नमस्ते", "भारत", "हिन्दी", "भाषा", "किताब", "पानी", "समय", "दुनिया",
-    "विज्ञान", "कंप्यूटर", "धन्यवाद", "प्रश्न", "उत्तर", "है", "और", "में",
+    "नमस्ते",
+    "भारत",
+    "हिन्दी",
+    "भाषा",
+    "किताब",
+    "पानी",
+    "समय",
+    "दुनिया",
+    "विज्ञान",
+    "कंप्यूटर",
+    "धन्यवाद",
+    "प्रश्न",
+    "उत्तर",
+    "है",
+    "और",
+    "में",
 )
 _TH_WORDS = ("สวัสดี", "ภาษาไทย", "ขอบคุณ", "คอมพิวเตอร์", "ข้อมูล", "โลก", "น้ำ", "เวลา")
 _VI_WORDS = (
-    "Tiếng", "Việt", "người", "được", "những", "trường", "học", "nước", "thế",
-    "giới", "cảm", "ơn", "đường", "phố", "Hà", "Nội", "ở", "đây", "rồi",
+    "Tiếng",
+    "Việt",
+    "người",
+    "được",
+    "những",
+    "trường",
+    "học",
+    "nước",
+    "thế",
+    "giới",
+    "cảm",
+    "ơn",
+    "đường",
+    "phố",
+    "Hà",
+    "Nội",
+    "ở",
+    "đây",
+    "rồi",
 )
 
 _EMOJI: tuple[str, ...] = (
-    "😀", "😂", "🤣", "😊", "😍", "🤔", "😎", "😭", "🙏", "👍", "👏", "🎉", "🚀",
-    "🔥", "💯", "✨", "🌟", "🍕", "🍣", "☕", "🐍", "🦀", "🐧", "🌍", "📈", "💡",
-    "✅", "❌", "⚠️", "❤️", "☀️", "✌️", "👍🏽", "👋🏻", "🙌🏿", "💪🏾",
-    "👩‍💻", "👨‍👩‍👧‍👦", "🧑🏾‍🚀", "🏳️‍🌈", "🏳️‍⚧️", "❤️‍🔥", "🐻‍❄️", "👁️‍🗨️",
-    "🇺🇸", "🇯🇵", "🇩🇪", "🇫🇷", "🇨🇳", "🇧🇷", "🏴󠁧󠁢󠁳󠁣󠁴󠁿",
-    "1️⃣", "#️⃣", "🫠", "🫶", "🥲", "🪐",
+    "😀",
+    "😂",
+    "🤣",
+    "😊",
+    "😍",
+    "🤔",
+    "😎",
+    "😭",
+    "🙏",
+    "👍",
+    "👏",
+    "🎉",
+    "🚀",
+    "🔥",
+    "💯",
+    "✨",
+    "🌟",
+    "🍕",
+    "🍣",
+    "☕",
+    "🐍",
+    "🦀",
+    "🐧",
+    "🌍",
+    "📈",
+    "💡",
+    "✅",
+    "❌",
+    "⚠️",
+    "❤️",
+    "☀️",
+    "✌️",
+    "👍🏽",
+    "👋🏻",
+    "🙌🏿",
+    "💪🏾",
+    "👩‍💻",
+    "👨‍👩‍👧‍👦",
+    "🧑🏾‍🚀",
+    "🏳️‍🌈",
+    "🏳️‍⚧️",
+    "❤️‍🔥",
+    "🐻‍❄️",
+    "👁️‍🗨️",
+    "🇺🇸",
+    "🇯🇵",
+    "🇩🇪",
+    "🇫🇷",
+    "🇨🇳",
+    "🇧🇷",
+    "🏴󠁧󠁢󠁳󠁣󠁴󠁿",
+    "1️⃣",
+    "#️⃣",
+    "🫠",
+    "🫶",
+    "🥲",
+    "🪐",
 )
 
 _MATH_SYMBOLS = ("\\alpha", "\\beta", "\\gamma", "\\theta", "\\lambda", "\\mu", "\\sigma", "\\pi")
@@ -315,7 +469,7 @@ def _py_block(rng: random.Random, depth: int, lines: list[str], budget: int) -> 
             lines.append(f"{ind}try:")
             _py_block(rng, depth + 1, lines, 1)
             lines.append(f"{ind}except (KeyError, ValueError) as exc:")
-            lines.append(f"{ind}    raise RuntimeError(f\"bad {a}: {{exc}}\") from exc")
+            lines.append(f'{ind}    raise RuntimeError(f"bad {a}: {{exc}}") from exc')
         elif r < 0.86:
             lines.append(f"{ind}print({_py_expr(rng)})")
         elif r < 0.9:
@@ -388,7 +542,7 @@ def _other_code(rng: random.Random) -> str:
         lang = "bash"
         body = (
             f"for f in *.{a}; do\n  echo \"$f\" | grep -E '^{b}[0-9]+' >> out.txt\ndone\n"
-            "export PATH=\"$HOME/.local/bin:$PATH\""
+            'export PATH="$HOME/.local/bin:$PATH"'
         )
     elif r < 0.65:
         obj = {k: rng.choice((rng.randint(0, 999), rng.random(), None, True, "x y")) for k in rng.sample(_IDENTS, 4)}
@@ -578,9 +732,8 @@ def _combining_chunk(rng: random.Random) -> str:
 # depend on the caller's seed and never change between runs.
 # --------------------------------------------------------------------------
 
-def _multi(
-    maker: Callable[[random.Random], str], sep: str, lo: int, hi: int
-) -> Callable[[random.Random], str]:
+
+def _multi(maker: Callable[[random.Random], str], sep: str, lo: int, hi: int) -> Callable[[random.Random], str]:
     """Unit maker joining ``lo..hi`` units of ``maker`` with ``sep``."""
 
     def make(rng: random.Random) -> str:
@@ -620,9 +773,7 @@ def _pool(name: str) -> tuple[tuple[str, ...], float]:
     return got
 
 
-def _paragraphs(
-    rng: random.Random, name: str, target: int, sep: str = " ", lo: int = 1, hi: int = 4
-) -> str:
+def _paragraphs(rng: random.Random, name: str, target: int, sep: str = " ", lo: int = 1, hi: int = 4) -> str:
     """Join pool units into paragraphs (``sep`` inside, blank line between)
     until at least ``target`` characters (at least one unit)."""
     units, avg = _pool(name)
@@ -788,9 +939,13 @@ _P_CRLF = 0.02  # per message: "\n" -> "\r\n"
 _P_PADDED = 0.03  # per message: leading/trailing whitespace
 
 _CODE_ASKS = (
-    "Write a Python function for this:", "Fix the bug in this code:",
-    "Convert this to JavaScript:", "What does this code do?", "Add type hints:",
-    "Write unit tests for the following.", "Optimize this snippet:",
+    "Write a Python function for this:",
+    "Fix the bug in this code:",
+    "Convert this to JavaScript:",
+    "What does this code do?",
+    "Add type hints:",
+    "Write unit tests for the following.",
+    "Optimize this snippet:",
 )
 _MATH_ASKS = ("Solve:", "Compute", "Prove that", "Simplify", "Evaluate", "Find x if")
 
@@ -894,38 +1049,130 @@ def conversations(n: int, seed: int = 0, adversarial: bool = False) -> list[dict
 # --------------------------------------------------------------------------
 
 _SPECIAL_TOKENS: tuple[str, ...] = (
-    "<|im_start|>", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>",
-    "<|im_middle|>", "<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>",
-    "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>", "<|fim_prefix|>",
-    "<|fim_middle|>", "<|fim_suffix|>", "<|reserved_token_163700|>",
-    "<|reserved_special_token_0|>", "<|reserved_special_token_250|>",
-    "[EOS]", "[BOS]", "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
-    "<s>", "</s>", "<unk>", "<pad>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_system|>",
+    "<|im_middle|>",
+    "<|endoftext|>",
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|eot_id|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|reserved_token_163700|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_250|>",
+    "[EOS]",
+    "[BOS]",
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "<s>",
+    "</s>",
+    "<unk>",
+    "<pad>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
 )
 
 _HALF_TOKENS: tuple[str, ...] = (
-    "<|im_", "im_end|>", "<|im_end", "|im_end|>", "<|", "|>", "<|reserved_token_",
-    "<think", "</thin", "think>", "[EO", "S]", "</", "<|<|im_end|>|>", "<<|im_end|>>",
-    "<|im_end|><|im_start|>assistant\n", "<|im_start|>user\n", "</s><s>",
+    "<|im_",
+    "im_end|>",
+    "<|im_end",
+    "|im_end|>",
+    "<|",
+    "|>",
+    "<|reserved_token_",
+    "<think",
+    "</thin",
+    "think>",
+    "[EO",
+    "S]",
+    "</",
+    "<|<|im_end|>|>",
+    "<<|im_end|>>",
+    "<|im_end|><|im_start|>assistant\n",
+    "<|im_start|>user\n",
+    "</s><s>",
 )
 
 _ODD_WS: tuple[str, ...] = (
-    "\r\n", "\r", "\n\r", "\t", "\v", "\f", "\u00a0", "\u3000", "\u2028", "\u2029",
-    "\u0085", "\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u202f", "\u2009",
-    "\u1680", "\u180e", " \t \t", "\r\n\r\n", "\n\n\n\n",
+    "\r\n",
+    "\r",
+    "\n\r",
+    "\t",
+    "\v",
+    "\f",
+    "\u00a0",
+    "\u3000",
+    "\u2028",
+    "\u2029",
+    "\u0085",
+    "\u200b",
+    "\u200c",
+    "\u200d",
+    "\u2060",
+    "\ufeff",
+    "\u202f",
+    "\u2009",
+    "\u1680",
+    "\u180e",
+    " \t \t",
+    "\r\n\r\n",
+    "\n\n\n\n",
 )
 
 _ASTRAL: tuple[str, ...] = (
-    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "𝐀𝐁𝐂", "𠀀𠀁𠀂", "𪚥", "𐍈", "🀄", "𓀀𓁐", "\U000F0000",
-    "\U0010FFFD", "🏴󠁧󠁢󠁳󠁣󠁴󠁿", "👨‍👩‍👧‍👦", "🧑🏾‍🚀", "\U0001F600\u200d", "\u200d\u200d\u200d",
+    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "𝐀𝐁𝐂",
+    "𠀀𠀁𠀂",
+    "𪚥",
+    "𐍈",
+    "🀄",
+    "𓀀𓁐",
+    "\U000f0000",
+    "\U0010fffd",
+    "🏴󠁧󠁢󠁳󠁣󠁴󠁿",
+    "👨‍👩‍👧‍👦",
+    "🧑🏾‍🚀",
+    "\U0001f600\u200d",
+    "\u200d\u200d\u200d",
 )
 
 _MISC_HARD: tuple[str, ...] = (
-    "", " ", "  ", "\n", "a", "\x00", "a\x00b", "\ufffd", "\uffff", "\ue000",
-    "\u202eevil\u202c", "\u061c", "e" + "\u0301" * 50, "Z̤͔ͧ̑̓ä͖̭̈̇lͮ̒ͫǧ̗͚̚o̙̔ͮ̇͐̇",
-    "ﬁ ﬂ ﬃ", "Ⅻ ① ½ ²", "ｆｕｌｌｗｉｄｔｈ", "İı ǅ ß ẞ", "'\"`\\",
-    "\\n literal backslash-n", "{{ bos_token }}{% for m in messages %}",
-    "```", "```python\n", "\u0000\u0001\u001f\u007f",
+    "",
+    " ",
+    "  ",
+    "\n",
+    "a",
+    "\x00",
+    "a\x00b",
+    "\ufffd",
+    "\uffff",
+    "\ue000",
+    "\u202eevil\u202c",
+    "\u061c",
+    "e" + "\u0301" * 50,
+    "Z̤͔ͧ̑̓ä͖̭̈̇lͮ̒ͫǧ̗͚̚o̙̔ͮ̇͐̇",
+    "ﬁ ﬂ ﬃ",
+    "Ⅻ ① ½ ²",
+    "ｆｕｌｌｗｉｄｔｈ",
+    "İı ǅ ß ẞ",
+    "'\"`\\",
+    "\\n literal backslash-n",
+    "{{ bos_token }}{% for m in messages %}",
+    "```",
+    "```python\n",
+    "\u0000\u0001\u001f\u007f",
 )
 
 

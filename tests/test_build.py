@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
-from fixed_sft import build as build_module
 import synthetic
 from conftest import cache_link
+
+from fixed_sft import build as build_module
 from fixed_sft.build import BuildConfig, BuildError, UsageError, build
 from fixed_sft.chat import ChatEncoder
 from fixed_sft.encode import EncoderConfig
@@ -31,10 +31,19 @@ GOLDEN_ROWS_SHA256 = "d070b2aa5f53eba051762f22ed55189f5e56b5ace97f41e73cb27ab114
 # and the provenance and counts that go with those rows: sha256 of the ``metadata`` column's
 # ``row`` and ``segments`` as JSON (sorted keys), and the manifest's stats and template check
 GOLDEN_METADATA_SHA256 = "d46d59980e91631379f058479c79e27ec719abff53322dc6a48bbb085b6b719a"
-GOLDEN_STATS = {"rows": 40, "tokens": 40960, "supervised_tokens": 31223, "supervised_token_ratio": 0.7622802734375,
-                "trainable_tokens": 31198,
-                "padding_tokens": 0, "conversations": 18, "conversations_split": 9, "rows_skipped": 0,
-                "tail_tokens_dropped": 1758, "invalid_rows_skipped": 0}
+GOLDEN_STATS = {
+    "rows": 40,
+    "tokens": 40960,
+    "supervised_tokens": 31223,
+    "supervised_token_ratio": 0.7622802734375,
+    "trainable_tokens": 31198,
+    "padding_tokens": 0,
+    "conversations": 18,
+    "conversations_split": 9,
+    "rows_skipped": 0,
+    "tail_tokens_dropped": 1758,
+    "invalid_rows_skipped": 0,
+}
 GOLDEN_TEMPLATE_CHECK = {"every": 8, "checked": 3}
 
 
@@ -48,8 +57,16 @@ def corpus(tmp_path_factory):
 
 
 def config(source, kimi_dir, **overrides) -> BuildConfig:
-    values = dict(name="fixture", source=str(source), tokenizer=str(kimi_dir), rows=40, row_tokens=1024, seed=5,
-                  workers=1, check_every=8)
+    values = dict(
+        name="fixture",
+        source=str(source),
+        tokenizer=str(kimi_dir),
+        rows=40,
+        row_tokens=1024,
+        seed=5,
+        workers=1,
+        check_every=8,
+    )
     values.update(overrides)
     return BuildConfig(**values)
 
@@ -67,8 +84,10 @@ def test_golden_rows_sha256(fixture_build):
 
 def test_golden_provenance_and_stats(fixture_build):
     out, manifest = fixture_build
-    metadata = [{key: row[key] for key in ("row", "segments")}
-                for row in pq.read_table(out / "train.parquet", columns=["metadata"]).column("metadata").to_pylist()]
+    metadata = [
+        {key: row[key] for key in ("row", "segments")}
+        for row in pq.read_table(out / "train.parquet", columns=["metadata"]).column("metadata").to_pylist()
+    ]
     assert hashlib.sha256(json.dumps(metadata, sort_keys=True).encode()).hexdigest() == GOLDEN_METADATA_SHA256
     assert (manifest["stats"], manifest["template_check"]) == (GOLDEN_STATS, GOLDEN_TEMPLATE_CHECK)
 
@@ -85,11 +104,17 @@ def test_manifest_describes_the_rows(fixture_build, corpus):
     assert manifest["template_check"]["checked"] > 0
     assert manifest["tokenizer"]["pinned"] and manifest["tokenizer"]["name"] == "kimi-k2.6"
     assert [f["path"] for f in manifest["source"]["files"]] == [
-        "train-00000-of-00003.parquet", "train-00001-of-00003.parquet", "train-00002-of-00003.parquet"]
+        "train-00000-of-00003.parquet",
+        "train-00001-of-00003.parquet",
+        "train-00002-of-00003.parquet",
+    ]
     assert manifest["source"]["rows"] == 1200
     assert len(manifest["row_sha256"]) == 40
-    rows_of = Counter(s["source_index"] for row in pq.read_table(out / "train.parquet").column("metadata").to_pylist()
-                      for s in {seg["source_index"]: seg for seg in row["segments"]}.values())
+    rows_of = Counter(
+        s["source_index"]
+        for row in pq.read_table(out / "train.parquet").column("metadata").to_pylist()
+        for s in {seg["source_index"]: seg for seg in row["segments"]}.values()
+    )
     assert stats["conversations"] == len(rows_of)
     assert stats["conversations_split"] == sum(1 for n in rows_of.values() if n > 1) > 0
 
@@ -139,8 +164,11 @@ def test_git_commit_and_dirty_are_recorded_from_the_project_checkout(tmp_path):
     shutil.copytree(package, project / "fixed_sft")
     head = commit_all(project)
     clean = _code_version_in(project)
-    assert (clean["git_commit"], clean["git_dirty"], clean["code_sha256"]) == \
-        (head, False, code_version()["code_sha256"])
+    assert (clean["git_commit"], clean["git_dirty"], clean["code_sha256"]) == (
+        head,
+        False,
+        code_version()["code_sha256"],
+    )
     with (project / "fixed_sft" / "pack.py").open("a") as f:
         f.write("# edited\n")
     dirty = _code_version_in(project)
@@ -199,8 +227,9 @@ def test_workers_do_not_change_output(fixture_build, corpus, kimi_dir, tmp_path,
     assert (tmp_path / "w" / "train.parquet").read_bytes() == (out / "train.parquet").read_bytes()
 
 
-def test_workers_check_the_same_positions_whatever_the_chunk_size(fixture_build, corpus, kimi_dir, tmp_path,
-                                                                  monkeypatch):
+def test_workers_check_the_same_positions_whatever_the_chunk_size(
+    fixture_build, corpus, kimi_dir, tmp_path, monkeypatch
+):
     """Chunks that start at packing positions that are not multiples of check_every
     (chunks of 3, checks every 8): workers check the positions 0, 8, 16 ... all the same."""
     monkeypatch.setattr(build_module, "CHUNK_ROWS", 3)
@@ -221,8 +250,9 @@ def test_bands_chunks_and_batches_do_not_change_output(fixture_build, corpus, ki
     monkeypatch.setattr(source_module, "READ_BATCH_ROWS", 7)
     bands = []
     read_band = build_module.read_band
-    monkeypatch.setattr(build_module, "read_band", lambda src, rank, lo, hi: bands.append((lo, hi)) or
-                        read_band(src, rank, lo, hi))
+    monkeypatch.setattr(
+        build_module, "read_band", lambda src, rank, lo, hi: bands.append((lo, hi)) or read_band(src, rank, lo, hi)
+    )
     _, manifest = fixture_build
     assert build(config(corpus[0] / "parquet", kimi_dir), tmp_path / "b") == manifest
     assert len(bands) > 3 and bands[0][0] == 0
@@ -233,8 +263,9 @@ def test_a_small_build_reads_a_band_sized_to_its_rows(corpus, kimi_dir, tmp_path
     """A band holds what the rows still to fill need (plus a fifth), not the whole source."""
     bands = []
     read_band = build_module.read_band
-    monkeypatch.setattr(build_module, "read_band", lambda src, rank, lo, hi: bands.append((lo, hi)) or
-                        read_band(src, rank, lo, hi))
+    monkeypatch.setattr(
+        build_module, "read_band", lambda src, rank, lo, hi: bands.append((lo, hi)) or read_band(src, rank, lo, hi)
+    )
     manifest = build(config(corpus[0] / "parquet", kimi_dir, rows=3, row_tokens=256), tmp_path / "small")
     assert bands == [(0, bands[0][1])] and manifest["stats"]["conversations"] <= bands[0][1] <= 300 < 1200
 
@@ -244,8 +275,11 @@ def test_build_allocates_from_the_system_pool_and_restores_the_callers(corpus, k
 
     pools = []
     read_band = build_module.read_band
-    monkeypatch.setattr(build_module, "read_band", lambda src, rank, lo, hi: pools.append(
-        pa.default_memory_pool().backend_name) or read_band(src, rank, lo, hi))
+    monkeypatch.setattr(
+        build_module,
+        "read_band",
+        lambda src, rank, lo, hi: pools.append(pa.default_memory_pool().backend_name) or read_band(src, rank, lo, hi),
+    )
     before = pa.default_memory_pool().backend_name
     assert before != "system"  # pyarrow's default: the test would prove nothing otherwise
     build(config(corpus[0] / "parquet", kimi_dir, rows=3), tmp_path / "ok")
@@ -275,8 +309,13 @@ def test_template_check_runs_on_every_nth_position(corpus, kimi_dir, tmp_path, m
     index_of = {tuple((m["role"], m["content"]) for m in row["messages"]): i for i, row in enumerate(rows)}
     checked = []
     check = ChatEncoder.check
-    monkeypatch.setattr(ChatEncoder, "check", lambda self, messages, ids: checked.append(
-        index_of[tuple((m["role"], m["content"]) for m in messages)]) or check(self, messages, ids))
+    monkeypatch.setattr(
+        ChatEncoder,
+        "check",
+        lambda self, messages, ids: (
+            checked.append(index_of[tuple((m["role"], m["content"]) for m in messages)]) or check(self, messages, ids)
+        ),
+    )
     manifest = build(config(corpus[0] / "parquet", kimi_dir, check_every=5), tmp_path / "c")
     rank = np.argsort(permutation(5, len(rows)))
     used = manifest["stats"]["conversations"]  # one build worker consumes positions 0 .. used - 1
@@ -289,6 +328,7 @@ def test_a_template_mismatch_names_the_source_row(corpus, kimi_dir, tmp_path, mo
     from fixed_sft.order import permutation
 
     first = int(permutation(5, len(corpus[1]))[0])  # position 0 is always checked
+
     def differs(self, messages, ids):
         raise TemplateMismatch("fast-path ids differ from the rendered chat template")
 
@@ -316,8 +356,11 @@ def test_lazy_build_encodes_only_needed_conversations(corpus, kimi_dir, tmp_path
 
     monkeypatch.setattr(fixed_sft.encode, "conversation", counting)
     manifest = build(config(corpus[0] / "parquet", kimi_dir, rows=3, check_every=0), tmp_path / "lazy")
-    used = {s["source_index"] for row in pq.read_table(tmp_path / "lazy" / "train.parquet").column("metadata").to_pylist()
-            for s in row["segments"]}
+    used = {
+        s["source_index"]
+        for row in pq.read_table(tmp_path / "lazy" / "train.parquet").column("metadata").to_pylist()
+        for s in row["segments"]
+    }
     assert len(encoded) == len(used) == manifest["stats"]["conversations"]
     assert len(used) < 100
 
@@ -413,7 +456,9 @@ def test_starting_the_fork_server_leaves_ctrl_c_and_the_environment_as_they_were
 
 
 # evaluated in a worker: whether it took the fork server's encoder
-TOOK_PRELOADED = "(lambda encode: encode._worker_encoder is encode._preloaded[1])(__import__('fixed_sft.encode').encode)"
+TOOK_PRELOADED = (
+    "(lambda encode: encode._worker_encoder is encode._preloaded[1])(__import__('fixed_sft.encode').encode)"
+)
 
 
 def test_workers_of_a_later_build_load_the_encoder_of_its_files(corpus, kimi_dir, tmp_path):
@@ -441,8 +486,9 @@ print(json.dumps([first["rows_sha256"], took, second["rows_sha256"]]))
 """
     import subprocess
 
-    run = subprocess.run([sys.executable, "-c", script, _encoder_config(folder).to_json()], capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", script, _encoder_config(folder).to_json()], capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr
     first, took, second = json.loads(run.stdout.splitlines()[-1])
     assert took  # the first build's workers took the server's encoder
@@ -464,8 +510,11 @@ def test_rows_all_packs_everything(corpus, kimi_dir, tmp_path, encoder):
     full = len(mask) // 512
     kept = [k for k in range(full) if any(mask[k * 512 + 1 : (k + 1) * 512])]  # token 0 trains nothing
     stats = manifest["stats"]
-    assert (stats["rows"], stats["rows_skipped"], stats["tail_tokens_dropped"]) == \
-        (len(kept), full - len(kept), len(mask) % 512)
+    assert (stats["rows"], stats["rows_skipped"], stats["tail_tokens_dropped"]) == (
+        len(kept),
+        full - len(kept),
+        len(mask) % 512,
+    )
     assert stats["conversations"] == len({owner[t] for k in kept for t in range(k * 512, (k + 1) * 512)})
 
 
@@ -491,15 +540,19 @@ def test_a_row_whose_only_supervised_token_is_its_first_is_skipped(kimi_dir, tmp
     supervised token is token 0 trains nothing: it is skipped like an all-0 row."""
     from fixed_sft.order import permutation
 
-    answer = {"id": "a", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}],
-              "source": "t"}
+    answer = {
+        "id": "a",
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}],
+        "source": "t",
+    }
     talk = {"id": "b", "messages": [{"role": "user", "content": "word " * 400}], "source": "t"}
     seed = next(s for s in range(100) if permutation(s, 2).tolist() == [0, 1])  # the answer first
     mask = encoder.encode(answer["messages"])[1]
     last = max(i for i, m in enumerate(mask) if m)  # its <|im_end|>
     synthetic.write_jsonl([answer, talk], tmp_path / "two.jsonl")
-    manifest = build(config(tmp_path / "two.jsonl", kimi_dir, rows=None, row_tokens=last, seed=seed,
-                            check_every=1), tmp_path / "o")
+    manifest = build(
+        config(tmp_path / "two.jsonl", kimi_dir, rows=None, row_tokens=last, seed=seed, check_every=1), tmp_path / "o"
+    )
     stats = manifest["stats"]
     assert stats["rows"] == 1 and stats["rows_skipped"] >= 1  # the row starting at the <|im_end|> is gone
     _, kept, _ = read_rows(tmp_path / "o" / "train.parquet")
@@ -509,8 +562,12 @@ def test_a_row_whose_only_supervised_token_is_its_first_is_skipped(kimi_dir, tmp
 
 @pytest.mark.parametrize(
     "overrides, message",
-    [({"row_tokens": 1}, "row-tokens"), ({"rows": 0}, "rows"), ({"seed": -1}, "seed"),
-     ({"loss_mask_type": "nope"}, "loss-mask-type")],
+    [
+        ({"row_tokens": 1}, "row-tokens"),
+        ({"rows": 0}, "rows"),
+        ({"seed": -1}, "seed"),
+        ({"loss_mask_type": "nope"}, "loss-mask-type"),
+    ],
 )
 def test_bad_parameters(corpus, kimi_dir, tmp_path, overrides, message):
     with pytest.raises(UsageError, match=message):
@@ -681,8 +738,11 @@ def _lookalike(folder: Path, parquet: str) -> Path:
 
 
 def _tree(folder: Path) -> dict[str, bytes | str]:
-    return {p.relative_to(folder).as_posix(): f"-> {os.readlink(p)}" if p.is_symlink() else p.read_bytes()
-            for p in sorted(folder.rglob("*")) if p.is_symlink() or p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): f"-> {os.readlink(p)}" if p.is_symlink() else p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_symlink() or p.is_file()
+    }
 
 
 @pytest.mark.parametrize("parquet", ["folder", "link"])

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import synthetic
+
 from fixed_sft.chat import ChatEncoder, TemplateMismatch, TemplateRefusal
 
-SPECIALS = ["<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "[EOS]", "[BOS]", "<think>",
-            "</think>", "<|reserved_token_163700|>", "<|im_", "<|tool_calls_section_begin|>", "[PAD]"]
+SPECIALS = [
+    "<|im_end|>",
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_middle|>",
+    "[EOS]",
+    "[BOS]",
+    "<think>",
+    "</think>",
+    "<|reserved_token_163700|>",
+    "<|im_",
+    "<|tool_calls_section_begin|>",
+    "[PAD]",
+]
 
 
 def _edge_conversations() -> list[list[dict]]:
@@ -18,10 +30,16 @@ def _edge_conversations() -> list[list[dict]]:
         [{"role": "assistant", "content": "first"}],
         [{"role": "system", "content": "s"}],
         [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}],
-        [{"role": "system", "content": " \n "}, {"role": "user", "content": "\r\n\t"}, {"role": "assistant", "content": "  "}],
+        [
+            {"role": "system", "content": " \n "},
+            {"role": "user", "content": "\r\n\t"},
+            {"role": "assistant", "content": "  "},
+        ],
     ]
     for special in SPECIALS:
-        cases.append([{"role": "user", "content": f"a{special}b"}, {"role": "assistant", "content": f"{special} x {special}"}])
+        cases.append(
+            [{"role": "user", "content": f"a{special}b"}, {"role": "assistant", "content": f"{special} x {special}"}]
+        )
     return cases
 
 
@@ -94,49 +112,95 @@ def _edited_tokenizer(kimi_dir, folder, old: str, new: str):
     return KimiTokenizer(folder)
 
 
-HISTORY_ASSISTANT = "<think></think>{{render_content(message)}}\n    {%- if message.get('tool_calls') -%}\n      {{render"
+HISTORY_ASSISTANT = (
+    "<think></think>{{render_content(message)}}\n    {%- if message.get('tool_calls') -%}\n      {{render"
+)
 
 
-@pytest.mark.parametrize("old, new", [
-    # a default system prompt when the conversation has none
-    ("{%- for message in hist_msgs -%}", "{%- if messages[0]['role'] != 'system' -%}<|im_system|>system<|im_middle|>"
-     "Be brief.<|im_end|>{%- endif -%}{%- for message in hist_msgs -%}"),
-    # an empty reasoning block on the last message only
-    (HISTORY_ASSISTANT, HISTORY_ASSISTANT.replace("<think></think>", "{% if loop.last %}<think></think>{% endif %}")),
-    # a newline between messages, which BPE joins with a newline that ends the next content
-    ("  <|im_end|>\n{%- endfor -%}\n\n{%- for message in suffix_msgs", "  <|im_end|>\n\n{% endfor -%}\n\n{%- for message in suffix_msgs"),
-    # a token before the first message
-    ("{%- for message in hist_msgs -%}", "{{ bos_token }}{%- for message in hist_msgs -%}"),
-    # a header for two-message conversations only
-    ("{%- for message in hist_msgs -%}", "{%- if messages|length == 2 -%}<|im_system|>two<|im_middle|><|im_end|>"
-     "{%- endif -%}{%- for message in hist_msgs -%}"),
-    # a token after a final system message that follows others
-    ("{%- if add_generation_prompt -%}", "{%- if messages|length > 1 and messages[-1]['role'] == 'system' -%}"
-     "<|im_end|>{%- endif -%}{%- if add_generation_prompt -%}"),
-    # reasoning cut at </think>
-    (HISTORY_ASSISTANT, HISTORY_ASSISTANT.replace("{{render_content(message)}}",
-                                                  "{{render_content(message).split('</think>')[-1]}}")),
-    # conversations of the lengths of the longer probes: three, five and ten messages
-    ("{%- for message in hist_msgs -%}", "{%- if messages|length == 3 -%}<|im_system|>three<|im_middle|><|im_end|>"
-     "{%- endif -%}{%- for message in hist_msgs -%}"),
-    ("{%- for message in hist_msgs -%}", "{%- if messages|length == 5 -%}<|im_system|>five<|im_middle|><|im_end|>"
-     "{%- endif -%}{%- for message in hist_msgs -%}"),
-    ("{%- for message in hist_msgs -%}", "{%- if messages|length > 5 -%}<|im_system|>long<|im_middle|><|im_end|>"
-     "{%- endif -%}{%- for message in hist_msgs -%}"),
-    # messages with empty content left out
-    ("{%- for message in hist_msgs -%}", "{%- for message in hist_msgs if message['content'] -%}"),
-    # assistant content with its leading newlines, or leading spaces, or <|im_end|> text removed
-    (HISTORY_ASSISTANT, HISTORY_ASSISTANT.replace("{{render_content(message)}}",
-                                                  "{{render_content(message).lstrip('\\n')}}")),
-    (HISTORY_ASSISTANT, HISTORY_ASSISTANT.replace("{{render_content(message)}}",
-                                                  "{{render_content(message).lstrip(' ')}}")),
-    (HISTORY_ASSISTANT, HISTORY_ASSISTANT.replace("{{render_content(message)}}",
-                                                  "{{render_content(message).replace('<|im_end|>', '')}}")),
-    # the same, on assistant messages before the last one only
-    (HISTORY_ASSISTANT, HISTORY_ASSISTANT.replace(
-        "{{render_content(message)}}", "{%- if loop.index0 < ns.last_non_tool_call_assistant_msg -%}"
-        "{{ message['content'].split('</think>')[-1] }}{%- else -%}{{render_content(message)}}{%- endif -%}")),
-])
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        # a default system prompt when the conversation has none
+        (
+            "{%- for message in hist_msgs -%}",
+            "{%- if messages[0]['role'] != 'system' -%}<|im_system|>system<|im_middle|>"
+            "Be brief.<|im_end|>{%- endif -%}{%- for message in hist_msgs -%}",
+        ),
+        # an empty reasoning block on the last message only
+        (
+            HISTORY_ASSISTANT,
+            HISTORY_ASSISTANT.replace("<think></think>", "{% if loop.last %}<think></think>{% endif %}"),
+        ),
+        # a newline between messages, which BPE joins with a newline that ends the next content
+        (
+            "  <|im_end|>\n{%- endfor -%}\n\n{%- for message in suffix_msgs",
+            "  <|im_end|>\n\n{% endfor -%}\n\n{%- for message in suffix_msgs",
+        ),
+        # a token before the first message
+        ("{%- for message in hist_msgs -%}", "{{ bos_token }}{%- for message in hist_msgs -%}"),
+        # a header for two-message conversations only
+        (
+            "{%- for message in hist_msgs -%}",
+            "{%- if messages|length == 2 -%}<|im_system|>two<|im_middle|><|im_end|>"
+            "{%- endif -%}{%- for message in hist_msgs -%}",
+        ),
+        # a token after a final system message that follows others
+        (
+            "{%- if add_generation_prompt -%}",
+            "{%- if messages|length > 1 and messages[-1]['role'] == 'system' -%}"
+            "<|im_end|>{%- endif -%}{%- if add_generation_prompt -%}",
+        ),
+        # reasoning cut at </think>
+        (
+            HISTORY_ASSISTANT,
+            HISTORY_ASSISTANT.replace(
+                "{{render_content(message)}}", "{{render_content(message).split('</think>')[-1]}}"
+            ),
+        ),
+        # conversations of the lengths of the longer probes: three, five and ten messages
+        (
+            "{%- for message in hist_msgs -%}",
+            "{%- if messages|length == 3 -%}<|im_system|>three<|im_middle|><|im_end|>"
+            "{%- endif -%}{%- for message in hist_msgs -%}",
+        ),
+        (
+            "{%- for message in hist_msgs -%}",
+            "{%- if messages|length == 5 -%}<|im_system|>five<|im_middle|><|im_end|>"
+            "{%- endif -%}{%- for message in hist_msgs -%}",
+        ),
+        (
+            "{%- for message in hist_msgs -%}",
+            "{%- if messages|length > 5 -%}<|im_system|>long<|im_middle|><|im_end|>"
+            "{%- endif -%}{%- for message in hist_msgs -%}",
+        ),
+        # messages with empty content left out
+        ("{%- for message in hist_msgs -%}", "{%- for message in hist_msgs if message['content'] -%}"),
+        # assistant content with its leading newlines, or leading spaces, or <|im_end|> text removed
+        (
+            HISTORY_ASSISTANT,
+            HISTORY_ASSISTANT.replace("{{render_content(message)}}", "{{render_content(message).lstrip('\\n')}}"),
+        ),
+        (
+            HISTORY_ASSISTANT,
+            HISTORY_ASSISTANT.replace("{{render_content(message)}}", "{{render_content(message).lstrip(' ')}}"),
+        ),
+        (
+            HISTORY_ASSISTANT,
+            HISTORY_ASSISTANT.replace(
+                "{{render_content(message)}}", "{{render_content(message).replace('<|im_end|>', '')}}"
+            ),
+        ),
+        # the same, on assistant messages before the last one only
+        (
+            HISTORY_ASSISTANT,
+            HISTORY_ASSISTANT.replace(
+                "{{render_content(message)}}",
+                "{%- if loop.index0 < ns.last_non_tool_call_assistant_msg -%}"
+                "{{ message['content'].split('</think>')[-1] }}{%- else -%}{{render_content(message)}}{%- endif -%}",
+            ),
+        ),
+    ],
+)
 def test_a_template_that_renders_messages_by_context_is_refused(kimi_dir, tmp_path, old, new):
     """Per-message ids are only used when they equal the template on conversations of
     every role order: a template that breaks this is refused when it loads."""
@@ -151,12 +215,19 @@ def test_special_tokens_reach_the_template(kimi_dir, tmp_path, reference):
     from reference_kimi import ReferenceKimi
 
     folder = tmp_path / "tok"
-    tokenizer = _edited_tokenizer(kimi_dir, folder, HISTORY_ASSISTANT,
-                                  HISTORY_ASSISTANT.replace("{{render_content(message)}}",
-                                                            "{{render_content(message)}}{{ eos_token }}"))
+    tokenizer = _edited_tokenizer(
+        kimi_dir,
+        folder,
+        HISTORY_ASSISTANT,
+        HISTORY_ASSISTANT.replace("{{render_content(message)}}", "{{render_content(message)}}{{ eos_token }}"),
+    )
     encoder = ChatEncoder(tokenizer)
-    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
-                {"role": "user", "content": "q2"}, {"role": "assistant", "content": "b"}]
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "b"},
+    ]
     ids, mask = encoder.encode(messages)
     assert ids.count(tokenizer.eos_id) == 2  # after each assistant message
     assert ids == ReferenceKimi(folder).chat_ids(messages)
@@ -165,13 +236,19 @@ def test_special_tokens_reach_the_template(kimi_dir, tmp_path, reference):
 
 def test_a_template_that_refuses_some_role_orders_is_used_for_the_others(kimi_dir, tmp_path, reference):
     """Probes the template itself refuses (here: roles must alternate) say nothing against it."""
-    check = ("{%- for m in messages -%}{%- if not loop.first and m['role'] == messages[loop.index0 - 1]['role'] -%}"
-             "{{ raise_exception('roles must alternate') }}{%- endif -%}{%- endfor -%}")
-    tokenizer = _edited_tokenizer(kimi_dir, tmp_path / "tok", "{%- for message in hist_msgs -%}",
-                                  check + "{%- for message in hist_msgs -%}")
+    check = (
+        "{%- for m in messages -%}{%- if not loop.first and m['role'] == messages[loop.index0 - 1]['role'] -%}"
+        "{{ raise_exception('roles must alternate') }}{%- endif -%}{%- endfor -%}"
+    )
+    tokenizer = _edited_tokenizer(
+        kimi_dir, tmp_path / "tok", "{%- for message in hist_msgs -%}", check + "{%- for message in hist_msgs -%}"
+    )
     encoder = ChatEncoder(tokenizer)
-    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
-                {"role": "assistant", "content": "a"}]
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+    ]
     assert encoder.encode(messages)[0] == reference.chat_ids(messages)
     refused = messages[1:2] * 2
     with pytest.raises(TemplateRefusal, match="refuses the conversation .* roles must alternate"):
@@ -179,9 +256,12 @@ def test_a_template_that_refuses_some_role_orders_is_used_for_the_others(kimi_di
 
 
 def test_a_template_that_refuses_empty_content_is_used_for_other_conversations(kimi_dir, tmp_path, reference):
-    guard = "{%- for m in messages -%}{%- if not m['content'] -%}{{ raise_exception('empty') }}{%- endif -%}{%- endfor -%}"
-    tokenizer = _edited_tokenizer(kimi_dir, tmp_path / "tok", "{%- for message in hist_msgs -%}",
-                                  guard + "{%- for message in hist_msgs -%}")
+    guard = (
+        "{%- for m in messages -%}{%- if not m['content'] -%}{{ raise_exception('empty') }}{%- endif -%}{%- endfor -%}"
+    )
+    tokenizer = _edited_tokenizer(
+        kimi_dir, tmp_path / "tok", "{%- for message in hist_msgs -%}", guard + "{%- for message in hist_msgs -%}"
+    )
     encoder = ChatEncoder(tokenizer)
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     assert encoder.encode(messages)[0] == reference.chat_ids(messages)
@@ -191,8 +271,9 @@ def test_a_template_that_renders_no_probe_conversation_is_refused(kimi_dir, tmp_
     """A template that renders single messages but refuses every probe conversation
     leaves the per-message ids unchecked: it is refused when it loads."""
     guard = "{%- if messages|length > 1 -%}{{ raise_exception('one message at a time') }}{%- endif -%}"
-    tokenizer = _edited_tokenizer(kimi_dir, tmp_path / "tok", "{%- for message in hist_msgs -%}",
-                                  guard + "{%- for message in hist_msgs -%}")
+    tokenizer = _edited_tokenizer(
+        kimi_dir, tmp_path / "tok", "{%- for message in hist_msgs -%}", guard + "{%- for message in hist_msgs -%}"
+    )
     with pytest.raises(TemplateMismatch, match=r"renders no probe conversation .*one message at a time"):
         ChatEncoder(tokenizer)
 
@@ -214,8 +295,12 @@ def test_template_kwargs_reach_the_template(kimi_dir, tmp_path):
     from fixed_sft.tokenizer import TEMPLATE_KWARGS
 
     folder = tmp_path / "tok"
-    _edited_tokenizer(kimi_dir, folder, "<|im_user|>{{role_name}}<|im_middle|>",
-                      "<|im_user|>{{role_name}}{{ marker | default('') }}<|im_middle|>")
+    _edited_tokenizer(
+        kimi_dir,
+        folder,
+        "<|im_user|>{{role_name}}<|im_middle|>",
+        "<|im_user|>{{role_name}}{{ marker | default('') }}<|im_middle|>",
+    )
     kwargs = {**TEMPLATE_KWARGS, "marker": "!"}
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     encoder = EncoderConfig(folder, tokenizer_sha256={}, loss_mask_type="kimi_k25", template_kwargs=kwargs).load()

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import synthetic
 from conftest import ROOT, cache_link
+
 from fixed_sft.cli import main
 from fixed_sft.specs import DEFAULT_BUILD, build_spec
 from fixed_sft.verify import published_comparison
@@ -27,15 +27,32 @@ def source(tmp_path_factory):
 
 
 def _build_args(source, kimi_dir, out, *extra):
-    return ["build", "--source", str(source), "--tokenizer", str(kimi_dir), "--rows", "3", "--row-tokens", "256",
-            "--out", str(out), "--workers", "1", "--quiet", *extra]
+    return [
+        "build",
+        "--source",
+        str(source),
+        "--tokenizer",
+        str(kimi_dir),
+        "--rows",
+        "3",
+        "--row-tokens",
+        "256",
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+        "--quiet",
+        *extra,
+    ]
 
 
 def test_build_then_verify(source, kimi_dir, tmp_path, capsys):
     assert main(_build_args(source, kimi_dir, tmp_path / "o")) == 0
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
-    assert f"3 rows x 256 tokens, supervised ratio {manifest['stats']['supervised_token_ratio']:.4f}, " \
-           f"rows_sha256 {manifest['rows_sha256']}" in capsys.readouterr().out
+    assert (
+        f"3 rows x 256 tokens, supervised ratio {manifest['stats']['supervised_token_ratio']:.4f}, "
+        f"rows_sha256 {manifest['rows_sha256']}" in capsys.readouterr().out
+    )
     assert main(["verify", str(tmp_path / "o")]) == 0
     assert "matches its manifest" in capsys.readouterr().out
 
@@ -51,12 +68,18 @@ def test_verify_mismatch_exits_1(source, kimi_dir, tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "extra, message",
-    [(["--row-tokens", "1"], "row-tokens"), (["--rows", "0"], "--rows"), (["--seed", "-1"], "seed"),
-     (["--seed", str(2**64)], "seed"), (["--loss-mask-type", "other"], "loss-mask-type"),
-     (["--out", "/proc/self/o"], "--out"), (["--out", "/proc/nowhere/o"], "--out"),
-     (["--source-files", "*", "--source-files", ""], "--source-files must not be empty"),
-     (["--workers", "0"], "--workers must be between 1 and 1024, got 0"),
-     (["--workers", str(10**20)], "--workers must be between 1 and 1024")],
+    [
+        (["--row-tokens", "1"], "row-tokens"),
+        (["--rows", "0"], "--rows"),
+        (["--seed", "-1"], "seed"),
+        (["--seed", str(2**64)], "seed"),
+        (["--loss-mask-type", "other"], "loss-mask-type"),
+        (["--out", "/proc/self/o"], "--out"),
+        (["--out", "/proc/nowhere/o"], "--out"),
+        (["--source-files", "*", "--source-files", ""], "--source-files must not be empty"),
+        (["--workers", "0"], "--workers must be between 1 and 1024, got 0"),
+        (["--workers", str(10**20)], "--workers must be between 1 and 1024"),
+    ],
 )
 def test_bad_parameters_exit_2(source, kimi_dir, tmp_path, capsys, extra, message):
     assert main([*_build_args(source, kimi_dir, tmp_path / "o"), *extra]) == 2
@@ -109,9 +132,20 @@ def test_default_build_offline_says_how_to_pass_local_files(tmp_path):
     Hub it stops with a clear error instead of a traceback."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
     result = subprocess.run(
-        [sys.executable, str(ROOT / "generate_fixed_sft.py"), "--loss-mask-type", "kimi_k25", "--trust-remote-code",
-         "--out", str(tmp_path / "o")],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+        [
+            sys.executable,
+            str(ROOT / "generate_fixed_sft.py"),
+            "--loss-mask-type",
+            "kimi_k25",
+            "--trust-remote-code",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
     )
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
@@ -195,17 +229,24 @@ def test_a_path_that_is_not_utf8_is_one_line_naming_it(source, kimi_dir, tmp_pat
     synthetic.write_parquet(synthetic.conversations(20, seed=1), tmp_path / "src" / "a.parquet")
     (tmp_path / "src" / "a.parquet").rename(tmp_path / "src" / f"{bad}.parquet")
     assert main(_build_args(tmp_path / "src", kimi_dir, tmp_path / "o")) == 1
-    assert capsys.readouterr().err == \
-        f"error: {shown}/src/\\xff.parquet: the path is not valid UTF-8, which a manifest cannot record; rename it\n"
+    assert (
+        capsys.readouterr().err
+        == f"error: {shown}/src/\\xff.parquet: the path is not valid UTF-8, which a manifest cannot record; rename it\n"
+    )
     assert main(_build_args(source, kimi_dir, tmp_path / bad)) == 2
-    assert capsys.readouterr().err == \
-        f"error: output {shown}/\\xff: the path is not valid UTF-8, which pyarrow cannot write; choose another --out\n"
+    assert (
+        capsys.readouterr().err
+        == f"error: output {shown}/\\xff: the path is not valid UTF-8, which pyarrow cannot write; "
+        "choose another --out\n"
+    )
     assert main(_build_args(source, kimi_dir, tmp_path / "o")) == 0
     (tmp_path / "o").rename(tmp_path / bad)
     capsys.readouterr()
     assert main(["verify", str(tmp_path / bad)]) == 1
-    assert capsys.readouterr().out == \
-        f"MISMATCH {shown}/\\xff: the path is not valid UTF-8, which pyarrow cannot open; rename it\n"
+    assert (
+        capsys.readouterr().out
+        == f"MISMATCH {shown}/\\xff: the path is not valid UTF-8, which pyarrow cannot open; rename it\n"
+    )
     assert [p.name for p in tmp_path.glob(".*")] == [".o.lock"]  # nothing for the refused output
 
 
@@ -216,7 +257,8 @@ def test_an_internal_error_is_one_line_unless_debugging(monkeypatch, capsys):
     monkeypatch.setattr("fixed_sft.build.build", broken)
     assert main(["build", "--source", "x.jsonl"]) == 1
     assert capsys.readouterr().err == (
-        "error: internal error (RuntimeError: boom); FIXED_SFT_DEBUG=1 shows the traceback\n")
+        "error: internal error (RuntimeError: boom); FIXED_SFT_DEBUG=1 shows the traceback\n"
+    )
     monkeypatch.setenv("FIXED_SFT_DEBUG", "1")
     with pytest.raises(RuntimeError, match="boom"):
         main(["build", "--source", "x.jsonl"])
@@ -225,8 +267,12 @@ def test_an_internal_error_is_one_line_unless_debugging(monkeypatch, capsys):
 def test_published_values_that_are_the_same_exit_0(source, kimi_dir, tmp_path, capsys, monkeypatch):
     assert main(_build_args(source, kimi_dir, tmp_path / "o")) == 0
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
-    published = {"by": "a test", "rows_sha256": manifest["rows_sha256"], "parquet_bytes": manifest["parquet"]["bytes"],
-                 "supervised_token_ratio": round(manifest["stats"]["supervised_token_ratio"], 3)}
+    published = {
+        "by": "a test",
+        "rows_sha256": manifest["rows_sha256"],
+        "parquet_bytes": manifest["parquet"]["bytes"],
+        "supervised_token_ratio": round(manifest["stats"]["supervised_token_ratio"], 3),
+    }
     monkeypatch.setattr("fixed_sft.specs.build_spec", lambda name: {"published": published})
     capsys.readouterr()
     assert main(["verify", str(tmp_path / "o"), "--published", "some-build"]) == 0
@@ -265,9 +311,25 @@ def test_hub_names_resolve_through_the_hugging_face_cache(kimi_dir, tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
 
     def run(*args):
-        return subprocess.run([sys.executable, str(ROOT / "generate_fixed_sft.py"), *args, "--rows", "2",
-                               "--row-tokens", "256", "--workers", "1", "--quiet"],
-                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+        return subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "generate_fixed_sft.py"),
+                *args,
+                "--rows",
+                "2",
+                "--row-tokens",
+                "256",
+                "--workers",
+                "1",
+                "--quiet",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
+        )
 
     named = run(DEFAULT_BUILD, "--out", "named")
     assert named.returncode == 1
@@ -279,19 +341,37 @@ def test_hub_names_resolve_through_the_hugging_face_cache(kimi_dir, tmp_path):
     assert (manifest["source"]["name"], manifest["source"]["revision"]) == (spec["source"], spec["source_revision"])
     assert [f["path"] for f in manifest["source"]["files"]] == ["data/train-00000-of-00001.parquet"]
     assert manifest["tokenizer"]["pinned"] is True
-    assert (manifest["tokenizer"]["repo"], manifest["tokenizer"]["revision"]) == (tokenizer["repo"],
-                                                                                    tokenizer["revision"])
-    rebuilt = subprocess.run([sys.executable, str(ROOT / "generate_fixed_sft.py"), "verify", "o", "--rebuild",
-                              "--workers", "1", "--quiet"], capture_output=True, text=True, env=env, cwd=tmp_path,
-                             timeout=120)  # the recorded source and tokenizer, from the cache
+    assert (manifest["tokenizer"]["repo"], manifest["tokenizer"]["revision"]) == (
+        tokenizer["repo"],
+        tokenizer["revision"],
+    )
+    rebuilt = subprocess.run(
+        [sys.executable, str(ROOT / "generate_fixed_sft.py"), "verify", "o", "--rebuild", "--workers", "1", "--quiet"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )  # the recorded source and tokenizer, from the cache
     assert rebuilt.returncode == 0 and "gives the same rows" in rebuilt.stdout, rebuilt.stdout + rebuilt.stderr
 
     for pinned, newer in ((snapshot, "1" * 40), (data, "2" * 40)):  # main is a commit after the pinned one
         shutil.copytree(pinned, pinned.parent / newer, symlinks=True)
         (pinned.parent.parent / "refs").mkdir()
         (pinned.parent.parent / "refs" / "main").write_text(newer)
-    by_branch = run("build", "--source", spec["source"], "--source-revision", "main", "--tokenizer",
-                    tokenizer["repo"], "--tokenizer-revision", "main", "--out", "main")
+    by_branch = run(
+        "build",
+        "--source",
+        spec["source"],
+        "--source-revision",
+        "main",
+        "--tokenizer",
+        tokenizer["repo"],
+        "--tokenizer-revision",
+        "main",
+        "--out",
+        "main",
+    )
     assert by_branch.returncode == 0, by_branch.stderr
     manifest = json.loads((tmp_path / "main" / "manifest.json").read_text())
     assert (manifest["source"]["revision"], manifest["tokenizer"]["revision"]) == ("2" * 40, "1" * 40)
@@ -331,8 +411,11 @@ def test_a_full_disk_names_the_file_it_could_not_write(source, kimi_dir, tmp_pat
         monkeypatch.setattr(build_module.json, "dump", no_space)
     assert main(_build_args(source, kimi_dir, tmp_path / "o")) == 1
     err = capsys.readouterr().err
-    assert re.fullmatch(rf"error: cannot write {re.escape(str(tmp_path))}/\.o\.tmp-\d+/{file}: "
-                        r"No space left on device\n", err), err
+    assert re.fullmatch(
+        rf"error: cannot write {re.escape(str(tmp_path))}/\.o\.tmp-\d+/{file}: "
+        r"No space left on device\n",
+        err,
+    ), err
     assert sorted(p.name for p in tmp_path.iterdir()) == [".o.lock"]
 
 
@@ -348,20 +431,32 @@ def test_verify_of_a_hostile_folder_names_it_in_one_line(source, kimi_dir, tmp_p
     zeros = pa.array(np.zeros(5_000_000, np.int32))
     metadata = table.column("metadata").combine_chunks()
     big = pa.ListArray.from_arrays(pa.array([0, 5_000_000], pa.int32()), zeros)
-    fields = [big if f.name == "input_ids" else big.cast(pa.list_(pa.uint8())) if f.name == "loss_mask" else
-              metadata.field(f.name).slice(0, 1) for f in metadata.type]
-    bomb = pa.Table.from_arrays([table.column("messages").slice(0, 1),
-                                 pa.StructArray.from_arrays(fields, fields=list(metadata.type))], schema=table.schema)
+    fields = [
+        big
+        if f.name == "input_ids"
+        else big.cast(pa.list_(pa.uint8()))
+        if f.name == "loss_mask"
+        else metadata.field(f.name).slice(0, 1)
+        for f in metadata.type
+    ]
+    bomb = pa.Table.from_arrays(
+        [table.column("messages").slice(0, 1), pa.StructArray.from_arrays(fields, fields=list(metadata.type))],
+        schema=table.schema,
+    )
     pq.write_table(bomb, parquet, compression="zstd")
     capsys.readouterr()
     assert main(["verify", str(tmp_path / "o")]) == 1
     captured = capsys.readouterr()
     assert captured.err == "" and captured.out.endswith(
         f"MISMATCH {parquet}: row group 0 (rows 0 to 0) holds 5000000 metadata.input_ids values, more than its 1 rows "
-        "of 256 tokens and one more row; not decoded\n")
+        "of 256 tokens and one more row; not decoded\n"
+    )
     with (tmp_path / "o" / "manifest.json").open("r+b") as f:
         f.truncate(3 << 30)
     assert main(["verify", str(tmp_path / "o"), "--rebuild"]) == 1
     captured = capsys.readouterr()
-    assert captured.err == "" and captured.out.startswith(f"MISMATCH {tmp_path / 'o' / 'manifest.json'}: 3221225472 "
-                                                          "bytes, more than the ") and captured.out.count("\n") == 1
+    assert (
+        captured.err == ""
+        and captured.out.startswith(f"MISMATCH {tmp_path / 'o' / 'manifest.json'}: 3221225472 bytes, more than the ")
+        and captured.out.count("\n") == 1
+    )

@@ -40,21 +40,33 @@ def test_the_document_itself_is_named_when_it_is_not_an_object():
         decode(_Top, [])
 
 
-@pytest.mark.parametrize(("document", "says"), [
-    ({"inner": {"count": True, "ratio": 0.5, "flag": True}, "rows": 1}, "inner.count is true, not an integer"),
-    ({"inner": {"count": 1, "ratio": 1, "flag": True}, "rows": 1}, "inner.ratio is 1, not a decimal number"),
-    ({"inner": {"count": 1.0, "ratio": 0.5, "flag": True}, "rows": 1}, "inner.count is 1.0, not an integer"),
-    ({"inner": {"count": 1, "ratio": 0.5, "flag": 1}, "rows": 1}, "inner.flag is 1, not true or false"),
-    ({"inner": {"count": 1, "ratio": 0.5}, "rows": 1}, "inner.flag is missing"),
-    ({"inner": {"count": 1, "ratio": 0.5, "flag": True, "x": 1}, "rows": 1},
-     "inner: unknown key 'x' (known: count, ratio, flag)"),
-    ({"inner": [], "rows": 1}, "inner is [], not an object"),
-    ({"inner": {"count": 1, "ratio": 0.5, "flag": True}, "rows": "some"}, 'rows is "some", not an integer or "all"'),
-    ({"inner": {"count": 1, "ratio": 0.5, "flag": True}, "rows": 1, "globs": []},
-     "globs is [], not null or a non-empty array of non-empty strings"),
-    ({"inner": {"count": 1, "ratio": 0.5, "flag": True}, "rows": 1, "globs": ["a", 2]},
-     'globs is ["a", 2], not null or a non-empty array of non-empty strings'),
-])
+@pytest.mark.parametrize(
+    ("document", "says"),
+    [
+        ({"inner": {"count": True, "ratio": 0.5, "flag": True}, "rows": 1}, "inner.count is true, not an integer"),
+        ({"inner": {"count": 1, "ratio": 1, "flag": True}, "rows": 1}, "inner.ratio is 1, not a decimal number"),
+        ({"inner": {"count": 1.0, "ratio": 0.5, "flag": True}, "rows": 1}, "inner.count is 1.0, not an integer"),
+        ({"inner": {"count": 1, "ratio": 0.5, "flag": 1}, "rows": 1}, "inner.flag is 1, not true or false"),
+        ({"inner": {"count": 1, "ratio": 0.5}, "rows": 1}, "inner.flag is missing"),
+        (
+            {"inner": {"count": 1, "ratio": 0.5, "flag": True, "x": 1}, "rows": 1},
+            "inner: unknown key 'x' (known: count, ratio, flag)",
+        ),
+        ({"inner": [], "rows": 1}, "inner is [], not an object"),
+        (
+            {"inner": {"count": 1, "ratio": 0.5, "flag": True}, "rows": "some"},
+            'rows is "some", not an integer or "all"',
+        ),
+        (
+            {"inner": {"count": 1, "ratio": 0.5, "flag": True}, "rows": 1, "globs": []},
+            "globs is [], not null or a non-empty array of non-empty strings",
+        ),
+        (
+            {"inner": {"count": 1, "ratio": 0.5, "flag": True}, "rows": 1, "globs": ["a", 2]},
+            'globs is ["a", 2], not null or a non-empty array of non-empty strings',
+        ),
+    ],
+)
 def test_decode_coerces_nothing_and_names_the_first_wrong_key(document, says):
     with pytest.raises(FieldError) as error:
         decode(_Outer, document)

@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-
 import synthetic
+
 from fixed_sft.build import BuildConfig, build
 
 
@@ -17,8 +17,15 @@ from fixed_sft.build import BuildConfig, build
 def built(tmp_path_factory, kimi_dir):
     folder = tmp_path_factory.mktemp("formats")
     synthetic.write_parquet(synthetic.conversations(300, seed=4), folder / "src.parquet")
-    config = BuildConfig(name="f", source=str(folder / "src.parquet"), tokenizer=str(kimi_dir), rows=10,
-                         row_tokens=512, seed=2, workers=1)
+    config = BuildConfig(
+        name="f",
+        source=str(folder / "src.parquet"),
+        tokenizer=str(kimi_dir),
+        rows=10,
+        row_tokens=512,
+        seed=2,
+        workers=1,
+    )
     return folder / "out", build(config, folder / "out")
 
 
@@ -27,8 +34,9 @@ def test_rows_sha256_recomputed_with_pyarrow_and_hashlib(built):
     out, manifest = built
     metadata = pq.read_table(out / "train.parquet").column("metadata")
     digests = []
-    for ids, mask in zip(pc.struct_field(metadata, "input_ids").to_pylist(),
-                         pc.struct_field(metadata, "loss_mask").to_pylist()):
+    for ids, mask in zip(
+        pc.struct_field(metadata, "input_ids").to_pylist(), pc.struct_field(metadata, "loss_mask").to_pylist()
+    ):
         ids_bytes = b"".join(i.to_bytes(4, "little", signed=True) for i in ids)
         digests.append(hashlib.sha256(ids_bytes + bytes(mask)).digest())
     assert [d.hex() for d in digests] == manifest["row_sha256"]
@@ -69,8 +77,9 @@ def test_parquet_is_zstd_compressed(built):
     """data/README.md: the Parquet bytes depend on the writer (pyarrow version, zstd)."""
     out, _ = built
     meta = pq.ParquetFile(out / "train.parquet").metadata
-    assert {meta.row_group(g).column(c).compression
-            for g in range(meta.num_row_groups) for c in range(meta.num_columns)} == {"ZSTD"}
+    assert {
+        meta.row_group(g).column(c).compression for g in range(meta.num_row_groups) for c in range(meta.num_columns)
+    } == {"ZSTD"}
 
 
 def test_parquet_writer_settings(built):
@@ -83,7 +92,9 @@ def test_parquet_writer_settings(built):
     columns = [meta.row_group(g).column(c) for g in range(meta.num_row_groups) for c in range(meta.num_columns)]
     assert not any(column.is_stats_set for column in columns)
     rows = manifest["stats"]["rows"]
-    assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == \
-        [min(ROWS_PER_GROUP, rows - start) for start in range(0, rows, ROWS_PER_GROUP)]
-    assert [column.path_in_schema for column in columns if "RLE_DICTIONARY" in column.encodings] == \
-        ["metadata.input_ids.list.element"] * meta.num_row_groups
+    assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == [
+        min(ROWS_PER_GROUP, rows - start) for start in range(0, rows, ROWS_PER_GROUP)
+    ]
+    assert [column.path_in_schema for column in columns if "RLE_DICTIONARY" in column.encodings] == [
+        "metadata.input_ids.list.element"
+    ] * meta.num_row_groups

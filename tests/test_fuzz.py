@@ -5,10 +5,9 @@ tests/strategies.py (shared with benchmarks/fuzz.py, which runs 10,000+ examples
 
 from __future__ import annotations
 
+import strategies as S
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import strategies as S
 
 COMMON = dict(
     deadline=None,
@@ -24,17 +23,25 @@ def test_chat_matches_reference(encoder, reference, conversation):
 
 
 @settings(derandomize=True, max_examples=40, **COMMON)
-@given(conversation=st.lists(
-    st.fixed_dictionaries({"role": st.sampled_from(S.ROLES), "content": st.sampled_from(S.SPECIAL_STRINGS)}),
-    min_size=1, max_size=30))
+@given(
+    conversation=st.lists(
+        st.fixed_dictionaries({"role": st.sampled_from(S.ROLES), "content": st.sampled_from(S.SPECIAL_STRINGS)}),
+        min_size=1,
+        max_size=30,
+    )
+)
 def test_many_turns_of_special_strings(encoder, reference, conversation):
     S.check_conversation(encoder, reference, conversation)
 
 
 @settings(derandomize=True, max_examples=30, **COMMON)
-@given(conversation=st.lists(
-    st.fixed_dictionaries({"role": st.sampled_from(S.ROLES), "content": st.sampled_from(S.LONG_STRINGS)}),
-    min_size=1, max_size=2))
+@given(
+    conversation=st.lists(
+        st.fixed_dictionaries({"role": st.sampled_from(S.ROLES), "content": st.sampled_from(S.LONG_STRINGS)}),
+        min_size=1,
+        max_size=2,
+    )
+)
 def test_long_runs(encoder, reference, conversation):
     S.check_conversation(encoder, reference, conversation)
 

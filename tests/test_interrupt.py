@@ -32,8 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 import synthetic
+
 from fixed_sft.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,9 +45,22 @@ TRIALS = 4
 
 def command(source: Path, kimi_dir: Path, out: Path, rows: int = ROWS) -> list[str]:
     return [
-        sys.executable, str(ROOT / "generate_fixed_sft.py"), "build", "--source", str(source),
-        "--tokenizer", str(kimi_dir), "--rows", str(rows), "--row-tokens", "1024", "--out", str(out),
-        "--workers", "1", "--quiet",
+        sys.executable,
+        str(ROOT / "generate_fixed_sft.py"),
+        "build",
+        "--source",
+        str(source),
+        "--tokenizer",
+        str(kimi_dir),
+        "--rows",
+        str(rows),
+        "--row-tokens",
+        "1024",
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+        "--quiet",
     ]
 
 
@@ -158,8 +171,15 @@ def _trial(k: int, source: Path, kimi_dir: Path, base: Path, uninterrupted: dict
     assert verify(out) == []
     assert rows_sha256(out) == uninterrupted["sha"]
     assert leftovers(out, "tmp") == [], "the rerun leaves no temporary folder behind"
-    return {"trial": k, "over_old": over_old, "during_startup": during_startup, "delay": round(delay, 3),
-            "killed_at": round(killed_at, 3), "killed": killed, "state": state}
+    return {
+        "trial": k,
+        "over_old": over_old,
+        "during_startup": during_startup,
+        "delay": round(delay, 3),
+        "killed_at": round(killed_at, 3),
+        "killed": killed,
+        "state": state,
+    }
 
 
 def test_kill_9_at_random_moments(source, kimi_dir, uninterrupted, tmp_path):
@@ -195,7 +215,12 @@ def _build_then_die_at(step: str, source: Path, kimi_dir: Path, out: Path) -> No
     real_rename, real_remove = Path.rename, folder_module.remove_build_folder
 
     def rename(self, target):
-        if step == "before-aside" and self == out or step == "before-move-in" and self.name.startswith(f".{out.name}.tmp-"):
+        if (
+            step == "before-aside"
+            and self == out
+            or step == "before-move-in"
+            and self.name.startswith(f".{out.name}.tmp-")
+        ):
             os.kill(os.getpid(), signal.SIGKILL)
         return real_rename(self, target)
 
@@ -209,8 +234,9 @@ def _build_then_die_at(step: str, source: Path, kimi_dir: Path, out: Path) -> No
 
     Path.rename = rename
     folder_module.remove_build_folder = remove
-    config = build_module.BuildConfig(name="custom", source=str(source), tokenizer=str(kimi_dir), rows=ROWS,
-                                      row_tokens=1024, workers=1)
+    config = build_module.BuildConfig(
+        name="custom", source=str(source), tokenizer=str(kimi_dir), rows=ROWS, row_tokens=1024, workers=1
+    )
     build_module.build(config, out)
     os._exit(0)  # not killed: the step was never reached
 
@@ -232,8 +258,10 @@ def test_kill_9_inside_publish(step, source, kimi_dir, uninterrupted, tmp_path):
     else:
         assert rows_sha256(out) == uninterrupted[{"old": "old_sha", "new": "sha"}[expected]]
 
-    manifest = build(BuildConfig(name="custom", source=str(source), tokenizer=str(kimi_dir), rows=ROWS,
-                                 row_tokens=1024, workers=1), out)
+    manifest = build(
+        BuildConfig(name="custom", source=str(source), tokenizer=str(kimi_dir), rows=ROWS, row_tokens=1024, workers=1),
+        out,
+    )
     assert manifest["rows_sha256"] == uninterrupted["sha"]
     assert verify(out) == []
     assert leftovers(out, "tmp") == [] and leftovers(out, "old") == []
@@ -353,8 +381,15 @@ def test_a_signal_stops_workers_without_a_traceback(sig, long_source, kimi_dir, 
     for delay in (0.3, 1.6):
         args = command(long_source, kimi_dir, tmp_path / f"out-{delay}")
         args[args.index("--rows") + 1], args[args.index("--workers") + 1] = "all", "2"
-        process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   start_new_session=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+        process = subprocess.Popen(
+            args,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+        )
         deadline = time.monotonic() + 60  # (a crash would show every thread's stack in the message below)
         while not (tmp_path / f".out-{delay}.lock").exists() and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -396,8 +431,17 @@ def never_ending_tokenizer(kimi_dir, tmp_path_factory) -> Path:
     return folder
 
 
-def _signal_build(base: Path, source: Path, tokenizer: Path, workers: int, sig: int, times: int, delay: float,
-                  gap: float, rows: str = "all") -> dict:
+def _signal_build(
+    base: Path,
+    source: Path,
+    tokenizer: Path,
+    workers: int,
+    sig: int,
+    times: int,
+    delay: float,
+    gap: float,
+    rows: str = "all",
+) -> dict:
     """Start a build in a session of its own (its own TMPDIR under ``base``); ``delay``
     seconds after it takes its lock, send ``sig`` ``times`` times, ``gap`` seconds apart
     (Ctrl-C to the whole process group, as a terminal does; SIGTERM to the build alone).
@@ -407,9 +451,15 @@ def _signal_build(base: Path, source: Path, tokenizer: Path, workers: int, sig: 
     tmpdir.mkdir(parents=True)
     args = command(source, tokenizer, out) + ["--allow-unpinned-tokenizer"]
     args[args.index("--rows") + 1], args[args.index("--workers") + 1] = rows, str(workers)
-    process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True,
-                               env={**os.environ, "TMPDIR": str(tmpdir), "PYTHONFAULTHANDLER": "1"})
+    process = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmpdir), "PYTHONFAULTHANDLER": "1"},
+    )
     deadline = time.monotonic() + 60
     while not (base / ".out.lock").exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
@@ -433,10 +483,20 @@ def _signal_build(base: Path, source: Path, tokenizer: Path, workers: int, sig: 
         _, stderr = process.communicate()
     stopped_s = time.monotonic() - sent
     left = _wait_until_gone(process.pid)
-    return {"signal": signal.Signals(sig).name, "times": times, "delay": round(delay, 2), "workers": workers,
-            "hung": hung, "stopped_s": round(stopped_s, 2), "code": process.returncode, "stderr": stderr,
-            "out": out, "processes_left": sorted(left), "tmp_left": leftovers(out, "tmp"),
-            "tmpdir_left": sorted(p.name for p in tmpdir.glob("pymp-*"))}
+    return {
+        "signal": signal.Signals(sig).name,
+        "times": times,
+        "delay": round(delay, 2),
+        "workers": workers,
+        "hung": hung,
+        "stopped_s": round(stopped_s, 2),
+        "code": process.returncode,
+        "stderr": stderr,
+        "out": out,
+        "processes_left": sorted(left),
+        "tmp_left": leftovers(out, "tmp"),
+        "tmpdir_left": sorted(p.name for p in tmpdir.glob("pymp-*")),
+    }
 
 
 def _stop_problems(result: dict, allowed: set[str]) -> list[str]:
@@ -451,8 +511,9 @@ def _stop_problems(result: dict, allowed: set[str]) -> list[str]:
     if (result["code"], lines) != (code, [line]):
         problems.append(f"exit {result['code']}, stderr {result['stderr']!r}")
     if result["processes_left"] or result["tmp_left"] or result["tmpdir_left"]:
-        problems.append(f"left behind: processes {result['processes_left']}, {result['tmp_left']}, "
-                        f"TMPDIR {result['tmpdir_left']}")
+        problems.append(
+            f"left behind: processes {result['processes_left']}, {result['tmp_left']}, TMPDIR {result['tmpdir_left']}"
+        )
     try:
         assert_absent_or_complete(result["out"], allowed)
     except AssertionError as error:
@@ -480,41 +541,59 @@ def test_repeated_signals_stop_a_two_worker_build_within_seconds(sig, long_sourc
     rng = random.Random(f"{SEED}:{sig}")
     moments = [(2 + k % 2, 3.0 * (k + rng.random()) / REPEATS, rng.uniform(0.0, 0.3)) for k in range(REPEATS)]
     with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(
-            lambda k: _signal_build(tmp_path / str(k), long_source, kimi_dir, 2, sig, *moments[k]), range(REPEATS)))
+        results = list(
+            pool.map(
+                lambda k: _signal_build(tmp_path / str(k), long_source, kimi_dir, 2, sig, *moments[k]), range(REPEATS)
+            )
+        )
     _report(results, set())  # (the whole source is far from built by then)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_a_signal_during_a_start_up_that_never_ends_stops_the_build(workers, long_source, never_ending_tokenizer,
-                                                                     tmp_path):
+def test_a_signal_during_a_start_up_that_never_ends_stops_the_build(
+    workers, long_source, never_ending_tokenizer, tmp_path
+):
     """With a chat template that renders forever, the encoder's start-up never ends (in
     the build's process for one worker; in the fork server, before any worker starts, for
     two): a signal at any moment of it still ends the build within seconds, and the fork
     server with it. It once waited for start-up to end, forever."""
     moments = [(signal.SIGINT, 1, 0.1, 0.0), (signal.SIGTERM, 1, 0.7, 0.0), (signal.SIGINT, 2, 1.4, 0.2)]
     with ThreadPoolExecutor(len(moments)) as pool:
-        results = list(pool.map(lambda k: _signal_build(tmp_path / str(k), long_source, never_ending_tokenizer,
-                                                        workers, *moments[k]), range(len(moments))))
+        results = list(
+            pool.map(
+                lambda k: _signal_build(tmp_path / str(k), long_source, never_ending_tokenizer, workers, *moments[k]),
+                range(len(moments)),
+            )
+        )
     _report(results, set())
 
 
 # The program, with an exit function that waits a second once the command is over, so that a
 # Ctrl-C surely lands in the interpreter's shutdown (as it may when threads are joined).
-SLOW_SHUTDOWN = ("import atexit, sys, time; import fixed_sft.cli as cli; command = cli.main; "
-                 "cli.main = lambda argv=None: (command(argv), atexit.register(time.sleep, 1))[0]; cli.run()")
+SLOW_SHUTDOWN = (
+    "import atexit, sys, time; import fixed_sft.cli as cli; command = cli.main; "
+    "cli.main = lambda argv=None: (command(argv), atexit.register(time.sleep, 1))[0]; cli.run()"
+)
 
 
-def _ctrl_c_after_built(source: Path, kimi_dir: Path, out: Path, workers: int, delay: float,
-                        slow_shutdown: bool = False) -> tuple[int, str]:
+def _ctrl_c_after_built(
+    source: Path, kimi_dir: Path, out: Path, workers: int, delay: float, slow_shutdown: bool = False
+) -> tuple[int, str]:
     """Build; ``delay`` seconds after ``built`` is printed, press Ctrl-C; return the exit
     code and stderr."""
     args = command(source, kimi_dir, out)
     args[args.index("--workers") + 1] = str(workers)
     if slow_shutdown:
         args[1:2] = ["-c", SLOW_SHUTDOWN]
-    process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     built = process.stdout.readline()
     time.sleep(delay)
     try:
@@ -535,8 +614,12 @@ def test_ctrl_c_after_built_is_printed_exits_130(source, kimi_dir, uninterrupted
     output is complete either way."""
     attempts = [(1, 0.0, False), (2, 0.03, False), (2, 0.0, True)]  # (workers, delay, slow shutdown)
     with ThreadPoolExecutor(len(attempts)) as pool:
-        results = list(pool.map(lambda k: _ctrl_c_after_built(source, kimi_dir, tmp_path / f"out{k}", *attempts[k]),
-                                range(len(attempts))))
+        results = list(
+            pool.map(
+                lambda k: _ctrl_c_after_built(source, kimi_dir, tmp_path / f"out{k}", *attempts[k]),
+                range(len(attempts)),
+            )
+        )
     print(results)
     for k, (code, stderr) in enumerate(results):
         assert (code, stderr) == (130, "interrupted\n") or (code, stderr) == (0, ""), (code, stderr)
@@ -560,8 +643,11 @@ def test_a_build_removes_the_multiprocessing_folder_a_killed_build_left(source, 
     running = []
     for name in ("killed", "running"):
         args[args.index("--out") + 1] = str(tmp_path / name)
-        running.append(subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        start_new_session=True, env=env))
+        running.append(
+            subprocess.Popen(
+                args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env
+            )
+        )
     killed, alive = running
     deadline = time.monotonic() + 60
     while len(list(tmpdir.glob("pymp-*/listener-*"))) < 2 and time.monotonic() < deadline:

@@ -9,8 +9,8 @@ import shutil
 
 import pyarrow.parquet as pq
 import pytest
-
 import synthetic
+
 from fixed_sft.build import BuildConfig, BuildError, build
 from fixed_sft.specs import SpecError
 
@@ -29,23 +29,35 @@ BAD_LINES = {
     29: (b'{"id": "utf8", "messages": [{"role": "user", "content": "\xff\xfe"}]}', "invalid UTF-8"),
     32: (b"this is not json", "not JSON"),
     35: (b'{"id": "surrogate", "messages": [{"role": "user", "content": "\\ud800"}]}', "lone surrogate"),
-    36: (b'{"id": "x\\udfff", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}',
-         "'id' has a lone surrogate"),
+    36: (
+        b'{"id": "x\\udfff", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}',
+        "'id' has a lone surrogate",
+    ),
     38: (b'{"id": "list", "messages": ["hello"]}', "message 0 is a str, not an object"),
     41: (b"[1, 2]", "not a JSON object"),
     40: (b"", "not JSON"),  # a blank line is a row too
     43: (b'{"id": 7.5, "messages": [{"role": "user", "content": "x"}]}', "'id' is a float, not a string or integer"),
     44: (b'{"id": true, "messages": [{"role": "user", "content": "x"}]}', "'id' is a bool, not a string or integer"),
-    42: (b'{"id": "long", "n": 1' + b"0" * 5000 + b', "messages": [{"role": "user", "content": "x"}]}',
-         "not readable JSON"),  # past Python's integer digit limit
+    42: (
+        b'{"id": "long", "n": 1' + b"0" * 5000 + b', "messages": [{"role": "user", "content": "x"}]}',
+        "not readable JSON",
+    ),  # past Python's integer digit limit
     # a repeated key: readers that keep the first value and readers that keep the last read two rows
-    2: (b'{"id": "dup-role", "messages": [{"role": "user", "content": "hi"}, '
-        b'{"role": "assistant", "content": "ok", "role": "user"}]}', "repeats the key 'role'"),
-    6: (b'{"messages": [{"role": "user", "content": "hi"}], "id": "dup-top", '
+    2: (
+        b'{"id": "dup-role", "messages": [{"role": "user", "content": "hi"}, '
+        b'{"role": "assistant", "content": "ok", "role": "user"}]}',
+        "repeats the key 'role'",
+    ),
+    6: (
+        b'{"messages": [{"role": "user", "content": "hi"}], "id": "dup-top", '
         b'"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}',
-        "repeats the key 'messages'"),
-    9: (b'{"id": "dup-deep", "meta": [{"a": {"b": 1, "b": 2}}], "messages": [{"role": "user", "content": "hi"}, '
-        b'{"role": "assistant", "content": "ok"}]}', "repeats the key 'b'"),
+        "repeats the key 'messages'",
+    ),
+    9: (
+        b'{"id": "dup-deep", "meta": [{"a": {"b": 1, "b": 2}}], "messages": [{"role": "user", "content": "hi"}, '
+        b'{"role": "assistant", "content": "ok"}]}',
+        "repeats the key 'b'",
+    ),
 }
 
 
@@ -105,6 +117,7 @@ def test_workers_record_the_same_skipped_rows(sources, kimi_dir, tmp_path):
 
 def test_skipping_never_shifts_the_rows_used(sources, kimi_dir, tmp_path):
     """The order is over all rows: the valid conversations keep their positions."""
+
     def order_of_use(folder):
         metadata = pq.read_table(folder / "train.parquet").column("metadata").to_pylist()
         seen = []
@@ -125,7 +138,9 @@ def test_parquet_rows_with_bad_messages(kimi_dir, tmp_path):
     rows = synthetic.conversations(20, seed=1)
     rows[4]["messages"][1]["role"] = "narrator"
     synthetic.write_parquet(rows, tmp_path / "src.parquet")
-    with pytest.raises(BuildError, match=r"row 4 \(source row 4, id synthetic_4\): message 1 has unknown role 'narrator'"):
+    with pytest.raises(
+        BuildError, match=r"row 4 \(source row 4, id synthetic_4\): message 1 has unknown role 'narrator'"
+    ):
         build(_config(tmp_path / "src.parquet", kimi_dir), tmp_path / "out")
 
 
@@ -148,17 +163,22 @@ def test_tokenizer_mismatch_is_refused(sources, kimi_dir, tmp_path):
 
 def test_unpinned_tokenizer_is_recorded(sources, kimi_dir, tmp_path):
     folder = _tampered_tokenizer(kimi_dir, tmp_path)
-    manifest = build(_config(sources[1], folder, expected_tokenizer="kimi-k2.6", allow_unpinned_tokenizer=True,
-                             rows=2), tmp_path / "out")
+    manifest = build(
+        _config(sources[1], folder, expected_tokenizer="kimi-k2.6", allow_unpinned_tokenizer=True, rows=2),
+        tmp_path / "out",
+    )
     assert manifest["tokenizer"]["pinned"] is False
     assert "chat_template.jinja" in manifest["tokenizer"]["mismatches"][0]
 
 
 def test_folder_matching_no_spec_is_refused(sources, kimi_dir, tmp_path):
     folder = _tampered_tokenizer(kimi_dir, tmp_path)
-    with pytest.raises(SpecError, match=rf"tokenizer files in {folder} differ from every pinned spec in .*: the "
-                                        r"files match no pinned spec; closest is kimi-k2.6, from which "
-                                        r"chat_template.jinja: expected sha256 8bf85969\S+ \(4022 bytes\), got") as error:
+    with pytest.raises(
+        SpecError,
+        match=rf"tokenizer files in {folder} differ from every pinned spec in .*: the "
+        r"files match no pinned spec; closest is kimi-k2.6, from which "
+        r"chat_template.jinja: expected sha256 8bf85969\S+ \(4022 bytes\), got",
+    ) as error:
         build(_config(sources[1], folder), tmp_path / "out")
     assert "tiktoken.model" not in str(error.value)  # only the file that differs
     manifest = build(_config(sources[1], folder, allow_unpinned_tokenizer=True, rows=2), tmp_path / "out")
@@ -182,7 +202,11 @@ def test_a_tokenizer_file_instead_of_a_folder_is_named(sources, kimi_dir, tmp_pa
     ("file", "content", "says"),
     [
         ("tiktoken.model", b"garbage line here\n", "tiktoken.model: not a tiktoken BPE file"),
-        ("chat_template.jinja", b"{% if %}", "chat_template.jinja: cannot render a system message (TemplateSyntaxError"),
+        (
+            "chat_template.jinja",
+            b"{% if %}",
+            "chat_template.jinja: cannot render a system message (TemplateSyntaxError",
+        ),
         ("chat_template.jinja", b"\xff\xfe{{ x }}", "chat_template.jinja: cannot read it"),
     ],
 )
@@ -193,8 +217,21 @@ def test_damaged_tokenizer_files_are_one_clear_error(sources, kimi_dir, tmp_path
     folder = tmp_path / "tok"
     shutil.copytree(kimi_dir, folder)
     (folder / file).write_bytes(content)
-    args = ["build", "--source", str(sources[1]), "--tokenizer", str(folder), "--allow-unpinned-tokenizer",
-            "--rows", "1", "--row-tokens", "16", "--out", str(tmp_path / "out"), "--quiet"]
+    args = [
+        "build",
+        "--source",
+        str(sources[1]),
+        "--tokenizer",
+        str(folder),
+        "--allow-unpinned-tokenizer",
+        "--rows",
+        "1",
+        "--row-tokens",
+        "16",
+        "--out",
+        str(tmp_path / "out"),
+        "--quiet",
+    ]
     assert main(args) == 1
     assert not (tmp_path / "out").exists()
     from fixed_sft.chat import TemplateMismatch
@@ -220,8 +257,9 @@ def test_parquet_string_that_is_not_utf8(kimi_dir, tmp_path):
 
     rows = synthetic.conversations(30, seed=2)
     table = pa.Table.from_pylist(rows, schema=synthetic.TULU_SCHEMA)
-    bad = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(b"\x00\x00\x00\x00\x02\x00\x00\x00"),
-                                                 pa.py_buffer(b"\xff\xfe")])
+    bad = pa.Array.from_buffers(
+        pa.string(), 1, [None, pa.py_buffer(b"\x00\x00\x00\x00\x02\x00\x00\x00"), pa.py_buffer(b"\xff\xfe")]
+    )
     ids = pa.concat_arrays([table.column("id").combine_chunks()[:5], bad, table.column("id").combine_chunks()[6:]])
     pq.write_table(table.set_column(0, "id", ids), tmp_path / "src.parquet")
     with pytest.raises(BuildError, match="row 5 .*invalid UTF-8"):
@@ -235,8 +273,9 @@ def test_parquet_content_that_is_not_utf8_names_the_id(kimi_dir, tmp_path):
 
     rows = synthetic.conversations(30, seed=2)
     table = pa.Table.from_pylist(rows, schema=synthetic.TULU_SCHEMA)
-    content = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(b"\x00\x00\x00\x00\x02\x00\x00\x00"),
-                                                     pa.py_buffer(b"\xff\xfe")])
+    content = pa.Array.from_buffers(
+        pa.string(), 1, [None, pa.py_buffer(b"\x00\x00\x00\x00\x02\x00\x00\x00"), pa.py_buffer(b"\xff\xfe")]
+    )
     message = pa.StructArray.from_arrays([content, pa.array(["user"])], fields=list(synthetic.MESSAGE_TYPE.value_type))
     bad = pa.ListArray.from_arrays(pa.array([0, 1], pa.int32()), message, type=synthetic.MESSAGE_TYPE)
     column = table.column("messages").combine_chunks()
@@ -251,12 +290,16 @@ def test_a_link_in_a_source_folder_to_no_file_is_named(kimi_dir, tmp_path):
 
     synthetic.write_parquet(synthetic.conversations(10, seed=2), tmp_path / "src" / "a.parquet")
     (tmp_path / "src" / "b.parquet").symlink_to(tmp_path / "gone.parquet")
-    with pytest.raises(SourceError, match=re.escape(f"{tmp_path / 'src' / 'b.parquet'}: a link to a file that does not exist")):
+    with pytest.raises(
+        SourceError, match=re.escape(f"{tmp_path / 'src' / 'b.parquet'}: a link to a file that does not exist")
+    ):
         build(_config(tmp_path / "src", kimi_dir), tmp_path / "out")
     (tmp_path / "src" / "b.parquet").unlink()
     (tmp_path / "folder").mkdir()
     (tmp_path / "src" / "b.parquet").symlink_to(tmp_path / "folder")
-    with pytest.raises(SourceError, match=re.escape(f"{tmp_path / 'src' / 'b.parquet'}: a link to something that is not")):
+    with pytest.raises(
+        SourceError, match=re.escape(f"{tmp_path / 'src' / 'b.parquet'}: a link to something that is not")
+    ):
         build(_config(tmp_path / "src", kimi_dir), tmp_path / "out")
 
 
@@ -270,8 +313,11 @@ def test_ids_of_different_types_across_files(kimi_dir, tmp_path):
     pq.write_table(first, tmp_path / "src" / "a.parquet")
     synthetic.write_parquet(rows[10:], tmp_path / "src" / "b.parquet")
     manifest = build(_config(tmp_path / "src", kimi_dir), tmp_path / "out")
-    ids = {s["id"] for r in pq.read_table(tmp_path / "out" / "train.parquet").column("metadata").to_pylist()
-           for s in r["segments"]}
+    ids = {
+        s["id"]
+        for r in pq.read_table(tmp_path / "out" / "train.parquet").column("metadata").to_pylist()
+        for s in r["segments"]
+    }
     assert "3" in ids and "synthetic_15" in ids
     assert manifest["stats"]["conversations"] == 20
 
@@ -287,8 +333,10 @@ def test_integer_ids_are_their_decimal_text_in_both_formats(kimi_dir, tmp_path):
     (tmp_path / "b.jsonl").write_text(json.dumps({"id": 7, "messages": rows[1]["messages"]}) + "\n")
     parquet = build(_config(tmp_path / "src", kimi_dir, rows=1, row_tokens=8), tmp_path / "p")
     jsonl = build(_config(tmp_path / "b.jsonl", kimi_dir, rows=1, row_tokens=8), tmp_path / "j")
-    ids = [pq.read_table(folder / "train.parquet").column("metadata").to_pylist()[0]["segments"][0]["id"]
-           for folder in (tmp_path / "p", tmp_path / "j")]
+    ids = [
+        pq.read_table(folder / "train.parquet").column("metadata").to_pylist()[0]["segments"][0]["id"]
+        for folder in (tmp_path / "p", tmp_path / "j")
+    ]
     assert ids == ["7", "7"] and parquet["stats"]["rows"] == jsonl["stats"]["rows"] == 1
 
 
@@ -334,8 +382,11 @@ def test_template_without_the_assistant_header_end_is_one_clear_error(sources, k
     folder = tmp_path / "tok"
     shutil.copytree(kimi_dir, folder)
     template = folder / "chat_template.jinja"
-    template.write_text(template.read_text().replace("<|im_assistant|>{{role_name}}<|im_middle|>",
-                                                     "<|im_assistant|>{{role_name}}<|im_end|>"))
+    template.write_text(
+        template.read_text().replace(
+            "<|im_assistant|>{{role_name}}<|im_middle|>", "<|im_assistant|>{{role_name}}<|im_end|>"
+        )
+    )
     with pytest.raises(TemplateMismatch, match=re.escape("assistant header has no <|im_middle|>, which ends it")):
         build(_config(sources[1], folder, allow_unpinned_tokenizer=True), tmp_path / "out")
 
@@ -357,9 +408,11 @@ def test_eos_token_as_an_added_token_object_and_no_bos_token(sources, kimi_dir, 
 
 @pytest.mark.parametrize(
     ("edit", "says"),
-    [({"eos_token": "<|no-such-token|>"}, "eos_token '<|no-such-token|>' is not an added token"),
-     ({"eos_token": ["[EOS]"]}, "eos_token ['[EOS]'] is not an added token"),
-     ({"added_tokens_decoder": None}, "'added_tokens_decoder' is missing or malformed")],
+    [
+        ({"eos_token": "<|no-such-token|>"}, "eos_token '<|no-such-token|>' is not an added token"),
+        ({"eos_token": ["[EOS]"]}, "eos_token ['[EOS]'] is not an added token"),
+        ({"added_tokens_decoder": None}, "'added_tokens_decoder' is missing or malformed"),
+    ],
 )
 def test_unusable_tokenizer_config_is_one_clear_error(sources, kimi_dir, tmp_path, edit, says):
     from fixed_sft.tokenizer import TokenizerError
@@ -372,11 +425,14 @@ def test_unusable_tokenizer_config_is_one_clear_error(sources, kimi_dir, tmp_pat
         build(_config(sources[1], folder, allow_unpinned_tokenizer=True), tmp_path / "out")
 
 
-@pytest.mark.parametrize(("content", "says"), [
-    (5, "added token 163587 is named 5, not a non-empty string"),
-    ("", "added token 163587 is named '', not a non-empty string"),
-    ("<|im_assistant|>", "added tokens 163587 and 163588 are both named '<|im_assistant|>'"),
-])
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (5, "added token 163587 is named 5, not a non-empty string"),
+        ("", "added token 163587 is named '', not a non-empty string"),
+        ("<|im_assistant|>", "added tokens 163587 and 163588 are both named '<|im_assistant|>'"),
+    ],
+)
 def test_added_tokens_need_distinct_names(sources, kimi_dir, tmp_path, content, says):
     """Whatever the flags: a name shared by two ids would leave one of them unreachable from text."""
     from fixed_sft.tokenizer import TokenizerError
@@ -396,7 +452,9 @@ def test_json_nested_too_deeply_is_an_invalid_row(kimi_dir, tmp_path):
     (tmp_path / "deep.jsonl").write_bytes(good + b"\n" + b"[" * 100_000 + b"]" * 100_000 + b"\n")
     with pytest.raises(BuildError, match=r"line 2 \(source row 1, id None\): JSON nested too deeply"):
         build(_config(tmp_path / "deep.jsonl", kimi_dir, rows=1, row_tokens=4), tmp_path / "out")
-    manifest = build(_config(tmp_path / "deep.jsonl", kimi_dir, rows=1, row_tokens=4, skip_invalid=True), tmp_path / "out")
+    manifest = build(
+        _config(tmp_path / "deep.jsonl", kimi_dir, rows=1, row_tokens=4, skip_invalid=True), tmp_path / "out"
+    )
     assert [e["index"] for e in manifest["skipped_invalid"]] == [1]
 
 
@@ -408,14 +466,19 @@ def test_a_conversation_the_template_refuses_is_a_mismatch_naming_its_row(kimi_d
     folder = tmp_path / "tok"
     shutil.copytree(kimi_dir, folder)
     template = folder / "chat_template.jinja"
-    guard = ("{%- for m in messages -%}{%- if not loop.first and m['role'] == messages[loop.index0 - 1]['role'] -%}"
-             "{{ raise_exception('roles must alternate') }}{%- endif -%}{%- endfor -%}")
+    guard = (
+        "{%- for m in messages -%}{%- if not loop.first and m['role'] == messages[loop.index0 - 1]['role'] -%}"
+        "{{ raise_exception('roles must alternate') }}{%- endif -%}{%- endfor -%}"
+    )
     template.write_text(guard + template.read_text())
     user = {"role": "user", "content": "q"}
     (tmp_path / "one.jsonl").write_text(json.dumps({"id": "twice", "messages": [user, user]}) + "\n")
     config = _config(tmp_path / "one.jsonl", folder, rows=1, row_tokens=4, check_every=1, allow_unpinned_tokenizer=True)
-    with pytest.raises(TemplateMismatch, match=r"source row 0 \(id twice\): the chat template refuses the "
-                                               r"conversation \(TemplateError: roles must alternate\)"):
+    with pytest.raises(
+        TemplateMismatch,
+        match=r"source row 0 \(id twice\): the chat template refuses the "
+        r"conversation \(TemplateError: roles must alternate\)",
+    ):
         build(config, tmp_path / "out")
 
 
@@ -433,16 +496,28 @@ def test_a_template_failure_stops_the_build_where_it_reaches_it_at_any_worker_co
     guard = "{%- for m in messages if m['content'] == 'BOOM' -%}{{ raise_exception('boom') }}{%- endfor -%}"
     template.write_text(guard + template.read_text())
     bad = int(permutation(7, 40)[position])
-    rows = [{"id": f"row-{i}", "messages": [{"role": "user", "content": "BOOM" if i == bad else "hi"},
-                                            GOOD["messages"][1]]} for i in range(40)]
+    rows = [
+        {"id": f"row-{i}", "messages": [{"role": "user", "content": "BOOM" if i == bad else "hi"}, GOOD["messages"][1]]}
+        for i in range(40)
+    ]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     manifests = []
     for workers in (1, 2):
-        config = _config(tmp_path / "rows.jsonl", folder, rows=1, row_tokens=16, check_every=1, workers=workers,
-                         allow_unpinned_tokenizer=True)
+        config = _config(
+            tmp_path / "rows.jsonl",
+            folder,
+            rows=1,
+            row_tokens=16,
+            check_every=1,
+            workers=workers,
+            allow_unpinned_tokenizer=True,
+        )
         if position == 0:
-            with pytest.raises(TemplateMismatch, match=rf"source row {bad} \(id row-{bad}\): the chat template refuses "
-                                                       r"the conversation \(TemplateError: boom\)"):
+            with pytest.raises(
+                TemplateMismatch,
+                match=rf"source row {bad} \(id row-{bad}\): the chat template refuses "
+                r"the conversation \(TemplateError: boom\)",
+            ):
                 build(config, tmp_path / f"out{workers}")
             assert not (tmp_path / f"out{workers}").exists()
         else:

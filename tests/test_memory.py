@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 import synthetic
+
 from fixed_sft import build as build_module
 from fixed_sft import encode as encode_module
 from fixed_sft import source as source_module
@@ -25,8 +25,16 @@ from fixed_sft.source import InvalidRow, SourceError, open_source, read_band, re
 
 
 def _config(path, kimi_dir, **overrides) -> BuildConfig:
-    values = dict(name="memory", source=str(path), tokenizer=str(kimi_dir), rows=1, row_tokens=512, seed=3,
-                  workers=1, check_every=4)
+    values = dict(
+        name="memory",
+        source=str(path),
+        tokenizer=str(kimi_dir),
+        rows=1,
+        row_tokens=512,
+        seed=3,
+        workers=1,
+        check_every=4,
+    )
     values.update(overrides)
     return BuildConfig(**values)
 
@@ -34,9 +42,11 @@ def _config(path, kimi_dir, **overrides) -> BuildConfig:
 def _conversation(k: int, size: int) -> dict:
     """A conversation whose assistant reply is ``size`` bytes of ASCII text."""
     words = " ".join(f"word{(k * 7 + j) % 97}" for j in range(size // 6 + 1))
-    return {"id": f"big_{k}", "source": "test/big",
-            "messages": [{"role": "user", "content": f"question {k}"},
-                         {"role": "assistant", "content": words[:size]}]}
+    return {
+        "id": f"big_{k}",
+        "source": "test/big",
+        "messages": [{"role": "user", "content": f"question {k}"}, {"role": "assistant", "content": words[:size]}],
+    }
 
 
 def _used(out) -> list[int]:
@@ -49,9 +59,15 @@ def _used(out) -> list[int]:
 
 def test_value_bytes_counts_the_strings_and_widths_of_each_row():
     message = pa.struct([("content", pa.string()), ("role", pa.string())])
-    messages = pa.array([[{"content": "hello", "role": "user"}], None, [],
-                         [{"content": None, "role": "assistant"}, {"content": "xy", "role": "user"}]],
-                        pa.list_(message))
+    messages = pa.array(
+        [
+            [{"content": "hello", "role": "user"}],
+            None,
+            [],
+            [{"content": None, "role": "assistant"}, {"content": "xy", "role": "user"}],
+        ],
+        pa.list_(message),
+    )
     assert value_bytes(messages).tolist() == [9, 0, 0, 15]
     assert value_bytes(messages.slice(1)).tolist() == [0, 0, 15]
     assert value_bytes(pa.chunked_array([messages.slice(0, 1), messages.slice(3)])).tolist() == [9, 15]
@@ -108,7 +124,7 @@ def test_a_band_lets_go_of_each_file_once_its_rows_are_in_chunks(tmp_path):
     src = open_source(str(tmp_path))
     band = read_band(src, np.arange(20), 0, 20)  # the first file's rows come first
     released = []
-    for chunk in band.chunks(5):
+    for _ in band.chunks(5):
         released.append([part is None for part in band.parts])
     assert released == [[False, False], [True, False], [True, False], [True, True]]
 
@@ -121,8 +137,19 @@ def test_jsonl_lines_over_the_bound_are_dropped_as_they_are_read(tmp_path, monke
     good = json.dumps(_conversation(0, 50)).encode()
     at_bound = good[:-1] + b" " * (200 - len(good)) + b"}"
     path = tmp_path / "rows.jsonl"
-    path.write_bytes(b"\xef\xbb\xbf" + at_bound + b"\n" + at_bound[:-1] + b" }\n" + b"x" * 3_000_000 + b"\n"
-                     + good + b"\n" + at_bound[:-1] + b" }")
+    path.write_bytes(
+        b"\xef\xbb\xbf"
+        + at_bound
+        + b"\n"
+        + at_bound[:-1]
+        + b" }\n"
+        + b"x" * 3_000_000
+        + b"\n"
+        + good
+        + b"\n"
+        + at_bound[:-1]
+        + b" }"
+    )
     src = open_source(str(path))
     assert src.num_rows == 5
     chunk = next(read_band(src, np.arange(5), 0, 5).chunks(10))
@@ -137,7 +164,8 @@ def test_jsonl_lines_over_the_bound_are_dropped_as_they_are_read(tmp_path, monke
         "the row is 3,000,000 bytes, over the 200-byte limit on one conversation "
         "(MAX_CONVERSATION_BYTES, which bounds a build's memory)",
         "the row is 201 bytes, over the 200-byte limit on one conversation "
-        "(MAX_CONVERSATION_BYTES, which bounds a build's memory)"]
+        "(MAX_CONVERSATION_BYTES, which bounds a build's memory)",
+    ]
 
 
 def test_parquet_rows_over_the_bound_are_dropped_and_keep_their_id(tmp_path, monkeypatch):
@@ -179,8 +207,10 @@ def test_a_conversation_over_the_bound_stops_the_build_naming_it(kimi_dir, tmp_p
     rows[huge]["messages"][1]["role"] = "narrator"
     other = tmp_path / f"other.{suffix}"
     synthetic.write_jsonl(rows, other) if suffix == "jsonl" else synthetic.write_parquet(rows, other)
-    assert build(_config(other, kimi_dir, rows=2, skip_invalid=True), tmp_path / "other")["rows_sha256"] == \
-        manifest["rows_sha256"]
+    assert (
+        build(_config(other, kimi_dir, rows=2, skip_invalid=True), tmp_path / "other")["rows_sha256"]
+        == manifest["rows_sha256"]
+    )
 
 
 def test_workers_refuse_the_rows_the_reader_dropped(kimi_dir, tmp_path, monkeypatch):
@@ -212,10 +242,12 @@ def big_source(tmp_path):
 def test_a_build_that_needs_one_conversation_has_one_encoded(kimi_dir, tmp_path, monkeypatch, big_source):
     decoded, encoded = [], []
     original_records, original_conversation = encode_module.records, encode_module.conversation
-    monkeypatch.setattr(encode_module, "records", lambda chunk: decoded.append(chunk.num_rows) or
-                        original_records(chunk))
-    monkeypatch.setattr(encode_module, "conversation", lambda record: encoded.append(1) or
-                        original_conversation(record))
+    monkeypatch.setattr(
+        encode_module, "records", lambda chunk: decoded.append(chunk.num_rows) or original_records(chunk)
+    )
+    monkeypatch.setattr(
+        encode_module, "conversation", lambda record: encoded.append(1) or original_conversation(record)
+    )
     manifest = build(_config(big_source, kimi_dir), tmp_path / "one")
     assert manifest["stats"]["conversations"] == 1 and decoded == [1] and len(encoded) == 1
 
@@ -256,8 +288,10 @@ def test_a_build_cuts_chunks_by_bytes_and_keeps_its_rows(kimi_dir, tmp_path, mon
     monkeypatch.setattr(build_module, "_chunks", recording)
     for workers in (1, 2):
         cut.clear()
-        assert build(_config(path, kimi_dir, rows=40, row_tokens=1024, workers=workers), tmp_path / f"w{workers}") \
+        assert (
+            build(_config(path, kimi_dir, rows=40, row_tokens=1024, workers=workers), tmp_path / f"w{workers}")
             == expected
+        )
         assert len(cut) > 5 and all(sum(sizes) <= 20_000 or len(sizes) == 1 for sizes in cut)
 
 
@@ -279,8 +313,10 @@ def test_chunks_in_flight_to_workers_are_bounded_in_bytes(monkeypatch):
     encoders._started = Future()
     encoders._started.set_result(None)
     monkeypatch.setattr(encode_module, "IN_FLIGHT_BYTES", 3_000)
-    chunks = [(k, pa.table({"x": pa.array([b"a" * size], pa.binary())}))
-              for k, size in enumerate([1_000, 1_000, 1_000, 2_500, 100, 100, 5_000, 100])]
+    chunks = [
+        (k, pa.table({"x": pa.array([b"a" * size], pa.binary())}))
+        for k, size in enumerate([1_000, 1_000, 1_000, 2_500, 100, 100, 5_000, 100])
+    ]
     sizes = [chunk.nbytes for _, chunk in chunks]
     list(encoders.encode(chunks, lambda: float("inf")))
     in_flight, most = set(), []
@@ -297,10 +333,17 @@ def test_chunks_in_flight_to_workers_are_bounded_in_bytes(monkeypatch):
 # --- Parquet pages -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("options", [{}, {"data_page_version": "2.0"}, {"compression": "zstd", "data_page_size": 4096},
-                                     {"use_dictionary": False, "write_statistics": False},
-                                     {"compression": "none", "write_page_index": True, "row_group_size": 70},
-                                     {"compression": "gzip", "write_page_checksum": True, "write_batch_size": 16}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"data_page_version": "2.0"},
+        {"compression": "zstd", "data_page_size": 4096},
+        {"use_dictionary": False, "write_statistics": False},
+        {"compression": "none", "write_page_index": True, "row_group_size": 70},
+        {"compression": "gzip", "write_page_checksum": True, "write_batch_size": 16},
+    ],
+)
 def test_page_headers_are_walked_to_the_end_of_each_column_chunk(options):
     table = synthetic._to_table(synthetic.conversations(300, seed=6))
     buffer = io.BytesIO()
@@ -323,8 +366,10 @@ def test_a_parquet_page_over_the_bound_stops_the_build_when_the_source_is_opened
     monkeypatch.setattr(source_module, "MAX_PAGE_BYTES", 2 << 20)
     table = synthetic._to_table([_conversation(k, 60_000) for k in range(40)])
     pq.write_table(table, tmp_path / "big-pages.parquet")
-    message = (f"{tmp_path / 'big-pages.parquet'}: row group 0, column messages.list.element.content: a page of "
-               r"2,\d{3},\d{3} bytes, over the 2,097,152 bytes \(MAX_PAGE_BYTES\) a build decodes at once")
+    message = (
+        f"{tmp_path / 'big-pages.parquet'}: row group 0, column messages.list.element.content: a page of "
+        r"2,\d{3},\d{3} bytes, over the 2,097,152 bytes \(MAX_PAGE_BYTES\) a build decodes at once"
+    )
     with pytest.raises(SourceError, match=message):
         open_source(str(tmp_path / "big-pages.parquet"))
     with pytest.raises(SourceError, match=message):
@@ -355,7 +400,10 @@ def test_a_source_of_large_pages_is_read_a_file_at_a_time(tmp_path, monkeypatch)
 def test_parquet_batches_are_sized_by_bytes(tmp_path, monkeypatch):
     """A row group of 40 rows of about 60 KB, read in batches of about 200 KB: 3 rows."""
     monkeypatch.setattr(source_module, "READ_BATCH_BYTES", 200_000)
-    pq.write_table(synthetic._to_table([_conversation(k, 60_000) for k in range(40)]), tmp_path / "rows.parquet",
-                   write_batch_size=1)
+    pq.write_table(
+        synthetic._to_table([_conversation(k, 60_000) for k in range(40)]),
+        tmp_path / "rows.parquet",
+        write_batch_size=1,
+    )
     batches = [len(local) for local, _ in source_module._read_parquet(tmp_path / "rows.parquet", np.ones(40, bool))]
     assert batches == [3] * 13 + [1]

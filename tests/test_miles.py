@@ -6,11 +6,11 @@ from __future__ import annotations
 import doctest
 from types import SimpleNamespace
 
+import miles_emulation
 import numpy as np
 import pytest
-
-import miles_emulation
 import synthetic
+
 from fixed_sft.build import BuildConfig, build
 from fixed_sft.output import ROWS_PER_GROUP, read_rows
 
@@ -21,8 +21,15 @@ ROWS = ROWS_PER_GROUP * 2 + 44  # three row groups, the last one short
 def built(tmp_path_factory, kimi_dir):
     folder = tmp_path_factory.mktemp("miles")
     synthetic.write_parquet(synthetic.conversations(400, seed=8), folder / "src.parquet")
-    config = BuildConfig(name="m", source=str(folder / "src.parquet"), tokenizer=str(kimi_dir), rows=ROWS,
-                         row_tokens=128, seed=3, workers=1)
+    config = BuildConfig(
+        name="m",
+        source=str(folder / "src.parquet"),
+        tokenizer=str(kimi_dir),
+        rows=ROWS,
+        row_tokens=128,
+        seed=3,
+        workers=1,
+    )
     build(config, folder / "out")
     ids, mask, offsets = read_rows(folder / "out" / "train.parquet")
     rows = [(ids[lo:hi].tolist(), mask[lo:hi].tolist()) for lo, hi in zip(offsets[:-1], offsets[1:])]
@@ -46,9 +53,11 @@ def check_sample(sample, row) -> None:
     assert sample.reward == 0
 
 
-@pytest.mark.parametrize("processor", [None, miles_emulation.QwenStyleProcessor(),
-                                       miles_emulation.ExtractMediaProcessor()],
-                         ids=["no processor", "qwen-vl-utils", "extract_media"])
+@pytest.mark.parametrize(
+    "processor",
+    [None, miles_emulation.QwenStyleProcessor(), miles_emulation.ExtractMediaProcessor()],
+    ids=["no processor", "qwen-vl-utils", "extract_media"],
+)
 def test_the_recipes_flags_train_every_row(built, rollout, processor):
     """miles' Dataset, with or without a processor, then its RolloutDataSource's groups,
     then the shipped generate_rollout: every sample is its row."""
@@ -77,8 +86,9 @@ def test_a_group_of_several_copies_is_refused(built, rollout):
         rollout.generate_rollout(SimpleNamespace(rollout_batch_size=4), 0, source)
 
 
-@pytest.mark.parametrize(("mask", "response_length"),
-                         [([1, 1, 0, 1], 3), ([0, 0, 1, 0], 2), ([0, 1, 0, 0], 3), ([0, 0, 0, 1], 1)])
+@pytest.mark.parametrize(
+    ("mask", "response_length"), [([1, 1, 0, 1], 3), ([0, 0, 1, 0], 2), ([0, 1, 0, 0], 3), ([0, 0, 0, 1], 1)]
+)
 def test_the_response_needs_a_token_before_it(rollout, mask, response_length):
     """A row that starts inside an assistant turn: its response starts at token 1."""
     sample = miles_emulation.Sample(metadata={"input_ids": [5, 6, 7, 8], "loss_mask": mask})
@@ -87,14 +97,17 @@ def test_the_response_needs_a_token_before_it(rollout, mask, response_length):
     assert sample.loss_mask == mask[-response_length:]
 
 
-@pytest.mark.parametrize(("metadata", "says"), [
-    ({}, "not a fixed-sft row .a dict."),
-    ({"input_ids": [5, 6]}, "not a fixed-sft row .a dict."),
-    (None, "not a fixed-sft row .a NoneType."),
-    ({"input_ids": [5, 6, 7], "loss_mask": [0, 1]}, "3 ids but 2 mask values"),
-    ({"input_ids": [5, 6], "loss_mask": [0, 0]}, "no supervised token after token 0"),
-    ({"input_ids": [5, 6], "loss_mask": [1, 0]}, "no supervised token after token 0"),
-])
+@pytest.mark.parametrize(
+    ("metadata", "says"),
+    [
+        ({}, "not a fixed-sft row .a dict."),
+        ({"input_ids": [5, 6]}, "not a fixed-sft row .a dict."),
+        (None, "not a fixed-sft row .a NoneType."),
+        ({"input_ids": [5, 6, 7], "loss_mask": [0, 1]}, "3 ids but 2 mask values"),
+        ({"input_ids": [5, 6], "loss_mask": [0, 0]}, "no supervised token after token 0"),
+        ({"input_ids": [5, 6], "loss_mask": [1, 0]}, "no supervised token after token 0"),
+    ],
+)
 def test_what_is_not_a_row_is_refused(rollout, metadata, says):
     with pytest.raises(ValueError, match=says):
         rollout.apply_row(miles_emulation.Sample(metadata=metadata))
@@ -110,8 +123,15 @@ def test_rollout_rules_as_doctests(rollout):
 
 
 def source_args(path, tmp_path, **overrides):
-    values = dict(prompt_data=str(path), rollout_shuffle=True, rollout_seed=7, n_samples_per_prompt=1,
-                  save=str(tmp_path / "ckpt"), load=None, rollout_batch_size=50)
+    values = dict(
+        prompt_data=str(path),
+        rollout_shuffle=True,
+        rollout_seed=7,
+        n_samples_per_prompt=1,
+        save=str(tmp_path / "ckpt"),
+        load=None,
+        rollout_batch_size=50,
+    )
     values.update(overrides)
     return SimpleNamespace(**values)
 
@@ -185,13 +205,15 @@ def test_a_state_saved_for_another_order_is_refused(built, rollout, tmp_path):
     other = rollout.ParquetRowSource(source_args(out, tmp_path, rollout_seed=9, load=str(tmp_path / "ckpt")))
     with pytest.raises(ValueError, match="was saved for .*'seed': 7.* but this run has .*'seed': 9"):
         other.load(1)
-    unshuffled = rollout.ParquetRowSource(source_args(out, tmp_path, rollout_shuffle=False, rollout_seed=9,
-                                                      load=str(tmp_path / "ckpt")))
+    unshuffled = rollout.ParquetRowSource(
+        source_args(out, tmp_path, rollout_shuffle=False, rollout_seed=9, load=str(tmp_path / "ckpt"))
+    )
     with pytest.raises(ValueError, match="'shuffle': True"):
         unshuffled.load(1)
     rollout.ParquetRowSource(source_args(out, tmp_path, rollout_shuffle=False, rollout_seed=1)).save(2)
-    rollout.ParquetRowSource(source_args(out, tmp_path, rollout_shuffle=False, rollout_seed=9,
-                                         load=str(tmp_path / "ckpt"))).load(2)  # without a shuffle, no seed is used
+    rollout.ParquetRowSource(
+        source_args(out, tmp_path, rollout_shuffle=False, rollout_seed=9, load=str(tmp_path / "ckpt"))
+    ).load(2)  # without a shuffle, no seed is used
 
 
 def test_a_state_saved_for_another_file_is_refused(built, rollout, tmp_path):

@@ -13,15 +13,27 @@ import tempfile
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 import synthetic
+
 from fixed_sft.build import BuildError
 from fixed_sft.cli import main
-from fixed_sft.rebuild import rebuild
 from fixed_sft.hashes import sha256_file
+from fixed_sft.rebuild import rebuild
 
-KEYS = ("format", "name", "params", "source", "tokenizer", "loss_mask", "template_check", "stats", "skipped_invalid",
-        "rows_sha256", "row_sha256", "provenance")
+KEYS = (
+    "format",
+    "name",
+    "params",
+    "source",
+    "tokenizer",
+    "loss_mask",
+    "template_check",
+    "stats",
+    "skipped_invalid",
+    "rows_sha256",
+    "row_sha256",
+    "provenance",
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +54,23 @@ def _build(source, tokenizer, out, *extra):
     """Build from ``source``, recorded relative to the current folder when it lies inside."""
     if os.path.isabs(source) and not os.path.relpath(source).startswith(".."):
         source = os.path.relpath(source)
-    args = ["build", "--source", str(source), "--tokenizer", str(tokenizer), "--row-tokens", "256", "--seed", "7",
-            "--out", str(out), "--workers", "1", "--quiet", *extra]
+    args = [
+        "build",
+        "--source",
+        str(source),
+        "--tokenizer",
+        str(tokenizer),
+        "--row-tokens",
+        "256",
+        "--seed",
+        "7",
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+        "--quiet",
+        *extra,
+    ]
     assert main(args) == 0
 
 
@@ -89,8 +116,7 @@ def test_the_folder_a_killed_rebuild_left_is_deleted_by_the_next(source, kimi_di
     assert [p.name for p in (tmp_path / "tmp").glob("fixed-sft-rebuild-*")] == [running.name]
 
 
-def test_a_killed_rebuilds_folder_is_deleted_only_if_it_holds_a_rebuilds_files(source, kimi_dir, tmp_path,
-                                                                                monkeypatch):
+def test_a_killed_rebuilds_folder_is_deleted_only_if_it_holds_a_rebuilds_files(source, kimi_dir, tmp_path, monkeypatch):
     """A folder named as a rebuild's, with a ``.lock`` no process holds, that holds
     anything a rebuild does not write is left as it is, and so is one whose ``.lock`` is
     a symbolic link."""
@@ -118,16 +144,23 @@ def test_a_killed_rebuilds_folder_is_deleted_only_if_it_holds_a_rebuilds_files(s
     assert sorted((tmp_path / "tmp").glob("fixed-sft-rebuild-*")) == kept
 
 
-@pytest.mark.parametrize("change, says", [
-    (lambda m: m["params"].update(seed=42), "does not give the same rows\n"),
-    (lambda m: m["loss_mask"]["template_kwargs"].update(thinking=False),
-     "loss_mask: differs (template_kwargs.thinking: false here, true rebuilt)"),
-    (lambda m: m["template_check"].update(checked=5), "template_check: differs (checked: 5 here, 1 rebuilt)"),
-    (lambda m: m["stats"].update(rows_skipped=2), "stats: differs (rows_skipped: 2 here, 1 rebuilt)"),
-    (lambda m: m["skipped_invalid"].append({"index": 5, "id": "x", "reason": "r"}),
-     "skipped_invalid: differs (list: 1 items here, 0 rebuilt)"),
-    (lambda m: m["tokenizer"].update(mismatches=["made up"]), 'tokenizer: differs (mismatches: ["made up"] here'),
-])
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (lambda m: m["params"].update(seed=42), "does not give the same rows\n"),
+        (
+            lambda m: m["loss_mask"]["template_kwargs"].update(thinking=False),
+            "loss_mask: differs (template_kwargs.thinking: false here, true rebuilt)",
+        ),
+        (lambda m: m["template_check"].update(checked=5), "template_check: differs (checked: 5 here, 1 rebuilt)"),
+        (lambda m: m["stats"].update(rows_skipped=2), "stats: differs (rows_skipped: 2 here, 1 rebuilt)"),
+        (
+            lambda m: m["skipped_invalid"].append({"index": 5, "id": "x", "reason": "r"}),
+            "skipped_invalid: differs (list: 1 items here, 0 rebuilt)",
+        ),
+        (lambda m: m["tokenizer"].update(mismatches=["made up"]), 'tokenizer: differs (mismatches: ["made up"] here'),
+    ],
+)
 def test_a_manifest_that_misstates_the_build_is_caught(source, kimi_dir, tmp_path, capsys, change, says):
     """verify checks the rows against the manifest; only a rebuild shows that what the
     manifest says of their making is not so."""
@@ -148,7 +181,9 @@ def test_the_reason_of_a_skipped_row_is_not_compared(kimi_dir, tmp_path, capsys)
     lines[3] = '{"id": "bad"}'
     (tmp_path / "rows.jsonl").write_text("\n".join(lines) + "\n")
     _build(tmp_path / "rows.jsonl", kimi_dir, tmp_path / "o", "--rows", "all", "--skip-invalid")
-    assert [row["index"] for row in json.loads((tmp_path / "o" / "manifest.json").read_text())["skipped_invalid"]] == [3]
+    assert [row["index"] for row in json.loads((tmp_path / "o" / "manifest.json").read_text())["skipped_invalid"]] == [
+        3
+    ]
     _edit(tmp_path / "o", lambda m: m["skipped_invalid"][0].update(reason="worded by other code"))
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 0
@@ -212,8 +247,10 @@ def test_field_metadata_in_the_arrow_schema_is_provenance(source, kimi_dir, tmp_
     assert main(["verify", str(tmp_path / "o")]) == 0
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
     path = "metadata" if field == "metadata" else "metadata.segments"
-    assert f'provenance: differs (field metadata.{path}: {{"about": "seed 1"}} here, missing rebuilt)' in \
-        capsys.readouterr().out
+    assert (
+        f'provenance: differs (field metadata.{path}: {{"about": "seed 1"}} here, missing rebuilt)'
+        in capsys.readouterr().out
+    )
 
 
 def test_a_source_with_other_bytes_is_not_the_recorded_input(source, kimi_dir, tmp_path, capsys):
@@ -222,8 +259,12 @@ def test_a_source_with_other_bytes_is_not_the_recorded_input(source, kimi_dir, t
     lines = source.read_text().splitlines(keepends=True)
     (tmp_path / "copy.jsonl").write_text("".join(lines[:-1]) + lines[-1].replace('"', ' "', 1))
     capsys.readouterr()
-    assert _rebuild(tmp_path / "o", "--source", str(tmp_path / "copy.jsonl"), "--tokenizer", str(kimi_dir),
-                    "--workers", "1") == 1
+    assert (
+        _rebuild(
+            tmp_path / "o", "--source", str(tmp_path / "copy.jsonl"), "--tokenizer", str(kimi_dir), "--workers", "1"
+        )
+        == 1
+    )
     out = capsys.readouterr().out
     assert "rows_sha256: same" in out and "source: differs (files[0].bytes: " in out
 
@@ -270,29 +311,47 @@ def test_the_recorded_source_files_are_read_again(kimi_dir, tmp_path, capsys):
     assert manifest["source"]["file_patterns"] == ["data/train.*"]
     assert [f["path"] for f in manifest["source"]["files"]] == ["data/train.jsonl"] and manifest["source"]["rows"] == 30
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 0
-    assert _rebuild(tmp_path / "o", "--source", str(tmp_path / "src" / "data" / "train.jsonl"),
-                    "--tokenizer", str(kimi_dir), "--workers", "1") == 0
+    assert (
+        _rebuild(
+            tmp_path / "o",
+            "--source",
+            str(tmp_path / "src" / "data" / "train.jsonl"),
+            "--tokenizer",
+            str(kimi_dir),
+            "--workers",
+            "1",
+        )
+        == 0
+    )
     _edit(tmp_path / "o", lambda m: m["source"].pop("file_patterns"))  # as before globs: every file
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
     assert "/src has 60 rows; custom expects 30" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("change, says", [
-    (lambda m: m.pop("template_check"), "template_check is missing"),
-    (lambda m: m["params"].update(seed="42"), 'params.seed is "42", not an integer'),
-    (lambda m: m["params"].update(skip_invalid="no"), 'params.skip_invalid is "no", not true or false'),
-    (lambda m: m["source"].update(files="x"), 'source.files is "x", not an array'),
-    (lambda m: m["source"].update(file_patterns="data/*"), 'source.file_patterns is "data/*", not null or a non-empty'),
-    (lambda m: m["source"].update(file_patterns=[]), "source.file_patterns is [], not null or a non-empty array"),
-    (lambda m: m["tokenizer"].pop("pinned"), "tokenizer.pinned is missing"),
-    (lambda m: m["code_version"].update(code_sha256=7), "code_version.code_sha256 is 7, not a string or null"),
-    (lambda m: m["stats"].update(note=None), "stats: unknown key 'note' (known: rows, tokens, "),
-    (lambda m: m.update(built_with={"seed": 1}), "unknown key 'built_with' (known: format, name, code_version, "),
-    (lambda m: m["stats"].update(supervised_token_ratio=1), "stats.supervised_token_ratio is 1, not a decimal number"),
-])
-def test_a_manifest_of_another_shape_fails_verify_before_any_rebuild(source, kimi_dir, tmp_path, capsys, change,
-                                                                      says):
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (lambda m: m.pop("template_check"), "template_check is missing"),
+        (lambda m: m["params"].update(seed="42"), 'params.seed is "42", not an integer'),
+        (lambda m: m["params"].update(skip_invalid="no"), 'params.skip_invalid is "no", not true or false'),
+        (lambda m: m["source"].update(files="x"), 'source.files is "x", not an array'),
+        (
+            lambda m: m["source"].update(file_patterns="data/*"),
+            'source.file_patterns is "data/*", not null or a non-empty',
+        ),
+        (lambda m: m["source"].update(file_patterns=[]), "source.file_patterns is [], not null or a non-empty array"),
+        (lambda m: m["tokenizer"].pop("pinned"), "tokenizer.pinned is missing"),
+        (lambda m: m["code_version"].update(code_sha256=7), "code_version.code_sha256 is 7, not a string or null"),
+        (lambda m: m["stats"].update(note=None), "stats: unknown key 'note' (known: rows, tokens, "),
+        (lambda m: m.update(built_with={"seed": 1}), "unknown key 'built_with' (known: format, name, code_version, "),
+        (
+            lambda m: m["stats"].update(supervised_token_ratio=1),
+            "stats.supervised_token_ratio is 1, not a decimal number",
+        ),
+    ],
+)
+def test_a_manifest_of_another_shape_fails_verify_before_any_rebuild(source, kimi_dir, tmp_path, capsys, change, says):
     _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
     _edit(tmp_path / "o", change)
     capsys.readouterr()
@@ -303,10 +362,16 @@ def test_a_manifest_of_another_shape_fails_verify_before_any_rebuild(source, kim
         rebuild(tmp_path / "o", tokenizer=str(kimi_dir))
 
 
-@pytest.mark.parametrize("change, says", [
-    (lambda m: m["params"].update(order="other"), 'params.order is "other"; this builder orders by splitmix64'),
-    (lambda m: m["params"].update(seed=-1), "the manifest records a parameter this builder refuses: params.seed must"),
-])
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (lambda m: m["params"].update(order="other"), 'params.order is "other"; this builder orders by splitmix64'),
+        (
+            lambda m: m["params"].update(seed=-1),
+            "the manifest records a parameter this builder refuses: params.seed must",
+        ),
+    ],
+)
 def test_a_manifest_this_builder_cannot_rebuild(source, kimi_dir, tmp_path, capsys, change, says):
     _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
     _edit(tmp_path / "o", change)
@@ -359,15 +424,23 @@ def test_an_invalid_row_in_a_given_source_says_the_source_is_another(source, kim
     rows[index]["messages"] = "hi"
     synthetic.write_jsonl(rows, tmp_path / "other.jsonl")
     capsys.readouterr()
-    assert _rebuild(tmp_path / "o", "--source", str(tmp_path / "other.jsonl"), "--tokenizer", str(kimi_dir),
-                    "--workers", "1") == 1
+    assert (
+        _rebuild(
+            tmp_path / "o", "--source", str(tmp_path / "other.jsonl"), "--tokenizer", str(kimi_dir), "--workers", "1"
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert f"line {index + 1} (source row {index}" in err
     assert err.strip().endswith("the recorded build did not stop at this row, so its source was another")
     assert "--skip-invalid" not in err and len(err.strip().splitlines()) == 1
     _edit(tmp_path / "o", lambda m: m["code_version"].update(code_sha256="0" * 64))  # built by other code
-    assert _rebuild(tmp_path / "o", "--source", str(tmp_path / "other.jsonl"), "--tokenizer", str(kimi_dir),
-                    "--workers", "1") == 1
+    assert (
+        _rebuild(
+            tmp_path / "o", "--source", str(tmp_path / "other.jsonl"), "--tokenizer", str(kimi_dir), "--workers", "1"
+        )
+        == 1
+    )
     assert capsys.readouterr().err.strip().endswith("so its source or its code (code_sha256) was another")
 
 
@@ -413,8 +486,9 @@ def test_provenance_is_compared_a_row_group_at_a_time(source, kimi_dir, tmp_path
 
 
 @pytest.mark.parametrize("recorded", ["absolute", "parent", "link"])
-def test_a_recorded_source_outside_the_current_folder_is_read_only_when_named(source, kimi_dir, tmp_path, capsys,
-                                                                               monkeypatch, recorded):
+def test_a_recorded_source_outside_the_current_folder_is_read_only_when_named(
+    source, kimi_dir, tmp_path, capsys, monkeypatch, recorded
+):
     """A stranger's manifest may record any path (``/root``, ``../..``, a link out of the
     folder): a rebuild reads one outside the current folder only when --source names it."""
     import fixed_sft.build
@@ -430,21 +504,26 @@ def test_a_recorded_source_outside_the_current_folder_is_read_only_when_named(so
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 2
     err = capsys.readouterr().err
-    assert err == (f"error: the manifest's source {name!r} is outside the current folder; a rebuild reads a "
-                   "recorded path only inside it: pass --source PATH to read it\n")
+    assert err == (
+        f"error: the manifest's source {name!r} is outside the current folder; a rebuild reads a "
+        "recorded path only inside it: pass --source PATH to read it\n"
+    )
     monkeypatch.setattr(fixed_sft.build, "open_source", original)
     assert _rebuild(tmp_path / "o", "--source", str(source), "--tokenizer", str(kimi_dir), "--workers", "1") == 0
 
 
-def test_a_recorded_tokenizer_folder_outside_the_current_folder_is_read_only_when_named(source, kimi_dir, tmp_path,
-                                                                                         capsys):
+def test_a_recorded_tokenizer_folder_outside_the_current_folder_is_read_only_when_named(
+    source, kimi_dir, tmp_path, capsys
+):
     _build(source, kimi_dir, tmp_path / "o", "--rows", "3", "--allow-unpinned-tokenizer")
     _edit(tmp_path / "o", lambda m: m["tokenizer"].update(name=None, repo=str(kimi_dir), pinned=False))
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--source", str(source), "--workers", "1") == 2
-    assert capsys.readouterr().err == (f"error: the manifest's tokenizer {str(kimi_dir)!r} is outside the current "
-                                       "folder; a rebuild reads a recorded path only inside it: pass --tokenizer "
-                                       "FOLDER to read it\n")
+    assert capsys.readouterr().err == (
+        f"error: the manifest's tokenizer {str(kimi_dir)!r} is outside the current "
+        "folder; a rebuild reads a recorded path only inside it: pass --tokenizer "
+        "FOLDER to read it\n"
+    )
 
 
 def test_a_long_segment_id_is_shown_cut(source, kimi_dir, tmp_path):

@@ -10,9 +10,9 @@ import threading
 
 import numpy as np
 import pytest
-
 import synthetic
 from conftest import cache_link
+
 from fixed_sft.hub import cache_damage
 from fixed_sft.order import positions
 from fixed_sft.source import InvalidRow, SourceError, open_source, read_band, records
@@ -28,8 +28,12 @@ def test_hub_download_is_pinned_and_cached(tmp_path, monkeypatch):
 
     monkeypatch.setattr("huggingface_hub.snapshot_download", fake_snapshot_download)
     src = open_source("org/data", "abc123", license="ODC-By-1.0")
-    assert calls == {"repo_id": "org/data", "repo_type": "dataset", "revision": "abc123",
-                     "allow_patterns": ["*.parquet", "*.jsonl"]}
+    assert calls == {
+        "repo_id": "org/data",
+        "repo_type": "dataset",
+        "revision": "abc123",
+        "allow_patterns": ["*.parquet", "*.jsonl"],
+    }
     assert src.num_rows == 10 and src.revision == "abc123"
 
 
@@ -55,7 +59,9 @@ def test_local_source_files_are_chosen_by_glob(tmp_path):
         synthetic.write_jsonl(synthetic.conversations(3), tmp_path / "data" / f"{split}.jsonl")
     assert [f.name for f in open_source(str(tmp_path), patterns=("*/t*",)).files] == ["test.jsonl", "train.jsonl"]
     assert [f.name for f in open_source(str(tmp_path), patterns=("data/train.jsonl", "*/val*")).files] == [
-        "train.jsonl", "validation.jsonl"]
+        "train.jsonl",
+        "validation.jsonl",
+    ]
     assert open_source(str(tmp_path / "data" / "test.jsonl"), patterns=("test.*",)).num_rows == 3
     assert len(open_source(str(tmp_path), patterns=("data/",)).files) == 3  # a folder, as huggingface_hub reads it
     with pytest.raises(SourceError, match=re.escape(f"no .parquet or .jsonl files matching train* or x in {tmp_path}")):
@@ -144,7 +150,6 @@ def test_mixed_formats_are_refused(tmp_path):
         open_source(str(tmp_path))
 
 
-
 def test_folder_order_is_relative_path_code_points(tmp_path):
     rows = synthetic.conversations(3)
     (tmp_path / "a").mkdir()
@@ -161,8 +166,11 @@ def test_files_whose_messages_types_differ_are_refused(tmp_path):
 
     synthetic.write_parquet(synthetic.conversations(2), tmp_path / "a.parquet")
     pq.write_table(pa.table({"id": ["x"], "messages": ['[{"role": "user", "content": "hi"}]']}), tmp_path / "b.parquet")
-    with pytest.raises(SourceError, match=r"b\.parquet: 'messages' is string, which does not combine with the "
-                                          r"earlier files' list<"):
+    with pytest.raises(
+        SourceError,
+        match=r"b\.parquet: 'messages' is string, which does not combine with the "
+        r"earlier files' list<",
+    ):
         open_source(str(tmp_path))
 
 
@@ -179,8 +187,10 @@ def test_files_whose_messages_types_combine_give_the_same_rows(tmp_path):
     files = sorted((tmp_path / "plain").glob("*.parquet"))
     large = pa.list_(pa.struct([("role", pa.string()), ("content", pa.large_string())]))
     first = pq.read_table(files[0])
-    pq.write_table(first.set_column(first.schema.get_field_index("messages"), "messages",
-                                    first.column("messages").cast(large)), mixed / "a.parquet")
+    pq.write_table(
+        first.set_column(first.schema.get_field_index("messages"), "messages", first.column("messages").cast(large)),
+        mixed / "a.parquet",
+    )
     second = pq.read_table(files[1]).to_pylist()
     for row in second:
         row["messages"] = [{**m, "name": "x"} for m in row["messages"]]
@@ -221,18 +231,27 @@ def test_a_message_is_reduced_to_its_role_and_content():
     template, which the build's check renders, never sees them."""
     from fixed_sft.source import conversation
 
-    record = {"id": 7, "messages": [{"role": "user", "content": "q", "name": "bob"},
-                                    {"role": "assistant", "content": "a", "reasoning_content": "r", "tool_calls": []}]}
+    record = {
+        "id": 7,
+        "messages": [
+            {"role": "user", "content": "q", "name": "bob"},
+            {"role": "assistant", "content": "a", "reasoning_content": "r", "tool_calls": []},
+        ],
+    }
     assert conversation(record) == ("7", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
 
 
-@pytest.mark.parametrize("ids, expected", [
-    (lambda pa: pa.array([None, None], pa.null()), [None, None]),
-    (lambda pa: pa.array(["a", "b"]).dictionary_encode(), ["a", "b"]),
-    (lambda pa: pa.array(["a", "b"], pa.large_string()), ["a", "b"]),
-    (lambda pa: pa.array(["a", "b"], pa.string_view()), ["a", "b"]),
-    (lambda pa: pa.array([7, -1], pa.int32()), ["7", "-1"]),
-], ids=["null", "dictionary", "large_string", "string_view", "int32"])
+@pytest.mark.parametrize(
+    "ids, expected",
+    [
+        (lambda pa: pa.array([None, None], pa.null()), [None, None]),
+        (lambda pa: pa.array(["a", "b"]).dictionary_encode(), ["a", "b"]),
+        (lambda pa: pa.array(["a", "b"], pa.large_string()), ["a", "b"]),
+        (lambda pa: pa.array(["a", "b"], pa.string_view()), ["a", "b"]),
+        (lambda pa: pa.array([7, -1], pa.int32()), ["7", "-1"]),
+    ],
+    ids=["null", "dictionary", "large_string", "string_view", "int32"],
+)
 def test_parquet_id_columns_of_strings_integers_or_nulls_are_read_as_text(tmp_path, ids, expected):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -281,7 +300,7 @@ def test_a_fifo_named_like_a_data_file_is_refused_without_opening_it(tmp_path, s
     fifo.parent.mkdir()
     os.mkfifo(fifo)
     for source in fifo.parents[1], fifo:
-        error = _without_blocking(lambda: open_source(str(source)))
+        error = _without_blocking(lambda source=source: open_source(str(source)))
         assert isinstance(error, SourceError) and str(error) == f"{fifo}: not a regular file (a FIFO)", error
 
 

@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
-
 import synthetic
 from conftest import cache_link
+
 from fixed_sft.cli import main
 from fixed_sft.specs import DEFAULT_BUILD, SpecError, build_spec, resolve_tokenizer, tokenizer_spec
 
@@ -68,8 +68,25 @@ def test_named_build_with_overrides_reports_published_values(kimi_dir, tmp_path,
     """NAME picks the spec, flags override it, and the build says honestly whether it
     matches the values the recipe published."""
     synthetic.write_jsonl(synthetic.conversations(100, seed=8), tmp_path / "rows.jsonl")
-    code = main(["build", DEFAULT_BUILD, "--source", str(tmp_path / "rows.jsonl"), "--tokenizer", str(kimi_dir),
-                 "--rows", "2", "--row-tokens", "256", "--out", str(tmp_path / "out"), "--workers", "1", "--quiet"])
+    code = main(
+        [
+            "build",
+            DEFAULT_BUILD,
+            "--source",
+            str(tmp_path / "rows.jsonl"),
+            "--tokenizer",
+            str(kimi_dir),
+            "--rows",
+            "2",
+            "--row-tokens",
+            "256",
+            "--out",
+            str(tmp_path / "out"),
+            "--workers",
+            "1",
+            "--quiet",
+        ]
+    )
     assert code == 0
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["name"] == DEFAULT_BUILD
@@ -110,9 +127,12 @@ def test_the_specs_are_package_data():
     import fixed_sft.specs as specs
 
     globs = tomllib.loads((Path(specs.__file__).parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "package-data"]["fixed_sft"]
-    files = [p.relative_to(Path(specs.__file__).parent).as_posix() for p in (*specs.BUILDS.iterdir(),
-                                                                             *specs.TOKENIZERS.iterdir())]
+        "package-data"
+    ]["fixed_sft"]
+    files = [
+        p.relative_to(Path(specs.__file__).parent).as_posix()
+        for p in (*specs.BUILDS.iterdir(), *specs.TOKENIZERS.iterdir())
+    ]
     assert files and all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files)
 
 
@@ -128,15 +148,18 @@ def test_verify_refuses_a_published_name_that_is_not_a_name(name, tmp_path, caps
     assert "is not a name" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("edit, says", [
-    (None, "cannot read it"),
-    ({"template_kwargs": None}, "template_kwargs is null, not an object"),
-    ({"files": {"tiktoken.model": {"bytes": 1}}}, "files.tiktoken.model.sha256 is missing"),
-    ({"files": {}}, "'files' needs tiktoken.model with its 'bytes' and 'sha256'"),
-    ({"name": "other"}, "'name' is 'other', not the file's name 'zz'"),
-    ({"chat_template": "other.jinja"}, "unknown key 'chat_template' (known: name, repo, revision"),
-    ('{"name": "zz", "name": "zz"}', "cannot read it (duplicate key 'name')"),
-])
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (None, "cannot read it"),
+        ({"template_kwargs": None}, "template_kwargs is null, not an object"),
+        ({"files": {"tiktoken.model": {"bytes": 1}}}, "files.tiktoken.model.sha256 is missing"),
+        ({"files": {}}, "'files' needs tiktoken.model with its 'bytes' and 'sha256'"),
+        ({"name": "other"}, "'name' is 'other', not the file's name 'zz'"),
+        ({"chat_template": "other.jinja"}, "unknown key 'chat_template' (known: name, repo, revision"),
+        ('{"name": "zz", "name": "zz"}', "cannot read it (duplicate key 'name')"),
+    ],
+)
 def test_a_broken_tokenizer_spec_is_named(kimi_dir, tmp_path, monkeypatch, edit, says):
     """Every build reads all tokenizer specs: one that is broken is named, whatever the tokenizer used."""
     from fixed_sft import specs
@@ -201,7 +224,9 @@ def test_source_files_in_a_build_spec(tmp_path, monkeypatch):
     assert config.source_files == ("a*", "b*")
     for bad in ("data/train-*", [], [""], [3]):
         (tmp_path / "bad.json").write_text(json.dumps({"source": "org/data", "source_files": bad}))
-        with pytest.raises(SpecError, match="bad.json: source_files is .*, not a non-empty array of non-empty strings or null"):
+        with pytest.raises(
+            SpecError, match="bad.json: source_files is .*, not a non-empty array of non-empty strings or null"
+        ):
             build_spec("bad")
 
 
@@ -286,8 +311,9 @@ def test_files_sharing_nothing_with_any_spec_are_named_by_their_hashes(kimi_dir,
     folder = _folder_of(kimi_dir, tmp_path / "tok", changed)
     mismatches = resolve_tokenizer(str(folder), allow_unpinned=True).mismatches
     assert mismatches == ["the files match no pinned spec"] + [
-        f"{name} sha256 {sha256_file(folder / name)}" for name in ("tiktoken.model", "tokenizer_config.json",
-                                                                   "chat_template.jinja")]
+        f"{name} sha256 {sha256_file(folder / name)}"
+        for name in ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja")
+    ]
 
 
 def test_a_build_spec_without_a_source_is_named(tmp_path, monkeypatch):
@@ -302,31 +328,57 @@ def test_a_build_spec_without_a_source_is_named(tmp_path, monkeypatch):
 def test_a_damaged_cached_tokenizer_file_is_refused(kimi_dir, tmp_path, monkeypatch):
     """A cached tokenizer file whose bytes are not the ones the Hub named it by is refused,
     even where it would pass the spec's check, naming the blob to delete."""
-    snapshot = tmp_path / "hub" / "models--moonshotai--Kimi-K2.6" / "snapshots" / tokenizer_spec("kimi-k2.6")["revision"]
+    snapshot = (
+        tmp_path / "hub" / "models--moonshotai--Kimi-K2.6" / "snapshots" / tokenizer_spec("kimi-k2.6")["revision"]
+    )
     for name in ("tokenizer_config.json", "chat_template.jinja"):
         (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
         (snapshot / name).symlink_to(kimi_dir / name)
     cache_link(snapshot, "tiktoken.model", (kimi_dir / "tiktoken.model").read_bytes(), etag="e" * 64)
     monkeypatch.setattr("huggingface_hub.hf_hub_download", lambda repo_id, filename, **kwargs: str(snapshot / filename))
-    with pytest.raises(SpecError, match=re.escape(f"{snapshot / 'tiktoken.model'} is damaged in the Hugging Face "
-                                                  f"cache: the Hub's digest of it is {'e' * 64}")):
+    with pytest.raises(
+        SpecError,
+        match=re.escape(
+            f"{snapshot / 'tiktoken.model'} is damaged in the Hugging Face cache: the Hub's digest of it is {'e' * 64}"
+        ),
+    ):
         resolve_tokenizer("kimi-k2.6")
 
 
-@pytest.mark.parametrize(("values", "says"), [
-    ({"row_tokens": 1}, "row_tokens must be between 2 and"),
-    ({"rows": 0}, "rows must be a positive number or 'all', got 0"),
-    ({"seed": -1}, "seed must be between 0 and 2**64 - 1"),
-    ({"loss_mask_type": "other"}, "unknown loss_mask_type 'other'"),
-])
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        ({"row_tokens": 1}, "row_tokens must be between 2 and"),
+        ({"rows": 0}, "rows must be a positive number or 'all', got 0"),
+        ({"seed": -1}, "seed must be between 0 and 2**64 - 1"),
+        ({"loss_mask_type": "other"}, "unknown loss_mask_type 'other'"),
+    ],
+)
 def test_a_build_spec_value_out_of_range_names_the_spec(tmp_path, monkeypatch, capsys, values, says):
     """Even where a flag gives the value the build uses: the spec file itself is wrong."""
     from fixed_sft import specs
 
     (tmp_path / "b.json").write_text(json.dumps({"source": "x.jsonl", **values}))
     monkeypatch.setattr(specs, "BUILDS", tmp_path)
-    assert main(["build", "b", "--row-tokens", "256", "--rows", "2", "--seed", "1", "--loss-mask-type", "kimi_k25",
-                 "--out", str(tmp_path / "o")]) == 2
+    assert (
+        main(
+            [
+                "build",
+                "b",
+                "--row-tokens",
+                "256",
+                "--rows",
+                "2",
+                "--seed",
+                "1",
+                "--loss-mask-type",
+                "kimi_k25",
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith(f"error: {tmp_path / 'b.json'}: {says}") and len(err.strip().splitlines()) == 1
 
@@ -336,5 +388,6 @@ def test_build_config_defaults_are_the_default_builds():
     from fixed_sft.build import BuildConfig
 
     spec, defaults = build_spec(DEFAULT_BUILD), BuildConfig(name="x", source="x")
-    assert {key: getattr(defaults, key) for key in ("tokenizer", "loss_mask_type", "rows", "row_tokens", "seed")} == \
-        {key: spec[key] for key in ("tokenizer", "loss_mask_type", "rows", "row_tokens", "seed")}
+    assert {key: getattr(defaults, key) for key in ("tokenizer", "loss_mask_type", "rows", "row_tokens", "seed")} == {
+        key: spec[key] for key in ("tokenizer", "loss_mask_type", "rows", "row_tokens", "seed")
+    }

@@ -8,7 +8,6 @@ import unicodedata
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 import synthetic as syn
 
 N = 1500  # enough rows to see every content kind and the rarer features
@@ -67,9 +66,7 @@ def test_adversarial_deterministic_and_prefix():
     plain = syn.conversations(200, seed=2)
     # same rows and structure; some contents are altered with hostile pieces
     assert [r["id"] for r in a] == [r["id"] for r in plain]
-    assert [[m["role"] for m in r["messages"]] for r in a] == [
-        [m["role"] for m in r["messages"]] for r in plain
-    ]
+    assert [[m["role"] for m in r["messages"]] for r in a] == [[m["role"] for m in r["messages"]] for r in plain]
     assert a != plain
     text = _all_text(a)
     assert any(tok in text for tok in ("<|im_end|>", "<think>", "[EOS]", "<|im_", "<|"))
@@ -157,8 +154,17 @@ def test_hard_strings(hard):
     assert syn.hard_strings(1) != hard
     joined = "\x01".join(hard)
     for tok in (
-        "<|im_end|>", "<|im_user|>", "[EOS]", "<think>", "</think>",
-        "<|reserved_token_163700|>", "<|im_", "\r\n", "\t", "\u00a0", "\u3000",
+        "<|im_end|>",
+        "<|im_user|>",
+        "[EOS]",
+        "<think>",
+        "</think>",
+        "<|reserved_token_163700|>",
+        "<|im_",
+        "\r\n",
+        "\t",
+        "\u00a0",
+        "\u3000",
         "\u200d",
     ):
         assert tok in hard or tok in joined, tok
@@ -199,13 +205,9 @@ def test_parquet_single_file_round_trip(rows, tmp_path):
 def test_parquet_sharded_round_trip(rows, tmp_path):
     paths = syn.write_parquet(rows, tmp_path / "shards", rows_per_file=400)
     n_files = -(-N // 400)
-    assert [p.name for p in paths] == [
-        f"train-{k:05d}-of-{n_files:05d}.parquet" for k in range(n_files)
-    ]
+    assert [p.name for p in paths] == [f"train-{k:05d}-of-{n_files:05d}.parquet" for k in range(n_files)]
     assert all(p.parent == tmp_path / "shards" for p in paths)
-    assert [pq.read_metadata(p).num_rows for p in paths] == [
-        min(400, N - 400 * k) for k in range(n_files)
-    ]
+    assert [pq.read_metadata(p).num_rows for p in paths] == [min(400, N - 400 * k) for k in range(n_files)]
     assert _read_parquet_rows(sorted(paths)) == rows
 
 

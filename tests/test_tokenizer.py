@@ -10,8 +10,29 @@ from reference_kimi import split_long_runs
 from fixed_sft.tokenizer import MAX_RUN, WINDOW_CHARS, split_runs
 
 GOLDEN_PROMPT = [163587, 2482, 163601, 19180, 163586, 163588, 69702, 163601, 163606]
-GOLDEN_CHAT = [163594, 14062, 163601, 39966, 163586, 163587, 2482, 163601, 19180, 220, 163586, 1459, 163586,
-               163588, 69702, 163601, 163606, 163607, 18699, 0, 163586]
+GOLDEN_CHAT = [
+    163594,
+    14062,
+    163601,
+    39966,
+    163586,
+    163587,
+    2482,
+    163601,
+    19180,
+    220,
+    163586,
+    1459,
+    163586,
+    163588,
+    69702,
+    163601,
+    163606,
+    163607,
+    18699,
+    0,
+    163586,
+]
 GOLDEN_MASK = [0] * 16 + [1] * 5
 GOLDEN_MESSAGES = [
     {"role": "system", "content": "SYS"},
@@ -120,9 +141,23 @@ def test_tokenizer_with_overlapping_names_is_refused(kimi_dir, tmp_path, edit):
         KimiTokenizer(tmp_path)
 
 
-@pytest.mark.parametrize("text", ["", "plain", "a<b[c]", "x<|reserved_token_163700|>[EOS]y", "[EOS" + "]" * 3,
-                                  "<|im_end|>" * 3, "< |im_end|>", "a" * (MAX_RUN - 7) + "<think>",
-                                  "a" * MAX_RUN + "<think>", "a\ud800b", "\ud83d\ude00", "\udfff[EOS]\ud800"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "plain",
+        "a<b[c]",
+        "x<|reserved_token_163700|>[EOS]y",
+        "[EOS" + "]" * 3,
+        "<|im_end|>" * 3,
+        "< |im_end|>",
+        "a" * (MAX_RUN - 7) + "<think>",
+        "a" * MAX_RUN + "<think>",
+        "a\ud800b",
+        "\ud83d\ude00",
+        "\udfff[EOS]\ud800",
+    ],
+)
 def test_numpy_and_list_encodings_agree(tokenizer, reference, text):
     array = tokenizer.encode_to_numpy(text)
     assert array.dtype.name == "uint32" and not array.flags.writeable
@@ -174,10 +209,17 @@ def test_an_added_token_outside_the_special_ids_is_refused(kimi_dir, tmp_path, t
     token, so the one-call path and the step-by-step path would encode it differently."""
     from fixed_sft.tokenizer import KimiTokenizer, TokenizerError
 
-    entry = {"content": "<|extra|>", "lstrip": False, "rstrip": False, "normalized": False, "single_word": False,
-             "special": True}
-    folder = _edited_config(kimi_dir, tmp_path / "tok",
-                            lambda config: config["added_tokens_decoder"].update({str(token_id): entry}))
+    entry = {
+        "content": "<|extra|>",
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "single_word": False,
+        "special": True,
+    }
+    folder = _edited_config(
+        kimi_dir, tmp_path / "tok", lambda config: config["added_tokens_decoder"].update({str(token_id): entry})
+    )
     with pytest.raises(TokenizerError, match=r"an added token's id is outside 163584\.\.163839"):
         KimiTokenizer(folder)
 

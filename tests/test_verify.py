@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 import synthetic
+
 from fixed_sft.build import BuildConfig, build
 from fixed_sft.output import SCHEMA
 from fixed_sft.verify import verify
@@ -20,8 +20,9 @@ from fixed_sft.verify import verify
 def built(tmp_path_factory, kimi_dir):
     folder = tmp_path_factory.mktemp("verify")
     synthetic.write_jsonl(synthetic.conversations(300, seed=9), folder / "rows.jsonl")
-    config = BuildConfig(name="v", source=str(folder / "rows.jsonl"), tokenizer=str(kimi_dir), rows=12,
-                         row_tokens=512, seed=1, workers=1)
+    config = BuildConfig(
+        name="v", source=str(folder / "rows.jsonl"), tokenizer=str(kimi_dir), rows=12, row_tokens=512, seed=1, workers=1
+    )
     build(config, folder / "out")
     return folder / "out"
 
@@ -132,8 +133,14 @@ def test_garbled_manifest(copy):
 
 @pytest.mark.parametrize(
     "key, value",
-    [("supervised_token_ratio", 0.666), ("supervised_token_ratio", 1), ("tokens", 1), ("padding_tokens", 3),
-     ("conversations", 1), ("conversations_split", 0)],
+    [
+        ("supervised_token_ratio", 0.666),
+        ("supervised_token_ratio", 1),
+        ("tokens", 1),
+        ("padding_tokens", 3),
+        ("conversations", 1),
+        ("conversations_split", 0),
+    ],
 )
 def test_edited_derived_stats(copy, key, value):
     """Stats that follow from the rows are checked, as JSON: an integer is not a decimal."""
@@ -155,8 +162,9 @@ def test_row_hashes_are_lowercase_hex(copy):
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["row_sha256"][3] = manifest["row_sha256"][3].upper()
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    assert verify(copy) == [f"{copy / 'manifest.json'}: row_sha256[3] is \"{manifest['row_sha256'][3]}\", not 64 "
-                            "lowercase hex digits"]
+    assert verify(copy) == [
+        f'{copy / "manifest.json"}: row_sha256[3] is "{manifest["row_sha256"][3]}", not 64 lowercase hex digits'
+    ]
 
 
 def test_edited_params_rows(copy):
@@ -274,7 +282,9 @@ def test_wider_value_types_that_would_wrap_into_the_same_hash(copy):
     rows = table.to_pylist()
     for row in rows:
         row["metadata"]["loss_mask"] = [257 if v else 0 for v in row["metadata"]["loss_mask"]]
-    fields = [f.with_type(pa.list_(pa.int64())) if f.name == "loss_mask" else f for f in table.schema.field("metadata").type]
+    fields = [
+        f.with_type(pa.list_(pa.int64())) if f.name == "loss_mask" else f for f in table.schema.field("metadata").type
+    ]
     wide = pa.schema([table.schema.field("messages"), ("metadata", pa.struct(fields))])
     _resave(copy, pa.Table.from_pylist(rows, schema=wide))
     (problem,) = verify(copy)
@@ -357,6 +367,7 @@ def test_ids_and_mask_rows_of_different_lengths(copy):
 
 def test_segments_must_not_be_empty(copy):
     """An empty segment [s, s) covers nothing, so coverage alone would not catch it."""
+
     def empty(rows):
         rows[2]["metadata"]["segments"].append({**rows[2]["metadata"]["segments"][0], "start": 3, "end": 3})
         return rows
@@ -384,22 +395,32 @@ def test_a_last_row_without_segments(copy):
     assert "row 11: metadata.segments cover 0 tokens, not 512" in verify(copy)
 
 
-@pytest.mark.parametrize("change, says", [
-    (lambda rows: rows[1]["metadata"]["segments"][0].update(start=None), "row 1: a metadata segment's start is null"),
-    (lambda rows: rows[2]["metadata"]["segments"][-1].update(end=None), "row 2: a metadata segment's end is null"),
-    (lambda rows: rows[3]["metadata"]["segments"][0].update(source_index=None),
-     "row 3: a metadata segment's source_index is null"),
-    (lambda rows: rows[4]["metadata"].update(segments=None), "row 4: metadata.segments is null"),
-    (lambda rows: rows[5].update(metadata=None), "row 5: metadata is null"),
-    (lambda rows: rows[5]["metadata"].update(row=None), "row 5: metadata.row is null"),
-    (lambda rows: rows[9]["metadata"]["segments"].__setitem__(0, None), "row 9: a metadata segment is null"),
-    (lambda rows: rows[6]["metadata"]["input_ids"].__setitem__(7, None), "row 6: a value in input_ids is null"),
-    (lambda rows: rows[7]["metadata"].update(loss_mask=None), "row 7: loss_mask is null"),
-    (lambda rows: rows[8].update(messages=None), "row 8: messages is null"),
-    (lambda rows: [rows[k]["metadata"].update(loss_mask=None) for k in (7, 2)], "row 2: loss_mask is null"),
-    (lambda rows: [rows[k]["metadata"]["input_ids"].__setitem__(5, None) for k in (9, 3)],
-     "row 3: a value in input_ids is null"),
-])
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (
+            lambda rows: rows[1]["metadata"]["segments"][0].update(start=None),
+            "row 1: a metadata segment's start is null",
+        ),
+        (lambda rows: rows[2]["metadata"]["segments"][-1].update(end=None), "row 2: a metadata segment's end is null"),
+        (
+            lambda rows: rows[3]["metadata"]["segments"][0].update(source_index=None),
+            "row 3: a metadata segment's source_index is null",
+        ),
+        (lambda rows: rows[4]["metadata"].update(segments=None), "row 4: metadata.segments is null"),
+        (lambda rows: rows[5].update(metadata=None), "row 5: metadata is null"),
+        (lambda rows: rows[5]["metadata"].update(row=None), "row 5: metadata.row is null"),
+        (lambda rows: rows[9]["metadata"]["segments"].__setitem__(0, None), "row 9: a metadata segment is null"),
+        (lambda rows: rows[6]["metadata"]["input_ids"].__setitem__(7, None), "row 6: a value in input_ids is null"),
+        (lambda rows: rows[7]["metadata"].update(loss_mask=None), "row 7: loss_mask is null"),
+        (lambda rows: rows[8].update(messages=None), "row 8: messages is null"),
+        (lambda rows: [rows[k]["metadata"].update(loss_mask=None) for k in (7, 2)], "row 2: loss_mask is null"),
+        (
+            lambda rows: [rows[k]["metadata"]["input_ids"].__setitem__(5, None) for k in (9, 3)],
+            "row 3: a value in input_ids is null",
+        ),
+    ],
+)
 def test_a_null_is_named_by_its_row(copy, change, says):
     """The format never holds a null (a segment's id aside); the schema allows them."""
     _change_rows(copy, change)
@@ -409,6 +430,7 @@ def test_a_null_is_named_by_its_row(copy, change, says):
 def test_a_null_mask_value_is_not_a_0(copy):
     """NumPy would read a null as NaN, which hashes as 0: with the supervised count edited
     to match, only the null check tells."""
+
     def null_a_zero(rows):
         mask = next(r for r in rows if 0 in r["metadata"]["loss_mask"])["metadata"]["loss_mask"]
         mask[mask.index(0)] = None
@@ -448,6 +470,7 @@ def test_a_manifest_of_many_small_values_is_refused_before_it_is_read(copy, monk
 
 def _no_decoding(monkeypatch):
     """Make any read of pages through pyarrow fail the test."""
+
     def refuse(*args, **kwargs):
         pytest.fail("a page was decoded")
 
@@ -467,7 +490,9 @@ def _with_long_row(folder, row, tokens):
     for key in ("input_ids", "loss_mask"):
         lists = [np.asarray(r["metadata"][key]) for r in rows]
         offsets = np.concatenate([[0], np.cumsum([len(v) for v in lists])]).astype(np.int32)
-        fields[key] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(lists), fields[key].type.value_type))
+        fields[key] = pa.ListArray.from_arrays(
+            pa.array(offsets), pa.array(np.concatenate(lists), fields[key].type.value_type)
+        )
     metadata = pa.StructArray.from_arrays(list(fields.values()), fields=list(metadata.type))
     return table.set_column(1, "metadata", metadata)
 
@@ -481,8 +506,10 @@ def test_a_parquet_bomb_is_not_decoded(copy, monkeypatch):
     _no_decoding(monkeypatch)
     problems = verify(copy)
     assert problems[0].startswith(f"{copy / 'train.parquet'}: ") and "manifest says" in problems[0]
-    assert problems[-1] == (f"{copy / 'train.parquet'}: row group 0 (rows 0 to 11) holds 4005632 metadata.input_ids "
-                            "values, more than its 12 rows of 512 tokens and one more row; not decoded")
+    assert problems[-1] == (
+        f"{copy / 'train.parquet'}: row group 0 (rows 0 to 11) holds 4005632 metadata.input_ids "
+        "values, more than its 12 rows of 512 tokens and one more row; not decoded"
+    )
     _resave(copy, bomb)
     assert verify(copy) == [problems[-1]]
 
@@ -500,7 +527,7 @@ def _footer(path):
 
     data = path.read_bytes()
     length = int.from_bytes(data[-8:-4], "little")
-    return data[:-8 - length], thrift.Reader(data[-8 - length:-8]).struct()
+    return data[: -8 - length], thrift.Reader(data[-8 - length : -8]).struct()
 
 
 def _write_footer(path, head, footer):
@@ -537,8 +564,10 @@ def test_a_footer_that_understates_the_pages_is_caught_before_they_are_decoded(c
     _write_footer(path, head, footer)
     _resave_bytes(copy)
     _no_decoding(monkeypatch)
-    assert verify(copy) == [f"{path}: row group 0, column metadata.input_ids: its pages hold 4005632 values, the "
-                            "footer says 6144; not decoded"]
+    assert verify(copy) == [
+        f"{path}: row group 0, column metadata.input_ids: its pages hold 4005632 values, the "
+        "footer says 6144; not decoded"
+    ]
 
 
 def test_a_column_chunk_in_another_file_is_not_read(copy, monkeypatch):
@@ -550,8 +579,9 @@ def test_a_column_chunk_in_another_file_is_not_read(copy, monkeypatch):
     _write_footer(path, head, footer)
     _resave_bytes(copy)
     _no_decoding(monkeypatch)
-    assert verify(copy) == [f"{path}: row group 0, column metadata.input_ids: stored in another file "
-                            "('/etc/passwd'); not read"]
+    assert verify(copy) == [
+        f"{path}: row group 0, column metadata.input_ids: stored in another file ('/etc/passwd'); not read"
+    ]
 
 
 def _resave_bytes(folder):
@@ -571,7 +601,9 @@ def test_rows_past_the_manifests_are_not_decoded(copy, monkeypatch):
     pq.write_table(pa.concat_tables([table] * 20), copy / "train.parquet", row_group_size=5)
     read = []
     original = pq.ParquetFile.read_row_group
-    monkeypatch.setattr(pq.ParquetFile, "read_row_group", lambda self, g, *a, **k: read.append(g) or original(self, g, *a, **k))
+    monkeypatch.setattr(
+        pq.ParquetFile, "read_row_group", lambda self, g, *a, **k: read.append(g) or original(self, g, *a, **k)
+    )
     problems = verify(copy)
     assert read == [0, 1, 2]  # rows 0 to 14
     assert "row 12: content differs from its manifest hash" in problems
@@ -587,8 +619,8 @@ def test_a_mask_value_stored_as_257_is_not_read_as_1(copy):
     assert chunk.path_in_schema == "metadata.loss_mask.list.element" and chunk.num_values == 12 * 512
     data = bytearray(path.read_bytes())
     end = chunk.data_page_offset + chunk.total_compressed_size  # one PLAIN page: its values end the chunk
-    values = np.frombuffer(bytes(data[end - 4 * 12 * 512:end]), "<i4")
-    position = 4 * 512 + int(np.argmax(values[4 * 512:] == 1))  # a 1 in row 4 or after
+    values = np.frombuffer(bytes(data[end - 4 * 12 * 512 : end]), "<i4")
+    position = 4 * 512 + int(np.argmax(values[4 * 512 :] == 1))  # a 1 in row 4 or after
     data[end - 4 * 12 * 512 + 4 * position + 1] = 1  # 1 -> 257
     path.write_bytes(bytes(data))
     assert pq.read_table(path).column("metadata").to_pylist()[position // 512]["loss_mask"][position % 512] == 1
@@ -604,15 +636,20 @@ def test_parquet_types_other_than_the_formats_are_named(copy, monkeypatch):
     path = copy / "train.parquet"
     head, footer = _footer(path)
     elements = thrift.get(footer, 2)[1]
-    element = next(e for n, e in enumerate(elements) if thrift.get(e, 4) == b"element" and
-                   thrift.get(elements[n - 2], 4) == b"input_ids")
+    element = next(
+        e
+        for n, e in enumerate(elements)
+        if thrift.get(e, 4) == b"element" and thrift.get(elements[n - 2], 4) == b"input_ids"
+    )
     element.append((6, thrift.I32, 17))  # ConvertedType INT_32
     _write_footer(path, head, footer)
     assert pq.read_schema(path).equals(SCHEMA, check_metadata=False)
     _resave_bytes(copy)
     _no_decoding(monkeypatch)
-    assert verify(copy) == [f"{path}: its Parquet schema differs from the format's at metadata.input_ids.list.element "
-                            "(optional INT32 converted type 17, not optional INT32)"]
+    assert verify(copy) == [
+        f"{path}: its Parquet schema differs from the format's at metadata.input_ids.list.element "
+        "(optional INT32 converted type 17, not optional INT32)"
+    ]
 
 
 def test_a_row_group_of_long_rows_holds_at_most_group_values_tokens(tmp_path, monkeypatch):
@@ -646,7 +683,7 @@ def test_random_damage_is_named_on_one_line(copy):
         if kind == "flip":
             data[where] ^= 1 << rng.randrange(8)
         elif kind == "zero":
-            data[where:where + 32] = bytes(len(data[where:where + 32]))
+            data[where : where + 32] = bytes(len(data[where : where + 32]))
         else:
             del data[where:]
         path.write_bytes(bytes(data))
