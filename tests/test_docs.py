@@ -1,0 +1,29 @@
+"""The pages a newcomer reads stay within their limits, and every module names its job."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_readme_is_a_newcomers_page():
+    """At most 200 lines and 1,600 words, install within the first 40 lines, and no
+    sentence of prose over 70 words (code blocks aside)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    assert len(lines) <= 200 and len(text.split()) <= 1600
+    assert any("pip install" in line for line in lines[:40])
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    sentences = re.split(r"(?<=[.!?])\s+|\n\s*\n|\n(?=\s*[-|#*\d])", prose)
+    longest = max(sentences, key=lambda s: len(s.split()))
+    assert len(longest.split()) <= 70, longest
+
+
+def test_every_module_says_its_one_job():
+    """Each module's docstring opens with a line of its own (the module's one job)."""
+    for path in sorted((ROOT / "fixed_sft").glob("*.py")) + [ROOT / "pretokenized_sft_rollout.py"]:
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+        assert doc and doc.splitlines()[0].strip(), path.name
