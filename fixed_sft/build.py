@@ -78,7 +78,7 @@ def code_version() -> dict:
     digest = hashlib.sha256()
     for path in sorted(package.glob("*.py")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    version = {"fixed_sft": __version__, "format": FORMAT, "code_sha256": digest.hexdigest()}
+    version: dict[str, str | bool] = {"fixed_sft": __version__, "format": FORMAT, "code_sha256": digest.hexdigest()}
     try:
         git = ["git", "--no-optional-locks", "-C", str(package)]
         top = subprocess.run([*git, "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True, timeout=5)
@@ -162,14 +162,14 @@ def _valid(stream: Iterator[Encoded], source: Source, skip_invalid: bool, tally:
             reason = f"duplicate id (first used by source row {tally.seen_ids[item.id]})"
         if reason is None:
             if item.id is not None:
-                tally.seen_ids[item.id] = item.index
+                tally.seen_ids[item.id] = item.source_index
             yield item
         elif skip_invalid:
-            tally.skipped_invalid.append({"index": item.index, "id": item.id, "reason": reason})
+            tally.skipped_invalid.append({"index": item.source_index, "id": item.id, "reason": reason})
         else:
-            path, row = source.locate(item.index)
+            path, row = source.locate(item.source_index)
             place = f"line {row + 1}" if path.suffix == ".jsonl" else f"row {row}"
-            where = f"{path}: {place} (source row {item.index}, id {item.id})"
+            where = f"{path}: {place} (source row {item.source_index}, id {item.id})"
             raise InvalidSourceRow(f"{where}: {reason}")
 
 
@@ -178,10 +178,12 @@ def _pack(
 ) -> None:
     """Feed conversations to the packer and write kept rows until ``rows`` (``None``: all)."""
     for item in conversations:
+        ids, mask = item.ids, item.mask
+        assert ids is not None and mask is not None  # _valid passes on only valid conversations
         tally.conversations_encoded += 1
-        tally.tokens_encoded += len(item.ids) + 1
+        tally.tokens_encoded += len(ids) + 1
         tally.template_checked += item.checked
-        for row in packer.add(item.index, item.id, item.ids, item.mask):
+        for row in packer.add(item.source_index, item.id, ids, mask):
             trainable = row.trainable
             if not trainable:
                 tally.rows_skipped += 1
@@ -193,7 +195,7 @@ def _pack(
             tally.rows_per_conversation.update(s.index for s in row.segments)
             bar.update()
             if writer.rows == rows:
-                tally.tail_tokens = len(item.ids) + 1 - row.segments[-1].end
+                tally.tail_tokens = len(ids) + 1 - row.segments[-1].end
                 return
     tally.tail_tokens = packer.filled
 

@@ -31,7 +31,10 @@ class Terminated(BaseException):
     """SIGTERM: the build stops as on Ctrl-C (workers stopped, nothing half-written)."""
 
 
-SIGNALS = {signal.SIGINT: (INTERRUPTED, "interrupted"), signal.SIGTERM: (TERMINATED, "terminated")}
+SIGNALS: dict[int, tuple[int, str]] = {
+    signal.SIGINT: (INTERRUPTED, "interrupted"),
+    signal.SIGTERM: (TERMINATED, "terminated"),
+}
 
 
 class _Stop:
@@ -259,16 +262,16 @@ def main(argv: list[str] | None = None) -> int:
         stop.said = True
         return code
     except Exception as error:
-        code = _exit_code(error)
-        if code is None and os.environ.get("FIXED_SFT_DEBUG"):
+        exit_code = _exit_code(error)
+        if exit_code is None and os.environ.get("FIXED_SFT_DEBUG"):
             raise
         detail = (
             _describe(error)
-            if code
+            if exit_code
             else (f"internal error ({type(error).__name__}: {error}); FIXED_SFT_DEBUG=1 shows the traceback")
         )
         print(f"error: {detail}", file=sys.stderr)
-        return code or FAILURE
+        return exit_code or FAILURE
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

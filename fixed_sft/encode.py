@@ -26,7 +26,7 @@ import shutil
 import signal
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import forkserver, get_context, parent_process, resource_tracker, util
@@ -48,7 +48,7 @@ from .tokenizer import KimiTokenizer, TokenizerError
 class Encoded(NamedTuple):
     """One conversation: its ids and mask, or the reason it is invalid."""
 
-    index: int
+    source_index: int
     id: str | None
     ids: np.ndarray | None
     mask: np.ndarray | None
@@ -149,14 +149,15 @@ def encode_chunk(encoder: ChatEncoder, chunk: pa.Table, first_position: int, che
     except TemplateMismatch as error:
         mismatch = error
     valid = [item for item in items if item.invalid is None]
+    lengths = [-1 if item.ids is None else len(item.ids) for item in items]  # (no ids: the conversation is invalid)
     return EncodedChunk(
-        indices=[item.index for item in items],
+        indices=[item.source_index for item in items],
         row_ids=[item.id for item in items],
-        lengths=np.array([-1 if item.invalid is not None else len(item.ids) for item in items], dtype=np.int64),
+        lengths=np.array(lengths, dtype=np.int64),
         checked=np.array([item.checked for item in items], dtype=bool),
         tokens=np.concatenate([item.ids for item in valid]) if valid else np.zeros(0, np.int32),
         mask=np.concatenate([item.mask for item in valid]) if valid else np.zeros(0, np.uint8),
-        invalid={item.index: item.invalid for item in items if item.invalid is not None},
+        invalid={item.source_index: item.invalid for item in items if item.invalid is not None},
         mismatch=mismatch,
     )
 
@@ -220,7 +221,9 @@ def worker_encoder(config: EncoderConfig) -> ChatEncoder | Exception:
 def _init_worker(config: EncoderConfig) -> None:
     global _worker_encoder
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the build's to handle: it stops the workers
-    threading.Thread(target=_exit_when_gone, args=(parent_process().sentinel,), daemon=True).start()
+    parent = parent_process()
+    assert parent is not None  # a worker of the pool, which the build's process started
+    threading.Thread(target=_exit_when_gone, args=(parent.sentinel,), daemon=True).start()
     pa.set_memory_pool(pa.system_memory_pool())  # as ``system_allocator`` in the build's process
     _map_large_allocations()
     _worker_encoder = worker_encoder(config)
@@ -254,6 +257,7 @@ def _exit_when_gone(parent_sentinel: int) -> None:
 def _encode_in_worker(chunk: pa.Table, first_position: int, check_every: int) -> EncodedChunk:
     if isinstance(_worker_encoder, Exception):
         raise _worker_encoder
+    assert _worker_encoder is not None  # set by _init_worker, which runs before the worker's first chunk
     encoded = encode_chunk(_worker_encoder, chunk, first_position, check_every)
     _release_after(chunk)
     return encoded
@@ -378,7 +382,7 @@ class Encoders:
         self._started: Future | None = None  # the ChatEncoder (1 worker), or None when workers are up
 
     def __enter__(self) -> Encoders:
-        start = self.config.load
+        start: Callable[[], ChatEncoder | None] = self.config.load
         if self.workers > 1:
             self._pool = ProcessPoolExecutor(
                 self.workers,
@@ -395,15 +399,21 @@ class Encoders:
     def _start_workers(self) -> None:
         """Start a worker process per core now, up to ``workers``: the pool starts one per
         task submitted while none is idle, so any others start only when chunks wait."""
+        assert self._pool is not None  # start-up runs this only once __enter__ has made the pool
         for _ in range(min(self.workers, os.cpu_count() or 1)):
             self._pool.submit(int)  # a task that does nothing
 
+    def _start_up(self) -> Future:
+        """Start-up, which ``__enter__`` begins: every other use of the encoders follows it."""
+        assert self._started is not None
+        return self._started
+
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         if kind is not None and not issubclass(kind, Exception):  # Ctrl-C, SIGTERM
-            if self._pool is not None and self._started.done():  # (a worker starting holds the pool's lock)
+            if self._pool is not None and self._start_up().done():  # (a worker starting holds the pool's lock)
                 self._pool.shutdown(wait=False, cancel_futures=True)
             return
-        self._started.exception()  # wait until start-up is over
+        self._start_up().exception()  # wait until start-up is over
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
 
@@ -417,14 +427,16 @@ class Encoders:
         if size >= RELEASE_CHUNK_BYTES:
             pa.default_memory_pool().release_unused()
 
-    def encode(self, chunks: Iterable[tuple[int, pa.Table]], wanted: Callable[[], float]) -> Iterator[Encoded]:
+    def encode(
+        self, chunks: Iterable[tuple[int, pa.Table]], wanted: Callable[[], float]
+    ) -> Generator[Encoded, None, None]:
         """Encoded conversations in the order of ``chunks``. Workers get the next chunk
         only while fewer than ``2 * workers`` chunks, holding fewer than ``wanted()``
         conversations (the caller's estimate of what it still needs) and, with it, at
         most ``IN_FLIGHT_BYTES`` of Arrow data, are in flight (a larger chunk goes alone)."""
         if self._pool is None:
             for first_position, chunk in chunks:
-                yield from encode_rows(self._started.result(), chunk, first_position, self.check_every)
+                yield from encode_rows(self._start_up().result(), chunk, first_position, self.check_every)
                 _release_after(chunk)
             return
         pending: deque[tuple[Future, int, int]] = deque()  # with the conversations and bytes in each chunk
@@ -437,7 +449,7 @@ class Encoders:
                     or sum(p[2] for p in pending) + size > IN_FLIGHT_BYTES
                 ):
                     yield from self._consume(pending.popleft())
-                self._started.result()
+                self._start_up().result()
                 pending.append(
                     (
                         self._pool.submit(_encode_in_worker, chunk, first_position, self.check_every),

@@ -201,7 +201,7 @@ def _provenance(folder: Path, manifest: dict, rebuilt_folder: Path, rebuilt: dic
             ) from None
     here, again = files
     with system_allocator(), here, again:
-        views = [
+        views: list[dict[str, object]] = [
             {"file metadata": _file_metadata(file), "field metadata": _field_metadata(file.arrow_schema)}
             for file in files
         ]
@@ -255,7 +255,7 @@ def _field_metadata(schema: pa.Schema) -> dict:
     return found
 
 
-def _first_difference(here: Iterator[Group], again: Iterator[Group]) -> tuple[RowAt, RowAt] | None:
+def _first_difference(here: Iterator[Group], again: Iterator[Group]) -> tuple[RowAt | None, RowAt | None] | None:
     """The first row whose ``metadata`` differs between two files' row groups (the rows
     of one file that the other lacks included), or ``None``."""
     a, b, seen = next(here, None), next(again, None), 0
@@ -276,6 +276,7 @@ def _first_difference(here: Iterator[Group], again: Iterator[Group]) -> tuple[Ro
     if a is None and b is None:
         return None
     rest = a or b
+    assert rest is not None  # (both None: returned above)
     row = RowAt(seen, _row(rest.column("metadata"), seen - rest.first))
     return (row, None) if a is not None else (None, row)
 
@@ -419,7 +420,9 @@ def difference(here: object, rebuilt: object, path: str = "") -> str:
     if isinstance(here, RowAt) and isinstance(rebuilt, RowAt) and here.number == rebuilt.number:
         return difference(here.row, rebuilt.row, f"{path}[{here.number}]")
     if isinstance(here, RowAt) or isinstance(rebuilt, RowAt):  # a row one file lacks
-        number = (here or rebuilt).number
+        row = here if isinstance(here, RowAt) else rebuilt
+        assert isinstance(row, RowAt)  # (one of the two is)
+        number = row.number
         return f"{path}[{number}]: {'a row' if here else 'none'} here, {'a row' if rebuilt else 'none'} rebuilt"
     if isinstance(here, list) and isinstance(rebuilt, list):
         if len(here) != len(rebuilt):

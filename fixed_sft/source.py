@@ -222,6 +222,7 @@ def _check_parquet_types(files: tuple[Path, ...]) -> None:
                 messages if combined is None else pa.unify_schemas([combined, messages], promote_options="permissive")
             )
         except (pa.ArrowTypeError, pa.ArrowInvalid):
+            assert combined is not None  # the first file's schema is taken as it is: only a later one can fail
             raise SourceError(
                 f"{path}: 'messages' is {messages.field(0).type}, which does not combine with the earlier "
                 f"files' {combined.field(0).type}; the files of a source must agree"
@@ -236,14 +237,15 @@ def _check_parquet_pages(path: Path) -> int:
     try:
         file = pq.ParquetFile(path)
         meta = file.metadata
-        leaves, read = 0, []
+        leaves = 0
+        read: list[int] = []  # the column indices a build reads
         for field in file.schema_arrow:
             count = _leaves(field.type)
             if field.name in ("id", "messages"):
                 read += range(leaves, leaves + count)
             leaves += count
         if leaves != meta.num_columns:  # a schema these rules do not map: every column is read as a whole
-            read = range(meta.num_columns)
+            read = list(range(meta.num_columns))
         bound = 0
         with path.open("rb") as f:
             for group in range(meta.num_row_groups):
@@ -396,6 +398,13 @@ class Band:
     def num_rows(self) -> int:
         return sum(map(len, self.positions))
 
+    def _part(self, k: int) -> pa.Table:
+        """Part ``k``, which ``chunks`` has not let go of yet."""
+        part = self.parts[k]
+        # chunks() lets go of a part only once its last row is in a chunk, and a band is cut once
+        assert part is not None
+        return part
+
     def chunks(self, rows: int | Callable[[], int], max_bytes: float = math.inf) -> Iterator[pa.Table]:
         """Consecutive chunks in packing order, each its own compact copy: a chunk's rows
         are one slice of each part, interleaved by a single take. A chunk holds ``rows``
@@ -410,8 +419,9 @@ class Band:
         everything = np.concatenate(self.positions)
         by_position = np.argsort(everything, kind="stable")
         ordered = everything[by_position]
-        sizes = np.concatenate([part.column("bytes").to_numpy() for part in self.parts])[by_position]
-        dropped = np.concatenate([part.column("dropped").to_numpy(zero_copy_only=False) for part in self.parts])[
+        parts = range(len(self.parts))
+        sizes = np.concatenate([self._part(k).column("bytes").to_numpy() for k in parts])[by_position]
+        dropped = np.concatenate([self._part(k).column("dropped").to_numpy(zero_copy_only=False) for k in parts])[
             by_position
         ]
         ends = np.cumsum(np.where(dropped, 0, sizes))
@@ -426,7 +436,7 @@ class Band:
             for k, positions in enumerate(self.positions):
                 a, b = np.searchsorted(positions, (lo, hi)).tolist()
                 if b > a:
-                    pieces.append(self.parts[k].slice(a, b - a))
+                    pieces.append(self._part(k).slice(a, b - a))
                     keys.append(positions[a:b])
                 if len(positions) and positions[-1] < hi:
                     self.parts[k] = None
@@ -626,7 +636,7 @@ def too_large(size: int) -> str:
     )
 
 
-def records(chunk: pa.Table) -> list[tuple[int, object]]:
+def records(chunk: pa.Table) -> list[tuple[int, dict | InvalidRow]]:
     """``(row index, record)`` pairs of a chunk; a record is the row as a dict, or an
     ``InvalidRow`` when the row cannot even be decoded or its data was dropped as it was
     read (over ``MAX_CONVERSATION_BYTES``)."""
@@ -652,12 +662,13 @@ def records(chunk: pa.Table) -> list[tuple[int, object]]:
         decoded = [_parquet_row(rows.slice(k, 1)) for k in range(len(indices))]
     for k, (size, drop) in enumerate(zip(sizes, dropped)):
         if drop:
-            row_id = decoded[k].get("id") if isinstance(decoded[k], dict) else None
+            record = decoded[k]
+            row_id = record.get("id") if isinstance(record, dict) else None
             decoded[k] = InvalidRow(too_large(size), None if row_id is None else str(row_id))
     return list(zip(indices, decoded))
 
 
-def _parquet_row(row: pa.Table) -> object:
+def _parquet_row(row: pa.Table) -> dict | InvalidRow:
     try:
         return row.to_pylist()[0]
     except UnicodeDecodeError as error:
@@ -668,7 +679,7 @@ def _parquet_row(row: pa.Table) -> object:
         return InvalidRow(f"invalid UTF-8 at byte {error.start} of a string", row_id)
 
 
-def _parse_json_line(line: memoryview) -> object:
+def _parse_json_line(line: memoryview) -> dict | InvalidRow:
     """A JSONL line's record, decoded straight from its Arrow bytes (a view: no Python
     ``bytes`` copy of the line), or the ``InvalidRow`` it is: not UTF-8, not JSON, not an
     object, or an object (at any depth) that repeats a key, which readers resolve
@@ -688,7 +699,7 @@ def _parse_json_line(line: memoryview) -> object:
     return record if isinstance(record, dict) else InvalidRow("not a JSON object")
 
 
-def conversation(record: object) -> tuple[str | None, list[dict]]:
+def conversation(record: dict | InvalidRow) -> tuple[str | None, list[dict]]:
     """``(id, messages)`` of a source record, messages reduced to ``{role, content}``.
 
     Valid: ``messages`` is a non-empty list of objects whose ``role`` is system, user

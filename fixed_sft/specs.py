@@ -151,6 +151,7 @@ def resolve_tokenizer(
     specs = {spec["name"]: spec for spec in tokenizer_specs()}
     spec = specs.get(tokenizer) or (specs.get(expected) if expected else None)
     if tokenizer in specs:
+        assert spec is not None  # specs.get(tokenizer), a spec
         directory, revision = _download(spec["repo"], revision or spec["revision"])
     elif Path(tokenizer).is_dir():
         directory = Path(tokenizer)
@@ -163,7 +164,10 @@ def resolve_tokenizer(
                 f"tokenizer {tokenizer!r} is not a local folder; as a Hub repo id it is not pinned in "
                 f"{TOKENIZERS}, so it needs --tokenizer-revision"
             )
-        directory, revision = _download(tokenizer, revision or spec["revision"])
+        if not revision:
+            assert spec is not None  # checked above: without a revision, the spec that pins the repo
+            revision = spec["revision"]
+        directory, revision = _download(tokenizer, revision)
     elif tokenizer.startswith((".", "/")):
         raise SpecError(f"tokenizer {tokenizer!r}: no such folder")
     else:
@@ -172,7 +176,7 @@ def resolve_tokenizer(
     missing = [name for name in FILES if not (directory / name).is_file()]
     if missing:
         raise SpecError(f"tokenizer folder {directory} lacks {', '.join(missing)}")
-    files = {
+    files: dict[str, dict[str, Any]] = {
         name: {"bytes": (directory / name).stat().st_size, "sha256": sha256_file(directory / name)} for name in FILES
     }
     raise_cache_damage([directory / name for name in FILES], SpecError, [files[name]["sha256"] for name in FILES])

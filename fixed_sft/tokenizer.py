@@ -21,6 +21,7 @@ import functools
 import re
 from collections.abc import Iterable, Iterator, Set
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import tiktoken
@@ -231,7 +232,7 @@ class KimiTokenizer:
             for part in split_runs(text[window : min(window + WINDOW_CHARS, end)]):
                 yield self._encode_part(part, "all")
 
-    def _encode_part(self, part: str, allowed: Set[str] | str) -> np.ndarray:
+    def _encode_part(self, part: str, allowed: Set[str] | Literal["all"]) -> np.ndarray:
         """tiktoken's ids of one part, as its ``encode`` gives them: a part with a
         surrogate is first mended as ``encode`` mends it."""
         try:
