@@ -70,14 +70,6 @@ def _rows(value: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected a number or 'all', got {value!r}") from None
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the OS has one), at most
-    the most workers a build takes."""
-    from .params import usable_cores
-
-    return usable_cores()
-
-
 def _add_build_flags(build: argparse.ArgumentParser) -> None:
     """A flag per ``BuildConfig`` parameter that has one (``params``), its type and help from
     the parameter. A flag left out is absent from the parsed arguments (the named build's
@@ -238,6 +230,8 @@ def _verify(args: argparse.Namespace) -> int:
         manifest = read_manifest(args.folder / MANIFEST_NAME)
         same = _report_published(manifest, published, args.published)
     if args.rebuild:
+        from .params import usable_cores
+
         workers = usable_cores() if args.workers is None else args.workers
         proven, lines = report(rebuild(args.folder, args.source, args.tokenizer, workers, not args.quiet))
         print("\n".join(lines))

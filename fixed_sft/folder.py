@@ -10,7 +10,6 @@ into a scratch folder of its own in the system's temporary folder, locked the sa
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import stat
@@ -64,8 +63,10 @@ def _not_a_build(path: Path) -> str | None:
     why = not_build_files(path)
     if why is not None:
         return why
+    from .verify import read_manifest  # (bounded, strict: the folder may be anyone's)
+
     try:
-        manifest = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8"))
+        manifest = read_manifest(path / MANIFEST_NAME)
     except (OSError, ValueError):
         return f"its {MANIFEST_NAME} cannot be read as JSON"
     if not (isinstance(manifest, dict) and manifest.get("format") in FORMATS):

@@ -113,7 +113,13 @@ def raise_cache_damage(
     it explains an error that reading the files gave better than that error does: a
     damaged file reads badly, or not at all."""
     for k, path in enumerate(paths):
-        if cached_blob(path) is not None:
-            damage = cache_damage(path, sha256_file(path) if sha256s is None else sha256s[k])
+        if (blob := cached_blob(path)) is not None:
+            try:
+                damage = cache_damage(path, sha256_file(path) if sha256s is None else sha256s[k])
+            except OSError as unreadable:  # its blob is gone or unreadable: that is the damage
+                damage = (
+                    f"{path} is damaged in the Hugging Face cache: {unreadable.strerror or unreadable}; "
+                    f"delete {blob} and run again to download it anew"
+                )
             if damage:
                 raise error(damage) from None

@@ -38,13 +38,13 @@ import pyarrow.parquet as pq
 
 from . import thrift
 from .output import GROUP_VALUES, SCHEMA, tokens
+from .pages import HEADER_BYTES
 
 MAGIC = b"PAR1"
 PAGE_BYTES = 64 << 20  # the most a page may hold, compressed or not (a build's pages hold a few MiB)
 DECODE_BYTES = 256 << 20  # the most a row group's columns may take decoded, by WIDTH (a build's: 2 * 8 * GROUP_VALUES)
 FOOTER_BYTES = 32 << 20  # the largest footer read (a build's takes ~830 B per row group of 128 rows) ...
 FOOTER_BASE, FOOTER_PER_ROW = 64 << 10, 4 << 10  # ... and at most this much for a file of so many rows
-HEADER_BYTES = 1 << 20  # the largest page header read
 STRINGS = ("messages.list.element.role", "messages.list.element.content", "metadata.segments.list.element.id")
 TOKENS = ("metadata.input_ids.list.element", "metadata.loss_mask.list.element")
 MASK = TOKENS[1]
@@ -326,18 +326,10 @@ class RowFile:
 
     def _page_header(self, pos: int, end: int, at: str) -> tuple[list, int]:
         """The page header at ``pos`` (read by ``thrift``) and its size in bytes."""
-        window = 4096
-        while True:
-            self._file.seek(pos)
-            data = self._file.read(min(window, end - pos))
-            reader = thrift.Reader(data)
-            try:
-                return reader.struct(), reader.pos
-            except ValueError:
-                if len(data) == min(window, end - pos) and window < HEADER_BYTES and len(data) < end - pos:
-                    window *= 16
-                    continue
-                raise self._refuse(f"{at}: a damaged page header; not decoded") from None
+        try:
+            return thrift.read_struct(self._file, pos, end, HEADER_BYTES)
+        except ValueError:
+            raise self._refuse(f"{at}: a damaged page header; not decoded") from None
 
     def groups(self, columns: list[str], limit: int | None = None) -> Iterator[Group]:
         """The row groups that hold rows before row ``limit`` (all when ``None``), each with

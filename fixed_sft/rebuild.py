@@ -122,6 +122,8 @@ def _refuse_outside(what: str, name: str, flag: str) -> None:
     names it. (A Hub id is a relative name that lies inside.)"""
     here = Path.cwd().resolve()
     path = Path(name)
+    if "\0" in name:  # (no file system path holds one)
+        raise UsageError(f"the manifest's {what} {name!r} is not a path; pass {flag} to name the one to read")
     if path.is_absolute() or not path.resolve().is_relative_to(here):
         raise UsageError(
             f"the manifest's {what} {name!r} is outside the current folder; a rebuild reads a recorded "

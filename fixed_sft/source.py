@@ -48,7 +48,7 @@ PARQUET_BUFFER_BYTES = 1 << 20
 # up to 4 bytes a character, ids, the template check's rendering), in the build process and in
 # each of up to two workers that encode one at once: at 8 MiB, builds of such conversations stay
 # under 1 GiB with 1 or 2 workers (benchmarks/bench_memory.py). 8 MiB is about 2 million tokens of
-# English, twice the longest row a build makes (fixed_sft.build.MAX_ROW_TOKENS).
+# English, twice the longest row a build makes (fixed_sft.params.MAX_ROW_TOKENS).
 MAX_CONVERSATION_BYTES = 8 << 20
 # The largest Parquet page (uncompressed) of the columns a build reads: a reader decodes a whole
 # page, taking about 4 times its size in memory with the values it gives, before any value of it

@@ -12,7 +12,7 @@ of nesting and raises ``ValueError`` for bytes that end early or hold an unknown
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 Value = Any  # an int, bool, bytes, a struct's field list or a container's tuple (module docstring)
 Fields = list[tuple[int, int, Value]]
@@ -219,3 +219,21 @@ def write_struct(fields: Fields) -> bytes:
 def get(fields: Fields, field: int, default: Value = None) -> Value:
     """The value of ``field`` in a struct read by ``Reader.struct``, or ``default``."""
     return next((value for number, _, value in fields if number == field), default)
+
+
+def read_struct(f: BinaryIO, pos: int, end: int, most: int) -> tuple[Fields, int]:
+    """The struct at ``pos`` of ``f`` (as ``Reader.struct``) and its size in bytes, reading
+    at most ``most`` bytes and never past ``end``; ``ValueError`` when it is damaged or
+    larger. Reads start small and grow, as a page header is usually a few dozen bytes."""
+    window = 4096
+    while True:
+        f.seek(pos)
+        data = f.read(min(window, end - pos))
+        reader = Reader(data)
+        try:
+            return reader.struct(), reader.pos
+        except ValueError:
+            if len(data) == min(window, end - pos) and window < most and len(data) < end - pos:
+                window = min(window * 16, most)
+                continue
+            raise

@@ -723,6 +723,21 @@ def test_a_folder_with_a_manifest_of_another_format_is_not_replaced(corpus, kimi
     assert (victim / "manifest.json").read_text() == '{"format": "other/1"}'
 
 
+@pytest.mark.parametrize("manifest", ["repeated key", "sparse 3 GB"])
+def test_a_target_whose_manifest_a_build_would_not_write_is_not_replaced(corpus, kimi_dir, tmp_path, manifest):
+    """A target's manifest is read as verify reads one: strictly and bounded in size."""
+    victim = tmp_path / "app"
+    victim.mkdir()
+    (victim / "manifest.json").write_text('{"format": "other/1", "format": "fixed-sft/2"}')
+    if manifest == "sparse 3 GB":
+        (victim / "manifest.json").write_text('{"format": "fixed-sft/2"}')
+        with (victim / "manifest.json").open("r+b") as f:
+            f.truncate(3 << 30)
+    with pytest.raises(UsageError, match="not a previous build .its manifest.json cannot be read as JSON."):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), victim)
+    assert (victim / "manifest.json").exists()
+
+
 def _lookalike(folder: Path, parquet: str) -> Path:
     """A folder holding a fixed-sft manifest and a ``train.parquet`` that is not a regular file."""
     folder.mkdir()

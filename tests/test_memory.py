@@ -360,6 +360,23 @@ def test_page_headers_are_walked_to_the_end_of_each_column_chunk(options):
     assert largest_page(io.BytesIO(b"\x15\x00" * 8), 0, 16) is None  # not a page header
 
 
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"\x19\xf7" + b"\xff" * 8 + b"\x10",  # field 1: a list claiming 2**60 doubles in a few bytes
+        b"\x19" + b"\x19" * 4000 + b"\x00" * 8,  # lists nested 4,000 deep
+    ],
+    ids=["huge list", "deep nesting"],
+)
+def test_a_hostile_page_header_is_damage_at_once(header):
+    """A page header is read with the bounds of ``thrift.Reader``: a list longer than its
+    bytes, or nesting past its depth, is a damaged header (``ValueError``), never a walk
+    of 2**60 elements or a RecursionError."""
+    with pytest.raises(ValueError):
+        list(page_sizes(io.BytesIO(header), 0, len(header)))
+    assert largest_page(io.BytesIO(header), 0, len(header)) is None
+
+
 def test_a_parquet_page_over_the_bound_stops_the_build_when_the_source_is_opened(kimi_dir, tmp_path, monkeypatch):
     """pyarrow's writer puts up to 1,024 values in a page: 40 conversations of 60 KB make a
     page of 2.4 MB, which a reader decodes whole. Written in pages of about 1 MB, they are read."""

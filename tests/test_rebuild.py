@@ -512,6 +512,16 @@ def test_a_recorded_source_outside_the_current_folder_is_read_only_when_named(
     assert _rebuild(tmp_path / "o", "--source", str(source), "--tokenizer", str(kimi_dir), "--workers", "1") == 0
 
 
+def test_a_recorded_source_with_a_nul_is_named_not_an_internal_error(source, kimi_dir, tmp_path, capsys):
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    _edit(tmp_path / "o", lambda m: m["source"].update(name="rows\u0000.jsonl"))
+    capsys.readouterr()
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 2
+    assert capsys.readouterr().err == (
+        "error: the manifest's source 'rows\\x00.jsonl' is not a path; pass --source PATH to name the one to read\n"
+    )
+
+
 def test_a_recorded_tokenizer_folder_outside_the_current_folder_is_read_only_when_named(
     source, kimi_dir, tmp_path, capsys
 ):

@@ -330,6 +330,18 @@ def test_a_cached_file_is_checked_against_its_etag(tmp_path):
     assert "its bytes give " + hashlib.sha1(b"blob 6\0hellO\n").hexdigest() in cache_damage(git, "")
 
 
+def test_a_cached_file_whose_blob_is_gone_is_named_as_damage(tmp_path):
+    """Explaining an error by cache damage never ends in the error of reading the file."""
+    from fixed_sft.hub import raise_cache_damage
+
+    snapshot = tmp_path / "hub" / "datasets--o--d" / "snapshots" / ("c" * 40)
+    link = cache_link(snapshot, "train.parquet", b"rows")
+    blob = tmp_path / "hub" / "datasets--o--d" / "blobs" / hashlib.sha256(b"rows").hexdigest()
+    blob.unlink()
+    with pytest.raises(SourceError, match=f"{re.escape(str(link))} is damaged in the Hugging Face cache: No such file"):
+        raise_cache_damage([link], SourceError)
+
+
 def test_a_cached_blob_kept_in_a_shared_store_is_checked_by_its_etag(tmp_path):
     """huggingface_hub may keep a blob in a store shared by repos, named by another hash,
     and link ``blobs/ETAG`` to it: the etag still says what the bytes must be, and both
