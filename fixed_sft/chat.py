@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .encoding import Message, MessageSchema, TemplateMismatch
-from .source import ROLES
 from .tokenizer import TEMPLATE_KWARGS, KimiTokenizer
 
 MASK_TYPES = ("kimi_k25",)
+ROLES = ("system", "user", "assistant")
 # What the fast path reads of a message.
 SCHEMA = MessageSchema(name="kimi_k25", keys=frozenset({"role", "content"}), roles=ROLES)
 _PROBE = "\x00fixed-sft-probe\x00"

@@ -39,10 +39,11 @@ import numpy as np
 import pyarrow as pa
 
 from .chat import RENDERER_MODULE, ChatEncoder
+from .conversation import InvalidRow, conversation
 from .encoding import Encoder, TemplateMismatch
 from .exits import remove_on_exit
 from .hashes import sha256_file
-from .source import InvalidRow, conversation, records
+from .source import records
 from .tokenizer import KimiTokenizer, TokenizerError
 
 
@@ -121,11 +122,13 @@ class EncoderConfig:
 
 
 def encode_rows(encoder: Encoder, chunk: pa.Table, first_position: int, check_every: int) -> Iterator[Encoded]:
-    """Encode a chunk's conversations one at a time, as they are asked for; raise
+    """Encode a chunk's conversations one at a time, as they are asked for; a record that
+    is not a valid conversation for the encoder's schema is an invalid row; raise
     ``TemplateMismatch`` naming the row when a checked conversation differs."""
+    schema = encoder.schema
     for offset, (index, record) in enumerate(records(chunk)):
         try:
-            row_id, messages = conversation(record)
+            row_id, messages = conversation(record, schema)
         except InvalidRow as error:
             yield Encoded(index, error.row_id, None, None, error.reason)
             continue

@@ -13,6 +13,8 @@ import pytest
 import synthetic
 from conftest import cache_link
 
+from fixed_sft.chat import SCHEMA
+from fixed_sft.conversation import conversation
 from fixed_sft.hub import cache_damage
 from fixed_sft.order import positions
 from fixed_sft.source import InvalidRow, SourceError, open_source, read_band, records
@@ -229,8 +231,6 @@ def test_a_file_of_another_kind_is_refused(tmp_path):
 def test_a_message_is_reduced_to_its_role_and_content():
     """Other message keys (``name``, ``reasoning_content`` ...) are ignored: the
     template, which the build's check renders, never sees them."""
-    from fixed_sft.source import conversation
-
     record = {
         "id": 7,
         "messages": [
@@ -238,7 +238,10 @@ def test_a_message_is_reduced_to_its_role_and_content():
             {"role": "assistant", "content": "a", "reasoning_content": "r", "tool_calls": []},
         ],
     }
-    assert conversation(record) == ("7", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
+    assert conversation(record, SCHEMA) == (
+        "7",
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+    )
 
 
 @pytest.mark.parametrize(
