@@ -29,7 +29,8 @@ from .tokenizer import TEMPLATE_KWARGS, KimiTokenizer
 
 MASK_TYPES = ("kimi_k25",)
 ROLES = ("system", "user", "assistant")
-# What the fast path reads of a message.
+# What the fast path reads of a message: every other key is refused (fixed_sft.conversation),
+# since the fast path would leave it out of the ids.
 SCHEMA = MessageSchema(name="kimi_k25", keys=frozenset({"role", "content"}), roles=ROLES)
 _PROBE = "\x00fixed-sft-probe\x00"
 # Conversations on which the fast path must equal the template before it is used: every

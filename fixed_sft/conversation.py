@@ -1,9 +1,11 @@
 """The conversation schema: a source record -> its id and messages, checked against what its encoder reads.
 
 A record is valid when its ``messages`` is a non-empty list of objects, each with a ``role``
-the encoder encodes and a string ``content`` of valid Unicode; its ``id``, where present and
-not null, is a string or an integer. Other keys of a message, and keys of the record beside
-``id`` and ``messages``, are not read.
+the encoder encodes and a string ``content`` of valid Unicode, and no other key the encoder
+does not read; its ``id``, where present and not null, is a string or an integer. A key whose
+value is null counts as absent: a Parquet struct carries every key of its file's schema, null
+where a row has none. A key the encoder would drop is refused, never silently left out of the
+ids. Keys of the record beside ``id`` and ``messages`` are not read.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class InvalidRow(Exception):
 
 class Conversation(NamedTuple):
     """A valid record's id's text (``None`` without one) and its messages, each reduced to
-    its role and content."""
+    the keys its encoder reads that are present and not null."""
 
     id: str | None
     messages: list[Message]
@@ -59,16 +61,32 @@ def conversation(record: object, schema: MessageSchema) -> Conversation:
         if not isinstance(message, dict):
             raise InvalidRow(f"message {n} is a {type(message).__name__}, not an object", row_id)
         role, content = message.get("role"), message.get("content")
-        if role not in roles:
-            why = "has no role" if role is None else f"has unknown role {role!r}"
-            raise InvalidRow(f"message {n} {why}", row_id)
-        if not isinstance(content, str):
-            why = "has no content" if content is None else f"content is a {type(content).__name__}, not a string"
-            raise InvalidRow(f"message {n} {why}", row_id)
-        if not content.isascii() and not is_unicode(content):
+        if len(message) == 2 and role in roles and isinstance(content, str):  # exactly a role and a content
+            kept, text = {"role": role, "content": content}, content
+        else:
+            kept = _reduced(n, message, schema, row_id)
+            text = kept["content"]
+        if not text.isascii() and not is_unicode(text):
             raise InvalidRow(f"message {n} content has a lone surrogate", row_id)
-        clean.append({"role": role, "content": content})
+        clean.append(kept)
     return Conversation(row_id, clean)
+
+
+def _reduced(n: int, message: Message, schema: MessageSchema, row_id: str | None) -> Message:
+    """Message ``n`` without its null keys, or the ``InvalidRow`` it is: a role missing or
+    not one of ``schema.roles``, a key with a value that ``schema`` does not read, or a
+    content that is missing or not a string (checked in that order)."""
+    role, content = message.get("role"), message.get("content")
+    if role not in schema.roles:
+        why = "has no role" if role is None else f"has unknown role {role!r}"
+        raise InvalidRow(f"message {n} {why}", row_id)
+    for key, value in message.items():
+        if value is not None and key not in schema.keys:
+            raise InvalidRow(f"message {n} has the key {key!r}, which the {schema.name} encoder does not read", row_id)
+    if not isinstance(content, str):
+        why = "has no content" if content is None else f"content is a {type(content).__name__}, not a string"
+        raise InvalidRow(f"message {n} {why}", row_id)
+    return {key: value for key, value in message.items() if value is not None}
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -1,8 +1,9 @@
 """The encoding seam: what every encoder of conversations into token ids and loss masks provides.
 
 An encoder turns one conversation's messages into ``(ids, mask)`` arrays (int32 ids, uint8
-mask, of one length) and names, in its ``schema``, the message keys and roles it reads.
-``check`` compares a conversation's
+mask, of one length) and names, in its ``schema``, the message keys and roles it reads; the
+conversation schema (``fixed_sft.conversation``) refuses a message with any other key, so
+that nothing in a row is silently left out of its ids. ``check`` compares a conversation's
 ids with the model's own rendering of it. The Kimi fast path (``fixed_sft.chat.ChatEncoder``)
 is one implementation; the code that encodes chunks (``fixed_sft.encode``) sees only this
 protocol, so an encoder of another kind (one that renders each conversation) can be added
@@ -36,7 +37,9 @@ class TemplateMismatch(Exception):
 
 
 class Encoder(Protocol):
-    """Conversations -> token ids and loss masks."""
+    """Conversations -> token ids and loss masks. ``encode_arrays`` is given messages that
+    the conversation schema has checked against ``schema`` (each reduced to the keys it
+    names, absent keys left out)."""
 
     @property
     def schema(self) -> MessageSchema:
