@@ -1,4 +1,4 @@
-"""Conversation -> (token ids, loss mask), equal to rendering the chat template.
+"""The Kimi fast path: conversation -> (token ids, loss mask), equal to rendering the chat template.
 
 Reference path (what the model's own tokenizer does): render ``chat_template.jinja``
 with transformers' Jinja renderer, then encode the text (``KimiTokenizer.encode``).
@@ -19,15 +19,19 @@ Every token of system and user messages is 0.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .source import ROLES
+from .encoding import Message, MessageSchema, TemplateMismatch
 from .tokenizer import TEMPLATE_KWARGS, KimiTokenizer
 
 MASK_TYPES = ("kimi_k25",)
+ROLES = ("system", "user", "assistant")
+# What the fast path reads of a message: every other key is refused (fixed_sft.conversation),
+# since the fast path would leave it out of the ids.
+SCHEMA = MessageSchema(name="kimi_k25", keys=frozenset({"role", "content"}), roles=ROLES)
 _PROBE = "\x00fixed-sft-probe\x00"
 # Conversations on which the fast path must equal the template before it is used: every
 # pair of roles, and longer ones in which every role follows every role and each role
@@ -41,10 +45,6 @@ PROBE_CONVERSATIONS = (
     ("assistant", "assistant", "system", "system", "user", "user", "system", "assistant", "user", "system"),
 )
 _PROBE_CONTENTS = ("\n probe {}\n", "", " probe {} ", "a</think>probe {}\n\n", "<|im_end|>probe {}<think>")
-
-
-class TemplateMismatch(Exception):
-    """The fast path and the rendered template disagree."""
 
 
 class TemplateRefusal(TemplateMismatch):
@@ -71,7 +71,10 @@ RENDERER_MODULE = "transformers.utils.chat_template_utils"
 
 
 class ChatEncoder:
-    """Encodes conversations of ``{"role": system|user|assistant, "content": str}``."""
+    """Encodes conversations of ``{"role": system|user|assistant, "content": str}``: the
+    Kimi fast path's ``fixed_sft.encoding.Encoder``."""
+
+    schema = SCHEMA
 
     def __init__(self, tokenizer: KimiTokenizer, loss_mask_type: str = "kimi_k25", template_kwargs: dict | None = None):
         if loss_mask_type not in MASK_TYPES:
@@ -133,12 +136,12 @@ class ChatEncoder:
         if not rendered:
             raise TemplateMismatch(f"{template}: the chat template renders no probe conversation ({refusal})")
 
-    def encode(self, messages: list[dict]) -> tuple[list[int], list[int]]:
+    def encode(self, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
         """Token ids and loss mask of one conversation (fast path)."""
         ids, mask = self.encode_arrays(messages)
         return ids.tolist(), mask.tolist()
 
-    def encode_arrays(self, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    def encode_arrays(self, messages: Sequence[Message]) -> tuple[np.ndarray, np.ndarray]:
         """``encode`` as int32 ids and uint8 mask arrays."""
         parts: list[np.ndarray] = []
         values: list[int] = []
@@ -152,7 +155,7 @@ class ChatEncoder:
         ids = np.concatenate(parts).view(np.int32) if parts else np.zeros(0, np.int32)
         return ids, np.repeat(np.array(values, dtype=np.uint8), lengths)
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = False) -> str:
         """The chat template rendered as transformers renders it for ``apply_chat_template``:
         with this tokenizer's special tokens (``bos_token``, ...) and the template arguments."""
         renderer = importlib.import_module(RENDERER_MODULE)  # heavy: imported only where rendering
@@ -165,13 +168,13 @@ class ChatEncoder:
         )
         return rendered[0]
 
-    def reference_ids(self, messages: list[dict]) -> list[int]:
+    def reference_ids(self, messages: Sequence[Message]) -> list[int]:
         """Token ids by rendering the template and encoding the text; ``TemplateRefusal``
         when the template refuses to render the conversation (an error it raises, as for
         roles out of the order it allows)."""
         return np.concatenate([np.zeros(0, np.uint32), *self._reference_pieces(messages)]).tolist()
 
-    def _reference_pieces(self, messages: list[dict]) -> Iterator[np.ndarray]:
+    def _reference_pieces(self, messages: Sequence[Message]) -> Iterator[np.ndarray]:
         """``reference_ids`` as the tokenizer's consecutive uint32 pieces (``encode_pieces``)."""
         try:
             text = self.render(messages)
@@ -181,7 +184,7 @@ class ChatEncoder:
             ) from None
         return self.tokenizer.encode_pieces(text)
 
-    def check(self, messages: list[dict], ids: np.ndarray) -> None:
+    def check(self, messages: Sequence[Message], ids: np.ndarray) -> None:
         """Raise ``TemplateMismatch`` unless ``ids`` equal the rendered template's ids
         (``TemplateRefusal`` when the template refuses to render the conversation). The
         rendered text is encoded a piece at a time and each piece compared with its slice

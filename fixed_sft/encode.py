@@ -38,10 +38,12 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from .chat import RENDERER_MODULE, ChatEncoder, TemplateMismatch
+from .chat import RENDERER_MODULE, ChatEncoder
+from .conversation import InvalidRow, conversation
+from .encoding import Encoder, TemplateMismatch
 from .exits import remove_on_exit
 from .hashes import sha256_file
-from .source import InvalidRow, conversation, records
+from .source import records
 from .tokenizer import KimiTokenizer, TokenizerError
 
 
@@ -90,7 +92,7 @@ class EncodedChunk:
 
 @dataclass(frozen=True)
 class EncoderConfig:
-    """What a process needs to build its own ``ChatEncoder`` (it travels to workers):
+    """What a process needs to build its own encoder (it travels to workers):
     ``tokenizer_sha256`` is the sha256 of each tokenizer file by name, as the build
     records it."""
 
@@ -99,9 +101,9 @@ class EncoderConfig:
     loss_mask_type: str
     template_kwargs: dict
 
-    def load(self) -> ChatEncoder:
-        """The encoder; ``TokenizerError`` for a tokenizer file whose sha256 is no longer
-        the recorded one once it has been read."""
+    def load(self) -> Encoder:
+        """The encoder (the Kimi fast path, ``ChatEncoder``); ``TokenizerError`` for a
+        tokenizer file whose sha256 is no longer the recorded one once it has been read."""
         encoder = ChatEncoder(KimiTokenizer(self.tokenizer_dir), self.loss_mask_type, self.template_kwargs)
         for name, digest in self.tokenizer_sha256.items():
             if sha256_file(self.tokenizer_dir / name) != digest:
@@ -119,12 +121,14 @@ class EncoderConfig:
         return cls(**{**fields, "tokenizer_dir": Path(fields["tokenizer_dir"])})
 
 
-def encode_rows(encoder: ChatEncoder, chunk: pa.Table, first_position: int, check_every: int) -> Iterator[Encoded]:
-    """Encode a chunk's conversations one at a time, as they are asked for; raise
+def encode_rows(encoder: Encoder, chunk: pa.Table, first_position: int, check_every: int) -> Iterator[Encoded]:
+    """Encode a chunk's conversations one at a time, as they are asked for; a record that
+    is not a valid conversation for the encoder's schema is an invalid row; raise
     ``TemplateMismatch`` naming the row when a checked conversation differs."""
+    schema = encoder.schema
     for offset, (index, record) in enumerate(records(chunk)):
         try:
-            row_id, messages = conversation(record)
+            row_id, messages = conversation(record, schema)
         except InvalidRow as error:
             yield Encoded(index, error.row_id, None, None, error.reason)
             continue
@@ -138,7 +142,7 @@ def encode_rows(encoder: ChatEncoder, chunk: pa.Table, first_position: int, chec
         yield Encoded(index, row_id, ids, mask, None, checked)
 
 
-def encode_chunk(encoder: ChatEncoder, chunk: pa.Table, first_position: int, check_every: int) -> EncodedChunk:
+def encode_chunk(encoder: Encoder, chunk: pa.Table, first_position: int, check_every: int) -> EncodedChunk:
     """A chunk's conversations, packed for transfer (see ``EncodedChunk``): all of them,
     or those before the first whose template check fails, and that failure."""
     items: list[Encoded] = []
@@ -173,7 +177,7 @@ PRELOAD_VARIABLE = "FIXED_SFT_PRELOAD_ENCODER"  # an EncoderConfig as JSON, for 
 BUILDER_VARIABLE = "FIXED_SFT_PRELOAD_BUILDER"  # the pid of the build's process, which starts the fork server
 
 
-def preload(text: str | None, builder: int | None = None) -> tuple[str, ChatEncoder] | None:
+def preload(text: str | None, builder: int | None = None) -> tuple[str, Encoder] | None:
     """``text`` (``EncoderConfig.to_json``) and the encoder it names, loaded; ``None`` for
     no ``text``, or when loading fails (each worker then loads its own encoder, and
     reports the error). Meanwhile this process exits as soon as its parent is not
@@ -203,10 +207,10 @@ def _exit_unless_child_of(builder: int, loaded: threading.Event) -> None:
 # set only while the fork server starts (``start_forkserver``); taken out of the environment its workers inherit
 _builder = os.environ.pop(BUILDER_VARIABLE, None)
 _preloaded = preload(os.environ.pop(PRELOAD_VARIABLE, None), int(_builder) if _builder else None)
-_worker_encoder: ChatEncoder | Exception | None = None
+_worker_encoder: Encoder | Exception | None = None
 
 
-def worker_encoder(config: EncoderConfig) -> ChatEncoder | Exception:
+def worker_encoder(config: EncoderConfig) -> Encoder | Exception:
     """The fork server's encoder if it is ``config``'s (the same JSON), else one loaded
     now; a failure to load is returned, to be raised by the worker's first chunk (so the
     caller gets the error itself rather than a broken pool)."""
@@ -379,10 +383,10 @@ class Encoders:
         self.workers = workers
         self.check_every = check_every
         self._pool: ProcessPoolExecutor | None = None
-        self._started: Future | None = None  # the ChatEncoder (1 worker), or None when workers are up
+        self._started: Future | None = None  # the Encoder (1 worker), or None when workers are up
 
     def __enter__(self) -> Encoders:
-        start: Callable[[], ChatEncoder | None] = self.config.load
+        start: Callable[[], Encoder | None] = self.config.load
         if self.workers > 1:
             self._pool = ProcessPoolExecutor(
                 self.workers,

@@ -1,9 +1,10 @@
-"""Chat source -> conversations, read by global row index.
+"""Chat source files -> source records, read by global row index.
 
 A source is an ordered list of ``.parquet`` / ``.jsonl`` files in the Tulu schema
 (``id``, ``messages`` = [{``role``, ``content``}], ...). Row ``i`` is the i-th row of
 the files taken in order (a folder's files sorted by path). A Hugging Face dataset is
-downloaded at a pinned revision into the Hub cache first.
+downloaded at a pinned revision into the Hub cache first. ``records`` gives each row as
+a dict, which ``fixed_sft.conversation`` checks against the schema.
 
 Rows are read in *bands*: one pass over the files keeps just the rows whose packing
 position falls in ``[lo, hi)`` (as Arrow data), so memory holds one band, not the source.
@@ -15,7 +16,6 @@ import codecs
 import json
 import math
 import os
-import re
 import stat
 import threading
 from collections.abc import Callable, Iterator
@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .conversation import InvalidRow, is_unicode
 from .fields import STRICT_JSON, DuplicateKey
 from .hub import HubUnreachable, download_dataset, is_hub_id, raise_cache_damage
 from .pages import largest_page
@@ -62,7 +63,6 @@ SHARED_PAGE_BYTES = 16 << 20  # a source whose pages may be larger is read a fil
 # A reader returns freed decode memory to the OS after decoding this many bytes: at most this
 # much is held per reader, and returning it less often saves page faults when it is reused.
 RELEASE_BYTES = 64 << 20
-ROLES = ("system", "user", "assistant")
 
 
 _allocator_lock = threading.Lock()
@@ -118,15 +118,6 @@ def changed(path: Path) -> SourceError:
 def unreadable(path: Path, error: OSError) -> SourceError:
     """The error for a source file the system would not let the build read."""
     return SourceError(f"{path}: cannot read ({error.strerror or error})")
-
-
-class InvalidRow(Exception):
-    """A source row that is not a valid conversation."""
-
-    def __init__(self, reason: str, row_id: str | None = None):
-        super().__init__(reason)
-        self.reason = reason
-        self.row_id = row_id
 
 
 @dataclass(frozen=True)
@@ -699,56 +690,8 @@ def _parse_json_line(line: memoryview) -> dict | InvalidRow:
     return record if isinstance(record, dict) else InvalidRow("not a JSON object")
 
 
-def conversation(record: dict | InvalidRow) -> tuple[str | None, list[dict]]:
-    """``(id, messages)`` of a source record, messages reduced to ``{role, content}``.
-
-    Valid: ``messages`` is a non-empty list of objects whose ``role`` is system, user
-    or assistant and whose ``content`` is a string of valid Unicode (no lone
-    surrogate); ``id``, where present and not null, is a string of valid Unicode or an
-    integer, whose decimal text is the id."""
-    if isinstance(record, InvalidRow):
-        raise record
-    row_id = record.get("id")
-    if isinstance(row_id, bool) or not isinstance(row_id, (str, int, type(None))):
-        raise InvalidRow(f"'id' is a {type(row_id).__name__}, not a string or integer")
-    row_id = None if row_id is None else str(row_id)
-    if row_id is not None and not row_id.isascii() and not _is_unicode(row_id):
-        raise InvalidRow("'id' has a lone surrogate", row_id.encode("utf-8", "backslashreplace").decode())
-    messages = record.get("messages")
-    if messages is None:
-        raise InvalidRow("'messages' is missing", row_id)
-    if not isinstance(messages, list):
-        raise InvalidRow(f"'messages' is a {type(messages).__name__}, not a list", row_id)
-    if not messages:
-        raise InvalidRow("'messages' is empty", row_id)
-    clean = []
-    for n, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise InvalidRow(f"message {n} is a {type(message).__name__}, not an object", row_id)
-        role, content = message.get("role"), message.get("content")
-        if role not in ROLES:
-            why = "has no role" if role is None else f"has unknown role {role!r}"
-            raise InvalidRow(f"message {n} {why}", row_id)
-        if not isinstance(content, str):
-            why = "has no content" if content is None else f"content is a {type(content).__name__}, not a string"
-            raise InvalidRow(f"message {n} {why}", row_id)
-        if not content.isascii() and not _is_unicode(content):
-            raise InvalidRow(f"message {n} content has a lone surrogate", row_id)
-        clean.append({"role": role, "content": content})
-    return row_id, clean
-
-
 def non_unicode(path: Path) -> str | None:
     """``path`` as text with its undecodable bytes shown as ``\\xNN``, when it is not valid
     UTF-8 (which neither pyarrow nor a JSON manifest takes); ``None`` when it is."""
     text = str(path)
-    return None if _is_unicode(text) else os.fsencode(text).decode("utf-8", "backslashreplace")
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _is_unicode(text: str) -> bool:
-    """Whether ``text`` is valid Unicode (has no lone surrogate, which UTF-8 cannot hold),
-    found without encoding it (a copy as large as the text)."""
-    return _SURROGATE.search(text) is None
+    return None if is_unicode(text) else os.fsencode(text).decode("utf-8", "backslashreplace")

@@ -350,9 +350,9 @@ def test_lazy_build_encodes_only_needed_conversations(corpus, kimi_dir, tmp_path
     encoded = []
     original = fixed_sft.encode.conversation
 
-    def counting(record):
+    def counting(record, schema):
         encoded.append(record)
-        return original(record)
+        return original(record, schema)
 
     monkeypatch.setattr(fixed_sft.encode, "conversation", counting)
     manifest = build(config(corpus[0] / "parquet", kimi_dir, rows=3, check_every=0), tmp_path / "lazy")

@@ -551,3 +551,90 @@ def test_rows_skipped_counts_only_all_zero_rows(sources, kimi_dir, tmp_path, enc
     stats = manifest["stats"]
     unit = len(encoder.encode(GOOD["messages"])[0]) + 1
     assert (stats["rows"] + stats["rows_skipped"]) * 16 + stats["tail_tokens_dropped"] == (45 - len(BAD_LINES)) * unit
+
+
+# rows given a message key the Kimi fast path does not read, and that key
+UNREAD_KEYS = {
+    3: ("name", "bob"),
+    8: ("reasoning_content", "thought"),
+    13: ("tool_calls", [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]),
+}
+
+
+def _unread_key_rows(spoil=lambda message, key, value: message.update({key: value})) -> list[dict]:
+    rows = []
+    for i in range(20):
+        messages = [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]
+        if i in UNREAD_KEYS:
+            spoil(messages[1], *UNREAD_KEYS[i])
+        rows.append({"id": f"row-{i}", "messages": messages})
+    return rows
+
+
+def _unread_key_source(folder, suffix):
+    """The rows in ``suffix``'s format; in Parquet, ``messages`` is a struct with every key
+    of ``UNREAD_KEYS``, null in every row but the one it spoils."""
+    import pyarrow as pa
+
+    rows = _unread_key_rows()
+    path = folder / f"src{suffix}"
+    folder.mkdir()
+    if suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return path
+    call = pa.struct(
+        [
+            ("id", pa.string()),
+            ("type", pa.string()),
+            ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())])),
+        ]
+    )
+    message = pa.struct(
+        [
+            ("role", pa.string()),
+            ("content", pa.string()),
+            ("name", pa.string()),
+            ("reasoning_content", pa.string()),
+            ("tool_calls", pa.list_(call)),
+        ]
+    )
+    pq.write_table(
+        pa.Table.from_pylist(rows, schema=pa.schema([("id", pa.string()), ("messages", pa.list_(message))])), path
+    )
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_a_message_key_the_encoder_would_drop_stops_the_build_naming_row_and_key(kimi_dir, tmp_path, suffix):
+    path = _unread_key_source(tmp_path / "src", suffix)
+    with pytest.raises(BuildError) as error:
+        build(_config(path, kimi_dir), tmp_path / "out")
+    match = re.fullmatch(
+        rf"{re.escape(str(path))}: (line|row) (\d+) \(source row (\d+), id row-(\d+)\): message 1 has the key "
+        r"'(\w+)', which the kimi_k25 encoder does not read \(--skip-invalid skips such rows and records them\)",
+        str(error.value),
+    )
+    index = int(match[3])
+    assert int(match[2]) == index + (suffix == ".jsonl") and match[1] == ("line" if suffix == ".jsonl" else "row")
+    assert int(match[4]) == index and match[5] == UNREAD_KEYS[index][0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_skip_invalid_records_each_message_key_the_encoder_would_drop(kimi_dir, tmp_path, suffix):
+    """And the other rows, whose keys are null in Parquet, are the rows of a source
+    without those keys: the same ``rows_sha256``."""
+    manifest = build(
+        _config(_unread_key_source(tmp_path / "src", suffix), kimi_dir, skip_invalid=True), tmp_path / "out"
+    )
+    skipped = {entry["index"]: (entry["id"], entry["reason"]) for entry in manifest["skipped_invalid"]}
+    assert skipped == {
+        i: (f"row-{i}", f"message 1 has the key {key!r}, which the kimi_k25 encoder does not read")
+        for i, (key, _) in UNREAD_KEYS.items()
+    }
+    plain = tmp_path / "plain.jsonl"  # the same rows skipped for another reason, the others without the keys
+    rows = _unread_key_rows(spoil=lambda message, key, value: message.update(role="narrator"))
+    plain.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert (
+        manifest["rows_sha256"] == build(_config(plain, kimi_dir, skip_invalid=True), tmp_path / "plain")["rows_sha256"]
+    )

@@ -246,7 +246,7 @@ def test_a_build_that_needs_one_conversation_has_one_encoded(kimi_dir, tmp_path,
         encode_module, "records", lambda chunk: decoded.append(chunk.num_rows) or original_records(chunk)
     )
     monkeypatch.setattr(
-        encode_module, "conversation", lambda record: encoded.append(1) or original_conversation(record)
+        encode_module, "conversation", lambda record, schema: encoded.append(1) or original_conversation(record, schema)
     )
     manifest = build(_config(big_source, kimi_dir), tmp_path / "one")
     assert manifest["stats"]["conversations"] == 1 and decoded == [1] and len(encoded) == 1

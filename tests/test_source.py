@@ -13,6 +13,8 @@ import pytest
 import synthetic
 from conftest import cache_link
 
+from fixed_sft.chat import SCHEMA
+from fixed_sft.conversation import conversation
 from fixed_sft.hub import cache_damage
 from fixed_sft.order import positions
 from fixed_sft.source import InvalidRow, SourceError, open_source, read_band, records
@@ -175,8 +177,8 @@ def test_files_whose_messages_types_differ_are_refused(tmp_path):
 
 
 def test_files_whose_messages_types_combine_give_the_same_rows(tmp_path):
-    """``large_string`` content in one file and an extra message key in another still
-    form one source: the same conversations, in the same order."""
+    """``large_string`` content in one file and an extra message key, null in every row,
+    in another still form one source: the same conversations, in the same order."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -191,20 +193,24 @@ def test_files_whose_messages_types_combine_give_the_same_rows(tmp_path):
         first.set_column(first.schema.get_field_index("messages"), "messages", first.column("messages").cast(large)),
         mixed / "a.parquet",
     )
-    second = pq.read_table(files[1]).to_pylist()
-    for row in second:
-        row["messages"] = [{**m, "name": "x"} for m in row["messages"]]
-    pq.write_table(pa.Table.from_pylist(second), mixed / "b.parquet")
+    second = pq.read_table(files[1])
+    named = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()), ("name", pa.string())]))
+    with_name = pa.array([[{**m, "name": None} for m in ms] for ms in second.column("messages").to_pylist()], named)
+    pq.write_table(
+        second.set_column(second.schema.get_field_index("messages"), "messages", with_name), mixed / "b.parquet"
+    )
     shutil.copy(files[2], mixed / "c.parquet")
 
     def conversations(folder):
         src = open_source(str(folder))
-        return [(i, r["messages"]) for chunk in read_band(src, np.arange(6), 0, 6).chunks(4) for i, r in records(chunk)]
+        return [
+            (i, conversation(r, SCHEMA))
+            for chunk in read_band(src, np.arange(6), 0, 6).chunks(4)
+            for i, r in records(chunk)
+        ]
 
-    plain = conversations(tmp_path / "plain")
-    got = conversations(mixed)
-    assert [i for i, _ in got] == [i for i, _ in plain]
-    assert [[{k: m[k] for k in ("role", "content")} for m in ms] for _, ms in got] == [ms for _, ms in plain]
+    # every file's rows carry the key ``name`` once combined with b's, null: as if absent
+    assert conversations(mixed) == conversations(tmp_path / "plain")
 
 
 def test_file_paths_are_relative_to_the_source_folder(tmp_path):
@@ -224,21 +230,6 @@ def test_a_file_of_another_kind_is_refused(tmp_path):
     (tmp_path / "rows.txt").write_text("{}\n")
     with pytest.raises(SourceError, match="rows.txt: not a .parquet or .jsonl file"):
         open_source(str(tmp_path / "rows.txt"))
-
-
-def test_a_message_is_reduced_to_its_role_and_content():
-    """Other message keys (``name``, ``reasoning_content`` ...) are ignored: the
-    template, which the build's check renders, never sees them."""
-    from fixed_sft.source import conversation
-
-    record = {
-        "id": 7,
-        "messages": [
-            {"role": "user", "content": "q", "name": "bob"},
-            {"role": "assistant", "content": "a", "reasoning_content": "r", "tool_calls": []},
-        ],
-    }
-    assert conversation(record) == ("7", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
 
 
 @pytest.mark.parametrize(

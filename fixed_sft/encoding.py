@@ -1,0 +1,55 @@
+"""The encoding seam: what every encoder of conversations into token ids and loss masks provides.
+
+An encoder turns one conversation's messages into ``(ids, mask)`` arrays (int32 ids, uint8
+mask, of one length) and names, in its ``schema``, the message keys and roles it reads; the
+conversation schema (``fixed_sft.conversation``) refuses a message with any other key, so
+that nothing in a row is silently left out of its ids. ``check`` compares a conversation's
+ids with the model's own rendering of it. The Kimi fast path (``fixed_sft.chat.ChatEncoder``)
+is one implementation; the code that encodes chunks (``fixed_sft.encode``) sees only this
+protocol, so an encoder of another kind (one that renders each conversation) can be added
+beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+Message = dict[str, Any]  # a message's keys and values, as JSON or Parquet gives them
+
+
+@dataclass(frozen=True)
+class MessageSchema:
+    """What an encoder reads of a message: the keys (``role`` and ``content`` among them)
+    and the roles it encodes; ``name`` names the encoder in the refusal of a row whose
+    messages hold anything else."""
+
+    name: str
+    keys: frozenset[str]
+    roles: tuple[str, ...]
+
+
+class TemplateMismatch(Exception):
+    """An encoder's ids for a conversation differ from the model's own rendering of it."""
+
+
+class Encoder(Protocol):
+    """Conversations -> token ids and loss masks. ``encode_arrays`` is given messages that
+    the conversation schema has checked against ``schema`` (each reduced to the keys it
+    names, absent keys left out)."""
+
+    @property
+    def schema(self) -> MessageSchema:
+        """The message keys and roles this encoder reads."""
+        ...
+
+    def encode_arrays(self, messages: Sequence[Message]) -> tuple[np.ndarray, np.ndarray]:
+        """One conversation's int32 token ids and uint8 loss mask, of one length."""
+        ...
+
+    def check(self, messages: Sequence[Message], ids: np.ndarray) -> None:
+        """Raise ``TemplateMismatch`` unless ``ids`` are the model's own ids of ``messages``."""
+        ...
