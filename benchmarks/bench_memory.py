@@ -46,7 +46,8 @@ written by ``pyarrow.parquet.write_table``.
 * ``many-max``: 48 such conversations at the bound, JSONL; 2,000 rows, which take about
   ten of them.
 * ``4mb-all`` (only when named): the ``4mb`` source built whole (``rows`` all), so
-  that bands, not one conversation, set the memory: 64 conversations a band.
+  that bands, not one conversation, set the memory: 10 conversations a band (rows of
+  over 64 KiB: a band and its read copies within ``fixed_sft.build.LARGE_BAND_BYTES``).
 * ``100mb`` and ``100mb-parquet``: one 100 MiB conversation packed first among 300
   synthetic ones, JSONL and Parquet, with ``skip_invalid``; 4 rows. In JSONL the row is
   refused (over the bound) and recorded, and the build goes on; in Parquet its page is

@@ -48,17 +48,34 @@ from .order import permutation, positions
 from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, RowWriter, naming
 from .pack import Packer
 from .params import RECORDED, BuildConfig, to_json
-from .source import Source, SourceError, bytes_per_row, open_source, read_band, system_allocator, unreadable
+from .source import (
+    Source,
+    SourceError,
+    band_bytes,
+    file_bytes,
+    open_source,
+    read_band,
+    system_allocator,
+    unreadable,
+)
 from .specs import ResolvedTokenizer, resolve_tokenizer
 from .tokenizer import eos_id
 
 ORDER_RULE = "splitmix64-key-v1"
 # A chunk (what one worker encodes at a time) holds at most CHUNK_ROWS rows and CHUNK_BYTES bytes
 # of rows (one row, however large, within MAX_CONVERSATION_BYTES), and no more rows than the
-# build still wants; a band (what one pass over the source keeps) holds BAND_BYTES of rows at most.
+# build still wants; a band (what one pass over the source keeps) holds BAND_BYTES of rows at most,
+# or, where the source's rows are large (over LARGE_ROW_BYTES on average: chunks are then cut by
+# bytes), as many as reading it holds within LARGE_BAND_BYTES, with the copies that sort them
+# (fixed_sft.source.band_bytes). A band is read while the workers encode the chunks before it, and
+# each conversation in flight is held several times over by its worker: of large rows, that is
+# hundreds of MB. For small rows the copies are not counted, so that builds that read one band
+# still do (the default build's first band: about 1.2 x 6,400 x 8,192 tokens x 4 bytes, 240 MiB).
 CHUNK_ROWS = 128
 CHUNK_BYTES = 8 << 20
 BAND_BYTES = 256 << 20
+LARGE_BAND_BYTES = 128 << 20
+LARGE_ROW_BYTES = CHUNK_BYTES // CHUNK_ROWS
 
 
 class InvalidSourceRow(BuildError):
@@ -243,7 +260,9 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         packer = Packer(config.row_tokens, eos_id(tokenizer.directory))
         writer = RowWriter(folder / PARQUET_NAME)
         tally = _Tally(config.row_tokens)
-        bytes_row = bytes_per_row(source)
+        sizes = file_bytes(source)
+        bytes_row = sum(sizes) / max(source.num_rows, 1)
+        band_budget = band_bytes(LARGE_BAND_BYTES, sizes) if bytes_row > LARGE_ROW_BYTES else BAND_BYTES
 
         def wanted() -> float:
             """Conversations the rows still to fill need, plus a fifth: their tokens over
@@ -264,9 +283,9 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         def band_rows() -> int:
             """Rows in the next band: those wanted and a chunk more (``CHUNK_ROWS`` rows, or
             as many as ``CHUNK_BYTES`` holds at the source's average size), within the band
-            memory budget; ``_chunks`` reads at least one."""
+            memory budget (of large rows: with their read copies); ``_chunks`` reads at least one."""
             per_row = max(bytes_row, 1.0)
-            return int(min(BAND_BYTES / per_row, wanted() + min(CHUNK_ROWS, CHUNK_BYTES / per_row)))
+            return int(min(band_budget / per_row, wanted() + min(CHUNK_ROWS, CHUNK_BYTES / per_row)))
 
         stream = encoders.encode(_chunks(source, rank, band_rows, chunk_rows), wanted)
         try:

@@ -363,16 +363,34 @@ def _count_rows(path: Path) -> int:
     return lines + (last != b"\n")
 
 
-def bytes_per_row(source: Source) -> float:
-    """Uncompressed bytes per source row, from Parquet metadata or file sizes."""
-    total = 0
+def file_bytes(source: Source) -> list[int]:
+    """Uncompressed bytes of each source file, from Parquet metadata or file sizes."""
+    sizes = []
     for path in source.files:
         if path.suffix == ".parquet":
             meta = pq.ParquetFile(path).metadata
-            total += sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
+            sizes.append(sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)))
         else:
-            total += path.stat().st_size
-    return total / max(source.num_rows, 1)
+            sizes.append(path.stat().st_size)
+    return sizes
+
+
+def bytes_per_row(source: Source) -> float:
+    """Uncompressed bytes per source row, from Parquet metadata or file sizes."""
+    return sum(file_bytes(source)) / max(source.num_rows, 1)
+
+
+def band_bytes(budget: float, sizes: list[int]) -> float:
+    """The bytes of rows a band may hold so that reading it holds at most ``budget``
+    bytes: ``read_band`` holds the band's rows as read, then sorts one file's rows at a
+    time through two more copies of them (combined, then taken in packing order). A
+    band's rows are spread over the files as the source's bytes are (the packing order is
+    a uniform permutation), so the largest file's share ``s`` of ``sizes`` costs ``2 * s``
+    of the band again: a band holds ``budget / (1 + 2 * s)`` (a third of it for a
+    source of one file, more for many files of even sizes)."""
+    total = sum(sizes)
+    share = max(sizes) / total if total > 0 else 1.0
+    return budget / (1 + 2 * share)
 
 
 @dataclass
@@ -466,11 +484,13 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
     with ThreadPoolExecutor(min(len(source.files), os.cpu_count() or 1, threads)) as pool:
         found = [part for part in pool.map(read_file, source.files, starts.tolist(), source.row_counts) if part]
     memory = pa.default_memory_pool()
+    memory.release_unused()  # the freed decode buffers, before the copies (larger blocks) are allocated
     parts, positions = [], []
     while found:  # one file at a time, so sorting copies at most one file's rows at once
         tables, kept = found.pop(0)
         contiguous = pa.concat_tables(tables).combine_chunks()
         del tables
+        memory.release_unused()  # (the rows as read, before their sorted copy is allocated)
         by_position = np.argsort(kept, kind="stable")
         parts.append(contiguous.take(pa.array(by_position)))
         positions.append(kept[by_position])

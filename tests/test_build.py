@@ -259,6 +259,37 @@ def test_bands_chunks_and_batches_do_not_change_output(fixture_build, corpus, ki
     assert all(previous[1] == lo for previous, (lo, _) in zip(bands, bands[1:]))  # no row between bands is lost
 
 
+def test_a_band_of_large_rows_leaves_room_for_its_read_copies(fixture_build, corpus, kimi_dir, tmp_path, monkeypatch):
+    """Where rows are large (here: over 0 bytes on average), a source of one file (JSONL)
+    is read in bands of a third of ``LARGE_BAND_BYTES`` of rows (the rest is for the copies
+    that sort them), three files of even sizes in bands of three fifths; rows under the
+    size get bands of ``BAND_BYTES``. The rows are the same."""
+    from fixed_sft.source import bytes_per_row, open_source
+
+    bands = []
+    read_band = build_module.read_band
+    monkeypatch.setattr(
+        build_module, "read_band", lambda src, rank, lo, hi: bands.append(hi - lo) or read_band(src, rank, lo, hi)
+    )
+    one_file = corpus[0] / "rows.jsonl"
+    per_row = bytes_per_row(open_source(str(one_file)))
+    monkeypatch.setattr(build_module, "LARGE_BAND_BYTES", 3 * 5.5 * per_row)
+    monkeypatch.setattr(build_module, "LARGE_ROW_BYTES", 0)
+    manifest = build(config(one_file, kimi_dir), tmp_path / "jsonl")
+    assert manifest["rows_sha256"] == fixture_build[1]["rows_sha256"]
+    assert len(bands) > 3 and set(bands) == {5}
+    bands.clear()
+    per_row = bytes_per_row(open_source(str(corpus[0] / "parquet")))
+    monkeypatch.setattr(build_module, "LARGE_BAND_BYTES", 5 / 3 * 6.5 * per_row)
+    assert build(config(corpus[0] / "parquet", kimi_dir), tmp_path / "parquet") == fixture_build[1]
+    assert len(bands) >= 3 and set(bands) <= {5, 6}
+    bands.clear()
+    monkeypatch.setattr(build_module, "LARGE_ROW_BYTES", per_row)
+    monkeypatch.setattr(build_module, "BAND_BYTES", 6.5 * per_row)
+    assert build(config(corpus[0] / "parquet", kimi_dir), tmp_path / "small-rows") == fixture_build[1]
+    assert len(bands) >= 3 and set(bands) == {6}
+
+
 def test_a_small_build_reads_a_band_sized_to_its_rows(corpus, kimi_dir, tmp_path, monkeypatch):
     """A band holds what the rows still to fill need (plus a fifth), not the whole source."""
     bands = []

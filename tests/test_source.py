@@ -17,7 +17,7 @@ from fixed_sft.chat import SCHEMA
 from fixed_sft.conversation import conversation
 from fixed_sft.hub import cache_damage
 from fixed_sft.order import positions
-from fixed_sft.source import InvalidRow, SourceError, open_source, read_band, records
+from fixed_sft.source import InvalidRow, SourceError, band_bytes, open_source, read_band, records
 
 
 def test_hub_download_is_pinned_and_cached(tmp_path, monkeypatch):
@@ -360,3 +360,13 @@ def test_files_outside_the_cache_have_no_etag_to_check(tmp_path):
     assert cache_damage(tmp_path / "snapshots" / "c" / "link.parquet", "0" * 64) is None
     named = cache_link(tmp_path / "r" / "snapshots" / "c", "x.parquet", b"rows", etag="not-a-digest")
     assert cache_damage(named, "0" * 64) is None
+
+
+def test_a_band_leaves_room_for_the_copies_that_sort_its_largest_file():
+    """Reading a band holds its rows and two copies of one file's rows: of a budget, a
+    source of one file leaves a third to rows, of four even files two thirds, and of
+    uneven files what the largest file's share leaves."""
+    assert band_bytes(300, [1000]) == 100
+    assert band_bytes(300, [250, 250, 250, 250]) == 200
+    assert band_bytes(300, [750, 250]) == 120
+    assert band_bytes(300, [0]) == band_bytes(300, []) == 100  # no bytes known: as one file
