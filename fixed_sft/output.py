@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -127,12 +127,23 @@ class RowWriter:
             self._writing = None
 
     def abort(self) -> None:
-        """Stop writing after an error: the file is left incomplete (the build discards it)."""
-        self._thread.shutdown(cancel_futures=True)
+        """Stop writing after an error: the file is left incomplete (the build discards it).
+        A row group being written is written to its end first: closing the writer under
+        its thread crashes the process (seen as SIGSEGV when a signal stopped a build), so
+        a signal while waiting for it is raised only once it has ended."""
+        self._thread.shutdown(wait=False, cancel_futures=True)
+        interrupted: BaseException | None = None
+        while self._writing is not None and not self._writing.done():
+            try:
+                wait([self._writing])
+            except BaseException as error:  # (a signal's exception: the write must still end first)
+                interrupted = interrupted or error
         try:
             self._writer.close()
         except (OSError, pa.ArrowException):
             pass
+        if interrupted is not None:
+            raise interrupted
 
     def close(self) -> None:
         """Write the last row group and the footer, and flush the file to disk."""

@@ -665,3 +665,53 @@ def test_a_build_removes_the_multiprocessing_folder_a_killed_build_left(source, 
     alive.kill()
     alive.communicate()
     assert len(left) == 2 and "pymp-another-program" in left, left  # and the running build's
+
+
+def test_abort_closes_the_parquet_writer_only_once_its_write_has_ended(tmp_path, monkeypatch):
+    """Closing the Parquet writer while its thread writes a row group crashes the process:
+    ``abort`` waits for that write, even when a signal's exception interrupts the wait."""
+    import threading
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from fixed_sft.output import ROWS_PER_GROUP, RowWriter
+    from fixed_sft.pack import Row, Segment
+
+    events, writing, release = [], threading.Event(), threading.Event()
+    real_write, real_close = pq.ParquetWriter.write_table, pq.ParquetWriter.close
+
+    def slow_write(self, table, *args, **kwargs):
+        writing.set()
+        release.wait(5)
+        events.append("written")
+        return real_write(self, table, *args, **kwargs)
+
+    def close(self):
+        events.append("closed")
+        return real_close(self)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", slow_write)
+    monkeypatch.setattr(pq.ParquetWriter, "close", close)
+    writer = RowWriter(tmp_path / "train.parquet")
+    for n in range(ROWS_PER_GROUP):
+        writer.write(Row(np.zeros(4, np.int32), np.ones(4, np.uint8), (Segment(n, None, 0, 4),)))
+    assert writing.wait(5)
+    timer = threading.Timer(0.2, release.set)
+    timer.start()
+    waits = iter([KeyboardInterrupt()])  # the first wait is interrupted, as by a signal
+
+    def interrupted_wait(futures, *args, **kwargs):
+        error = next(waits, None)
+        if error is not None:
+            raise error
+        return real_wait(futures, *args, **kwargs)
+
+    import fixed_sft.output as output
+
+    real_wait = output.wait
+    monkeypatch.setattr(output, "wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        writer.abort()
+    timer.join()
+    assert events == ["written", "closed"]
