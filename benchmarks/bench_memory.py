@@ -310,6 +310,21 @@ def _pss(pid: int) -> int:
     return 0
 
 
+def _role(pid: int) -> str:
+    """What process ``pid`` runs, from its command line (a worker's is its fork server's)."""
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    text = " ".join(w.decode(errors="replace") for w in words)
+    if "forkserver" in text:  # the fork server, or a worker it forked (which has its command line)
+        parent = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1]
+        return "worker" if "forkserver" in _role(int(parent)) else "fork server"
+    if "resource_tracker" in text:
+        return "resource tracker"
+    return "build" if "--child" in text or "child" in text else text[:40]
+
+
 class TreeSampler(threading.Thread):
     """Samples the process tree of ``pid`` until stopped: peaks of its summed RSS and
     PSS, each process's last seen ``VmHWM``, and the most processes seen at once."""
@@ -319,6 +334,7 @@ class TreeSampler(threading.Thread):
         self.pid = pid
         self.rss = self.pss = self.processes = 0
         self.hwm: dict[int, int] = {}
+        self.names: dict[int, str] = {}  # pid -> "pid: what it runs"
         self.done = threading.Event()
 
     def tree(self) -> list[int]:
@@ -336,6 +352,8 @@ class TreeSampler(threading.Thread):
             for pid in pids:
                 status = _status(pid)
                 rss += status.get("VmRSS", 0)
+                if pid not in self.names:
+                    self.names[pid] = f"{pid}: {_role(pid)}"
                 if "VmHWM" in status:
                     self.hwm[pid] = max(self.hwm.get(pid, 0), status["VmHWM"])
             self.rss = max(self.rss, rss)
@@ -393,6 +411,7 @@ def run_build(case: Case, workers: int, tokenizer: Path, work: Path) -> dict[str
         "tree_rss": sampler.rss,
         "tree_pss": sampler.pss,
         "sum_hwm": sum(sampler.hwm.values()),
+        "hwm_by_process": {sampler.names.get(pid, str(pid)): hwm for pid, hwm in sampler.hwm.items()},
         "processes": sampler.processes,
     }
 

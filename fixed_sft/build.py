@@ -44,6 +44,7 @@ from .manifest import (
     Stats,
     TemplateCheck,
 )
+from .memory import map_large_allocations, system_allocator
 from .order import permutation, positions
 from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, RowWriter, naming
 from .pack import Packer
@@ -55,7 +56,6 @@ from .source import (
     file_bytes,
     open_source,
     read_band,
-    system_allocator,
     unreadable,
 )
 from .specs import ResolvedTokenizer, resolve_tokenizer
@@ -262,7 +262,10 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         tally = _Tally(config.row_tokens)
         sizes = file_bytes(source)
         bytes_row = sum(sizes) / max(source.num_rows, 1)
-        band_budget = band_bytes(LARGE_BAND_BYTES, sizes) if bytes_row > LARGE_ROW_BYTES else BAND_BYTES
+        band_budget: float = BAND_BYTES
+        if bytes_row > LARGE_ROW_BYTES:
+            band_budget = band_bytes(LARGE_BAND_BYTES, sizes)
+            map_large_allocations()  # (for the rest of this process: its large buffers are each a mapping)
 
         def wanted() -> float:
             """Conversations the rows still to fill need, plus a fifth: their tokens over

@@ -18,7 +18,6 @@ process is gone.
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import json
 import os
@@ -43,6 +42,7 @@ from .conversation import InvalidRow, conversation
 from .encoding import Encoder, TemplateMismatch
 from .exits import remove_on_exit
 from .hashes import sha256_file
+from .memory import map_large_allocations
 from .source import records
 from .tokenizer import KimiTokenizer, TokenizerError
 
@@ -229,26 +229,8 @@ def _init_worker(config: EncoderConfig) -> None:
     assert parent is not None  # a worker of the pool, which the build's process started
     threading.Thread(target=_exit_when_gone, args=(parent.sentinel,), daemon=True).start()
     pa.set_memory_pool(pa.system_memory_pool())  # as ``system_allocator`` in the build's process
-    _map_large_allocations()
+    map_large_allocations()
     _worker_encoder = worker_encoder(config)
-
-
-MMAP_THRESHOLD_BYTES = 4 << 20
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-
-
-def _map_large_allocations() -> None:
-    """In a worker (a process of the build's own): the C allocator maps every allocation
-    of ``MMAP_THRESHOLD_BYTES`` or more, and unmaps it when freed. By default glibc raises
-    that threshold, up to 32 MB, as such blocks are freed, and then serves them from its
-    heaps, where what a large conversation's texts, ids and rendering freed stays,
-    fragmented, under the next one's. Nothing where the C library is not glibc."""
-    try:
-        libc = ctypes.CDLL(None)
-        if hasattr(libc, "gnu_get_libc_version"):
-            libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-    except (OSError, AttributeError):
-        pass
 
 
 def _exit_when_gone(parent_sentinel: int) -> None:

@@ -31,10 +31,11 @@ from .fields import MISSING, FieldError, encode, same, show, value_at
 from .folder import REBUILT, scratch_folder
 from .hub import is_hub_id
 from .manifest import FileHash, Manifest, read
+from .memory import system_allocator
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .params import manifest_label, recorded_values
 from .reader import Group, Refused, RowFile
-from .source import SourceError, SourceUnreachable, system_allocator
+from .source import SourceError, SourceUnreachable
 from .specs import resolve_tokenizer, tokenizer_specs
 from .verify import described, read_manifest
 

@@ -34,9 +34,10 @@ import pyarrow.compute as pc
 from .fields import FieldError, loads, show
 from .hashes import row_digest, rows_digest, sha256_file
 from .manifest import Manifest, read
+from .memory import system_allocator
 from .output import MANIFEST_NAME, PARQUET_NAME, PROMPT, NullValue, first_null
 from .reader import Group, Refused, RowFile, SchemaDiffers
-from .source import non_unicode, system_allocator
+from .source import non_unicode
 
 
 def verify(folder: str | Path) -> list[str]:

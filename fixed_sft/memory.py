@@ -1,0 +1,62 @@
+"""How the build's processes allocate memory: Arrow's pool, and the C allocator's threshold for mapping.
+
+Both are process-wide settings: ``system_allocator`` switches Arrow's pool for the time
+of a block; ``map_large_allocations`` sets the C allocator for the rest of the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pyarrow as pa
+
+_allocator_lock = threading.Lock()
+_allocator_users = 0
+_allocator_previous: pa.MemoryPool | None = None
+
+
+@contextmanager
+def system_allocator() -> Iterator[None]:
+    """Arrow allocates from the C library's allocator inside the block, and from the
+    previous default pool after it. A build decodes, copies and frees buffers of many MB
+    at a high rate. With pyarrow's default pool (mimalloc) freed memory goes back to the
+    OS and is faulted in again, zeroed, when it is reused; the C allocator reuses it.
+    Measured on a 6,400-row 2-worker build on 2 cores: 0.6-0.8 s less CPU in the main
+    process, about 1 s less system time in all."""
+    global _allocator_users, _allocator_previous
+    with _allocator_lock:  # builds may overlap in threads: the first switches, the last switches back
+        if _allocator_users == 0:
+            _allocator_previous = pa.default_memory_pool()
+            pa.set_memory_pool(pa.system_memory_pool())
+        _allocator_users += 1
+    try:
+        yield
+    finally:
+        with _allocator_lock:
+            _allocator_users -= 1
+            if _allocator_users == 0:
+                pa.set_memory_pool(_allocator_previous)
+
+
+MMAP_THRESHOLD_BYTES = 4 << 20
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def map_large_allocations() -> None:
+    """From now on, the C allocator maps every allocation of ``MMAP_THRESHOLD_BYTES`` or
+    more, and unmaps it when freed. By default glibc raises that threshold, up to 32 MB,
+    as such blocks are freed, and then serves them from its heaps, where what a large
+    conversation's texts, ids and rendering freed stays, fragmented, under the next one's.
+    Set in every worker, and in a build's process when its source's rows are large: a
+    2-worker build of 4 MiB conversations peaked at 546 MiB in the build's process
+    without it and 355 MiB with it (benchmarks/README.md). Nothing where the C library is
+    not glibc."""
+    try:
+        libc = ctypes.CDLL(None)
+        if hasattr(libc, "gnu_get_libc_version"):
+            libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    except (OSError, AttributeError):
+        pass
