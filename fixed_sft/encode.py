@@ -128,15 +128,15 @@ def encode_rows(encoder: Encoder, chunk: pa.Table, first_position: int, check_ev
     schema = encoder.schema
     for offset, (index, record) in enumerate(records(chunk)):
         try:
-            row_id, messages = conversation(record, schema)
+            row_id, messages, tools = conversation(record, schema)
         except InvalidRow as error:
             yield Encoded(index, error.row_id, None, None, error.reason)
             continue
-        ids, mask = encoder.encode_arrays(messages)
+        ids, mask = encoder.encode_arrays(messages, tools)
         checked = bool(check_every) and (first_position + offset) % check_every == 0
         if checked:
             try:
-                encoder.check(messages, ids)
+                encoder.check(messages, ids, tools)
             except TemplateMismatch as error:
                 raise TemplateMismatch(f"source row {index} (id {row_id}): {error}") from None
         yield Encoded(index, row_id, ids, mask, None, checked)
