@@ -45,8 +45,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .conversation import InvalidRow
 from .encoding import Message, MessageSchema, TemplateMismatch
 from .tokenizer import TEMPLATE_KWARGS, KimiTokenizer
+from .tool_declarations import ToolDeclarationError, declare, sort_keys, typescript_declarations
 
 MASK_TYPES = ("kimi_k25",)
 PLAIN_ROLES = ("system", "user", "assistant")  # the roles read off the template as prefix + content + suffix
@@ -83,21 +85,21 @@ PROBE_CONVERSATIONS = (
 _PROBE_CONTENTS = ("\n probe {}\n", "", " probe {} ", "a</think>probe {}\n\n", "<|im_end|>probe {}<think>")
 
 
-def agentic_probes(with_tools: bool) -> list[tuple[str, list[Message], list | None]]:
+def agentic_probes() -> list[tuple[str, list[Message], list | None]]:
     """``(what, messages, tools)`` probes of every message shape the fast path writes out:
     trajectories of tool calls (string and object arguments) and results that end on an
     answer, a result and a call, with reasoning on each assistant message, names on each
     role, content parts, no content; each once per rotation of ``_PROBE_CONTENTS`` over
-    its texts, and, ``with_tools``, with tools declared (a function spec, and one of
-    another shape)."""
+    its texts, and with tools declared (a function spec beside one of another shape, and
+    the other alone, which is declared as JSON)."""
     probes: list[tuple[str, list[Message], list | None]] = []
     for shift in range(len(_PROBE_CONTENTS)):
         texts = (_PROBE_CONTENTS[(k + shift) % len(_PROBE_CONTENTS)].format(k) for k in itertools.count())
-        probes += _agentic_probes(functools.partial(next, texts), with_tools)
+        probes += _agentic_probes(functools.partial(next, texts))
     return probes
 
 
-def _agentic_probes(text: Callable[[], str], with_tools: bool) -> list[tuple[str, list[Message], list | None]]:
+def _agentic_probes(text: Callable[[], str]) -> list[tuple[str, list[Message], list | None]]:
     """``agentic_probes`` of one rotation, its texts drawn from ``text``."""
 
     def call(arguments: object) -> Message:
@@ -130,23 +132,23 @@ def _agentic_probes(text: Callable[[], str], with_tools: bool) -> list[tuple[str
         ("a trajectory that ends on a tool call", trajectory[:-2], None),
         ("messages with names and content parts", named, None),
     ]
-    if with_tools:
-        function = {
-            "type": "function",
-            "function": {
-                "name": "probe",
-                "description": text(),
-                "parameters": {
-                    "type": "object",
-                    "properties": {"b": {"type": "string", "description": text()}, "a": {"type": "integer"}},
-                    "required": ["b"],
-                },
+    function = {
+        "type": "function",
+        "function": {
+            "name": "probe",
+            "description": text(),
+            "parameters": {
+                "type": "object",
+                "properties": {"b": {"type": "string", "description": text()}, "a": {"type": "integer"}},
+                "required": ["b"],
             },
-        }
-        probes += [
-            ("tool declarations", trajectory[:-2], [function]),
-            ("tool declarations", named, [{"z": text(), "a": [{"y": 1, "x": None}]}, function]),
-        ]
+        },
+    }
+    other = {"z": text(), "a": [{"y": 1, "x": None}]}
+    probes += [
+        ("tool declarations", trajectory[:-2], [function, other]),
+        ("tool declarations as JSON", named, [other]),
+    ]
     return probes
 
 
@@ -235,7 +237,7 @@ class ChatEncoder:
                 ]
                 probes.append(("/".join(roles), messages, None))
         plain = len(probes)
-        probes += agentic_probes(self._declarations_available())
+        probes += agentic_probes()
         for n, (what, messages, tools) in enumerate(probes):
             try:
                 expected = self.reference_ids(messages, tools)
@@ -364,15 +366,12 @@ class ChatEncoder:
 
     def declaration(self, tools: list) -> str:
         """The tool declaration message's text: ``TOOL_DECLARATION`` around the tools'
-        declarations (``tool_declarations``)."""
-        return tool_declarations(tools).join(TOOL_DECLARATION)
-
-    def _declarations_available(self) -> bool:
+        declarations (``fixed_sft.tool_declarations.declare``); ``InvalidRow`` for tools
+        that cannot be declared with certainty (nested too deeply)."""
         try:
-            tool_declarations([])
-        except ToolsUnavailable:
-            return False
-        return True
+            return declare(tools).text.join(TOOL_DECLARATION)
+        except ValueError as error:
+            raise InvalidRow(f"'tools' cannot be declared ({error})") from None
 
     def render(
         self, messages: Sequence[Message], add_generation_prompt: bool = False, tools: list | None = None
@@ -383,10 +382,12 @@ class ChatEncoder:
         TypeScript-style text as ``tools_ts_str`` where it converts them)."""
         renderer = importlib.import_module(RENDERER_MODULE)  # heavy: imported only where rendering
         variables = {**self.tokenizer.special_tokens, **self.template_kwargs}
-        if tools:
-            tools, typescript = model_tools(tools)
-            if typescript is not None:
-                variables["tools_ts_str"] = typescript
+        if tools:  # as the model's apply_chat_template passes them
+            try:
+                variables["tools_ts_str"] = typescript_declarations(tools)
+            except ToolDeclarationError:  # (the template declares them as JSON)
+                pass
+            tools = sort_keys(tools)
         rendered, _ = renderer.render_jinja_template(
             conversations=[messages],
             tools=tools or None,
@@ -439,30 +440,3 @@ def _arguments(call: Message) -> str:
     transformers' ``tojson`` writes it (``json.dumps``, non-ASCII kept)."""
     arguments = call["function"]["arguments"]
     return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-
-
-class ToolsUnavailable(TemplateMismatch):
-    """The tool declaration converter is not part of this install."""
-
-
-def model_tools(tools: list) -> tuple[list, str | None]:
-    """``tools`` as the model's tokenizer passes them to the template: every object sorted by
-    key (at any depth), and their TypeScript-style declarations (``None`` where the
-    conversion raises)."""
-    try:
-        declarations = importlib.import_module(f"{__package__}.tool_declarations")
-    except ImportError:
-        raise ToolsUnavailable("tool declarations need fixed_sft.tool_declarations") from None
-    tools = declarations.sort_keys(tools)
-    try:
-        return tools, declarations.typescript_declarations(tools)
-    except declarations.ToolDeclarationError:
-        return tools, None
-
-
-def tool_declarations(tools: list) -> str:
-    """What the template writes for ``tools``: the TypeScript-style declarations where
-    they convert and are not empty, else the sorted tools as compact JSON (transformers'
-    ``tojson`` with ``separators=(',', ':')``)."""
-    tools, typescript = model_tools(tools)
-    return typescript or json.dumps(tools, ensure_ascii=False, separators=(",", ":"))

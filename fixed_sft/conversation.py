@@ -20,7 +20,9 @@ Values, where the schema reads the key (OpenAI's chat schema):
 * the record's ``tools`` (read only where the schema says; elsewhere a record with tools
   is refused): a list of objects, or a JSON string of one; an empty list is no tools.
 
-Every string a message or the tools hold must be valid Unicode. Keys of the record
+Every string a message or the tools hold must be valid Unicode, and neither nests lists
+and objects deeper than ``MAX_DEPTH`` levels (which rendering them would need a deeper
+stack for than Python's). Keys of the record
 beside ``id``, ``messages`` and ``tools`` are not read.
 """
 
@@ -32,6 +34,8 @@ from typing import Any, NamedTuple
 
 from .encoding import Message, MessageSchema
 from .fields import STRICT_JSON, DuplicateKey
+
+MAX_DEPTH = 64
 
 
 class InvalidRow(Exception):
@@ -140,7 +144,11 @@ def _reduced(n: int, message: Message, schema: MessageSchema, row_id: str | None
         raise invalid("is a tool message without 'tool_call_id'")
     if "tool_calls" in kept:
         kept["tool_calls"] = _tool_calls(kept["tool_calls"], invalid)
-    if not all(text.isascii() or is_unicode(text) for text in strings(kept)):
+    try:
+        texts = strings(kept)
+    except ValueError as error:
+        raise invalid(str(error)) from None
+    if not all(text.isascii() or is_unicode(text) for text in texts):
         raise invalid("has a lone surrogate")
     return kept
 
@@ -188,20 +196,33 @@ def _tools(tools: Any, schema: MessageSchema, row_id: str | None) -> list | None
             raise InvalidRow("'tools' is a string that is not JSON", row_id) from None
     if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
         raise InvalidRow("'tools' is not a list of objects (or a JSON string of one)", row_id)
-    if not all(text.isascii() or is_unicode(text) for text in strings(tools)):
+    try:
+        texts = strings(tools)
+    except ValueError as error:
+        raise InvalidRow(f"'tools' {error}", row_id) from None
+    if not all(text.isascii() or is_unicode(text) for text in texts):
         raise InvalidRow("'tools' has a lone surrogate", row_id)
     return tools or None
 
 
 def strings(value: Any) -> list[str]:
-    """Every string in ``value`` (keys and values, through lists and objects)."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [text for key, item in value.items() for text in (*strings(key), *strings(item))]
-    if isinstance(value, list):
-        return [text for item in value for text in strings(item)]
-    return []
+    """Every string in ``value`` (keys and values, through lists and objects); ``ValueError``
+    for a value nested deeper than ``MAX_DEPTH`` (read without recursion)."""
+    found: list[str] = []
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            found.append(item)
+        elif isinstance(item, (dict, list)):
+            if depth >= MAX_DEPTH:
+                raise ValueError(f"nests deeper than {MAX_DEPTH} levels")
+            if isinstance(item, dict):
+                found += item
+                stack += ((child, depth + 1) for child in item.values())
+            else:
+                stack += ((child, depth + 1) for child in item)
+    return found
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

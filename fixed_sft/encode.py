@@ -132,7 +132,11 @@ def encode_rows(encoder: Encoder, chunk: pa.Table, first_position: int, check_ev
         except InvalidRow as error:
             yield Encoded(index, error.row_id, None, None, error.reason)
             continue
-        ids, mask = encoder.encode_arrays(messages, tools)
+        try:
+            ids, mask = encoder.encode_arrays(messages, tools)
+        except InvalidRow as error:  # what only the encoder finds (tools it cannot declare)
+            yield Encoded(index, row_id, None, None, error.reason)
+            continue
         checked = bool(check_every) and (first_position + offset) % check_every == 0
         if checked:
             try:

@@ -60,7 +60,9 @@ class Encoder(Protocol):
         ...
 
     def encode_arrays(self, messages: Sequence[Message], tools: list | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """One conversation's int32 token ids and uint8 loss mask, of one length."""
+        """One conversation's int32 token ids and uint8 loss mask, of one length;
+        ``fixed_sft.conversation.InvalidRow`` for one the schema lets through that the
+        encoder still cannot encode."""
         ...
 
     def check(self, messages: Sequence[Message], ids: np.ndarray, tools: list | None = None) -> None:
