@@ -5,6 +5,9 @@ templates that render these shapes otherwise."""
 
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 import pytest
 import strategies as S
@@ -248,3 +251,89 @@ def test_rows_the_encoder_cannot_take_are_invalid_rows_named_by_id(encoder):
         for _ in range(70):
             deep = [deep]
         conversation({"id": "deep", "messages": TOOL_CALLS, "tools": [{"a": deep}]}, encoder.schema)
+
+
+def _trajectories(n: int) -> list[dict]:
+    """Agentic rows that Parquet can hold too (string contents and arguments; tools as a
+    JSON string), each its own texts."""
+    rows = []
+    for k in range(n):
+        call = {**CALL, "id": f"functions.get_weather:{k}"}
+        city = ["Paris", "Oslo", " Lima\n", "東京"][k % 4]
+        messages = [
+            {**m, "content": m["content"].replace("Paris", city)} if isinstance(m.get("content"), str) else dict(m)
+            for m in TOOL_CALLS
+        ]
+        messages[2]["tool_calls"] = [{**call, "function": {"name": "get_weather", "arguments": f'{{"city": "{k}"}}'}}]
+        messages[3]["tool_call_id"] = call["id"]
+        rows.append({"id": f"t{k}", "messages": messages[: 5 - k % 3], "tools": json.dumps(WEATHER) if k % 2 else None})
+    rows.append({"id": "plain", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})
+    return rows
+
+
+def _build_here(source, kimi_dir, out, *extra) -> int:
+    from fixed_sft.cli import main
+
+    args = ["build", "--source", os.path.relpath(source), "--tokenizer", str(kimi_dir), "--rows", "all"]
+    args += ["--row-tokens", "64", "--out", str(out), "--workers", "1", "--check-every", "1", "--quiet", *extra]
+    return main(args)
+
+
+def test_an_agentic_build_records_its_template_variables_and_rebuilds(kimi_dir, tmp_path, monkeypatch, capsys):
+    """A JSONL build of agentic rows (REASONING among them: content parts, object
+    arguments) with the template variables given: the manifest records them, every row is
+    checked against the template, ``verify --rebuild`` proves it, and a manifest that
+    misstates them is caught; a Parquet file of the same rows gives the same rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fixed_sft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    rows = _trajectories(12)
+    (tmp_path / "rows.jsonl").write_text(
+        "".join(json.dumps(row) + "\n" for row in [*rows, {"id": "r", "messages": REASONING}])
+    )
+    preserve = {"thinking": True, "preserve_thinking": True}
+    assert (
+        _build_here(tmp_path / "rows.jsonl", kimi_dir, tmp_path / "o", "--template-kwargs", json.dumps(preserve)) == 0
+    )
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert manifest["loss_mask"]["template_kwargs"] == preserve
+    assert manifest["template_check"]["checked"] == len(rows) + 1 and manifest["stats"]["invalid_rows_skipped"] == 0
+    capsys.readouterr()
+    assert main(["verify", "o", "--rebuild", "--quiet", "--tokenizer", str(kimi_dir), "--workers", "1"]) == 0
+    assert "gives the same rows and manifest" in capsys.readouterr().out
+
+    assert _build_here(tmp_path / "rows.jsonl", kimi_dir, tmp_path / "default") == 0
+    default = json.loads((tmp_path / "default" / "manifest.json").read_text())
+    assert default["loss_mask"]["template_kwargs"] == {"thinking": True, "preserve_thinking": False}
+    assert default["rows_sha256"] != manifest["rows_sha256"]  # the history's reasoning is left out
+    edited = {
+        **manifest,
+        "loss_mask": {**manifest["loss_mask"], "template_kwargs": default["loss_mask"]["template_kwargs"]},
+    }
+    (tmp_path / "o" / "manifest.json").write_text(json.dumps(edited))
+    capsys.readouterr()
+    assert main(["verify", "o", "--rebuild", "--quiet", "--tokenizer", str(kimi_dir), "--workers", "1"]) == 1
+    assert "rows_sha256: differs" in capsys.readouterr().out
+
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rows.parquet")
+    assert (
+        _build_here(tmp_path / "rows.jsonl", kimi_dir, tmp_path / "j", "--template-kwargs", json.dumps(preserve)) == 0
+    )
+    assert (
+        _build_here(tmp_path / "rows.parquet", kimi_dir, tmp_path / "p", "--template-kwargs", json.dumps(preserve)) == 0
+    )
+    read = [json.loads((tmp_path / name / "manifest.json").read_text()) for name in ("j", "p")]
+    assert read[0]["rows_sha256"] == read[1]["rows_sha256"] and read[0]["stats"]["invalid_rows_skipped"] == 0
+
+
+@pytest.mark.parametrize("value", ["[1]", "true", "{x", '"thinking"'])
+def test_template_variables_that_are_not_a_json_object_are_a_usage_error(value, capsys):
+    from fixed_sft.cli import main
+
+    assert main(["build", "--source", "none.jsonl", "--template-kwargs", value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--template-kwargs must be a JSON object" in err
