@@ -277,16 +277,17 @@ class ChatEncoder:
         content takes its role's layout; any other is written out (``_texts``), unless the
         probes found that the template does not render such messages as they are written
         (then ``TemplateMismatch``)."""
-        if tools or not all(self._is_plain(message) for message in messages):
-            if self._written_out:
-                raise TemplateMismatch(self._written_out)
-            return self._write_out(messages, tools)
+        if tools:
+            return self._written(messages, tools)
         parts: list[np.ndarray] = []
         values: list[int] = []
         lengths: list[int] = []
         for message in messages:
-            layout = self._layouts[message["role"]]
-            body = list(self.tokenizer.encode_pieces(message["content"]))  # a long content's pieces: joined once
+            layout = self._layouts.get(message["role"])
+            content = message.get("content")
+            if layout is None or len(message) != 2 or type(content) is not str:
+                return self._written(messages, tools)
+            body = list(self.tokenizer.encode_pieces(content))  # a long content's pieces: joined once
             parts += (layout.prefix, *body, layout.suffix)
             values += (0, layout.body_mask)
             lengths += (layout.header, layout.size - layout.header + sum(map(len, body)))
@@ -296,6 +297,12 @@ class ChatEncoder:
     def _is_plain(self, message: Message) -> bool:
         """Whether ``message`` is a role with a layout and a string content, and nothing else."""
         return len(message) == 2 and message["role"] in self._layouts and type(message.get("content")) is str
+
+    def _written(self, messages: Sequence[Message], tools: list | None) -> tuple[np.ndarray, np.ndarray]:
+        """``_write_out``, unless the probes found that the template renders otherwise."""
+        if self._written_out:
+            raise TemplateMismatch(self._written_out)
+        return self._write_out(messages, tools)
 
     def _write_out(self, messages: Sequence[Message], tools: list | None) -> tuple[np.ndarray, np.ndarray]:
         """``encode_arrays`` of a conversation with tools or messages that are not plain:
