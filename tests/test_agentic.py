@@ -337,3 +337,24 @@ def test_template_variables_that_are_not_a_json_object_are_a_usage_error(value, 
     assert main(["build", "--source", "none.jsonl", "--template-kwargs", value]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--template-kwargs must be a JSON object" in err
+
+
+def test_a_named_build_pins_its_template_variables(tmp_path, monkeypatch):
+    """A spec's ``template_kwargs`` are the build's unless the flag overrides them; a spec
+    whose value is not an object is named."""
+    from fixed_sft import specs
+    from fixed_sft.cli import _config, parser
+    from fixed_sft.specs import SpecError, build_spec
+
+    monkeypatch.setattr(specs, "BUILDS", tmp_path)
+    pinned = {"thinking": True, "preserve_thinking": True}
+    (tmp_path / "agentic.json").write_text(json.dumps({"source": "x.jsonl", "template_kwargs": pinned}))
+    config, _, _ = _config(parser().parse_args(["build", "agentic"]))
+    assert config.template_kwargs == pinned
+    config, _, _ = _config(parser().parse_args(["build", "agentic", "--template-kwargs", '{"thinking": false}']))
+    assert config.template_kwargs == {"thinking": False}
+    config, _, _ = _config(parser().parse_args(["build", "--source", "x.jsonl"]))
+    assert config.template_kwargs is None  # the tokenizer spec's
+    (tmp_path / "bad.json").write_text(json.dumps({"source": "x.jsonl", "template_kwargs": [1]}))
+    with pytest.raises(SpecError, match="bad.json: template_kwargs is \\[1\\], not an object or null"):
+        build_spec("bad")
