@@ -190,7 +190,7 @@ class ChatEncoder:
         self._preserve = self.template_kwargs.get("preserve_thinking", False)
         self._empty_think = self.template_kwargs.get("thinking", _UNSET) is False and self._preserve is False
         self._layouts = {role: self._read_layout(role) for role in PLAIN_ROLES}
-        self._written_out = ""  # why messages cannot be written out, when the probes found that they cannot
+        self._cannot_write_out = ""  # why messages cannot be written out, when the probes found that they cannot
         self._check_probes()
 
     def _read_layout(self, role: str) -> RoleLayout:
@@ -250,8 +250,8 @@ class ChatEncoder:
                     f"content + suffix, whatever the messages around it (a {what} conversation "
                     "differs), so its ids cannot be built per message"
                 )
-            if n >= plain and not self._written_out and self._write_out(messages, tools)[0].tolist() != expected:
-                self._written_out = (
+            if n >= plain and not self._cannot_write_out and self._write_out(messages, tools)[0].tolist() != expected:
+                self._cannot_write_out = (
                     f"{template}: the chat template does not render {what} as the kimi_k25 encoder writes them "
                     f"(template variables {json.dumps(self.template_kwargs)}); it encodes only conversations of "
                     "roles system, user and assistant with string contents and no other key"
@@ -261,7 +261,7 @@ class ChatEncoder:
         if not rendered:
             raise TemplateMismatch(f"{template}: the chat template renders no probe conversation ({refusal})")
         if not written:
-            self._written_out = (
+            self._cannot_write_out = (
                 f"{template}: the chat template renders no probe conversation of tool calls, reasoning or names "
                 f"({refusal}); it encodes only conversations of roles system, user and assistant with string "
                 "contents and no other key"
@@ -300,8 +300,8 @@ class ChatEncoder:
 
     def _written(self, messages: Sequence[Message], tools: list | None) -> tuple[np.ndarray, np.ndarray]:
         """``_write_out``, unless the probes found that the template renders otherwise."""
-        if self._written_out:
-            raise TemplateMismatch(self._written_out)
+        if self._cannot_write_out:
+            raise TemplateMismatch(self._cannot_write_out)
         return self._write_out(messages, tools)
 
     def _write_out(self, messages: Sequence[Message], tools: list | None) -> tuple[np.ndarray, np.ndarray]:

@@ -207,6 +207,11 @@ def test_a_template_that_renders_agentic_shapes_otherwise_encodes_only_plain_con
     assert encoder.encode(plain)[0] == encoder.reference_ids(plain)
     with pytest.raises(TemplateMismatch, match="does not render .* as the kimi_k25 encoder writes them"):
         encoder.encode(TOOL_CALLS, WEATHER)
+    from fixed_sft.encode import encode_rows
+
+    rows = [{"id": "plain", "messages": plain}, {"id": "agentic", "messages": TOOL_CALLS}]
+    with pytest.raises(TemplateMismatch, match=r"^source row 1 \(id agentic\): .* does not render"):
+        list(encode_rows(encoder, _chunk(rows), 0, 0))
 
 
 def test_the_sampled_check_covers_tools(encoder):
@@ -218,9 +223,18 @@ def test_the_sampled_check_covers_tools(encoder):
         encoder.check(TOOL_CALLS, np.delete(ids, 80), WEATHER)
 
 
-def test_rows_the_encoder_cannot_take_are_invalid_rows_named_by_id(encoder):
+def _chunk(lines: list[dict]):
+    """A chunk of JSONL rows, as ``fixed_sft.source`` reads them."""
     import pyarrow as pa
 
+    raw = pa.array([json.dumps(line).encode() for line in lines], pa.large_binary())
+    n = len(lines)
+    return pa.table(
+        {"line": raw, "bytes": [len(v.as_py()) for v in raw], "dropped": [False] * n, "index": list(range(n))}
+    )
+
+
+def test_rows_the_encoder_cannot_take_are_invalid_rows_named_by_id(encoder):
     from fixed_sft.encode import encode_rows
 
     image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
@@ -230,13 +244,7 @@ def test_rows_the_encoder_cannot_take_are_invalid_rows_named_by_id(encoder):
         {"id": "tool", "messages": [{"role": "tool", "content": "out"}]},
         {"id": "good", "messages": TOOL_CALLS, "tools": WEATHER},
     ]
-    import json
-
-    raw = pa.array([json.dumps(line).encode() for line in lines], pa.large_binary())
-    chunk = pa.table(
-        {"line": raw, "bytes": [len(v.as_py()) for v in raw], "dropped": [False] * 4, "index": list(range(4))}
-    )
-    got = list(encode_rows(encoder, chunk, 0, 1))
+    got = list(encode_rows(encoder, _chunk(lines), 0, 1))
     assert [(item.id, item.invalid) for item in got[:3]] == [
         ("img", "message 0 content part 0 is a image, which the kimi_k25 encoder does not take"),
         ("key", "message 0 has the key 'thinking', which the kimi_k25 encoder does not read"),
