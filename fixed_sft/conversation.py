@@ -22,8 +22,8 @@ Values, where the schema reads the key (OpenAI's chat schema):
 
 Every string a message or the tools hold must be valid Unicode, and neither nests lists
 and objects deeper than ``MAX_DEPTH`` levels (which rendering them would need a deeper
-stack for than Python's). Keys of the record
-beside ``id``, ``messages`` and ``tools`` are not read.
+stack for than Python's). Keys of the record beside ``id``, ``messages`` and ``tools``
+are not read.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def _reduced(n: int, message: Message, schema: MessageSchema, row_id: str | None
     kept = {key: value for key, value in message.items() if value is not None}
     for key in kept:
         if not schema.reads(role, key):
-            where = f" on a {role} message" if any(key in keys for keys in schema.role_keys.values()) else ""
+            where = f" on {role} messages" if any(key in keys for keys in schema.role_keys.values()) else ""
             raise InvalidRow(
                 f"message {n} has the key {key!r}, which the {schema.name} encoder does not read{where}", row_id
             )

@@ -52,9 +52,9 @@ def test_an_agentic_conversation_is_kept_with_its_tools():
     "message, reason",
     [
         ({"role": "assistant", "content": "a", "thinking": "r"}, "has the key 'thinking', which the kimi_k25"),
-        ({"role": "user", "content": "q", "reasoning_content": "r"}, "does not read on a user message"),
+        ({"role": "user", "content": "q", "reasoning_content": "r"}, "does not read on user messages"),
         ({"role": "user", "content": "q", "tool_calls": CALL}, "'tool_calls', which the kimi_k25 encoder does not"),
-        ({"role": "assistant", "content": "a", "tool_call_id": "c1"}, "does not read on a assistant message"),
+        ({"role": "assistant", "content": "a", "tool_call_id": "c1"}, "does not read on assistant messages"),
         ({"role": "tool", "content": "out"}, "is a tool message without 'tool_call_id'"),
         ({"role": "user", "content": None}, "has no content"),
         ({"role": "tool", "tool_call_id": "c1"}, "has no content"),
