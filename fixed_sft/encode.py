@@ -143,7 +143,7 @@ def encode_rows(encoder: Encoder, chunk: pa.Table, first_position: int, check_ev
         checked = bool(check_every) and (first_position + offset) % check_every == 0
         if checked:
             try:
-                encoder.check(messages, ids, tools)
+                encoder.check(messages, ids, tools) if tools else encoder.check(messages, ids)
             except TemplateMismatch as error:
                 raise TemplateMismatch(f"source row {index} (id {row_id}): {error}") from None
         yield Encoded(index, row_id, ids, mask, None, checked)
