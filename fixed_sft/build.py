@@ -230,6 +230,11 @@ def _cancelling_pool() -> Iterator[ThreadPoolExecutor]:
     pool.shutdown()
 
 
+def template_kwargs(config: BuildConfig, tokenizer: ResolvedTokenizer) -> dict:
+    """The chat template variables of a build: its own (``--template-kwargs``), else its tokenizer spec's."""
+    return tokenizer.template_kwargs if config.template_kwargs is None else config.template_kwargs
+
+
 def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
     """Build ``config`` into the empty folder ``folder``, manifest last; return the manifest."""
     tokenizer = resolve_tokenizer(
@@ -246,7 +251,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         tokenizer.directory,
         {name: f["sha256"] for name, f in tokenizer.files.items()},
         config.loss_mask_type,
-        tokenizer.template_kwargs,
+        template_kwargs(config, tokenizer),
     )
     with Encoders(encoder_config, config.workers, config.check_every) as encoders, _cancelling_pool() as hashing:
         source = open_source(config.source, config.source_revision, config.source_license, config.source_files)
@@ -362,7 +367,7 @@ def _manifest(
             files=[SourceFile(**file) for file in source_files],
         ),
         tokenizer=tokenizer.manifest(),
-        loss_mask=LossMask(type=config.loss_mask_type, template_kwargs=tokenizer.template_kwargs),
+        loss_mask=LossMask(type=config.loss_mask_type, template_kwargs=template_kwargs(config, tokenizer)),
         template_check=TemplateCheck(every=config.check_every, checked=tally.template_checked),
         stats=Stats(**tally.stats()),
         skipped_invalid=[SkippedRow(**row) for row in tally.skipped_invalid],

@@ -70,6 +70,16 @@ def _rows(value: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected a number or 'all', got {value!r}") from None
 
 
+def _json(value: str) -> Any:
+    """A flag's JSON value; the text itself where it is not JSON."""
+    from .fields import loads
+
+    try:
+        return loads(value)
+    except ValueError:
+        return value
+
+
 def _add_build_flags(build: argparse.ArgumentParser) -> None:
     """A flag per ``BuildConfig`` parameter that has one (``params``), its type and help from
     the parameter. A flag left out is absent from the parsed arguments (the named build's
@@ -91,6 +101,8 @@ def _add_build_flags(build: argparse.ArgumentParser) -> None:
             options["action"] = "append"  # (repeatable)
         elif takes_all(name):  # a number or 'all'
             options["type"] = _rows
+        elif any(member is dict or get_origin(member) is dict for member in members):
+            options["type"] = _json  # (a value that is not an object: refused by the parameter's range)
         elif int in members:
             options["type"] = int
         if meta["metavar"]:

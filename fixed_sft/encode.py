@@ -124,19 +124,26 @@ class EncoderConfig:
 def encode_rows(encoder: Encoder, chunk: pa.Table, first_position: int, check_every: int) -> Iterator[Encoded]:
     """Encode a chunk's conversations one at a time, as they are asked for; a record that
     is not a valid conversation for the encoder's schema is an invalid row; raise
-    ``TemplateMismatch`` naming the row when a checked conversation differs."""
+    ``TemplateMismatch`` naming the row when a checked conversation differs, or the
+    encoder cannot follow the template for it."""
     schema = encoder.schema
     for offset, (index, record) in enumerate(records(chunk)):
         try:
-            row_id, messages = conversation(record, schema)
+            row_id, messages, tools = conversation(record, schema)
         except InvalidRow as error:
             yield Encoded(index, error.row_id, None, None, error.reason)
             continue
-        ids, mask = encoder.encode_arrays(messages)
+        try:
+            ids, mask = encoder.encode_arrays(messages, tools)
+        except InvalidRow as error:  # what only the encoder finds (tools it cannot declare)
+            yield Encoded(index, row_id, None, None, error.reason)
+            continue
+        except TemplateMismatch as error:  # a template the encoder cannot follow for this conversation
+            raise TemplateMismatch(f"source row {index} (id {row_id}): {error}") from None
         checked = bool(check_every) and (first_position + offset) % check_every == 0
         if checked:
             try:
-                encoder.check(messages, ids)
+                encoder.check(messages, ids, tools) if tools else encoder.check(messages, ids)
             except TemplateMismatch as error:
                 raise TemplateMismatch(f"source row {index} (id {row_id}): {error}") from None
         yield Encoded(index, row_id, ids, mask, None, checked)

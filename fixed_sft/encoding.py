@@ -1,9 +1,10 @@
 """The encoding seam: what every encoder of conversations into token ids and loss masks provides.
 
-An encoder turns one conversation's messages into ``(ids, mask)`` arrays (int32 ids, uint8
-mask, of one length) and names, in its ``schema``, the message keys and roles it reads; the
-conversation schema (``fixed_sft.conversation``) refuses a message with any other key, so
-that nothing in a row is silently left out of its ids. ``check`` compares a conversation's
+An encoder turns one conversation's messages (and, where its schema reads them, the
+conversation's ``tools``) into ``(ids, mask)`` arrays (int32 ids, uint8 mask, of one length)
+and names, in its ``schema``, the message keys and roles it reads; the conversation schema
+(``fixed_sft.conversation``) refuses a message with any other key, so that nothing in a row
+is silently left out of its ids. ``check`` compares a conversation's
 ids with the model's own rendering of it. The Kimi fast path (``fixed_sft.chat.ChatEncoder``)
 is one implementation; the code that encodes chunks (``fixed_sft.encode``) sees only this
 protocol, so an encoder of another kind (one that renders each conversation) can be added
@@ -13,7 +14,7 @@ beside it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -25,11 +26,22 @@ Message = dict[str, Any]  # a message's keys and values, as JSON or Parquet give
 class MessageSchema:
     """What an encoder reads of a message: the keys (``role`` and ``content`` among them)
     and the roles it encodes; ``name`` names the encoder in the refusal of a row whose
-    messages hold anything else."""
+    messages hold anything else. ``role_keys``: keys read on messages of one role only;
+    ``parts``: whether a content may be a list of text parts; ``optional_content``: roles
+    whose messages may have no content; ``tools``: whether the conversation's ``tools``
+    (beside its ``messages``) are read."""
 
     name: str
     keys: frozenset[str]
     roles: tuple[str, ...]
+    role_keys: dict[str, frozenset[str]] = field(default_factory=dict, hash=False)
+    parts: bool = False
+    optional_content: frozenset[str] = frozenset()
+    tools: bool = False
+
+    def reads(self, role: str, key: str) -> bool:
+        """Whether a message of ``role`` has ``key`` read."""
+        return key in self.keys or key in self.role_keys.get(role, ())
 
 
 class TemplateMismatch(Exception):
@@ -39,17 +51,20 @@ class TemplateMismatch(Exception):
 class Encoder(Protocol):
     """Conversations -> token ids and loss masks. ``encode_arrays`` is given messages that
     the conversation schema has checked against ``schema`` (each reduced to the keys it
-    names, absent keys left out)."""
+    names, absent keys left out), and the conversation's ``tools`` (``None`` without any,
+    always ``None`` where the schema does not read them)."""
 
     @property
     def schema(self) -> MessageSchema:
         """The message keys and roles this encoder reads."""
         ...
 
-    def encode_arrays(self, messages: Sequence[Message]) -> tuple[np.ndarray, np.ndarray]:
-        """One conversation's int32 token ids and uint8 loss mask, of one length."""
+    def encode_arrays(self, messages: Sequence[Message], tools: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """One conversation's int32 token ids and uint8 loss mask, of one length;
+        ``fixed_sft.conversation.InvalidRow`` for one the schema lets through that the
+        encoder still cannot encode."""
         ...
 
-    def check(self, messages: Sequence[Message], ids: np.ndarray) -> None:
+    def check(self, messages: Sequence[Message], ids: np.ndarray, tools: list | None = None) -> None:
         """Raise ``TemplateMismatch`` unless ``ids`` are the model's own ids of ``messages``."""
         ...

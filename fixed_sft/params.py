@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,6 +66,14 @@ class OneOf(Range):
 
     def problem(self, label: str, value: Any) -> str | None:
         return None if value in self.known else f"unknown {label} {value!r} (known: {', '.join(self.known)})"
+
+
+class JsonObject(Range):
+    """A JSON object, or ``None``."""
+
+    def problem(self, label: str, value: Any) -> str | None:
+        shown = value if isinstance(value, str) else json.dumps(value)
+        return None if value is None or isinstance(value, dict) else f"{label} must be a JSON object, got {shown}"
 
 
 class NonEmpty(Range):
@@ -159,6 +168,15 @@ class BuildConfig:
         spec=True,
         recorded="params.loss_mask_type",
         range=OneOf(tuple(MASK_TYPES)),
+    )
+    template_kwargs: dict[str, Any] | None = param(  # None: the tokenizer spec's
+        None,
+        help="chat template variables, a JSON object (default: the named build's, else the tokenizer spec's: "
+        '{{"thinking": true, "preserve_thinking": false}})',
+        spec=True,
+        recorded="loss_mask.template_kwargs",
+        range=JsonObject(),
+        metavar="JSON",
     )
     rows: int | None = param(
         6400,

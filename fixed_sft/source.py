@@ -1,7 +1,8 @@
 """Chat source files -> source records, read by global row index.
 
 A source is an ordered list of ``.parquet`` / ``.jsonl`` files in the Tulu schema
-(``id``, ``messages`` = [{``role``, ``content``}], ...). Row ``i`` is the i-th row of
+(``id``, ``messages`` = [{``role``, ``content``}], ...), with, for agentic conversations,
+a ``tools`` column beside ``messages``. Row ``i`` is the i-th row of
 the files taken in order (a folder's files sorted by path). A Hugging Face dataset is
 downloaded at a pinned revision into the Hub cache first. ``records`` gives each row as
 a dict, which ``fixed_sft.conversation`` checks against the schema.
@@ -34,6 +35,7 @@ from .hub import HubUnreachable, download_dataset, is_hub_id, raise_cache_damage
 from .pages import largest_page
 
 SUFFIXES = (".parquet", ".jsonl")
+COLUMNS = ("id", "messages", "tools")  # the Parquet columns a build reads
 _DATA_PATTERNS = tuple(f"*{suffix}" for suffix in SUFFIXES)
 READ_BATCH_ROWS = 4096
 # Parquet rows are decoded in batches of at most this many bytes (by the row group's bytes per
@@ -168,31 +170,35 @@ def _stamp(path: Path) -> tuple[int, int]:
 def _check_parquet_types(files: tuple[Path, ...]) -> None:
     """Every Parquet file has a ``messages`` column, of types that combine into one (as
     ``string`` and ``large_string`` do, or structs with other keys): a chunk of the
-    packing order interleaves rows of every file. An ``id`` column holds strings or
-    integers (their text is the id)."""
-    combined = None
+    packing order interleaves rows of every file; so do the ``tools`` columns of the files
+    that have one. An ``id`` column holds strings or integers (their text is the id)."""
+    combined: dict[str, pa.Schema] = {}
     for path in files:
         schema = pq.read_schema(path)
         if "messages" not in schema.names:
             raise SourceError(f"{path}: no 'messages' column")
         if "id" in schema.names and not _is_id_type(schema.field("id").type):
             raise SourceError(f"{path}: 'id' is {schema.field('id').type}; ids must be strings or integers")
-        messages = pa.schema([schema.field("messages")])
-        try:
-            combined = (
-                messages if combined is None else pa.unify_schemas([combined, messages], promote_options="permissive")
-            )
-        except (pa.ArrowTypeError, pa.ArrowInvalid):
-            assert combined is not None  # the first file's schema is taken as it is: only a later one can fail
-            raise SourceError(
-                f"{path}: 'messages' is {messages.field(0).type}, which does not combine with the earlier "
-                f"files' {combined.field(0).type}; the files of a source must agree"
-            ) from None
+        for name in ("messages", "tools"):
+            if name not in schema.names:
+                continue
+            column = pa.schema([schema.field(name)])
+            earlier = combined.get(name)
+            try:
+                combined[name] = (
+                    column if earlier is None else pa.unify_schemas([earlier, column], promote_options="permissive")
+                )
+            except (pa.ArrowTypeError, pa.ArrowInvalid):
+                assert earlier is not None  # the first file's schema is taken as it is: only a later one can fail
+                raise SourceError(
+                    f"{path}: {name!r} is {column.field(0).type}, which does not combine with the earlier "
+                    f"files' {earlier.field(0).type}; the files of a source must agree"
+                ) from None
 
 
 def _check_parquet_pages(path: Path) -> int:
     """At least the largest page (uncompressed) in the columns a build reads (``id`` and
-    ``messages``): the largest such column chunk's size, or where one is larger than
+    ``messages``, ``tools``): the largest such column chunk's size, or where one is larger than
     ``MAX_PAGE_BYTES``, its largest page, read a page header at a time; ``SourceError``
     naming the row group and column for a page over ``MAX_PAGE_BYTES``."""
     try:
@@ -202,7 +208,7 @@ def _check_parquet_pages(path: Path) -> int:
         read: list[int] = []  # the column indices a build reads
         for field in file.schema_arrow:
             count = _leaves(field.type)
-            if field.name in ("id", "messages"):
+            if field.name in COLUMNS:
                 read += range(leaves, leaves + count)
             leaves += count
         if leaves != meta.num_columns:  # a schema these rules do not map: every column is read as a whole
@@ -431,7 +437,7 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
     """The rows whose packing position ``rank[i]`` is in ``[lo, hi)``, read from the
     files in parallel threads (pyarrow decodes without the GIL).
 
-    Columns: ``messages`` and, where the file has it, ``id`` (as text) for Parquet
+    Columns: ``messages`` and, where the file has them, ``id`` (as text) and ``tools`` for Parquet
     sources, or ``line`` (the raw bytes) for JSONL sources; then ``bytes`` (the row's
     size), ``dropped`` (true for a row over ``MAX_CONVERSATION_BYTES``, whose data is
     dropped as it is read, so that no band holds it) and ``index`` (the global row
@@ -477,7 +483,7 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
     try:
         file = pq.ParquetFile(path, buffer_size=PARQUET_BUFFER_BYTES)
         names = file.schema_arrow.names
-        columns = [c for c in ("id", "messages") if c in names]
+        columns = [c for c in COLUMNS if c in names]
         first = decoded = 0
         for group in range(file.num_row_groups):
             meta = file.metadata.row_group(group)

@@ -6,11 +6,14 @@ simple: every step goes through transformers' own slow-tokenizer machinery
 lookup) plus a literal per-character transcription of Kimi's long-run rule.
 
 The real path is ``AutoTokenizer.from_pretrained(kimi_dir, trust_remote_code=True)
-.apply_chat_template(messages, tokenize=True, add_generation_prompt=...)["input_ids"]``,
+.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=...)["input_ids"]``,
 whose rules are:
 
+0. The model's ``apply_chat_template`` sorts every dict in ``tools`` by key, at any
+   depth, and, where ``tools`` is not empty, passes their TypeScript-style text as
+   ``tools_ts_str`` (none where the conversion raises) beside the sorted ``tools``.
 1. ``chat_template.jinja`` is rendered by transformers' renderer with the template
-   kwargs ``thinking=True, preserve_thinking=False``.
+   kwargs (by default ``thinking=True, preserve_thinking=False``).
 2. The text is split on the 23 added tokens of ``tokenizer_config.json``'s
    ``added_tokens_decoder`` (transformers' Trie split); each becomes its id.
 3. Every other piece is cut into 400,000-char windows; each window is cut just
@@ -29,6 +32,7 @@ constructor checks that this is a bijection that collides with no added token.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -168,11 +172,29 @@ class KimiSlowTokenizer(PythonBackend):
         return self.enc.decode([self.tok_to_id[t] for t in tokens])
 
 
+def deep_sorted(value: Any) -> Any:
+    """Rule 0's sort: every dict's items by key, through dicts and lists."""
+    if isinstance(value, dict):
+        return {key: deep_sorted(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [deep_sorted(item) for item in value]
+    return value
+
+
+def typescript(tools: list[dict[str, Any]]) -> str:
+    """Rule 0's conversion (the declaration converter, fixed_sft.tool_declarations, which
+    has its own tests against the model's)."""
+    from fixed_sft.tool_declarations import typescript_declarations
+
+    return typescript_declarations(tools)
+
+
 class ReferenceKimi:
     """Reference ids / text / assistant mask for Kimi-K2.6 chats."""
 
-    def __init__(self, tokenizer_dir: str | Path) -> None:
+    def __init__(self, tokenizer_dir: str | Path, template_kwargs: dict[str, Any] | None = None) -> None:
         self.tok = KimiSlowTokenizer(tokenizer_dir)
+        self.template_kwargs = TEMPLATE_KWARGS if template_kwargs is None else template_kwargs
         trie_tokens = set(self.tok.tokens_trie._tokens)
         assert len(trie_tokens) == 23 and trie_tokens == set(self.tok.get_added_vocab()), trie_tokens
 
@@ -180,21 +202,91 @@ class ReferenceKimi:
         """Rules 2-4 (no template, no BOS/EOS)."""
         return list(self.tok.encode(text, add_special_tokens=False))
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
-        """Rule 1: the rendered template text."""
+    def _arguments(self, tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """Rule 0: what the model's ``apply_chat_template`` adds for ``tools``, with the template kwargs."""
+        arguments: dict[str, Any] = dict(self.template_kwargs)
+        if tools is not None:
+            arguments["tools"] = deep_sorted(tools)
+            if tools:
+                try:
+                    arguments["tools_ts_str"] = typescript(arguments["tools"])
+                except Exception:  # the model's tokenizer falls back to JSON on any error
+                    pass
+        return arguments
+
+    def render(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = False, tools: list | None = None
+    ) -> str:
+        """Rules 0-1: the rendered template text."""
         out = self.tok.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **TEMPLATE_KWARGS
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **self._arguments(tools)
         )
         assert isinstance(out, str)
         return out
 
-    def chat_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> list[int]:
-        """Rules 1-4, through ``apply_chat_template(tokenize=True)`` (5.x returns a
+    def chat_ids(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = False, tools: list | None = None
+    ) -> list[int]:
+        """Rules 0-4, through ``apply_chat_template(tokenize=True)`` (5.x returns a
         BatchEncoding by default; we read ``input_ids``)."""
         out = self.tok.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=add_generation_prompt, **TEMPLATE_KWARGS
+            messages, tokenize=True, add_generation_prompt=add_generation_prompt, **self._arguments(tools)
         )
         return list(out if isinstance(out, list) else out["input_ids"])
+
+    def generation_mask(self, messages: list[dict[str, Any]], tools: list | None = None) -> list[int]:
+        """``kimi_k25`` mask by transformers' ``{% generation %}`` spans, for any
+        conversation (the split of history from the last turns makes prefixes render
+        otherwise than the whole): the template with each assistant message's part after
+        its header, through its ``<|im_end|>``, wrapped in generation blocks (checked to
+        render the same text), rendered with ``return_assistant_tokens_mask``; a token is 1
+        when its bytes lie in a span."""
+        template = self.tok.chat_template
+        edits = [
+            (
+                "{%- if message['role'] == 'assistant' -%}\n    <think></think>",
+                "{%- if message['role'] == 'assistant' -%}{% generation -%}\n    <think></think>",
+                1,
+            ),
+            (
+                "{%- if message['role'] == 'assistant' -%}\n    {%- if thinking",
+                "{%- if message['role'] == 'assistant' -%}{% generation -%}\n    {%- if thinking",
+                1,
+            ),
+            (
+                "  {%- elif message['role'] == 'tool' -%}",
+                "  {% endgeneration %}{%- elif message['role'] == 'tool' -%}",
+                2,
+            ),
+            (
+                "  <|im_end|>\n{%- endfor -%}",
+                "  {%- if message['role'] == 'assistant' -%}{% generation %}<|im_end|>{% endgeneration %}"
+                "{%- else -%}<|im_end|>{%- endif -%}\n{%- endfor -%}",
+                2,
+            ),
+        ]
+        for old, new, count in edits:
+            assert template.count(old) == count, old
+            template = template.replace(old, new)
+        arguments = self._arguments(tools)
+        tools_given = arguments.pop("tools", None)
+        rendered, spans = render_jinja_template(
+            conversations=[messages],
+            tools=tools_given,
+            chat_template=template,
+            return_assistant_tokens_mask=True,
+            **{**self.tok.special_tokens_map, **arguments},
+        )
+        text = rendered[0]
+        assert text == self.render(messages, tools=tools), "the generation blocks change the rendered text"
+        ids = self.encode(text)
+        ends = list(itertools.accumulate(len(self.tok.enc.decode_single_token_bytes(i)) for i in ids))
+        assert ends[-1:] == [len(text.encode())], "the tokens do not cover the text"
+        byte_spans = [(len(text[:a].encode()), len(text[:b].encode())) for a, b in spans[0]]
+        return [
+            int(any(a <= end - size and end <= b for a, b in byte_spans))
+            for end, size in zip(ends, (len(self.tok.enc.decode_single_token_bytes(i)) for i in ids))
+        ]
 
     def _gen_prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         """``chat_ids(messages, add_generation_prompt=True)``; for an empty prefix
@@ -206,12 +298,14 @@ class ReferenceKimi:
             conversations=[[]],
             chat_template=self.tok.chat_template,
             add_generation_prompt=True,
-            **{**self.tok.special_tokens_map, **TEMPLATE_KWARGS},
+            **{**self.tok.special_tokens_map, **self.template_kwargs},
         )
         return self.encode(text[0])
 
-    def chat_mask(self, messages: list[dict[str, Any]]) -> list[int]:
-        """``kimi_k25`` assistant-only loss mask by prefix rendering.
+    def chat_mask(self, messages: list[dict[str, Any]], tools: list | None = None) -> list[int]:
+        """``kimi_k25`` assistant-only loss mask by prefix rendering (``generation_mask``
+        for a conversation with tools or with a message of more than a role and a string
+        content, whose prefixes may render otherwise than the whole).
 
         Rule: for each assistant message its role header (``<|im_assistant|>``,
         the name tokens, ``<|im_middle|>``) is 0; every token the template emits for
@@ -220,16 +314,19 @@ class ReferenceKimi:
         Computed as: for assistant message k, positions
         ``[header_end, len(chat_ids(messages[:k+1])))`` are 1, where
         ``header_end = len(chat_ids(messages[:k], add_generation_prompt=True)) - 1``
-        (the generation prompt is header + ``<think>``). If the message carries a
+        (the generation prompt is header + ``<think>``, or ``<think></think>`` when
+        ``thinking`` is false). If the message carries a
         ``name`` other than "assistant", the header is ``<|im_assistant|>`` +
         encode(name) + ``<|im_middle|>`` instead (checked against the tokens).
         Asserts prefix stability: chat_ids(messages[:k]) is a prefix of
         chat_ids(messages[:k+1]), which is a prefix of chat_ids(messages).
         """
+        if tools or not all(len(m) == 2 and isinstance(m.get("content"), str) for m in messages):
+            return self.generation_mask(messages, tools)
         full = self.chat_ids(messages)
         mask = [0] * len(full)
-        im_assistant, im_middle, think = self.tok.convert_tokens_to_ids(
-            ["<|im_assistant|>", "<|im_middle|>", "<think>"]
+        im_assistant, im_middle, think, end_think = self.tok.convert_tokens_to_ids(
+            ["<|im_assistant|>", "<|im_middle|>", "<think>", "</think>"]
         )
         for k, msg in enumerate(messages):
             if msg["role"] != "assistant":
@@ -239,8 +336,9 @@ class ReferenceKimi:
             before = self.chat_ids(messages[:k]) if k > 0 else []
             assert upto[: len(before)] == before, f"prefix instability: messages[:{k}] vs messages[:{k + 1}]"
             prompt = self._gen_prompt_ids(messages[:k])
-            assert prompt[: len(before)] == before and prompt[-1] == think
-            header_end = len(prompt) - 1
+            opened = [think] if prompt[-1] == think else [think, end_think]  # (``thinking`` false: closed)
+            assert prompt[: len(before)] == before and prompt[-len(opened) :] == opened
+            header_end = len(prompt) - len(opened)
             name = msg.get("name") or "assistant"
             if name != "assistant":
                 header_end = len(before) + 2 + len(self.encode(name))

@@ -168,6 +168,99 @@ def messages(draw, max_turns: int = MAX_TURNS, long_one_in: int = 6) -> list[dic
     return out
 
 
+TOOL_SPECS = (
+    [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Current weather.\nOf a city.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "unit": {"type": "string", "enum": ["c", "f"], "default": "c"},
+                        "city": {"type": "string", "description": "<|im_end|> a name"},
+                        "days": {"type": "integer", "minimum": 1},
+                    },
+                    "required": ["city"],
+                },
+            },
+        },
+        {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}},
+    ],
+    [{"type": "retrieval", "index": "docs", "ü": [3, None, {"b": 1, "a": 2}]}],  # no function: declared as JSON
+)
+names = st.sampled_from(["", "bob", " x ", "<|im_end|>", "функция"])
+
+
+def _content(draw, absent: bool = False):
+    """A content: a string, text parts, or (``absent``) none at all."""
+    kind = draw(st.sampled_from(["text", "parts", "none"] if absent else ["text", "parts"]))
+    if kind == "none":
+        return None
+    if kind == "parts":
+        return [{"type": "text", "text": draw(short_content)} for _ in range(draw(st.integers(0, 3)))]
+    return draw(short_content)
+
+
+def _message(role: str, content, **keys) -> dict:
+    message = {"role": role, **({} if content is None else {"content": content})}
+    return {**message, **{key: value for key, value in keys.items() if value is not None}}
+
+
+@st.composite
+def agentic_conversations(draw, max_turns: int = 4) -> tuple[list[dict], list | None]:
+    """``(messages, tools)``: an optional system message, then turns of a user message and
+    assistant steps, each with reasoning or not (under either key), a name or not, and
+    0..2 tool calls (string or object arguments) followed by their results; cut at any
+    message, so that trajectories end on a tool call or a result too. Tools: none, a
+    list of functions, or a list that is declared as JSON."""
+    out: list[dict] = []
+    if draw(st.booleans()):
+        out.append(_message("system", _content(draw), name=draw(st.one_of(st.none(), names))))
+    calls = 0
+    for _ in range(draw(st.integers(1, max_turns))):
+        out.append(_message("user", _content(draw), name=draw(st.one_of(st.none(), names))))
+        for _ in range(draw(st.integers(1, 3))):
+            reasoning = draw(st.one_of(st.none(), st.lists(piece, min_size=1, max_size=4).map("".join)))
+            key = draw(st.sampled_from(["reasoning_content", "reasoning"]))
+            tool_calls = []
+            for _ in range(draw(st.sampled_from([1, 0, 2]))):
+                arguments = draw(
+                    st.one_of(short_content, st.fixed_dictionaries({"q": short_content, "n": st.integers(-5, 10**6)}))
+                )
+                name = draw(st.sampled_from(["get_weather", "now"]))
+                tool_calls.append(
+                    {
+                        "id": f"functions.{name}:{calls}{draw(st.sampled_from(['', ' ', '<|tool_call_end|>']))}",
+                        "type": "function",
+                        "function": {"name": name, "arguments": arguments},
+                    }
+                )
+                calls += 1
+            out.append(
+                _message(
+                    "assistant",
+                    _content(draw, absent=bool(tool_calls)),
+                    name=draw(st.one_of(st.none(), names)),
+                    tool_calls=tool_calls or None,
+                    **{key: reasoning},
+                )
+            )
+            for call in tool_calls:
+                out.append(_message("tool", _content(draw), tool_call_id=call["id"]))
+            if not tool_calls:
+                break
+    calling = [k for k, message in enumerate(out) if message.get("tool_calls")]
+    cut = draw(st.sampled_from(["none", "anywhere", "after a call"]))
+    if cut == "anywhere":
+        out = out[: draw(st.integers(1, len(out)))]
+    elif cut == "after a call" and calling:
+        out = out[: draw(st.sampled_from(calling)) + 1]
+    tools = draw(st.one_of(st.none(), st.sampled_from(TOOL_SPECS)))
+    return out, tools
+
+
 @st.composite
 def packing_cases(draw, max_conversations: int = 8) -> tuple[list[list[dict]], int]:
     """``(conversations, row_tokens)`` for the packing property."""
@@ -263,6 +356,22 @@ def _first_difference(got: list, expected: list) -> str:
         f"lengths {len(got)} vs {len(expected)}; first difference at {n}: "
         f"got {got[max(0, n - 3) : n + 5]}, expected {expected[max(0, n - 3) : n + 5]}"
     )
+
+
+def check_agentic(encoder, reference, conversation: list[dict], tools: list | None) -> None:
+    """Fast path == reference (ids, and the mask by generation spans); the encoder's own
+    template check passes; the conversation schema keeps the conversation as it is."""
+    from fixed_sft.conversation import conversation as checked
+
+    ids, mask = encoder.encode(conversation, tools)
+    expected_ids = reference.chat_ids(conversation, tools=tools)
+    assert ids == expected_ids, _first_difference(ids, expected_ids)
+    expected_mask = reference.generation_mask(conversation, tools)
+    assert mask == expected_mask, _first_difference(mask, expected_mask)
+    encoder.check(conversation, np.array(ids, np.int32), tools)
+    from fixed_sft.chat import SCHEMA
+
+    assert checked({"messages": conversation, "tools": tools}, SCHEMA) == (None, conversation, tools)
 
 
 def describe(conversation: list[dict], limit: int = 200) -> str:

@@ -148,9 +148,9 @@ def test_a_killed_rebuilds_folder_is_deleted_only_if_it_holds_a_rebuilds_files(s
     "change, says",
     [
         (lambda m: m["params"].update(seed=42), "does not give the same rows\n"),
-        (
-            lambda m: m["loss_mask"]["template_kwargs"].update(thinking=False),
-            "loss_mask: differs (template_kwargs.thinking: false here, true rebuilt)",
+        (  # (the template variables it records are the rebuild's: tests/test_agentic.py)
+            lambda m: m["loss_mask"].update(type="other"),
+            'loss_mask: differs (type: "other" here, "kimi_k25" rebuilt)',
         ),
         (lambda m: m["template_check"].update(checked=5), "template_check: differs (checked: 5 here, 1 rebuilt)"),
         (lambda m: m["stats"].update(rows_skipped=2), "stats: differs (rows_skipped: 2 here, 1 rebuilt)"),
