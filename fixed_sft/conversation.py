@@ -5,7 +5,10 @@ the encoder encodes and a string ``content`` of valid Unicode, and no other key 
 does not read; its ``id``, where present and not null, is a string or an integer. A key whose
 value is null counts as absent: a Parquet struct carries every key of its file's schema, null
 where a row has none. A key the encoder would drop is refused, never silently left out of the
-ids. Keys of the record beside ``id`` and ``messages`` are not read.
+ids. Keys of the record beside ``id`` and ``messages`` are not read. For a schema of any key
+(``keys=None``: an encoder that passes every key to its chat template) a message needs only a
+``role`` that is a non-empty string; its other keys, ``content`` included, are the template's
+to read or refuse (a string content must still be valid Unicode).
 """
 
 from __future__ import annotations
@@ -60,6 +63,10 @@ def conversation(record: object, schema: MessageSchema) -> Conversation:
     for n, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidRow(f"message {n} is a {type(message).__name__}, not an object", row_id)
+        if schema.keys is None:
+            clean.append(_any_keys(n, message, row_id))
+            continue
+        assert roles is not None  # (a schema of named keys names its roles)
         role, content = message.get("role"), message.get("content")
         if len(message) == 2 and role in roles and isinstance(content, str):  # exactly a role and a content
             kept, text = {"role": role, "content": content}, content
@@ -72,11 +79,24 @@ def conversation(record: object, schema: MessageSchema) -> Conversation:
     return Conversation(row_id, clean)
 
 
+def _any_keys(n: int, message: Message, row_id: str | None) -> Message:
+    """Message ``n`` without its null keys, or the ``InvalidRow`` it is: a role missing or not
+    a non-empty string, or a string content with a lone surrogate."""
+    role, content = message.get("role"), message.get("content")
+    if not (isinstance(role, str) and role):
+        why = "has no role" if role is None else f"has role {role!r}, not a name"
+        raise InvalidRow(f"message {n} {why}", row_id)
+    if isinstance(content, str) and not content.isascii() and not is_unicode(content):
+        raise InvalidRow(f"message {n} content has a lone surrogate", row_id)
+    return {key: value for key, value in message.items() if value is not None}
+
+
 def _reduced(n: int, message: Message, schema: MessageSchema, row_id: str | None) -> Message:
     """Message ``n`` without its null keys, or the ``InvalidRow`` it is: a role missing or
     not one of ``schema.roles``, a key with a value that ``schema`` does not read, or a
     content that is missing or not a string (checked in that order)."""
     role, content = message.get("role"), message.get("content")
+    assert schema.keys is not None and schema.roles is not None  # (``_any_keys`` reduces the others)
     if role not in schema.roles:
         why = "has no role" if role is None else f"has unknown role {role!r}"
         raise InvalidRow(f"message {n} {why}", row_id)

@@ -39,8 +39,8 @@ import numpy as np
 import pyarrow as pa
 
 from .chat import RENDERER_MODULE, ChatEncoder
-from .conversation import InvalidRow, conversation
-from .encoding import Encoder, TemplateMismatch
+from .conversation import Conversation, InvalidRow, conversation
+from .encoding import BatchEncoder, Encoder, TemplateMismatch
 from .exits import remove_on_exit
 from .hashes import sha256_file
 from .source import records
@@ -122,9 +122,13 @@ class EncoderConfig:
 
 
 def encode_rows(encoder: Encoder, chunk: pa.Table, first_position: int, check_every: int) -> Iterator[Encoded]:
-    """Encode a chunk's conversations one at a time, as they are asked for; a record that
-    is not a valid conversation for the encoder's schema is an invalid row; raise
-    ``TemplateMismatch`` naming the row when a checked conversation differs."""
+    """Encode a chunk's conversations one at a time, as they are asked for (a ``BatchEncoder``:
+    all of the chunk's at once, when the first is asked for); a record that is not a valid
+    conversation for the encoder's schema, or that the encoder refuses, is an invalid row;
+    raise ``TemplateMismatch`` naming the row when a checked conversation differs."""
+    if isinstance(encoder, BatchEncoder):
+        yield from _encode_batch(encoder, chunk, first_position, check_every)
+        return
     schema = encoder.schema
     for offset, (index, record) in enumerate(records(chunk)):
         try:
@@ -133,13 +137,49 @@ def encode_rows(encoder: Encoder, chunk: pa.Table, first_position: int, check_ev
             yield Encoded(index, error.row_id, None, None, error.reason)
             continue
         ids, mask = encoder.encode_arrays(messages)
-        checked = bool(check_every) and (first_position + offset) % check_every == 0
-        if checked:
-            try:
-                encoder.check(messages, ids)
-            except TemplateMismatch as error:
-                raise TemplateMismatch(f"source row {index} (id {row_id}): {error}") from None
-        yield Encoded(index, row_id, ids, mask, None, checked)
+        yield _checked(encoder, index, row_id, messages, ids, mask, first_position + offset, check_every)
+
+
+def _checked(
+    encoder: Encoder,
+    index: int,
+    row_id: str | None,
+    messages: list,
+    ids: np.ndarray,
+    mask: np.ndarray,
+    position: int,
+    check_every: int,
+) -> Encoded:
+    """The conversation at packing ``position``, checked against the template when ``check_every`` says."""
+    checked = bool(check_every) and position % check_every == 0
+    if checked:
+        try:
+            encoder.check(messages, ids)
+        except TemplateMismatch as error:
+            raise TemplateMismatch(f"source row {index} (id {row_id}): {error}") from None
+    return Encoded(index, row_id, ids, mask, None, checked)
+
+
+def _encode_batch(encoder: BatchEncoder, chunk: pa.Table, first_position: int, check_every: int) -> Iterator[Encoded]:
+    """``encode_rows`` for a ``BatchEncoder``: the chunk's valid conversations encoded at once,
+    yielded (and checked) one at a time."""
+    parsed: list[tuple[int, Conversation | InvalidRow]] = []
+    for index, record in records(chunk):
+        try:
+            parsed.append((index, conversation(record, encoder.schema)))
+        except InvalidRow as error:
+            parsed.append((index, error))
+    valid = [item for _, item in parsed if not isinstance(item, InvalidRow)]
+    encoded = iter(encoder.encode_batch([item.messages for item in valid]))
+    for offset, (index, item) in enumerate(parsed):
+        if isinstance(item, InvalidRow):
+            yield Encoded(index, item.row_id, None, None, item.reason)
+            continue
+        result = next(encoded)
+        if isinstance(result, InvalidRow):
+            yield Encoded(index, item.id, None, None, result.reason)
+            continue
+        yield _checked(encoder, index, item.id, item.messages, *result, first_position + offset, check_every)
 
 
 def encode_chunk(encoder: Encoder, chunk: pa.Table, first_position: int, check_every: int) -> EncodedChunk:

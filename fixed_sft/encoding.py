@@ -5,31 +5,38 @@ mask, of one length) and names, in its ``schema``, the message keys and roles it
 conversation schema (``fixed_sft.conversation``) refuses a message with any other key, so
 that nothing in a row is silently left out of its ids. ``check`` compares a conversation's
 ids with the model's own rendering of it. The Kimi fast path (``fixed_sft.chat.ChatEncoder``)
-is one implementation; the code that encodes chunks (``fixed_sft.encode``) sees only this
-protocol, so an encoder of another kind (one that renders each conversation) can be added
-beside it.
+is one implementation; the render-based path for any Hugging Face chat model
+(``fixed_sft.hf_chat.HFChatEncoder``) is another, a ``BatchEncoder``: it encodes a chunk's
+conversations at once, and a conversation its template refuses is an invalid row. The code
+that encodes chunks (``fixed_sft.encode``) sees only these protocols.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from .conversation import InvalidRow
+
 Message = dict[str, Any]  # a message's keys and values, as JSON or Parquet gives them
+Arrays = tuple[np.ndarray, np.ndarray]  # a conversation's int32 ids and uint8 mask
 
 
 @dataclass(frozen=True)
 class MessageSchema:
     """What an encoder reads of a message: the keys (``role`` and ``content`` among them)
     and the roles it encodes; ``name`` names the encoder in the refusal of a row whose
-    messages hold anything else."""
+    messages hold anything else. ``keys=None`` and ``roles=None``: an encoder that passes
+    every key of a message, and any role, to its chat template (which then decides what a
+    content may be)."""
 
     name: str
-    keys: frozenset[str]
-    roles: tuple[str, ...]
+    keys: frozenset[str] | None
+    roles: tuple[str, ...] | None
 
 
 class TemplateMismatch(Exception):
@@ -52,4 +59,13 @@ class Encoder(Protocol):
 
     def check(self, messages: Sequence[Message], ids: np.ndarray) -> None:
         """Raise ``TemplateMismatch`` unless ``ids`` are the model's own ids of ``messages``."""
+        ...
+
+
+@runtime_checkable
+class BatchEncoder(Encoder, Protocol):
+    """An encoder that encodes a chunk's conversations at once."""
+
+    def encode_batch(self, conversations: Sequence[Sequence[Message]]) -> list[Arrays | InvalidRow]:
+        """Each conversation's ids and mask (as ``encode_arrays``), or the ``InvalidRow`` it is."""
         ...
