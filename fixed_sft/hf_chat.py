@@ -144,7 +144,7 @@ def clock_variables(template: Any, source: str) -> list[str]:
 
     names: list[str] = []
     for assign in template.environment.parse(source).find_all(nodes.Assign):
-        calls = assign.node.find_all(nodes.Call)
+        calls = [node for node in (assign.node, *assign.node.find_all(nodes.Call)) if isinstance(node, nodes.Call)]
         if any(isinstance(call.node, nodes.Name) and call.node.name == "strftime_now" for call in calls):
             targets = [assign.target] if isinstance(assign.target, nodes.Name) else assign.target.find_all(nodes.Name)
             names += [target.name for target in targets]

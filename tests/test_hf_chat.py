@@ -1,0 +1,306 @@
+"""The any-model path: ids and masks equal transformers' own apply_chat_template on the same files.
+
+The tokenizer is ../shared/tokenizers/deepseek-v4 (a real fast tokenizer without a chat
+template) in a folder beside a template written here. Oracles: ``apply_chat_template(...,
+tokenize=True)`` for ids, and ``return_assistant_tokens_mask=True`` for masks: a template
+without ``{% generation %}`` is compared with the same template whose assistant text is
+wrapped in a generation block, which renders the same text.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import messages as conversations
+
+from fixed_sft.conversation import InvalidRow, conversation
+from fixed_sft.hf_chat import SCHEMA, ClockRead, HFChatEncoder, load_tokenizer, separator, token_mask
+from fixed_sft.tokenizer import TokenizerError
+
+# ChatML, the assistant's text (its content and <|im_end|>\n) in a generation block, or not
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' %}[[{{ message['content'] + '<|im_end|>\\n' }}]]"
+    "{% else %}{{ message['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# DeepSeek style: tools in the system part, tool calls, tool outputs, <｜end▁of▁sentence｜> after each reply
+DEEPSEEK = (
+    "{{ bos_token }}{% if tools %}{{ 'Tools: ' + (tools | tojson) + '\\n' }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] }}"
+    "{% elif message['role'] == 'user' %}{{ '<｜User｜>' + message['content'] }}"
+    "{% elif message['role'] == 'assistant' %}{{ '<｜Assistant｜>' }}[["
+    "{% if message['content'] %}{{ message['content'] }}{% endif %}"
+    "{% if message.get('tool_calls') %}{{ '<｜tool▁calls▁begin｜>' }}{% for call in message['tool_calls'] %}"
+    "{{ '<｜tool▁call▁begin｜>' + call['type'] + '<｜tool▁sep｜>' + call['function']['name'] + '\\n```json\\n'"
+    " + call['function']['arguments'] + '\\n```<｜tool▁call▁end｜>' }}{% endfor %}{{ '<｜tool▁calls▁end｜>' }}"
+    "{% endif %}{{ '<｜end▁of▁sentence｜>' }}]]"
+    "{% elif message['role'] == 'tool' %}{{ '<｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>' }}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
+)
+# Llama 3 style: the date from the clock unless date_string is set
+LLAMA3 = (
+    "{{- bos_token }}"
+    "{%- if not date_string is defined %}{%- if strftime_now is defined %}"
+    '{%- set date_string = strftime_now("%d %b %Y") %}{%- else %}{%- set date_string = "26 Jul 2024" %}'
+    "{%- endif %}{%- endif %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\nToday Date: ' + date_string + '\\n\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] | trim }}"
+    "{%- set messages = messages[1:] %}{%- endif %}{{- '<|eot_id|>' }}"
+    "{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+    "{%- if message['role'] == 'assistant' %}[[{{- message['content'] | trim + '<|eot_id|>' }}]]"
+    "{%- else %}{{- message['content'] | trim + '<|eot_id|>' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+# ChatML joined sloppily: a newline before each message but the first, none before the generation prompt
+SLOPPY = (
+    "{% for message in messages %}{% if not loop.first %}{{ '\\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+ALTERNATING = (
+    "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('roles must alternate user/assistant') }}{% endif %}"
+    "{{ message['role'] + ': ' + message['content'] + '\\n' }}{% endfor %}"
+)
+
+
+def _plain(template: str) -> str:
+    return template.replace("[[", "").replace("]]", "")
+
+
+def _generation(template: str) -> str:
+    return template.replace("[[", "{% generation %}").replace("]]", "{% endgeneration %}")
+
+
+@pytest.fixture(scope="session")
+def folder_of(deepseek_dir, tmp_path_factory):
+    """``folder_of(template, in_config=False)``: a tokenizer folder of the DeepSeek-V4 files and
+    ``template`` (in chat_template.jinja, or inside tokenizer_config.json)."""
+    made: dict[tuple[str, bool], Path] = {}
+
+    def make(template: str, in_config: bool = False) -> Path:
+        if (template, in_config) not in made:
+            folder = tmp_path_factory.mktemp("hf")
+            (folder / "tokenizer.json").symlink_to(deepseek_dir / "tokenizer.json")
+            config = json.loads((deepseek_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+            if in_config:
+                config["chat_template"] = template
+            else:
+                (folder / "chat_template.jinja").write_text(template, encoding="utf-8")
+            (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+            made[template, in_config] = folder
+        return made[template, in_config]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def oracle_of(folder_of):
+    """transformers' own tokenizer of a folder (loaded apart from the encoder's)."""
+    from transformers import AutoTokenizer
+
+    loaded: dict[Path, object] = {}
+
+    def load(template: str, in_config: bool = False):
+        folder = folder_of(template, in_config)
+        if folder not in loaded:
+            loaded[folder] = AutoTokenizer.from_pretrained(str(folder))
+        return loaded[folder]
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def encoder_of(folder_of):
+    def make(template: str, template_kwargs: dict | None = None, in_config: bool = False) -> HFChatEncoder:
+        return HFChatEncoder(load_tokenizer(folder_of(template, in_config)), template_kwargs)
+
+    return make
+
+
+def _oracle(oracle, messages, **kwargs) -> tuple[list[int], list[int]]:
+    out = oracle.apply_chat_template(messages, tokenize=True, return_assistant_tokens_mask=True, **kwargs)
+    return list(out["input_ids"]), list(out["assistant_masks"])
+
+
+def _ids(oracle, messages, **kwargs) -> list[int]:
+    return list(oracle.apply_chat_template(messages, tokenize=True, **kwargs)["input_ids"])
+
+
+CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": " and <|im_end|> 3+3?\n"},
+    {"role": "assistant", "content": "  6 \n"},
+]
+
+
+@pytest.mark.parametrize("in_config", [False, True])
+def test_chatml_with_generation_blocks_is_transformers_assistant_masks(encoder_of, oracle_of, in_config):
+    encoder = encoder_of(_generation(CHATML), in_config=in_config)
+    assert encoder.generation
+    ids, mask = encoder.encode(CHAT)
+    assert (ids, mask) == _oracle(oracle_of(_generation(CHATML), in_config), CHAT)
+    assert 0 < sum(mask) < len(mask)
+
+
+def test_chatml_without_generation_blocks_masks_what_each_reply_adds(encoder_of, oracle_of):
+    encoder = encoder_of(_plain(CHATML))
+    assert not encoder.generation
+    ids, mask = encoder.encode(CHAT)
+    assert ids == _ids(oracle_of(_plain(CHATML)), CHAT)
+    assert (ids, mask) == _oracle(oracle_of(_generation(CHATML)), CHAT)  # the same text, blocks where replies are
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(max_turns=8, long_one_in=10))
+def test_chatml_parity_on_generated_conversations(encoder_of, oracle_of, messages):
+    expected = _oracle(oracle_of(_generation(CHATML)), messages)
+    for template in (_generation(CHATML), _plain(CHATML)):
+        assert encoder_of(template).encode(messages) == expected
+
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+CALL = [{"type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]
+TOOL_CHAT = [
+    {"role": "system", "content": "You add."},
+    {"role": "user", "content": "1+2?"},
+    {"role": "assistant", "content": "", "tool_calls": CALL},
+    {"role": "tool", "content": "3"},
+    {"role": "assistant", "content": "It is 3."},
+    {"role": "user", "content": "thanks"},
+    {"role": "assistant", "tool_calls": CALL},
+]
+
+
+def test_deepseek_tool_calls_every_key_reaches_the_template(encoder_of, oracle_of):
+    valid = conversation({"messages": TOOL_CHAT}, SCHEMA).messages
+    assert valid == TOOL_CHAT  # no key dropped
+    for template in (_generation(DEEPSEEK), _plain(DEEPSEEK)):
+        encoder = encoder_of(template, {"tools": TOOLS})
+        ids, mask = encoder.encode(valid)
+        assert ids == _ids(oracle_of(template), valid, tools=TOOLS)
+        assert (ids, mask) == _oracle(oracle_of(_generation(DEEPSEEK)), valid, tools=TOOLS)
+        assert oracle_of(template).convert_tokens_to_ids("<｜tool▁calls▁begin｜>") in [
+            t for t, m in zip(ids, mask) if m
+        ]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(max_turns=6, long_one_in=0))
+def test_deepseek_parity_on_generated_conversations(encoder_of, oracle_of, messages):
+    expected = _oracle(oracle_of(_generation(DEEPSEEK)), messages)
+    assert encoder_of(_plain(DEEPSEEK)).encode(messages) == expected
+
+
+def test_a_template_that_reads_the_clock_is_refused_naming_the_variable(encoder_of):
+    with pytest.raises(ClockRead, match="unless date_string is set: pin date_string in the template variables"):
+        encoder_of(_plain(LLAMA3))
+
+
+def test_a_pinned_date_renders_as_transformers_does(encoder_of, oracle_of):
+    pinned = {"date_string": "01 Dec 2026"}
+    encoder = encoder_of(_plain(LLAMA3), pinned)
+    ids, mask = encoder.encode(CHAT)
+    assert (ids, mask) == _oracle(oracle_of(_generation(LLAMA3)), CHAT, **pinned)
+    assert ids == _ids(oracle_of(_plain(LLAMA3)), CHAT, **pinned)
+
+
+def test_the_clock_read_only_by_some_conversations_stops_their_encoding(encoder_of):
+    template = "{% if messages[0]['role'] != 'system' %}{{ strftime_now('%Y') }}{% endif %}" + _plain(CHATML)
+    encoder = encoder_of(template)  # the probe has a system message
+    assert encoder.encode(CHAT)[0]
+    with pytest.raises(ClockRead, match="which no template variable can pin"):
+        encoder.encode_batch([CHAT, CHAT[1:]])
+
+
+def test_a_sloppy_template_gives_a_named_refusal_not_a_wrong_mask(encoder_of):
+    encoder = encoder_of(SLOPPY)
+    with pytest.raises(InvalidRow, match="assistant message 2: .* does not begin the conversation's rendering"):
+        encoder.encode(CHAT)
+    with pytest.raises(InvalidRow, match="assistant message 2"):
+        encoder.encode(CHAT[:3])
+    ids, mask = encoder.encode(CHAT[:2])  # no reply: nothing to find
+    assert ids and not any(mask)
+
+
+def test_a_conversation_the_template_refuses_is_an_invalid_row(encoder_of):
+    encoder = encoder_of(ALTERNATING)
+    results = encoder.encode_batch([CHAT[1:3], CHAT[1:2] + CHAT[1:2], [{"role": "user", "content": ["a"]}]])
+    assert isinstance(results[0], tuple)
+    assert isinstance(results[1], InvalidRow)
+    refusal = "the chat template refuses the conversation (TemplateError: roles must alternate user/assistant)"
+    assert results[1].reason == refusal
+    assert isinstance(results[2], InvalidRow) and "TypeError" in results[2].reason
+
+
+def test_the_message_schema_keeps_every_key_and_any_role():
+    record = {"messages": [{"role": "ipython", "content": {"x": 1}, "name": "n", "extra": None}]}
+    assert conversation(record, SCHEMA).messages == [{"role": "ipython", "content": {"x": 1}, "name": "n"}]
+    with pytest.raises(InvalidRow, match="message 0 has no role"):
+        conversation({"messages": [{"content": "a"}]}, SCHEMA)
+    with pytest.raises(InvalidRow, match="message 0 has role 3, not a name"):
+        conversation({"messages": [{"role": 3, "content": "a"}]}, SCHEMA)
+    with pytest.raises(InvalidRow, match="lone surrogate"):
+        conversation({"messages": [{"role": "user", "content": "\ud800"}]}, SCHEMA)
+
+
+def test_the_separator_is_eos_or_a_single_vocabulary_token(folder_of):
+    tokenizer = load_tokenizer(folder_of(_plain(CHATML)))
+    assert separator(tokenizer, None) == ("<｜end▁of▁sentence｜>", 1)
+    assert separator(tokenizer, "<｜User｜>") == ("<｜User｜>", 128803)
+    with pytest.raises(ValueError, match="'two words' is not a single token"):
+        separator(tokenizer, "two words")
+
+
+def test_a_template_variable_that_is_an_argument_is_refused(encoder_of):
+    with pytest.raises(TokenizerError, match="'add_generation_prompt' is an argument of apply_chat_template"):
+        encoder_of(_plain(CHATML), {"add_generation_prompt": True})
+
+
+def test_check_compares_with_apply_chat_template(encoder_of):
+    from fixed_sft.encoding import TemplateMismatch
+
+    encoder = encoder_of(_plain(CHATML))
+    ids, _ = encoder.encode_arrays(CHAT)
+    encoder.check(CHAT, ids)
+    with pytest.raises(TemplateMismatch, match="differ from apply_chat_template"):
+        encoder.check(CHAT, ids[:-1])
+
+
+@st.composite
+def _offsets_and_spans(draw):
+    lengths = draw(st.lists(st.integers(0, 4), max_size=30))
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    offsets = np.stack([starts[:-1], starts[1:]], axis=1).reshape(-1, 2)
+    cuts = sorted(draw(st.lists(st.integers(0, int(starts[-1]) + 2), max_size=8)))
+    spans = list(zip(cuts[::2], cuts[1::2]))
+    return offsets, spans
+
+
+def _transformers_rule(offsets: list, spans: list) -> list[int]:
+    """apply_chat_template's loop for ``assistant_masks``, restated."""
+    mask, current = [0] * len(offsets), 0
+    for n, (start, end) in enumerate(offsets):
+        while current < len(spans) and start >= spans[current][1]:
+            current += 1
+        if current == len(spans):
+            break
+        mask[n] = int(end > spans[current][0])
+    return mask
+
+
+@given(_offsets_and_spans())
+def test_token_mask_is_transformers_rule(case):
+    offsets, spans = case
+    assert token_mask(offsets, spans).tolist() == _transformers_rule(offsets.tolist(), spans)
+    backwards = offsets[::-1].copy()  # offsets out of order: the token-by-token branch
+    assert token_mask(backwards, spans).tolist() == _transformers_rule(backwards.tolist(), spans)
