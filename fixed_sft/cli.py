@@ -112,9 +112,6 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("name", nargs="?", help=f"named build in fixed_sft/builds/ (default: {DEFAULT_BUILD})")
     build.add_argument("--out", type=Path, help="output folder (default: out/NAME)")
     _add_build_flags(build)
-    build.add_argument(
-        "--trust-remote-code", action="store_true", help="accepted for compatibility; no remote code is run"
-    )
     build.add_argument("--quiet", action="store_true", help="no progress bar")
 
     verify = commands.add_parser("verify", help="check a built folder against its manifest")

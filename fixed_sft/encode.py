@@ -33,7 +33,7 @@ from multiprocessing import forkserver, get_context, parent_process, resource_tr
 from multiprocessing.connection import wait
 from multiprocessing.context import BaseContext
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -41,10 +41,13 @@ import pyarrow as pa
 from .chat import RENDERER_MODULE, ChatEncoder
 from .conversation import Conversation, InvalidRow, conversation
 from .encoding import BatchEncoder, Encoder, TemplateMismatch
+from .errors import UsageError
 from .exits import remove_on_exit
 from .hashes import sha256_file
+from .hf_chat import HFChatEncoder, load_tokenizer
+from .hf_chat import separator as hf_separator
 from .source import records
-from .tokenizer import KimiTokenizer, TokenizerError
+from .tokenizer import KimiTokenizer, TokenizerError, eos_id, eos_token
 
 
 class Encoded(NamedTuple):
@@ -94,23 +97,56 @@ class EncodedChunk:
 class EncoderConfig:
     """What a process needs to build its own encoder (it travels to workers):
     ``tokenizer_sha256`` is the sha256 of each tokenizer file by name, as the build
-    records it."""
+    records it; ``family`` the tokenizer's (``fixed_sft.specs``: ``kimi`` or ``hf``)."""
 
     tokenizer_dir: Path
     tokenizer_sha256: dict[str, str]
     loss_mask_type: str
     template_kwargs: dict
+    family: str = "kimi"
+    trust_remote_code: bool = False
 
     def load(self) -> Encoder:
-        """The encoder (the Kimi fast path, ``ChatEncoder``); ``TokenizerError`` for a
-        tokenizer file whose sha256 is no longer the recorded one once it has been read."""
-        encoder = ChatEncoder(KimiTokenizer(self.tokenizer_dir), self.loss_mask_type, self.template_kwargs)
+        """The encoder (the Kimi fast path, ``ChatEncoder``, or for a Hugging Face tokenizer
+        ``HFChatEncoder``); ``TokenizerError`` for a tokenizer file whose sha256 is no longer
+        the recorded one once it has been read."""
+        encoder: Encoder
+        if self.family == "hf":
+            encoder = HFChatEncoder(self.hf_tokenizer(), self.template_kwargs, self.loss_mask_type)
+        else:
+            encoder = ChatEncoder(KimiTokenizer(self.tokenizer_dir), self.loss_mask_type, self.template_kwargs)
+        self._check_unchanged()
+        return encoder
+
+    def hf_tokenizer(self) -> Any:
+        """The Hugging Face tokenizer of the folder (loaded once per process for these files)."""
+        return load_tokenizer(self.tokenizer_dir, self.trust_remote_code, tuple(sorted(self.tokenizer_sha256.items())))
+
+    def _check_unchanged(self) -> None:
         for name, digest in self.tokenizer_sha256.items():
             if sha256_file(self.tokenizer_dir / name) != digest:
                 raise TokenizerError(
                     f"{self.tokenizer_dir / name} changed since the build read its sha256; run the build again"
                 )
-        return encoder
+
+    def separator(self, token: str | None) -> tuple[str, int]:
+        """The token that follows each conversation and its id: ``token`` (``UsageError``
+        unless it is a single token of the vocabulary), else the tokenizer's eos token."""
+        if self.family == "hf":
+            tokenizer = self.hf_tokenizer()
+            self._check_unchanged()
+            try:
+                return hf_separator(tokenizer, token)
+            except ValueError as error:
+                if token is None:
+                    raise TokenizerError(f"{self.tokenizer_dir}: {error}; pass --separator TOKEN") from None
+                raise UsageError(f"--separator {token!r} is not a single token of the vocabulary") from None
+        if token is None:
+            return eos_token(self.tokenizer_dir), eos_id(self.tokenizer_dir)
+        try:
+            return token, KimiTokenizer(self.tokenizer_dir).encoding.encode_single_token(token)
+        except KeyError:
+            raise UsageError(f"--separator {token!r} is not a single token of the vocabulary") from None
 
     def to_json(self) -> str:
         return json.dumps({**vars(self), "tokenizer_dir": str(self.tokenizer_dir)})

@@ -39,6 +39,7 @@ import numpy as np
 
 from .conversation import InvalidRow, is_unicode
 from .encoding import Arrays, Message, MessageSchema, TemplateMismatch
+from .fields import read_json_object
 from .tokenizer import TokenizerError
 
 MASK_TYPES = ("assistant",)
@@ -81,6 +82,19 @@ def tokenizer_files(directory: Path, trust_remote_code: bool = False) -> list[st
     if trust_remote_code:
         names += sorted(path.name for path in directory.glob("*.py"))
     return names
+
+
+def remote_code_files(config_path: Path) -> list[str]:
+    """The module files that ``tokenizer_config.json``'s ``auto_map`` names for the tokenizer
+    (``tokenization_x.Class`` -> ``tokenization_x.py``), of this repo (not ``other/repo--...``)."""
+    try:
+        config = read_json_object(config_path, TokenizerError)
+    except TokenizerError:
+        return []
+    references = config.get("auto_map", {}).get("AutoTokenizer") if isinstance(config.get("auto_map"), dict) else None
+    references = references if isinstance(references, list) else [references]
+    modules = {ref.rsplit(".", 1)[0] for ref in references if isinstance(ref, str) and "--" not in ref and "." in ref}
+    return sorted(module.replace(".", "/") + ".py" for module in modules)
 
 
 class ClockRead(TokenizerError):

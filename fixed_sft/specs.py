@@ -5,6 +5,11 @@ Both ship inside the package (``importlib.resources``), so any install reads the
 A tokenizer is *pinned* when each of its files has the bytes and sha256 of a spec.
 Files that differ from the spec they should match are refused unless the caller
 allows unpinned tokenizers, in which case the difference is recorded.
+
+A tokenizer is of one of two families: ``kimi`` (``tiktoken.model``, encoded by the Kimi fast
+path, ``fixed_sft.chat``) or ``hf`` (a Hugging Face fast tokenizer, ``tokenizer.json``, encoded
+by rendering its chat template, ``fixed_sft.hf_chat``). A folder's family is the file it holds;
+a spec names its own (``kimi`` when it does not).
 """
 
 from __future__ import annotations
@@ -17,7 +22,10 @@ from typing import Any
 
 from .fields import FieldError, decode, read_json_object
 from .hashes import sha256_file
-from .hub import HubUnreachable, download_files, is_hub_id, raise_cache_damage
+from .hf_chat import OPTIONAL_FILES as HF_OPTIONAL
+from .hf_chat import REQUIRED_FILES as HF_REQUIRED
+from .hf_chat import remote_code_files, tokenizer_files
+from .hub import HubUnreachable, download_files, download_present, is_hub_id, raise_cache_damage
 from .manifest import FileHash, Tokenizer
 from .params import BuildSpec
 from .tokenizer import FILES, TEMPLATE_KWARGS
@@ -25,6 +33,8 @@ from .tokenizer import FILES, TEMPLATE_KWARGS
 BUILDS = Path(str(resources.files(__package__) / "builds"))
 TOKENIZERS = Path(str(resources.files(__package__) / "tokenizer_specs"))
 DEFAULT_BUILD = "kimi-k26-tulu3-fixed8192-v1"
+KIMI, HF = "kimi", "hf"
+FAMILIES = (KIMI, HF)
 
 
 class SpecError(Exception):
@@ -35,8 +45,8 @@ class SpecError(Exception):
 class TokenizerSpec:
     """A pinned tokenizer spec (``fixed_sft/tokenizer_specs/NAME.json``): the Hub repo and
     revision, each file's size and sha256, the template variables and the mask type;
-    ``code_files``: the model's remote code, for information (its rules are
-    fixed_sft/tokenizer.py's)."""
+    ``family``: ``kimi`` or ``hf`` (module docstring); ``code_files``: the model's remote
+    code, for information (the Kimi rules are fixed_sft/tokenizer.py's)."""
 
     name: str
     repo: str
@@ -45,6 +55,7 @@ class TokenizerSpec:
     template_kwargs: dict[str, Any]
     loss_mask_type: str
     code_files: dict[str, Any] | None = None
+    family: str = KIMI
 
 
 def _check(path: Path, spec: dict[str, Any], kind: type) -> Any:
@@ -63,7 +74,9 @@ def _check_tokenizer(path: Path, spec: dict[str, Any]) -> None:
     checked: TokenizerSpec = _check(path, spec, TokenizerSpec)
     if checked.name != path.stem:
         raise SpecError(f"{path}: 'name' is {checked.name!r}, not the file's name {path.stem!r}")
-    for name in FILES:
+    if checked.family not in FAMILIES:
+        raise SpecError(f"{path}: 'family' is {checked.family!r}, not one of {', '.join(FAMILIES)}")
+    for name in FILES if checked.family == KIMI else HF_REQUIRED:
         if name not in checked.files:
             raise SpecError(f"{path}: 'files' needs {name} with its 'bytes' and 'sha256'")
 
@@ -111,6 +124,7 @@ class ResolvedTokenizer:
     loss_mask_type: str | None
     pinned: bool
     mismatches: list[str] = field(default_factory=list)
+    family: str = KIMI
 
     def manifest(self) -> Tokenizer:
         """The manifest's ``tokenizer``."""
@@ -118,29 +132,77 @@ class ResolvedTokenizer:
         return Tokenizer(self.name, self.repo, self.revision, files, self.pinned, list(self.mismatches))
 
 
-def _download(repo: str, revision: str) -> tuple[Path, str]:
+def _download(repo: str, revision: str, names: tuple[str, ...] = FILES) -> tuple[Path, str]:
     """The folder of the tokenizer files at ``revision``, and the commit it resolved to."""
     try:
-        return download_files("tokenizer", repo, revision, FILES)
+        return download_files("tokenizer", repo, revision, names)
     except HubUnreachable as error:
         raise SpecError(
-            f"{error}. Without the Hub, put {', '.join(FILES)} in a folder "
+            f"{error}. Without the Hub, put {', '.join(names)} in a folder "
             "and pass --tokenizer FOLDER (README: 'Build offline' shows a whole offline build)."
         ) from None
 
 
+def _download_any(repo: str, revision: str, trust_remote_code: bool) -> tuple[Path, str]:
+    """The folder of an unpinned repo's tokenizer files at ``revision`` (those of either family
+    that it has; with ``trust_remote_code``, the tokenizer's code too), and the commit."""
+    try:
+        folder, commit, present = download_present(
+            "tokenizer", repo, revision, (), (*FILES, *HF_REQUIRED, *HF_OPTIONAL)
+        )
+        if trust_remote_code and "tokenizer.json" in present:
+            code = remote_code_files(folder / "tokenizer_config.json")
+            if code:
+                download_present("tokenizer code", repo, commit, tuple(code), ())
+    except HubUnreachable as error:
+        raise SpecError(
+            f"{error}. Without the Hub, put the tokenizer files in a folder and pass --tokenizer FOLDER"
+        ) from None
+    return folder, commit
+
+
+def family_of(directory: Path) -> str:
+    """The family of a tokenizer folder (module docstring): ``kimi`` where it holds
+    ``tiktoken.model``, else ``hf`` where it holds ``tokenizer.json``."""
+    if (directory / "tiktoken.model").is_file():
+        return KIMI
+    if (directory / "tokenizer.json").is_file():
+        return HF
+    raise SpecError(f"tokenizer folder {directory} lacks tiktoken.model (Kimi) or tokenizer.json (Hugging Face)")
+
+
+def folder_files(directory: Path, family: str, trust_remote_code: bool = False) -> list[str]:
+    """The names of the files of a tokenizer folder that a build reads and records."""
+    return list(FILES) if family == KIMI else tokenizer_files(directory, trust_remote_code)
+
+
+def file_hashes(directory: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each file's bytes and sha256, by name."""
+    return {
+        name: {"bytes": (directory / name).stat().st_size, "sha256": sha256_file(directory / name)} for name in names
+    }
+
+
 def _differences(spec: dict, files: dict[str, dict]) -> list[str]:
     """How ``files`` (name -> bytes and sha256) differ from ``spec``'s, file by file."""
-    return [
-        f"{name}: expected sha256 {spec['files'][name]['sha256']} ({spec['files'][name]['bytes']} bytes), "
+    expected = spec["files"]
+    found = [
+        f"{name}: expected sha256 {expected[name]['sha256']} ({expected[name]['bytes']} bytes), "
         f"got {files[name]['sha256']} ({files[name]['bytes']} bytes)"
-        for name in FILES
-        if spec["files"][name] != files[name]
+        for name in expected
+        if name in files and expected[name] != files[name]
     ]
+    found += [f"{name}: expected, not found" for name in expected if name not in files]
+    found += [f"{name}: found, not in the spec" for name in files if name not in expected]
+    return found
 
 
 def resolve_tokenizer(
-    tokenizer: str, revision: str | None = None, expected: str | None = None, allow_unpinned: bool = False
+    tokenizer: str,
+    revision: str | None = None,
+    expected: str | None = None,
+    allow_unpinned: bool = False,
+    trust_remote_code: bool = False,
 ) -> ResolvedTokenizer:
     """Find the tokenizer files and check them against their pinned spec.
 
@@ -152,7 +214,7 @@ def resolve_tokenizer(
     spec = specs.get(tokenizer) or (specs.get(expected) if expected else None)
     if tokenizer in specs:
         assert spec is not None  # specs.get(tokenizer), a spec
-        directory, revision = _download(spec["repo"], revision or spec["revision"])
+        directory, revision = _download(spec["repo"], revision or spec["revision"], tuple(spec["files"]))
     elif Path(tokenizer).is_dir():
         directory = Path(tokenizer)
     elif Path(tokenizer).exists():
@@ -164,34 +226,36 @@ def resolve_tokenizer(
                 f"tokenizer {tokenizer!r} is not a local folder; as a Hub repo id it is not pinned in "
                 f"{TOKENIZERS}, so it needs --tokenizer-revision"
             )
-        if not revision:
-            assert spec is not None  # checked above: without a revision, the spec that pins the repo
-            revision = spec["revision"]
-        directory, revision = _download(tokenizer, revision)
+        if spec is not None:
+            directory, revision = _download(tokenizer, revision or spec["revision"], tuple(spec["files"]))
+        else:
+            assert revision is not None  # checked above
+            directory, revision = _download_any(tokenizer, revision, trust_remote_code)
     elif tokenizer.startswith((".", "/")):
         raise SpecError(f"tokenizer {tokenizer!r}: no such folder")
     else:
         raise SpecError(f"tokenizer {tokenizer!r} is not a spec name ({', '.join(specs)}), folder, or Hub repo id")
 
-    missing = [name for name in FILES if not (directory / name).is_file()]
+    family = family_of(directory)
+    names = folder_files(directory, family, trust_remote_code)
+    missing = [name for name in names if not (directory / name).is_file()]
     if missing:
         raise SpecError(f"tokenizer folder {directory} lacks {', '.join(missing)}")
-    files: dict[str, dict[str, Any]] = {
-        name: {"bytes": (directory / name).stat().st_size, "sha256": sha256_file(directory / name)} for name in FILES
-    }
-    raise_cache_damage([directory / name for name in FILES], SpecError, [files[name]["sha256"] for name in FILES])
+    files = file_hashes(directory, names)
+    raise_cache_damage([directory / name for name in names], SpecError, [files[name]["sha256"] for name in names])
+    same_family = {name: other for name, other in specs.items() if other.get("family", KIMI) == family}
     if spec is None:
-        spec = next((s for s in specs.values() if all(s["files"][n] == files[n] for n in FILES)), None)
+        spec = next((s for s in same_family.values() if s["files"] == files), None)
     if spec is not None:
         mismatches = _differences(spec, files)
     else:  # name the spec that shares the most files, if any does
-        differences = {name: _differences(other, files) for name, other in specs.items()}
+        differences = {name: _differences(other, files) for name, other in same_family.items()}
         closest = min(differences, key=lambda name: len(differences[name]), default=None)
-        shared = closest is not None and len(differences[closest]) < len(FILES)
+        shared = closest is not None and any(same_family[closest]["files"].get(n) == files[n] for n in files)
         mismatches = ["the files match no pinned spec"] + (
             [f"closest is {closest}, from which " + "; ".join(differences[closest])]
             if shared
-            else [f"{name} sha256 {files[name]['sha256']}" for name in FILES]
+            else [f"{name} sha256 {files[name]['sha256']}" for name in names]
         )
     if mismatches and not allow_unpinned:
         pinned = f"the pinned spec {spec['name']}" if spec else f"every pinned spec in {TOKENIZERS}"
@@ -206,8 +270,9 @@ def resolve_tokenizer(
         repo=spec["repo"] if spec else (None if Path(tokenizer).is_dir() else tokenizer),
         revision=(revision or spec["revision"]) if spec else revision,
         files=files,
-        template_kwargs=spec["template_kwargs"] if spec else TEMPLATE_KWARGS,
+        template_kwargs=spec["template_kwargs"] if spec else (TEMPLATE_KWARGS if family == KIMI else {}),
         loss_mask_type=spec["loss_mask_type"] if spec else None,
         pinned=not mismatches,
         mismatches=mismatches,
+        family=family,
     )

@@ -304,3 +304,111 @@ def test_token_mask_is_transformers_rule(case):
     assert token_mask(offsets, spans).tolist() == _transformers_rule(offsets.tolist(), spans)
     backwards = offsets[::-1].copy()  # offsets out of order: the token-by-token branch
     assert token_mask(backwards, spans).tolist() == _transformers_rule(backwards.tolist(), spans)
+
+
+ROWS = [
+    {"id": "a", "messages": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}]},
+    {"id": "b", "messages": [{"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": "7"}]},
+    {"id": "c", "messages": CHAT},
+    {"id": "d", "messages": [{"role": "user", "content": "q", "name": "bob"}, {"role": "assistant", "content": ""}]},
+    {"id": "e", "messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}]},
+]
+
+
+def _source(tmp_path: Path, rows: list[dict]) -> Path:
+    """The rows as a JSONL file in ``tmp_path``, named relative to it (a rebuild reads a
+    recorded source inside the current folder only)."""
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return Path("chats.jsonl")
+
+
+def _build(source: Path, folder: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--source", str(source), "--rows", "all", "--row-tokens", "16", "--tokenizer", str(folder),
+        "--allow-unpinned-tokenizer", "--loss-mask-type", "assistant", "--out", str(out), "--quiet", *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_build_through_the_cli_is_transformers_ids_and_masks_and_rebuilds(
+    folder_of, oracle_of, tmp_path, capsys, monkeypatch, workers
+):
+    import pyarrow.parquet as pq
+
+    from fixed_sft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    folder, out = folder_of(_plain(CHATML)), tmp_path / "out"
+    assert main(_build(_source(tmp_path, ROWS), folder, out, "--workers", workers, "--check-every", "1")) == 0
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["params"]["separator"] == "<｜end▁of▁sentence｜>"
+    assert manifest["params"]["loss_mask_type"] == "assistant" and manifest["loss_mask"]["template_kwargs"] == {}
+    assert set(manifest["tokenizer"]["files"]) == {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
+    assert manifest["template_check"]["checked"] == manifest["stats"]["conversations"] > 0
+    rows = [row["metadata"] for row in pq.read_table(out / "train.parquet").to_pylist()]
+    assert rows
+    for row in rows:  # each segment is its conversation's slice of transformers' ids + [separator]
+        at = 0
+        for segment in row["segments"]:
+            ids, mask = _oracle(oracle_of(_generation(CHATML)), ROWS[segment["source_index"]]["messages"])
+            span = slice(segment["start"], segment["end"])
+            size = segment["end"] - segment["start"]
+            assert row["input_ids"][at : at + size] == [*ids, 1][span]
+            assert row["loss_mask"][at : at + size] == [*mask, 0][span]
+            at += size
+        assert at == 16
+    capsys.readouterr()
+    assert main(["verify", str(out), "--rebuild", "--tokenizer", str(folder), "--quiet", "--workers", "1"]) == 0
+    assert "gives the same rows and manifest" in capsys.readouterr().out
+
+
+def test_a_named_separator_is_recorded_and_rebuilt(folder_of, tmp_path, capsys, monkeypatch):
+    from fixed_sft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    folder, out = folder_of(_plain(CHATML)), tmp_path / "out"
+    assert main(_build(_source(tmp_path, ROWS), folder, out, "--separator", "<｜User｜>", "--workers", "1")) == 0
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["params"]["separator"] == "<｜User｜>"
+    import pyarrow.parquet as pq
+
+    stream = [t for row in pq.read_table(out / "train.parquet").to_pylist() for t in row["metadata"]["input_ids"]]
+    assert 128803 in stream and 1 not in stream  # (ChatML writes neither: only the separator is one)
+    assert main(["verify", str(out), "--rebuild", "--tokenizer", str(folder), "--quiet", "--workers", "1"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--separator", "two words"], "error: --separator 'two words' is not a single token of the vocabulary\n"),
+        (["--loss-mask-type", "kimi_k25"], "error: loss mask kimi_k25 is not one for a Hugging Face tokenizer"),
+    ],
+)
+def test_bad_separator_or_mask_is_a_usage_error(folder_of, tmp_path, capsys, monkeypatch, extra, says):
+    from fixed_sft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main([*_build(_source(tmp_path, ROWS), folder_of(_plain(CHATML)), tmp_path / "o"), *extra]) == 2
+    assert capsys.readouterr().err.startswith(says)
+    assert not (tmp_path / "o").exists()
+
+
+def test_refused_conversations_are_skipped_and_recorded(folder_of, tmp_path, monkeypatch):
+    from fixed_sft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    source = _source(tmp_path, ROWS)
+    assert main(_build(source, folder_of(SLOPPY), out, "--workers", "1")) == 1  # without --skip-invalid: stops
+    assert main(_build(source, folder_of(ALTERNATING), out, "--workers", "1", "--skip-invalid")) == 0
+    skipped = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["skipped_invalid"]
+    assert [row["id"] for row in skipped] == ["c", "e"]
+    assert all("roles must alternate" in row["reason"] for row in skipped)
+
+
+def test_a_clock_reading_template_stops_the_build_naming_the_variable(folder_of, tmp_path, capsys, monkeypatch):
+    from fixed_sft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(_build(_source(tmp_path, ROWS), folder_of(_plain(LLAMA3)), tmp_path / "o", "--workers", "1")) == 1
+    assert "pin date_string in the template variables" in capsys.readouterr().err
