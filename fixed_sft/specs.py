@@ -14,21 +14,27 @@ a spec names its own (``kimi`` when it does not).
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .chat import MASK_TYPES as KIMI_MASK_TYPES
+from .encoding import TemplateMismatch
+from .errors import UsageError
 from .fields import FieldError, decode, read_json_object
 from .hashes import sha256_file
+from .hf_chat import MASK_TYPES as HF_MASK_TYPES
 from .hf_chat import OPTIONAL_FILES as HF_OPTIONAL
 from .hf_chat import REQUIRED_FILES as HF_REQUIRED
 from .hf_chat import remote_code_files, tokenizer_files
 from .hub import HubUnreachable, download_files, download_present, is_hub_id, raise_cache_damage
 from .manifest import FileHash, Tokenizer
 from .params import BuildSpec
-from .tokenizer import FILES, TEMPLATE_KWARGS
+from .tokenizer import FILES, TEMPLATE_KWARGS, TokenizerError
 
 BUILDS = Path(str(resources.files(__package__) / "builds"))
 TOKENIZERS = Path(str(resources.files(__package__) / "tokenizer_specs"))
@@ -276,3 +282,78 @@ def resolve_tokenizer(
         mismatches=mismatches,
         family=family,
     )
+
+
+_CACHE_REPO = re.compile(r"models--(?P<owner>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<commit>[0-9a-f]{40})$")
+
+
+def pin_tokenizer(
+    tokenizer: str,
+    revision: str | None = None,
+    repo: str | None = None,
+    name: str | None = None,
+    template_kwargs: dict | None = None,
+    loss_mask_type: str | None = None,
+    trust_remote_code: bool = False,
+) -> dict:
+    """The tokenizer spec of a Hub repo at ``revision`` (downloaded; the spec pins the commit it
+    resolved to) or of a folder (from the Hub repo ``repo`` at ``revision``; a Hugging Face cache
+    snapshot folder names both): its family, each file's bytes and sha256, the template
+    variables and the mask type (by default the family's). The encoder is loaded from the files
+    with these template variables, so a spec that a build would refuse is refused here
+    (``SpecError``; a template that reads the clock names the variable to pin)."""
+    from .encode import EncoderConfig  # (the encoders import this module)
+
+    if Path(tokenizer).is_dir():
+        directory = Path(tokenizer)
+        cached = _CACHE_REPO.search(directory.resolve().as_posix())
+        repo = repo or (f"{cached['owner']}/{cached['name']}" if cached else None)
+        revision = revision or (cached["commit"] if cached else None)
+        if not (repo and revision):
+            raise UsageError(f"{tokenizer} is a folder: name the Hub repo and revision it is of (--repo, --revision)")
+    elif is_hub_id(tokenizer):
+        if not revision:
+            raise UsageError(f"pinning the Hub repo {tokenizer} needs --revision")
+        directory, revision = _download_any(tokenizer, revision, trust_remote_code)
+        repo = repo or tokenizer
+    else:
+        raise UsageError(f"tokenizer {tokenizer!r} is neither a folder nor a Hub repo id")
+    family = family_of(directory)
+    names = folder_files(directory, family, trust_remote_code)
+    missing = [file for file in names if not (directory / file).is_file()]
+    if missing:
+        raise SpecError(f"tokenizer folder {directory} lacks {', '.join(missing)}")
+    files = file_hashes(directory, names)
+    kwargs = (TEMPLATE_KWARGS if family == KIMI else {}) if template_kwargs is None else template_kwargs
+    mask = loss_mask_type or (KIMI_MASK_TYPES if family == KIMI else HF_MASK_TYPES)[0]
+    config = EncoderConfig(
+        directory, {f: h["sha256"] for f, h in files.items()}, mask, kwargs, family, trust_remote_code
+    )
+    try:
+        config.load()
+    except (TokenizerError, TemplateMismatch, ValueError) as error:
+        raise SpecError(f"{directory}: {error}") from None
+    name = name or repo.rsplit("/", 1)[-1].lower()
+    if not name or Path(name).name != name or name.startswith("."):
+        raise UsageError(f"spec name {name!r} is not a name; pass --name")
+    return {
+        "name": name,
+        "family": family,
+        "repo": repo,
+        "revision": revision,
+        "files": files,
+        "template_kwargs": kwargs,
+        "loss_mask_type": mask,
+    }
+
+
+def write_tokenizer_spec(spec: dict, folder: Path | None = None) -> Path:
+    """Write ``spec`` (``pin_tokenizer``) as ``NAME.json`` in ``folder``, by default
+    ``fixed_sft/tokenizer_specs/``, where builds find it; an existing file is not replaced."""
+    path = (folder or TOKENIZERS) / f"{spec['name']}.json"
+    if path.exists():
+        raise UsageError(f"{path} exists; remove it first, or pass another --name")
+    text = json.dumps(spec, indent=2, ensure_ascii=False) + "\n"
+    _check_tokenizer(path, json.loads(text))
+    path.write_text(text, encoding="utf-8")
+    return path

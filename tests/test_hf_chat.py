@@ -9,6 +9,7 @@ wrapped in a generation block, which renders the same text.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -412,3 +413,102 @@ def test_a_clock_reading_template_stops_the_build_naming_the_variable(folder_of,
     monkeypatch.chdir(tmp_path)
     assert main(_build(_source(tmp_path, ROWS), folder_of(_plain(LLAMA3)), tmp_path / "o", "--workers", "1")) == 1
     assert "pin date_string in the template variables" in capsys.readouterr().err
+
+
+@pytest.fixture
+def spec_folder(tmp_path, monkeypatch):
+    """Tokenizer specs read from (and pinned into) a folder of the test's own."""
+    from fixed_sft import specs
+
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    for path in specs.TOKENIZERS.glob("*.json"):
+        (folder / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setattr(specs, "TOKENIZERS", folder)
+    return folder
+
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def test_pin_tokenizer_writes_a_spec_that_builds_check_files_against(folder_of, spec_folder, tmp_path, capsys):
+    from fixed_sft.cli import main
+    from fixed_sft.specs import SpecError, resolve_tokenizer
+
+    folder = folder_of(_plain(CHATML))
+    assert main(["pin-tokenizer", str(folder), "--repo", "someone/Chat-Model", "--revision", REVISION]) == 0
+    assert "pinned someone/Chat-Model@" + REVISION in capsys.readouterr().out
+    spec = json.loads((spec_folder / "chat-model.json").read_text(encoding="utf-8"))
+    assert (spec["family"], spec["repo"], spec["revision"]) == ("hf", "someone/Chat-Model", REVISION)
+    assert (spec["template_kwargs"], spec["loss_mask_type"]) == ({}, "assistant")
+    files = {name: (folder / name).read_bytes() for name in ("tokenizer.json", "tokenizer_config.json")}
+    files["chat_template.jinja"] = _plain(CHATML).encode()
+    assert spec["files"] == {
+        name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()
+    }
+    resolved = resolve_tokenizer(str(folder))
+    assert (resolved.name, resolved.pinned, resolved.family) == ("chat-model", True, "hf")
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (changed / name).symlink_to(folder / name)
+    (changed / "chat_template.jinja").write_text(_plain(CHATML) + " ", encoding="utf-8")
+    with pytest.raises(SpecError, match="differ from the pinned spec chat-model: chat_template.jinja: expected sha256"):
+        resolve_tokenizer(str(changed), expected="chat-model")
+    assert main(["pin-tokenizer", str(folder), "--repo", "someone/Chat-Model", "--revision", REVISION]) == 2
+    assert "chat-model.json exists" in capsys.readouterr().err
+
+
+def test_a_spec_name_downloads_its_files_at_the_pinned_revision(folder_of, spec_folder, monkeypatch):
+    from fixed_sft.specs import pin_tokenizer, resolve_tokenizer, write_tokenizer_spec
+
+    folder = folder_of(_plain(CHATML))
+    write_tokenizer_spec(pin_tokenizer(str(folder), REVISION, "someone/chat", "chat"))
+    calls = []
+
+    def hf_hub_download(repo_id, filename, revision=None, **kwargs):
+        calls.append((repo_id, filename, revision))
+        return str(folder / filename)
+
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", hf_hub_download)
+    resolved = resolve_tokenizer("chat")
+    assert sorted(calls) == sorted(("someone/chat", name, REVISION) for name in resolved.files)
+    assert resolved.pinned and resolved.family == "hf"
+    calls.clear()
+    repo = pin_tokenizer("other/repo", revision="main")  # an unpinned repo: its files, whichever family
+    assert (repo["name"], repo["family"], repo["revision"]) == ("repo", "hf", "main")
+    assert set(repo["files"]) == {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
+    assert {(r, rev) for r, _, rev in calls} == {("other/repo", "main")}
+
+
+def test_a_hub_cache_folder_names_its_repo_and_revision(folder_of, tmp_path):
+    from conftest import cache_link
+
+    from fixed_sft.specs import pin_tokenizer
+
+    source = folder_of(_plain(CHATML))
+    snapshot = tmp_path / "hub" / "models--someone--Chat" / "snapshots" / REVISION
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        cache_link(snapshot, name, (source / name).read_bytes())
+    spec = pin_tokenizer(str(snapshot))
+    assert (spec["name"], spec["repo"], spec["revision"]) == ("chat", "someone/Chat", REVISION)
+
+
+def test_pinning_a_clock_reading_template_needs_its_variable(folder_of, spec_folder, tmp_path, capsys, monkeypatch):
+    """The spec records the template variables; a build from it uses them, and so does its rebuild."""
+    from fixed_sft.cli import main
+
+    folder = folder_of(_plain(LLAMA3))
+    pin = ["pin-tokenizer", str(folder), "--repo", "meta/Llama", "--revision", REVISION]
+    assert main(pin) == 1
+    assert "pin date_string in the template variables" in capsys.readouterr().err
+    assert main([*pin, "--template-kwargs", '{"date_string": "01 Dec 2026"}']) == 0
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    build = _build(_source(tmp_path, ROWS), folder, out, "--workers", "1")
+    build.remove("--allow-unpinned-tokenizer")
+    assert main(build) == 0
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["loss_mask"]["template_kwargs"] == {"date_string": "01 Dec 2026"}
+    assert (manifest["tokenizer"]["name"], manifest["tokenizer"]["pinned"]) == ("llama", True)
+    assert main(["verify", str(out), "--rebuild", "--tokenizer", str(folder), "--quiet", "--workers", "1"]) == 0
