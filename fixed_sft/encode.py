@@ -305,6 +305,7 @@ def _init_worker(config: EncoderConfig) -> None:
     assert parent is not None  # a worker of the pool, which the build's process started
     threading.Thread(target=_exit_when_gone, args=(parent.sentinel,), daemon=True).start()
     pa.set_memory_pool(pa.system_memory_pool())  # as ``system_allocator`` in the build's process
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the workers are the parallelism: one thread each for BPE
     _map_large_allocations()
     _worker_encoder = worker_encoder(config)
 

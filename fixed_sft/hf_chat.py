@@ -71,6 +71,14 @@ RESERVED = frozenset(
 )
 GENERATION = re.compile(r"\{\%-?\s*generation\s*-?\%\}")  # transformers' test for generation blocks
 RENDERER_MODULE = "transformers.utils.chat_template_utils"
+# What apply_chat_template renders with (transformers 5), called here one step at a time:
+RENDERER_FUNCTIONS = (
+    "_compile_jinja_template",
+    "_normalize_chat_messages",
+    "_plain_template_data",
+    "_alias_reasoning_fields",
+    "_render_with_assistant_indices",
+)
 _PROBE = [{"role": "system", "content": "probe"}, {"role": "user", "content": "probe"}]
 _PROBE_REPLY = {"role": "assistant", "content": "probe"}
 
@@ -206,6 +214,9 @@ class HFChatEncoder:
         if reserved:
             raise TokenizerError(f"template variable {reserved[0]!r} is an argument of apply_chat_template, not one")
         renderer = importlib.import_module(RENDERER_MODULE)
+        lacking = [name for name in RENDERER_FUNCTIONS if not hasattr(renderer, name)]
+        if lacking:
+            raise TokenizerError(f"this transformers' {RENDERER_MODULE} lacks {', '.join(lacking)}, which renders")
         self._renderer = renderer
         tools, documents = self.template_kwargs.get("tools"), self.template_kwargs.get("documents")
         try:

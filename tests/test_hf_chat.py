@@ -512,3 +512,31 @@ def test_pinning_a_clock_reading_template_needs_its_variable(folder_of, spec_fol
     assert manifest["loss_mask"]["template_kwargs"] == {"date_string": "01 Dec 2026"}
     assert (manifest["tokenizer"]["name"], manifest["tokenizer"]["pinned"]) == ("llama", True)
     assert main(["verify", str(out), "--rebuild", "--tokenizer", str(folder), "--quiet", "--workers", "1"]) == 0
+
+
+def test_the_kimi_separator_is_its_eos_or_a_named_token(kimi_dir):
+    from fixed_sft.encode import EncoderConfig
+    from fixed_sft.errors import UsageError
+
+    config = EncoderConfig(kimi_dir, {}, "kimi_k25", {})
+    assert config.separator(None) == ("[EOS]", 163585)
+    assert config.separator("<|im_end|>")[1] == 163586
+    with pytest.raises(UsageError, match="--separator 'two words' is not a single token"):
+        config.separator("two words")
+
+
+def test_a_kimi_manifest_from_before_the_separator_still_rebuilds(kimi_dir, tmp_path, capsys, monkeypatch):
+    """A manifest without params.separator had the eos token: its rebuild is the same."""
+    from fixed_sft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    build = ["--source", str(_source(tmp_path, ROWS[:3])), "--rows", "all", "--row-tokens", "16"]
+    assert main([*build, "--tokenizer", str(kimi_dir), "--out", str(out), "--quiet", "--workers", "1"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["params"]["separator"] == "[EOS]"
+    del manifest["params"]["separator"]
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["verify", str(out), "--rebuild", "--tokenizer", str(kimi_dir), "--quiet", "--workers", "1"]) == 0
+    assert "gives the same rows and manifest" in capsys.readouterr().out
