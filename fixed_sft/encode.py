@@ -215,6 +215,10 @@ def _encode_batch(encoder: BatchEncoder, chunk: pa.Table, first_position: int, c
         if isinstance(result, InvalidRow):
             yield Encoded(index, item.id, None, None, result.reason)
             continue
+        if isinstance(result, TemplateMismatch):
+            raise type(result)(f"source row {index} (id {item.id}): {result}")
+        if isinstance(result, Exception):
+            raise result
         yield _checked(encoder, index, item.id, item.messages, *result, first_position + offset, check_every)
 
 

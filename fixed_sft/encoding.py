@@ -15,12 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from .conversation import InvalidRow
 
 Message = dict[str, Any]  # a message's keys and values, as JSON or Parquet gives them
 Arrays = tuple[np.ndarray, np.ndarray]  # a conversation's int32 ids and uint8 mask
@@ -66,6 +63,7 @@ class Encoder(Protocol):
 class BatchEncoder(Encoder, Protocol):
     """An encoder that encodes a chunk's conversations at once."""
 
-    def encode_batch(self, conversations: Sequence[Sequence[Message]]) -> list[Arrays | InvalidRow]:
-        """Each conversation's ids and mask (as ``encode_arrays``), or the ``InvalidRow`` it is."""
+    def encode_batch(self, conversations: Sequence[Sequence[Message]]) -> Sequence[Arrays | Exception]:
+        """Each conversation's ids and mask (as ``encode_arrays``), or the ``InvalidRow`` it is,
+        or the ``TemplateMismatch`` that stops the build when the build reaches it."""
         ...

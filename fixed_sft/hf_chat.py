@@ -105,8 +105,9 @@ def remote_code_files(config_path: Path) -> list[str]:
     return sorted(module.replace(".", "/") + ".py" for module in modules)
 
 
-class ClockRead(TokenizerError):
-    """The chat template reads the clock, so its text would differ from one day to the next."""
+class ClockRead(TemplateMismatch):
+    """The chat template reads the clock, so its text would differ from one day to the next:
+    the build stops (when it reaches the conversation), as for a template check that fails."""
 
 
 class _Clock(Exception):
@@ -314,20 +315,21 @@ class HFChatEncoder:
             end = len(through)
         return text, spans
 
-    def encode_batch(self, conversations: Sequence[Sequence[Message]]) -> list[Arrays | InvalidRow]:
-        """Each conversation's int32 ids and uint8 mask, or the ``InvalidRow`` it is: the texts
-        rendered one at a time, tokenized in one batched call."""
-        found: list[tuple[str, list[tuple[int, int]]] | InvalidRow] = []
+    def encode_batch(self, conversations: Sequence[Sequence[Message]]) -> list[Arrays | InvalidRow | ClockRead]:
+        """Each conversation's int32 ids and uint8 mask, or the ``InvalidRow`` it is, or the
+        ``ClockRead`` that stops the build there: the texts rendered one at a time, tokenized
+        in one batched call."""
+        found: list[tuple[str, list[tuple[int, int]]] | InvalidRow | ClockRead] = []
         for messages in conversations:
             try:
                 found.append(self._text_and_spans(messages))
-            except InvalidRow as error:
+            except (InvalidRow, ClockRead) as error:
                 found.append(error)
-        texts = [item[0] for item in found if not isinstance(item, InvalidRow)]
+        texts = [item[0] for item in found if isinstance(item, tuple)]
         encodings = iter(self._encodings(texts))
-        results: list[Arrays | InvalidRow] = []
+        results: list[Arrays | InvalidRow | ClockRead] = []
         for item in found:
-            if isinstance(item, InvalidRow):
+            if not isinstance(item, tuple):
                 results.append(item)
                 continue
             encoding = next(encodings)
@@ -350,7 +352,7 @@ class HFChatEncoder:
     def encode_arrays(self, messages: Sequence[Message]) -> tuple[np.ndarray, np.ndarray]:
         """One conversation's int32 ids and uint8 mask; ``InvalidRow`` when it is refused."""
         result = self.encode_batch([messages])[0]
-        if isinstance(result, InvalidRow):
+        if not isinstance(result, tuple):
             raise result
         return result
 

@@ -219,8 +219,9 @@ def test_the_clock_read_only_by_some_conversations_stops_their_encoding(encoder_
     template = "{% if messages[0]['role'] != 'system' %}{{ strftime_now('%Y') }}{% endif %}" + _plain(CHATML)
     encoder = encoder_of(template)  # the probe has a system message
     assert encoder.encode(CHAT)[0]
-    with pytest.raises(ClockRead, match="which no template variable can pin"):
-        encoder.encode_batch([CHAT, CHAT[1:]])
+    first, second = encoder.encode_batch([CHAT, CHAT[1:]])
+    assert isinstance(first, tuple)
+    assert isinstance(second, ClockRead) and "which no template variable can pin" in str(second)
 
 
 def test_a_sloppy_template_gives_a_named_refusal_not_a_wrong_mask(encoder_of):
@@ -540,3 +541,18 @@ def test_a_kimi_manifest_from_before_the_separator_still_rebuilds(kimi_dir, tmp_
     capsys.readouterr()
     assert main(["verify", str(out), "--rebuild", "--tokenizer", str(kimi_dir), "--quiet", "--workers", "1"]) == 0
     assert "gives the same rows and manifest" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_conversation_that_reads_the_clock_stops_the_build_naming_its_row(
+    folder_of, tmp_path, capsys, monkeypatch, workers
+):
+    from fixed_sft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    template = "{% if messages[0]['role'] != 'system' %}{{ strftime_now('%Y') }}{% endif %}" + _plain(CHATML)
+    build = _build(_source(tmp_path, ROWS), folder_of(template), tmp_path / "o", "--workers", workers)
+    assert main(build) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: source row ") and "the chat template reads the clock (strftime_now)" in err
+    assert not (tmp_path / "o").exists()
