@@ -44,8 +44,15 @@ from .tokenizer import TokenizerError
 
 MASK_TYPES = ("assistant",)
 REQUIRED_FILES = ("tokenizer.json", "tokenizer_config.json")
-# What AutoTokenizer reads of a fast tokenizer's folder besides REQUIRED_FILES, where present.
-OPTIONAL_FILES = ("chat_template.jinja", "chat_template.json", "special_tokens_map.json", "added_tokens.json")
+# What AutoTokenizer reads of a fast tokenizer's folder besides REQUIRED_FILES, where present
+# (config.json: the model type, which picks the tokenizer class where tokenizer_config.json names none).
+OPTIONAL_FILES = (
+    "chat_template.jinja",
+    "chat_template.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "config.json",
+)
 # Every key of a message goes to the template, every role is the template's to accept: nothing is dropped.
 SCHEMA = MessageSchema(name="hf", keys=None, roles=None)
 # apply_chat_template's own arguments: a template variable of one of these names would not reach the
