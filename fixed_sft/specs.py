@@ -150,16 +150,19 @@ def _download(repo: str, revision: str, names: tuple[str, ...] = FILES) -> tuple
 
 
 def _download_any(repo: str, revision: str, trust_remote_code: bool) -> tuple[Path, str]:
-    """The folder of an unpinned repo's tokenizer files at ``revision`` (those of either family
-    that it has; with ``trust_remote_code``, the tokenizer's code too), and the commit."""
+    """The folder of an unpinned repo's tokenizer files at ``revision``, and the commit: the
+    Kimi files where it has ``tiktoken.model``, else a Hugging Face tokenizer's (with
+    ``trust_remote_code``, its code too)."""
     try:
-        folder, commit, present = download_present(
-            "tokenizer", repo, revision, (), (*FILES, *HF_REQUIRED, *HF_OPTIONAL)
-        )
-        if trust_remote_code and "tokenizer.json" in present:
-            code = remote_code_files(folder / "tokenizer_config.json")
-            if code:
-                download_present("tokenizer code", repo, commit, tuple(code), ())
+        folder, commit, _ = download_present("tokenizer", repo, revision, (), ("tiktoken.model",))
+        return download_present("tokenizer", repo, commit, FILES, ())[:2]
+    except HubUnreachable:
+        pass  # (no tiktoken.model, or none to be had: a Hugging Face tokenizer's files say which)
+    try:
+        folder, commit, _ = download_present("tokenizer", repo, revision, HF_REQUIRED, HF_OPTIONAL)
+        code = remote_code_files(folder / "tokenizer_config.json") if trust_remote_code else []
+        if code:
+            download_present("tokenizer code", repo, commit, tuple(code), ())
     except HubUnreachable as error:
         raise SpecError(
             f"{error}. Without the Hub, put the tokenizer files in a folder and pass --tokenizer FOLDER"
