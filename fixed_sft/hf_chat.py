@@ -160,7 +160,7 @@ def separator(tokenizer: Any, token: str | None) -> tuple[str, int]:
     ``eos_token``; ``ValueError`` unless it is a single token of the vocabulary."""
     text = tokenizer.eos_token if token is None else token
     if text is None:
-        raise ValueError("the tokenizer has no eos_token; name the token that follows each conversation")
+        raise ValueError("the tokenizer has no eos_token")
     vocabulary = tokenizer.get_vocab()
     if text not in vocabulary:
         raise ValueError(f"{text!r} is not a single token of the tokenizer's vocabulary")
