@@ -353,7 +353,8 @@ class HFChatEncoder:
         its text (no special tokens added), in one batched call."""
         if not texts:
             return []
-        out = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False)
+        # (verbose=False: no warning that a conversation is longer than the model's context; rows cut it)
+        out = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)
         return out.encodings
 
     def encode_arrays(self, messages: Sequence[Message]) -> tuple[np.ndarray, np.ndarray]:
