@@ -25,10 +25,12 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from . import __version__
+from .chat import MASK_TYPES as KIMI_MASK_TYPES
 from .encode import Encoded, EncoderConfig, Encoders
 from .errors import BuildError, UsageError
 from .folder import transaction
 from .hashes import row_digest, rows_digest, sha256_file
+from .hf_chat import MASK_TYPES as HF_MASK_TYPES
 from .hub import raise_cache_damage
 from .manifest import (
     PARQUET,
@@ -58,8 +60,7 @@ from .source import (
     read_band,
     unreadable,
 )
-from .specs import ResolvedTokenizer, resolve_tokenizer
-from .tokenizer import eos_id
+from .specs import HF, ResolvedTokenizer, resolve_tokenizer
 
 ORDER_RULE = "splitmix64-key-v1"
 # A chunk (what one worker encodes at a time) holds at most CHUNK_ROWS rows and CHUNK_BYTES bytes
@@ -242,17 +243,25 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         config.tokenizer_revision,
         expected=config.expected_tokenizer,
         allow_unpinned=config.allow_unpinned_tokenizer,
+        trust_remote_code=config.trust_remote_code,
     )
     if tokenizer.loss_mask_type not in (None, config.loss_mask_type):
         raise UsageError(
             f"tokenizer {tokenizer.name} goes with loss mask {tokenizer.loss_mask_type}, not {config.loss_mask_type}"
         )
+    masks = HF_MASK_TYPES if tokenizer.family == HF else KIMI_MASK_TYPES
+    if config.loss_mask_type not in masks:
+        kind = "a Hugging Face tokenizer" if tokenizer.family == HF else "the Kimi tokenizer"
+        raise UsageError(f"loss mask {config.loss_mask_type} is not one for {kind}: pass --loss-mask-type {masks[0]}")
     encoder_config = EncoderConfig(
         tokenizer.directory,
         {name: f["sha256"] for name, f in tokenizer.files.items()},
         config.loss_mask_type,
         template_kwargs(config, tokenizer),
+        tokenizer.family,
+        config.trust_remote_code,
     )
+    separator, separator_id = encoder_config.separator(config.separator)
     with Encoders(encoder_config, config.workers, config.check_every) as encoders, _cancelling_pool() as hashing:
         source = open_source(config.source, config.source_revision, config.source_license, config.source_files)
         if config.source_rows is not None and source.num_rows != config.source_rows:
@@ -262,7 +271,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             )
         source_hashes = [hashing.submit(sha256_file, path) for path in source.files]
         rank = positions(permutation(config.seed, source.num_rows))
-        packer = Packer(config.row_tokens, eos_id(tokenizer.directory))
+        packer = Packer(config.row_tokens, separator_id)
         writer = RowWriter(folder / PARQUET_NAME)
         tally = _Tally(config.row_tokens)
         sizes = file_bytes(source)
@@ -314,7 +323,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             filled = f"the source fills only {writer.rows} rows of {config.row_tokens} tokens"
             raise BuildError(f"{filled} with supervised tokens; {needed}")
         source_files = _source_files(source, source_hashes)
-    document = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME).to_json()
+    document = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME, separator).to_json()
     _write_manifest(folder / MANIFEST_NAME, document)
     return document
 
@@ -344,8 +353,10 @@ def _manifest(
     tokenizer: ResolvedTokenizer,
     tally: _Tally,
     parquet: Path,
+    separator: str,
 ) -> Manifest:
-    """``manifest.json`` of a finished build (keys: data/README.md)."""
+    """``manifest.json`` of a finished build (keys: data/README.md); ``separator``: the
+    token after each conversation, as resolved (the eos token when none was named)."""
     return Manifest(
         format=THIS_FORMAT,
         name=config.name,
@@ -355,8 +366,9 @@ def _manifest(
             **{
                 name: to_json(name, getattr(config, name))
                 for name, path in RECORDED.items()
-                if path.startswith("params.")
+                if path.startswith("params.") and name != "separator"
             },
+            separator=separator,
         ),
         source=SourceRecord(
             name=source.name,

@@ -1,5 +1,5 @@
-"""Command line: ``build`` (the default) and ``verify`` (with ``--rebuild``: also rebuild
-from the recorded inputs and compare).
+"""Command line: ``build`` (the default), ``verify`` (with ``--rebuild``: also rebuild
+from the recorded inputs and compare) and ``pin-tokenizer`` (write a tokenizer spec).
 
 Exit codes: 0 success; 1 build failure or verify mismatch; 2 usage error; 130 interrupted
 (Ctrl-C); 143 terminated (SIGTERM). The first Ctrl-C or SIGTERM stops the command, which
@@ -124,9 +124,6 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("name", nargs="?", help=f"named build in fixed_sft/builds/ (default: {DEFAULT_BUILD})")
     build.add_argument("--out", type=Path, help="output folder (default: out/NAME)")
     _add_build_flags(build)
-    build.add_argument(
-        "--trust-remote-code", action="store_true", help="accepted for compatibility; no remote code is run"
-    )
     build.add_argument("--quiet", action="store_true", help="no progress bar")
 
     verify = commands.add_parser("verify", help="check a built folder against its manifest")
@@ -150,6 +147,18 @@ def parser() -> argparse.ArgumentParser:
         help="with --rebuild: encoding processes (default: the cores this process may use)",
     )
     verify.add_argument("--quiet", action="store_true", help="with --rebuild: no progress bar")
+
+    pin = commands.add_parser("pin-tokenizer", help="write a tokenizer spec that builds check the files against")
+    pin.add_argument("tokenizer", metavar="REPO|FOLDER", help="a Hub repo id, or a folder of tokenizer files")
+    pin.add_argument("--revision", help="the repo's revision (required for a repo; a folder's, unless a Hub cache)")
+    pin.add_argument("--repo", metavar="OWNER/NAME", help="for a folder: the Hub repo its files are of")
+    pin.add_argument("--name", help="the spec's name (default: the repo's name, lowercased)")
+    pin.add_argument("--template-kwargs", metavar="JSON", help="template variables, a JSON object (default: {})")
+    pin.add_argument("--loss-mask-type", help="the mask type the spec goes with (default: the tokenizer family's)")
+    pin.add_argument("--trust-remote-code", action="store_true", help="pin (and load) the tokenizer's own code")
+    pin.add_argument(
+        "--out", type=Path, metavar="FOLDER", help="write NAME.json there (default: fixed_sft/tokenizer_specs/)"
+    )
     return top
 
 
@@ -251,12 +260,34 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if same else FAILURE
 
 
+def _pin(args: argparse.Namespace) -> int:
+    from .errors import UsageError
+    from .fields import loads
+    from .specs import pin_tokenizer, write_tokenizer_spec
+
+    kwargs = None
+    if args.template_kwargs is not None:
+        try:
+            value = loads(args.template_kwargs)
+        except ValueError as error:
+            raise UsageError(f"--template-kwargs is not JSON ({error})") from None
+        if not isinstance(value, dict):
+            raise UsageError("--template-kwargs must be a JSON object")
+        kwargs = value
+    spec = pin_tokenizer(
+        args.tokenizer, args.revision, args.repo, args.name, kwargs, args.loss_mask_type, args.trust_remote_code
+    )
+    path = write_tokenizer_spec(spec, args.out)
+    print(f"pinned {spec['repo']}@{spec['revision']} ({spec['family']}, {len(spec['files'])} files) in {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line (``build`` when no command is named); return the exit code.
     From the main thread, Ctrl-C and SIGTERM are handled by ``_Stop`` meanwhile."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # no "PyTorch was not found" notice
-    if not argv or argv[0] not in ("build", "verify", "-h", "--help"):
+    if not argv or argv[0] not in ("build", "verify", "pin-tokenizer", "-h", "--help"):
         argv.insert(0, "build")
     stop = _Stop()
     previous = {signum: signal.signal(signum, stop) for signum in SIGNALS} if _owns_signals() else {}
@@ -286,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
 def _command(argv: list[str], stop: _Stop) -> int:
     try:
         args = parser().parse_args(argv)  # (imports, which Ctrl-C may interrupt too)
-        return _build(args) if args.command == "build" else _verify(args)
+        commands = {"build": _build, "verify": _verify, "pin-tokenizer": _pin}
+        return commands[args.command](args)
     finally:
         stop.over = True  # a signal from here on exits at once (``main`` catches what one raised up to here)
 

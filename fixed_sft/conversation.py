@@ -23,7 +23,10 @@ Values, where the schema reads the key (OpenAI's chat schema):
 Every string a message or the tools hold must be valid Unicode, and neither nests lists
 and objects deeper than ``MAX_DEPTH`` levels (which rendering them would need a deeper
 stack for than Python's). Keys of the record beside ``id``, ``messages`` and ``tools``
-are not read.
+are not read. For a schema of any key (``keys=None``: an
+encoder that passes every key to its chat template) a message needs only a ``role`` that
+is a non-empty string; its other keys, ``content`` included, are the template's to read or
+refuse (a string content must still be valid Unicode), and a record with ``tools`` is refused.
 """
 
 from __future__ import annotations
@@ -84,6 +87,10 @@ def conversation(record: object, schema: MessageSchema) -> Conversation:
     for n, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidRow(f"message {n} is a {type(message).__name__}, not an object", row_id)
+        if schema.keys is None:
+            clean.append(_any_keys(n, message, row_id))
+            continue
+        assert roles is not None  # (a schema of named keys names its roles)
         role, content = message.get("role"), message.get("content")
         # exactly a role and a content (a tool message needs its tool_call_id)
         if len(message) == 2 and role in roles and role != "tool" and isinstance(content, str):
@@ -95,11 +102,24 @@ def conversation(record: object, schema: MessageSchema) -> Conversation:
     return Conversation(row_id, clean, _tools(record.get("tools"), schema, row_id))
 
 
+def _any_keys(n: int, message: Message, row_id: str | None) -> Message:
+    """Message ``n`` without its null keys, or the ``InvalidRow`` it is: a role missing or not
+    a non-empty string, or a string content with a lone surrogate."""
+    role, content = message.get("role"), message.get("content")
+    if not (isinstance(role, str) and role):
+        why = "has no role" if role is None else f"has role {role!r}, not a name"
+        raise InvalidRow(f"message {n} {why}", row_id)
+    if isinstance(content, str) and not content.isascii() and not is_unicode(content):
+        raise InvalidRow(f"message {n} content has a lone surrogate", row_id)
+    return {key: value for key, value in message.items() if value is not None}
+
+
 def _reduced(n: int, message: Message, schema: MessageSchema, row_id: str | None) -> Message:
     """Message ``n`` without its null keys, or the ``InvalidRow`` it is: a role missing or
     not one of ``schema.roles``, a key with a value that ``schema`` does not read for the
     role, then a value not of its key's shape (module docstring), checked in that order."""
     role = message.get("role")
+    assert schema.roles is not None  # (``_any_keys`` reduces the others)
     if role not in schema.roles:
         why = "has no role" if role is None else f"has unknown role {role!r}"
         raise InvalidRow(f"message {n} {why}", row_id)

@@ -32,19 +32,22 @@ from multiprocessing import forkserver, get_context, parent_process, resource_tr
 from multiprocessing.connection import wait
 from multiprocessing.context import BaseContext
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 from .chat import RENDERER_MODULE, ChatEncoder
-from .conversation import InvalidRow, conversation
-from .encoding import Encoder, TemplateMismatch
+from .conversation import Conversation, InvalidRow, conversation
+from .encoding import BatchEncoder, Encoder, TemplateMismatch
+from .errors import UsageError
 from .exits import remove_on_exit
 from .hashes import sha256_file
+from .hf_chat import HFChatEncoder, load_tokenizer
+from .hf_chat import separator as hf_separator
 from .memory import map_large_allocations
 from .source import records
-from .tokenizer import KimiTokenizer, TokenizerError
+from .tokenizer import KimiTokenizer, TokenizerError, eos_id, eos_token
 
 
 class Encoded(NamedTuple):
@@ -94,23 +97,56 @@ class EncodedChunk:
 class EncoderConfig:
     """What a process needs to build its own encoder (it travels to workers):
     ``tokenizer_sha256`` is the sha256 of each tokenizer file by name, as the build
-    records it."""
+    records it; ``family`` the tokenizer's (``fixed_sft.specs``: ``kimi`` or ``hf``)."""
 
     tokenizer_dir: Path
     tokenizer_sha256: dict[str, str]
     loss_mask_type: str
     template_kwargs: dict
+    family: str = "kimi"
+    trust_remote_code: bool = False
 
     def load(self) -> Encoder:
-        """The encoder (the Kimi fast path, ``ChatEncoder``); ``TokenizerError`` for a
-        tokenizer file whose sha256 is no longer the recorded one once it has been read."""
-        encoder = ChatEncoder(KimiTokenizer(self.tokenizer_dir), self.loss_mask_type, self.template_kwargs)
+        """The encoder (the Kimi fast path, ``ChatEncoder``, or for a Hugging Face tokenizer
+        ``HFChatEncoder``); ``TokenizerError`` for a tokenizer file whose sha256 is no longer
+        the recorded one once it has been read."""
+        encoder: Encoder
+        if self.family == "hf":
+            encoder = HFChatEncoder(self.hf_tokenizer(), self.template_kwargs, self.loss_mask_type)
+        else:
+            encoder = ChatEncoder(KimiTokenizer(self.tokenizer_dir), self.loss_mask_type, self.template_kwargs)
+        self._check_unchanged()
+        return encoder
+
+    def hf_tokenizer(self) -> Any:
+        """The Hugging Face tokenizer of the folder (loaded once per process for these files)."""
+        return load_tokenizer(self.tokenizer_dir, self.trust_remote_code, tuple(sorted(self.tokenizer_sha256.items())))
+
+    def _check_unchanged(self) -> None:
         for name, digest in self.tokenizer_sha256.items():
             if sha256_file(self.tokenizer_dir / name) != digest:
                 raise TokenizerError(
                     f"{self.tokenizer_dir / name} changed since the build read its sha256; run the build again"
                 )
-        return encoder
+
+    def separator(self, token: str | None) -> tuple[str, int]:
+        """The token that follows each conversation and its id: ``token`` (``UsageError``
+        unless it is a single token of the vocabulary), else the tokenizer's eos token."""
+        if self.family == "hf":
+            tokenizer = self.hf_tokenizer()
+            self._check_unchanged()
+            try:
+                return hf_separator(tokenizer, token)
+            except ValueError as error:
+                if token is None:
+                    raise TokenizerError(f"{self.tokenizer_dir}: {error}; pass --separator TOKEN") from None
+                raise UsageError(f"--separator {token!r} is not a single token of the vocabulary") from None
+        if token is None:
+            return eos_token(self.tokenizer_dir), eos_id(self.tokenizer_dir)
+        try:
+            return token, KimiTokenizer(self.tokenizer_dir).encoding.encode_single_token(token)
+        except KeyError:
+            raise UsageError(f"--separator {token!r} is not a single token of the vocabulary") from None
 
     def to_json(self) -> str:
         return json.dumps({**vars(self), "tokenizer_dir": str(self.tokenizer_dir)})
@@ -122,10 +158,14 @@ class EncoderConfig:
 
 
 def encode_rows(encoder: Encoder, chunk: pa.Table, first_position: int, check_every: int) -> Iterator[Encoded]:
-    """Encode a chunk's conversations one at a time, as they are asked for; a record that
-    is not a valid conversation for the encoder's schema is an invalid row; raise
-    ``TemplateMismatch`` naming the row when a checked conversation differs, or the
+    """Encode a chunk's conversations one at a time, as they are asked for (a ``BatchEncoder``:
+    all of the chunk's at once, when the first is asked for); a record that is not a valid
+    conversation for the encoder's schema, or that the encoder refuses, is an invalid row;
+    raise ``TemplateMismatch`` naming the row when a checked conversation differs, or the
     encoder cannot follow the template for it."""
+    if isinstance(encoder, BatchEncoder):
+        yield from _encode_batch(encoder, chunk, first_position, check_every)
+        return
     schema = encoder.schema
     for offset, (index, record) in enumerate(records(chunk)):
         try:
@@ -140,13 +180,54 @@ def encode_rows(encoder: Encoder, chunk: pa.Table, first_position: int, check_ev
             continue
         except TemplateMismatch as error:  # a template the encoder cannot follow for this conversation
             raise TemplateMismatch(f"source row {index} (id {row_id}): {error}") from None
-        checked = bool(check_every) and (first_position + offset) % check_every == 0
-        if checked:
-            try:
-                encoder.check(messages, ids, tools) if tools else encoder.check(messages, ids)
-            except TemplateMismatch as error:
-                raise TemplateMismatch(f"source row {index} (id {row_id}): {error}") from None
-        yield Encoded(index, row_id, ids, mask, None, checked)
+        yield _checked(encoder, index, row_id, messages, tools, ids, mask, first_position + offset, check_every)
+
+
+def _checked(
+    encoder: Encoder,
+    index: int,
+    row_id: str | None,
+    messages: list,
+    tools: list | None,
+    ids: np.ndarray,
+    mask: np.ndarray,
+    position: int,
+    check_every: int,
+) -> Encoded:
+    """The conversation at packing ``position``, checked against the template when ``check_every`` says."""
+    checked = bool(check_every) and position % check_every == 0
+    if checked:
+        try:
+            encoder.check(messages, ids, tools) if tools else encoder.check(messages, ids)
+        except TemplateMismatch as error:
+            raise TemplateMismatch(f"source row {index} (id {row_id}): {error}") from None
+    return Encoded(index, row_id, ids, mask, None, checked)
+
+
+def _encode_batch(encoder: BatchEncoder, chunk: pa.Table, first_position: int, check_every: int) -> Iterator[Encoded]:
+    """``encode_rows`` for a ``BatchEncoder``: the chunk's valid conversations encoded at once,
+    yielded (and checked) one at a time."""
+    parsed: list[tuple[int, Conversation | InvalidRow]] = []
+    for index, record in records(chunk):
+        try:
+            parsed.append((index, conversation(record, encoder.schema)))
+        except InvalidRow as error:
+            parsed.append((index, error))
+    valid = [item for _, item in parsed if not isinstance(item, InvalidRow)]
+    encoded = iter(encoder.encode_batch([item.messages for item in valid]))
+    for offset, (index, item) in enumerate(parsed):
+        if isinstance(item, InvalidRow):
+            yield Encoded(index, item.row_id, None, None, item.reason)
+            continue
+        result = next(encoded)
+        if isinstance(result, InvalidRow):
+            yield Encoded(index, item.id, None, None, result.reason)
+            continue
+        if isinstance(result, TemplateMismatch):
+            raise type(result)(f"source row {index} (id {item.id}): {result}")
+        if isinstance(result, Exception):
+            raise result
+        yield _checked(encoder, index, item.id, item.messages, None, *result, first_position + offset, check_every)
 
 
 def encode_chunk(encoder: Encoder, chunk: pa.Table, first_position: int, check_every: int) -> EncodedChunk:
@@ -236,6 +317,7 @@ def _init_worker(config: EncoderConfig) -> None:
     assert parent is not None  # a worker of the pool, which the build's process started
     threading.Thread(target=_exit_when_gone, args=(parent.sentinel,), daemon=True).start()
     pa.set_memory_pool(pa.system_memory_pool())  # as ``system_allocator`` in the build's process
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the workers are the parallelism: one thread each for BPE
     map_large_allocations()
     _worker_encoder = worker_encoder(config)
 

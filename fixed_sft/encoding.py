@@ -6,20 +6,22 @@ and names, in its ``schema``, the message keys and roles it reads; the conversat
 (``fixed_sft.conversation``) refuses a message with any other key, so that nothing in a row
 is silently left out of its ids. ``check`` compares a conversation's
 ids with the model's own rendering of it. The Kimi fast path (``fixed_sft.chat.ChatEncoder``)
-is one implementation; the code that encodes chunks (``fixed_sft.encode``) sees only this
-protocol, so an encoder of another kind (one that renders each conversation) can be added
-beside it.
+is one implementation; the render-based path for any Hugging Face chat model
+(``fixed_sft.hf_chat.HFChatEncoder``) is another, a ``BatchEncoder``: it encodes a chunk's
+conversations at once, and a conversation its template refuses is an invalid row. The code
+that encodes chunks (``fixed_sft.encode``) sees only these protocols.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 Message = dict[str, Any]  # a message's keys and values, as JSON or Parquet gives them
+Arrays = tuple[np.ndarray, np.ndarray]  # a conversation's int32 ids and uint8 mask
 
 
 @dataclass(frozen=True)
@@ -29,11 +31,13 @@ class MessageSchema:
     messages hold anything else. ``role_keys``: keys read on messages of one role only;
     ``parts``: whether a content may be a list of text parts; ``optional_content``: roles
     whose messages may have no content; ``tools``: whether the conversation's ``tools``
-    (beside its ``messages``) are read."""
+    (beside its ``messages``) are read. ``keys=None`` and ``roles=None``: an encoder that
+    passes every key of a message, and any role, to its chat template (which then decides
+    what a content may be)."""
 
     name: str
-    keys: frozenset[str]
-    roles: tuple[str, ...]
+    keys: frozenset[str] | None
+    roles: tuple[str, ...] | None
     role_keys: dict[str, frozenset[str]] = field(default_factory=dict, hash=False)
     parts: bool = False
     optional_content: frozenset[str] = frozenset()
@@ -41,7 +45,7 @@ class MessageSchema:
 
     def reads(self, role: str, key: str) -> bool:
         """Whether a message of ``role`` has ``key`` read."""
-        return key in self.keys or key in self.role_keys.get(role, ())
+        return self.keys is None or key in self.keys or key in self.role_keys.get(role, ())
 
 
 class TemplateMismatch(Exception):
@@ -67,4 +71,14 @@ class Encoder(Protocol):
 
     def check(self, messages: Sequence[Message], ids: np.ndarray, tools: list | None = None) -> None:
         """Raise ``TemplateMismatch`` unless ``ids`` are the model's own ids of ``messages``."""
+        ...
+
+
+@runtime_checkable
+class BatchEncoder(Encoder, Protocol):
+    """An encoder that encodes a chunk's conversations at once."""
+
+    def encode_batch(self, conversations: Sequence[Sequence[Message]]) -> Sequence[Arrays | Exception]:
+        """Each conversation's ids and mask (as ``encode_arrays``), or the ``InvalidRow`` it is,
+        or the ``TemplateMismatch`` that stops the build when the build reaches it."""
         ...

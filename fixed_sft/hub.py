@@ -48,6 +48,38 @@ def download_files(what: str, repo_id: str, revision: str, names: Sequence[str])
     return paths[0].parent, snapshot_commit(paths[0].parent, revision)
 
 
+def download_present(
+    what: str, repo_id: str, revision: str, required: Sequence[str], optional: Sequence[str]
+) -> tuple[Path, str, list[str]]:
+    """``download_files`` of ``required`` and of those of ``optional`` that the repo has at
+    ``revision``: the folder, the commit and the names of the files it holds. Offline, an
+    optional file counts as absent only where the cache knows the Hub lacks it."""
+    from huggingface_hub import _CACHED_NO_EXIST, hf_hub_download, try_to_load_from_cache
+    from huggingface_hub.errors import LocalEntryNotFoundError, RemoteEntryNotFoundError
+
+    paths: dict[str, Path] = {}
+    try:
+        for name in (*required, *optional):
+            try:
+                path = Path(hf_hub_download(repo_id, name, revision=revision))
+            except RemoteEntryNotFoundError:
+                if name in required:
+                    raise
+                continue
+            except LocalEntryNotFoundError:
+                if name in required or try_to_load_from_cache(repo_id, name, revision=revision) is not _CACHED_NO_EXIST:
+                    raise
+                continue
+            if path.is_file():
+                paths[name] = path
+    except Exception as error:  # network, offline mode, missing revision: all end the same way
+        raise _unreachable(what, repo_id, revision, error) from None
+    if not paths:
+        raise HubUnreachable(f"{what} {repo_id}@{revision} has none of {', '.join((*required, *optional))}")
+    folder = next(iter(paths.values())).parent
+    return folder, snapshot_commit(folder, revision), list(paths)
+
+
 def _unreachable(what: str, repo_id: str, revision: str, error: Exception) -> HubUnreachable:
     return HubUnreachable(
         f"cannot get {what} {repo_id}@{revision} from the Hugging Face Hub or its cache "

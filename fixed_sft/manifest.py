@@ -45,6 +45,7 @@ class Params:
     order: str
     loss_mask_type: str
     skip_invalid: bool
+    separator: str | None = omitted()  # the token after each conversation (manifests before it: the eos token)
 
 
 @dataclass

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from .chat import MASK_TYPES
+from .chat import MASK_TYPES as KIMI_MASK_TYPES
 from .errors import UsageError
 from .fields import hints
+from .hf_chat import MASK_TYPES as HF_MASK_TYPES
 from .manifest import Globs, Manifest
 
 MAX_ROW_TOKENS = 1 << 20
@@ -164,10 +165,20 @@ class BuildConfig:
     )
     loss_mask_type: str = param(
         "kimi_k25",
-        help="loss mask type (default and only: kimi_k25)",
+        help="loss mask type: kimi_k25 (the Kimi tokenizer's; default) or assistant (a Hugging Face "
+        "tokenizer's: its generation blocks, else what each assistant message adds to the text)",
         spec=True,
         recorded="params.loss_mask_type",
-        range=OneOf(tuple(MASK_TYPES)),
+        range=OneOf((*KIMI_MASK_TYPES, *HF_MASK_TYPES)),
+    )
+    separator: str | None = param(
+        None,
+        help="the token after each conversation, a single token of the vocabulary (default: the tokenizer's eos_token)",
+        recorded="params.separator",
+        metavar="TOKEN",
+    )
+    trust_remote_code: bool = param(
+        False, help="let transformers run a Hugging Face tokenizer's own code (the Kimi path runs none; default: off)"
     )
     template_kwargs: dict[str, Any] | None = param(  # None: the tokenizer spec's
         None,

@@ -7,8 +7,9 @@ recorded ones are refused before building. The rows are proven to come from the 
 inputs when the rebuild's manifest is the folder's, compared as JSON, and so is the
 provenance in the Parquet file (its ``metadata`` column, read a row group at a time; its
 key-value metadata; and the key-value metadata of each field of the Arrow schema it
-stores); not compared for that: the reasons of skipped rows (their wording is the code's), and the
-names, globs and paths of inputs the caller gave. Values the rebuild copies from the
+stores); not compared for that: the reasons of skipped rows (their wording is the code's), the
+names, globs and paths of inputs the caller gave, and the separator a manifest from before it was
+recorded lacks (the rebuild then uses the eos token, as that build did). Values the rebuild copies from the
 manifest (the build's name, the license, revisions) are the same by construction. The
 Parquet file's size and hash, and ``code_sha256``, are compared for information: the same
 rows may be encoded by another writer, or built by other code; the rest of
@@ -133,11 +134,17 @@ def _refuse_outside(what: str, name: str, flag: str) -> None:
 
 
 def _check_tokenizer(config: BuildConfig, recorded: dict[str, FileHash]) -> None:
-    """Raise ``BuildError`` unless the rebuild's tokenizer files are the recorded ones."""
+    """Raise ``BuildError`` unless the rebuild's tokenizer files are the recorded ones. A build
+    that ran a Hugging Face tokenizer's own code (its ``.py`` files are recorded) is not rebuilt:
+    a rebuild runs no code a manifest names."""
+    code = sorted(name for name in recorded if name.endswith(".py"))
+    if code:
+        raise BuildError(f"the build ran the tokenizer's own code ({', '.join(code)}), which a rebuild does not run")
     found = resolve_tokenizer(
         config.tokenizer, config.tokenizer_revision, expected=config.expected_tokenizer, allow_unpinned=True
     )
     other = [name for name, file in found.files.items() if encode(recorded.get(name)) != file]
+    other += [name for name in recorded if name not in found.files]
     if other:
         raise BuildError(
             f"the tokenizer files in {found.directory} are not the ones the manifest records "
@@ -371,6 +378,8 @@ def comparison(
     """The folder's manifest and Parquet provenance beside the rebuild's (see the module
     docstring for what is compared, and how)."""
     here, again = _view(manifest, given_source, given_tokenizer), _view(rebuilt, given_source, given_tokenizer)
+    if "separator" not in manifest["params"]:  # a manifest from before it was recorded: the eos token, rebuilt so
+        again["params"] = {key: value for key, value in again["params"].items() if key != "separator"}
     return [
         *(Compared(key, here.get(key, MISSING), again.get(key, MISSING), True) for key in {**here, **again}),
         Compared("provenance", *_provenance(folder, manifest, rebuilt_folder, rebuilt), True),

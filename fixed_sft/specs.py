@@ -5,26 +5,42 @@ Both ship inside the package (``importlib.resources``), so any install reads the
 A tokenizer is *pinned* when each of its files has the bytes and sha256 of a spec.
 Files that differ from the spec they should match are refused unless the caller
 allows unpinned tokenizers, in which case the difference is recorded.
+
+A tokenizer is of one of two families: ``kimi`` (``tiktoken.model``, encoded by the Kimi fast
+path, ``fixed_sft.chat``) or ``hf`` (a Hugging Face fast tokenizer, ``tokenizer.json``, encoded
+by rendering its chat template, ``fixed_sft.hf_chat``). A folder's family is the file it holds;
+a spec names its own (``kimi`` when it does not).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .chat import MASK_TYPES as KIMI_MASK_TYPES
+from .encoding import TemplateMismatch
+from .errors import UsageError
 from .fields import FieldError, decode, read_json_object
 from .hashes import sha256_file
-from .hub import HubUnreachable, download_files, is_hub_id, raise_cache_damage
+from .hf_chat import MASK_TYPES as HF_MASK_TYPES
+from .hf_chat import OPTIONAL_FILES as HF_OPTIONAL
+from .hf_chat import REQUIRED_FILES as HF_REQUIRED
+from .hf_chat import remote_code_files, tokenizer_files
+from .hub import HubUnreachable, download_files, download_present, is_hub_id, raise_cache_damage
 from .manifest import FileHash, Tokenizer
 from .params import BuildSpec
-from .tokenizer import FILES, TEMPLATE_KWARGS
+from .tokenizer import FILES, TEMPLATE_KWARGS, TokenizerError
 
 BUILDS = Path(str(resources.files(__package__) / "builds"))
 TOKENIZERS = Path(str(resources.files(__package__) / "tokenizer_specs"))
 DEFAULT_BUILD = "kimi-k26-tulu3-fixed8192-v1"
+KIMI, HF = "kimi", "hf"
+FAMILIES = (KIMI, HF)
 
 
 class SpecError(Exception):
@@ -35,8 +51,8 @@ class SpecError(Exception):
 class TokenizerSpec:
     """A pinned tokenizer spec (``fixed_sft/tokenizer_specs/NAME.json``): the Hub repo and
     revision, each file's size and sha256, the template variables and the mask type;
-    ``code_files``: the model's remote code, for information (its rules are
-    fixed_sft/tokenizer.py's)."""
+    ``family``: ``kimi`` or ``hf`` (module docstring); ``code_files``: the model's remote
+    code, for information (the Kimi rules are fixed_sft/tokenizer.py's)."""
 
     name: str
     repo: str
@@ -45,6 +61,7 @@ class TokenizerSpec:
     template_kwargs: dict[str, Any]
     loss_mask_type: str
     code_files: dict[str, Any] | None = None
+    family: str = KIMI
 
 
 def _check(path: Path, spec: dict[str, Any], kind: type) -> Any:
@@ -63,7 +80,9 @@ def _check_tokenizer(path: Path, spec: dict[str, Any]) -> None:
     checked: TokenizerSpec = _check(path, spec, TokenizerSpec)
     if checked.name != path.stem:
         raise SpecError(f"{path}: 'name' is {checked.name!r}, not the file's name {path.stem!r}")
-    for name in FILES:
+    if checked.family not in FAMILIES:
+        raise SpecError(f"{path}: 'family' is {checked.family!r}, not one of {', '.join(FAMILIES)}")
+    for name in FILES if checked.family == KIMI else HF_REQUIRED:
         if name not in checked.files:
             raise SpecError(f"{path}: 'files' needs {name} with its 'bytes' and 'sha256'")
 
@@ -111,6 +130,7 @@ class ResolvedTokenizer:
     loss_mask_type: str | None
     pinned: bool
     mismatches: list[str] = field(default_factory=list)
+    family: str = KIMI
 
     def manifest(self) -> Tokenizer:
         """The manifest's ``tokenizer``."""
@@ -118,29 +138,80 @@ class ResolvedTokenizer:
         return Tokenizer(self.name, self.repo, self.revision, files, self.pinned, list(self.mismatches))
 
 
-def _download(repo: str, revision: str) -> tuple[Path, str]:
+def _download(repo: str, revision: str, names: tuple[str, ...] = FILES) -> tuple[Path, str]:
     """The folder of the tokenizer files at ``revision``, and the commit it resolved to."""
     try:
-        return download_files("tokenizer", repo, revision, FILES)
+        return download_files("tokenizer", repo, revision, names)
     except HubUnreachable as error:
         raise SpecError(
-            f"{error}. Without the Hub, put {', '.join(FILES)} in a folder "
+            f"{error}. Without the Hub, put {', '.join(names)} in a folder "
             "and pass --tokenizer FOLDER (README: 'Build offline' shows a whole offline build)."
         ) from None
 
 
+def _download_any(repo: str, revision: str, trust_remote_code: bool) -> tuple[Path, str]:
+    """The folder of an unpinned repo's tokenizer files at ``revision``, and the commit: the
+    Kimi files where it has ``tiktoken.model``, else a Hugging Face tokenizer's (with
+    ``trust_remote_code``, its code too)."""
+    try:
+        folder, commit, _ = download_present("tokenizer", repo, revision, (), ("tiktoken.model",))
+        return download_present("tokenizer", repo, commit, FILES, ())[:2]
+    except HubUnreachable:
+        pass  # (no tiktoken.model, or none to be had: a Hugging Face tokenizer's files say which)
+    try:
+        folder, commit, _ = download_present("tokenizer", repo, revision, HF_REQUIRED, HF_OPTIONAL)
+        code = remote_code_files(folder / "tokenizer_config.json") if trust_remote_code else []
+        if code:
+            download_present("tokenizer code", repo, commit, tuple(code), ())
+    except HubUnreachable as error:
+        raise SpecError(
+            f"{error}. Without the Hub, put the tokenizer files in a folder and pass --tokenizer FOLDER"
+        ) from None
+    return folder, commit
+
+
+def family_of(directory: Path) -> str:
+    """The family of a tokenizer folder (module docstring): ``kimi`` where it holds
+    ``tiktoken.model``, else ``hf`` where it holds ``tokenizer.json``."""
+    if (directory / "tiktoken.model").is_file():
+        return KIMI
+    if (directory / "tokenizer.json").is_file():
+        return HF
+    raise SpecError(f"tokenizer folder {directory} lacks tiktoken.model (Kimi) or tokenizer.json (Hugging Face)")
+
+
+def folder_files(directory: Path, family: str, trust_remote_code: bool = False) -> list[str]:
+    """The names of the files of a tokenizer folder that a build reads and records."""
+    return list(FILES) if family == KIMI else tokenizer_files(directory, trust_remote_code)
+
+
+def file_hashes(directory: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each file's bytes and sha256, by name."""
+    return {
+        name: {"bytes": (directory / name).stat().st_size, "sha256": sha256_file(directory / name)} for name in names
+    }
+
+
 def _differences(spec: dict, files: dict[str, dict]) -> list[str]:
     """How ``files`` (name -> bytes and sha256) differ from ``spec``'s, file by file."""
-    return [
-        f"{name}: expected sha256 {spec['files'][name]['sha256']} ({spec['files'][name]['bytes']} bytes), "
+    expected = spec["files"]
+    found = [
+        f"{name}: expected sha256 {expected[name]['sha256']} ({expected[name]['bytes']} bytes), "
         f"got {files[name]['sha256']} ({files[name]['bytes']} bytes)"
-        for name in FILES
-        if spec["files"][name] != files[name]
+        for name in expected
+        if name in files and expected[name] != files[name]
     ]
+    found += [f"{name}: expected, not found" for name in expected if name not in files]
+    found += [f"{name}: found, not in the spec" for name in files if name not in expected]
+    return found
 
 
 def resolve_tokenizer(
-    tokenizer: str, revision: str | None = None, expected: str | None = None, allow_unpinned: bool = False
+    tokenizer: str,
+    revision: str | None = None,
+    expected: str | None = None,
+    allow_unpinned: bool = False,
+    trust_remote_code: bool = False,
 ) -> ResolvedTokenizer:
     """Find the tokenizer files and check them against their pinned spec.
 
@@ -152,7 +223,7 @@ def resolve_tokenizer(
     spec = specs.get(tokenizer) or (specs.get(expected) if expected else None)
     if tokenizer in specs:
         assert spec is not None  # specs.get(tokenizer), a spec
-        directory, revision = _download(spec["repo"], revision or spec["revision"])
+        directory, revision = _download(spec["repo"], revision or spec["revision"], tuple(spec["files"]))
     elif Path(tokenizer).is_dir():
         directory = Path(tokenizer)
     elif Path(tokenizer).exists():
@@ -164,34 +235,36 @@ def resolve_tokenizer(
                 f"tokenizer {tokenizer!r} is not a local folder; as a Hub repo id it is not pinned in "
                 f"{TOKENIZERS}, so it needs --tokenizer-revision"
             )
-        if not revision:
-            assert spec is not None  # checked above: without a revision, the spec that pins the repo
-            revision = spec["revision"]
-        directory, revision = _download(tokenizer, revision)
+        if spec is not None:
+            directory, revision = _download(tokenizer, revision or spec["revision"], tuple(spec["files"]))
+        else:
+            assert revision is not None  # checked above
+            directory, revision = _download_any(tokenizer, revision, trust_remote_code)
     elif tokenizer.startswith((".", "/")):
         raise SpecError(f"tokenizer {tokenizer!r}: no such folder")
     else:
         raise SpecError(f"tokenizer {tokenizer!r} is not a spec name ({', '.join(specs)}), folder, or Hub repo id")
 
-    missing = [name for name in FILES if not (directory / name).is_file()]
+    family = family_of(directory)
+    names = folder_files(directory, family, trust_remote_code)
+    missing = [name for name in names if not (directory / name).is_file()]
     if missing:
         raise SpecError(f"tokenizer folder {directory} lacks {', '.join(missing)}")
-    files: dict[str, dict[str, Any]] = {
-        name: {"bytes": (directory / name).stat().st_size, "sha256": sha256_file(directory / name)} for name in FILES
-    }
-    raise_cache_damage([directory / name for name in FILES], SpecError, [files[name]["sha256"] for name in FILES])
+    files = file_hashes(directory, names)
+    raise_cache_damage([directory / name for name in names], SpecError, [files[name]["sha256"] for name in names])
+    same_family = {name: other for name, other in specs.items() if other.get("family", KIMI) == family}
     if spec is None:
-        spec = next((s for s in specs.values() if all(s["files"][n] == files[n] for n in FILES)), None)
+        spec = next((s for s in same_family.values() if s["files"] == files), None)
     if spec is not None:
         mismatches = _differences(spec, files)
     else:  # name the spec that shares the most files, if any does
-        differences = {name: _differences(other, files) for name, other in specs.items()}
+        differences = {name: _differences(other, files) for name, other in same_family.items()}
         closest = min(differences, key=lambda name: len(differences[name]), default=None)
-        shared = closest is not None and len(differences[closest]) < len(FILES)
+        shared = closest is not None and any(same_family[closest]["files"].get(n) == files[n] for n in files)
         mismatches = ["the files match no pinned spec"] + (
             [f"closest is {closest}, from which " + "; ".join(differences[closest])]
             if shared
-            else [f"{name} sha256 {files[name]['sha256']}" for name in FILES]
+            else [f"{name} sha256 {files[name]['sha256']}" for name in names]
         )
     if mismatches and not allow_unpinned:
         pinned = f"the pinned spec {spec['name']}" if spec else f"every pinned spec in {TOKENIZERS}"
@@ -206,8 +279,84 @@ def resolve_tokenizer(
         repo=spec["repo"] if spec else (None if Path(tokenizer).is_dir() else tokenizer),
         revision=(revision or spec["revision"]) if spec else revision,
         files=files,
-        template_kwargs=spec["template_kwargs"] if spec else TEMPLATE_KWARGS,
+        template_kwargs=spec["template_kwargs"] if spec else (TEMPLATE_KWARGS if family == KIMI else {}),
         loss_mask_type=spec["loss_mask_type"] if spec else None,
         pinned=not mismatches,
         mismatches=mismatches,
+        family=family,
     )
+
+
+_CACHE_REPO = re.compile(r"models--(?P<owner>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<commit>[0-9a-f]{40})$")
+
+
+def pin_tokenizer(
+    tokenizer: str,
+    revision: str | None = None,
+    repo: str | None = None,
+    name: str | None = None,
+    template_kwargs: dict | None = None,
+    loss_mask_type: str | None = None,
+    trust_remote_code: bool = False,
+) -> dict:
+    """The tokenizer spec of a Hub repo at ``revision`` (downloaded; the spec pins the commit it
+    resolved to) or of a folder (from the Hub repo ``repo`` at ``revision``; a Hugging Face cache
+    snapshot folder names both): its family, each file's bytes and sha256, the template
+    variables and the mask type (by default the family's). The encoder is loaded from the files
+    with these template variables, so a spec that a build would refuse is refused here
+    (``SpecError``; a template that reads the clock names the variable to pin)."""
+    from .encode import EncoderConfig  # (the encoders import this module)
+
+    if Path(tokenizer).is_dir():
+        directory = Path(tokenizer)
+        cached = _CACHE_REPO.search(directory.resolve().as_posix())
+        repo = repo or (f"{cached['owner']}/{cached['name']}" if cached else None)
+        revision = revision or (cached["commit"] if cached else None)
+        if not (repo and revision):
+            raise UsageError(f"{tokenizer} is a folder: name the Hub repo and revision it is of (--repo, --revision)")
+    elif is_hub_id(tokenizer):
+        if not revision:
+            raise UsageError(f"pinning the Hub repo {tokenizer} needs --revision")
+        directory, revision = _download_any(tokenizer, revision, trust_remote_code)
+        repo = repo or tokenizer
+    else:
+        raise UsageError(f"tokenizer {tokenizer!r} is neither a folder nor a Hub repo id")
+    family = family_of(directory)
+    names = folder_files(directory, family, trust_remote_code)
+    missing = [file for file in names if not (directory / file).is_file()]
+    if missing:
+        raise SpecError(f"tokenizer folder {directory} lacks {', '.join(missing)}")
+    files = file_hashes(directory, names)
+    kwargs = (TEMPLATE_KWARGS if family == KIMI else {}) if template_kwargs is None else template_kwargs
+    mask = loss_mask_type or (KIMI_MASK_TYPES if family == KIMI else HF_MASK_TYPES)[0]
+    config = EncoderConfig(
+        directory, {f: h["sha256"] for f, h in files.items()}, mask, kwargs, family, trust_remote_code
+    )
+    try:
+        config.load()
+    except (TokenizerError, TemplateMismatch, ValueError) as error:
+        raise SpecError(f"{directory}: {error}") from None
+    name = name or repo.rsplit("/", 1)[-1].lower()
+    if not name or Path(name).name != name or name.startswith("."):
+        raise UsageError(f"spec name {name!r} is not a name; pass --name")
+    return {
+        "name": name,
+        "family": family,
+        "repo": repo,
+        "revision": revision,
+        "files": files,
+        "template_kwargs": kwargs,
+        "loss_mask_type": mask,
+    }
+
+
+def write_tokenizer_spec(spec: dict, folder: Path | None = None) -> Path:
+    """Write ``spec`` (``pin_tokenizer``) as ``NAME.json`` in ``folder``, by default
+    ``fixed_sft/tokenizer_specs/``, where builds find it; an existing file is not replaced."""
+    path = (folder or TOKENIZERS) / f"{spec['name']}.json"
+    if path.exists():
+        raise UsageError(f"{path} exists; remove it first, or pass another --name")
+    text = json.dumps(spec, indent=2, ensure_ascii=False) + "\n"
+    _check_tokenizer(path, json.loads(text))
+    path.write_text(text, encoding="utf-8")
+    return path

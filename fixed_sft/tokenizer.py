@@ -142,6 +142,13 @@ def _special_tokens(config: dict) -> dict[str, str]:
     return tokens
 
 
+def eos_token(directory: str | Path) -> str:
+    """The text of the eos token (``[EOS]``), read from ``tokenizer_config.json`` alone."""
+    config = _config(Path(directory))
+    ids = {text: i for i, text in _named(config).items()}
+    return next(text for text, i in ids.items() if i == _eos_id(config, ids))
+
+
 def eos_id(directory: str | Path) -> int:
     """The id of the eos token (``[EOS]``), read from ``tokenizer_config.json`` alone."""
     config = _config(Path(directory))

@@ -11,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 KIMI_DIR = ROOT.parent / "shared" / "tokenizers" / "kimi-k2.6"
+DEEPSEEK_DIR = ROOT.parent / "shared" / "tokenizers" / "deepseek-v4"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
@@ -22,6 +23,17 @@ def kimi_dir() -> Path:
             pytest.fail(missing)
         pytest.skip(missing)
     return KIMI_DIR
+
+
+@pytest.fixture(scope="session")
+def deepseek_dir() -> Path:
+    """A real Hugging Face fast tokenizer (tokenizer.json, tokenizer_config.json) without a chat template."""
+    if not (DEEPSEEK_DIR / "tokenizer.json").is_file():
+        missing = f"DeepSeek-V4 tokenizer files not found at {DEEPSEEK_DIR}: put the project's shared/ folder beside it"
+        if os.environ.get("CI"):
+            pytest.fail(missing)
+        pytest.skip(missing)
+    return DEEPSEEK_DIR
 
 
 @pytest.fixture(scope="session")

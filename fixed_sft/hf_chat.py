@@ -1,0 +1,387 @@
+"""The any-model path: conversation -> (token ids, loss mask) by rendering a Hugging Face chat template.
+
+The tokenizer is a folder of Hugging Face tokenizer files (``tokenizer.json`` and
+``tokenizer_config.json``; the chat template inside the config or in ``chat_template.jinja``),
+loaded with transformers' ``AutoTokenizer``. A conversation's ids are
+``tokenizer.apply_chat_template(messages, tokenize=True, **template_kwargs)["input_ids"]``:
+the template is rendered as transformers renders it (its compiled template, the tokenizer's
+special tokens and the template variables), and the text tokenized without added special
+tokens. The build renders each conversation once and tokenizes a chunk's texts in one
+batched call of the fast tokenizer; ``check`` compares with ``apply_chat_template`` itself.
+
+Loss mask ``assistant``:
+
+- A template with ``{% generation %}`` blocks: transformers' ``assistant_masks``
+  (``return_assistant_tokens_mask=True``): every token that overlaps a block's characters is 1.
+- Any other template: assistant message ``k``'s characters are those that the rendering of
+  ``messages[:k + 1]`` adds to the rendering of ``messages[:k]`` with the generation prompt;
+  each token that overlaps them is 1, as transformers maps generation blocks to tokens.
+  Both renderings must begin the conversation's rendering, and each message's span must
+  begin where the one before it ended or later: otherwise the conversation is an invalid row,
+  never a guessed mask.
+
+Refused: a conversation the template does not render (an error it raises, a type error) is an
+invalid row; a template that reads the clock (``strftime_now``) stops the build, naming the
+variable to pin in the template variables (``date_string`` for Llama 3 templates), so that a
+rebuild renders the same text.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .conversation import InvalidRow, is_unicode
+from .encoding import Arrays, Message, MessageSchema, TemplateMismatch
+from .fields import read_json_object
+from .tokenizer import TokenizerError
+
+MASK_TYPES = ("assistant",)
+REQUIRED_FILES = ("tokenizer.json", "tokenizer_config.json")
+# What AutoTokenizer reads of a fast tokenizer's folder besides REQUIRED_FILES, where present
+# (config.json: the model type, which picks the tokenizer class where tokenizer_config.json names none).
+OPTIONAL_FILES = (
+    "chat_template.jinja",
+    "chat_template.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "config.json",
+)
+# Every key of a message goes to the template, every role is the template's to accept: nothing is dropped.
+SCHEMA = MessageSchema(name="hf", keys=None, roles=None)
+# apply_chat_template's own arguments: a template variable of one of these names would not reach the
+# template as a variable (``tools`` and ``documents`` do, as apply_chat_template passes them).
+RESERVED = frozenset(
+    {
+        "conversation",
+        "messages",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "sanitize_control_tokens",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "strftime_now",
+    }
+)
+GENERATION = re.compile(r"\{\%-?\s*generation\s*-?\%\}")  # transformers' test for generation blocks
+RENDERER_MODULE = "transformers.utils.chat_template_utils"
+# What apply_chat_template renders with (transformers 5), called here one step at a time:
+RENDERER_FUNCTIONS = (
+    "_compile_jinja_template",
+    "_normalize_chat_messages",
+    "_plain_template_data",
+    "_alias_reasoning_fields",
+    "_render_with_assistant_indices",
+)
+_PROBE = [{"role": "system", "content": "probe"}, {"role": "user", "content": "probe"}]
+_PROBE_REPLY = {"role": "assistant", "content": "probe"}
+
+
+def tokenizer_files(directory: Path, trust_remote_code: bool = False) -> list[str]:
+    """The names of the files of ``directory`` that loading its tokenizer reads: ``REQUIRED_FILES``,
+    those of ``OPTIONAL_FILES`` present and, with ``trust_remote_code``, its ``*.py`` files."""
+    names = [*REQUIRED_FILES, *(name for name in OPTIONAL_FILES if (directory / name).is_file())]
+    if trust_remote_code:
+        names += sorted(path.name for path in directory.glob("*.py"))
+    return names
+
+
+def remote_code_files(config_path: Path) -> list[str]:
+    """The module files that ``tokenizer_config.json``'s ``auto_map`` names for the tokenizer
+    (``tokenization_x.Class`` -> ``tokenization_x.py``), of this repo (not ``other/repo--...``)."""
+    try:
+        config = read_json_object(config_path, TokenizerError)
+    except TokenizerError:
+        return []
+    references = config.get("auto_map", {}).get("AutoTokenizer") if isinstance(config.get("auto_map"), dict) else None
+    references = references if isinstance(references, list) else [references]
+    modules = {ref.rsplit(".", 1)[0] for ref in references if isinstance(ref, str) and "--" not in ref and "." in ref}
+    return sorted(module.replace(".", "/") + ".py" for module in modules)
+
+
+class ClockRead(TemplateMismatch):
+    """The chat template reads the clock, so its text would differ from one day to the next:
+    the build stops (when it reaches the conversation), as for a template check that fails."""
+
+
+class _Clock(Exception):
+    """Raised by the template's ``strftime_now`` while a conversation renders."""
+
+
+def _no_clock(*args: object, **kwargs: object) -> str:
+    raise _Clock
+
+
+_loading = threading.Lock()
+_loaded: dict[tuple, Any] = {}
+
+
+def load_tokenizer(directory: Path, trust_remote_code: bool = False, key: tuple = ()) -> Any:
+    """The fast tokenizer of ``directory`` (AutoTokenizer, ``trust_remote_code`` passed on),
+    loaded once per process for each ``key`` (the files' hashes); ``TokenizerError`` for a
+    folder it cannot load, a tokenizer that is not fast, or one without a chat template."""
+    with _loading:
+        found = _loaded.get((str(directory), trust_remote_code, key))
+        if found is not None:
+            return found
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code)
+        except Exception as error:  # malformed files, remote code refused, an unknown tokenizer class
+            raise TokenizerError(
+                f"{directory}: transformers cannot load the tokenizer ({type(error).__name__}: {error})"
+            ) from None
+        if not getattr(tokenizer, "is_fast", False):
+            raise TokenizerError(f"{directory}: {type(tokenizer).__name__} is not a fast tokenizer (tokenizer.json)")
+        if not tokenizer.chat_template:
+            raise TokenizerError(
+                f"{directory}: the tokenizer has no chat template (tokenizer_config.json or chat_template.jinja)"
+            )
+        _loaded[(str(directory), trust_remote_code, key)] = tokenizer
+        return tokenizer
+
+
+def separator(tokenizer: Any, token: str | None) -> tuple[str, int]:
+    """The token that follows each conversation and its id: ``token``, else the tokenizer's
+    ``eos_token``; ``ValueError`` unless it is a single token of the vocabulary."""
+    text = tokenizer.eos_token if token is None else token
+    if text is None:
+        raise ValueError("the tokenizer has no eos_token")
+    vocabulary = tokenizer.get_vocab()
+    if text not in vocabulary:
+        raise ValueError(f"{text!r} is not a single token of the tokenizer's vocabulary")
+    return text, int(vocabulary[text])
+
+
+def clock_variables(template: Any, source: str) -> list[str]:
+    """The variables that the template sets from ``strftime_now`` (``{% set X = strftime_now(...) %}``):
+    pinning one in the template variables is how such a template avoids the clock."""
+    from jinja2 import nodes
+
+    names: list[str] = []
+    for assign in template.environment.parse(source).find_all(nodes.Assign):
+        calls = [node for node in (assign.node, *assign.node.find_all(nodes.Call)) if isinstance(node, nodes.Call)]
+        if any(isinstance(call.node, nodes.Name) and call.node.name == "strftime_now" for call in calls):
+            targets = [assign.target] if isinstance(assign.target, nodes.Name) else assign.target.find_all(nodes.Name)
+            names += [target.name for target in targets]
+    return sorted(set(names))
+
+
+def token_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:
+    """The uint8 mask of the tokens whose character offsets (``(start, end)`` rows) overlap the
+    spans, by transformers' rule for ``assistant_masks``: going through the tokens once, pass
+    the spans that end at or before a token's start; the token is 1 when it ends after the
+    current span's start."""
+    mask = np.zeros(len(offsets), np.uint8)
+    if not spans or not len(offsets):
+        return mask
+    starts = np.array([a for a, _ in spans], np.int64)
+    ends = np.array([b for _, b in spans], np.int64)
+    token_starts, token_ends = offsets[:, 0], offsets[:, 1]
+    if np.all(ends[1:] >= ends[:-1]) and np.all(token_starts[1:] >= token_starts[:-1]):
+        first = np.searchsorted(ends, token_starts, side="right")  # the first span ending after the start
+        inside = first < len(spans)
+        mask[inside] = token_ends[inside] > starts[first[inside]]
+        return mask
+    current = 0  # spans or offsets out of order: the rule itself, token by token
+    for n, (start, end) in enumerate(offsets.tolist()):
+        while current < len(spans) and start >= spans[current][1]:
+            current += 1
+        if current == len(spans):
+            break
+        mask[n] = end > spans[current][0]
+    return mask
+
+
+class HFChatEncoder:
+    """Encodes conversations through a Hugging Face chat template (module docstring): the
+    any-model ``fixed_sft.encoding.Encoder``, which also encodes a chunk at once (``encode_batch``)."""
+
+    schema = SCHEMA
+
+    def __init__(self, tokenizer: Any, template_kwargs: dict | None = None, loss_mask_type: str = "assistant"):
+        if loss_mask_type not in MASK_TYPES:
+            raise ValueError(f"unknown loss mask type {loss_mask_type!r} (known: {', '.join(MASK_TYPES)})")
+        self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})
+        reserved = sorted(RESERVED & set(self.template_kwargs))
+        if reserved:
+            raise TokenizerError(f"template variable {reserved[0]!r} is an argument of apply_chat_template, not one")
+        renderer = importlib.import_module(RENDERER_MODULE)
+        lacking = [name for name in RENDERER_FUNCTIONS if not hasattr(renderer, name)]
+        if lacking:
+            raise TokenizerError(f"this transformers' {RENDERER_MODULE} lacks {', '.join(lacking)}, which renders")
+        self._renderer = renderer
+        tools, documents = self.template_kwargs.get("tools"), self.template_kwargs.get("documents")
+        try:
+            self.chat_template = tokenizer.get_chat_template(None, tools)
+            self._template = renderer._compile_jinja_template(self.chat_template)
+        except Exception as error:  # several templates and none the default, Jinja syntax
+            raise TokenizerError(f"the chat template cannot be used ({type(error).__name__}: {error})") from None
+        variables = {key: value for key, value in self.template_kwargs.items() if key not in ("tools", "documents")}
+        self._tools = renderer._plain_template_data(tools)
+        self._documents = renderer._plain_template_data(documents)
+        self._variables = renderer._plain_template_data({**tokenizer.special_tokens_map, **variables})
+        self.generation = GENERATION.search(self.chat_template) is not None
+        self._clock_names = clock_variables(self._template, self.chat_template)
+        try:
+            self._render(self._chat([*_PROBE, _PROBE_REPLY]))
+        except ClockRead:
+            raise
+        except Exception:  # a template that refuses the probe may render the build's conversations
+            pass
+
+    def _chat(self, messages: Sequence[Message]) -> list[dict]:
+        """The messages as the template sees them (transformers' plain copy, reasoning aliased)."""
+        renderer = self._renderer
+        return renderer._alias_reasoning_fields(
+            renderer._plain_template_data(renderer._normalize_chat_messages(list(messages)))
+        )
+
+    def _clock(self) -> ClockRead:
+        if self._clock_names:
+            names = " or ".join(self._clock_names)
+            return ClockRead(
+                f"the chat template reads the clock (strftime_now) unless {names} is set: pin {names} in the "
+                "template variables, so that a rebuild renders the same text"
+            )
+        return ClockRead("the chat template reads the clock (strftime_now), which no template variable can pin")
+
+    def _render(
+        self, chat: list[dict], add_generation_prompt: bool = False, track: bool = False
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """The template's text of ``chat`` (``_chat``'s form) and, with ``track``, its
+        generation blocks' character spans; ``ClockRead`` if it reads the clock."""
+        arguments = {
+            "tools": self._tools,
+            "documents": self._documents,
+            "add_generation_prompt": add_generation_prompt,
+            **self._variables,
+            "strftime_now": _no_clock,
+        }
+        try:
+            if track:
+                text, spans = self._renderer._render_with_assistant_indices(
+                    compiled_template=self._template, messages=chat, **arguments
+                )
+                return text, [tuple(span) for span in spans]
+            return self._template.render(messages=chat, **arguments), []
+        except _Clock:
+            raise self._clock() from None
+
+    def _text_and_spans(self, messages: Sequence[Message]) -> tuple[str, list[tuple[int, int]]]:
+        """The conversation's text and the character spans of its mask (module docstring);
+        ``InvalidRow`` naming why when there are none to be found unambiguously."""
+        chat = self._chat(messages)
+        try:
+            text, spans = self._render(chat, track=self.generation)
+        except ClockRead:
+            raise
+        except Exception as error:  # whatever the template raises
+            raise InvalidRow(f"the chat template refuses the conversation ({type(error).__name__}: {error})") from None
+        if not text.isascii() and not is_unicode(text):
+            raise InvalidRow("the conversation's text has a lone surrogate")
+        if self.generation:
+            return text, spans
+        end = 0
+        for k, message in enumerate(chat):
+            if message.get("role") != "assistant":
+                continue
+            try:
+                before = self._render(chat[:k], add_generation_prompt=True)[0]
+                through = text if k == len(chat) - 1 else self._render(chat[: k + 1])[0]
+            except ClockRead:
+                raise
+            except Exception as error:
+                raise InvalidRow(
+                    f"assistant message {k}: the chat template refuses the messages up to it, so its span "
+                    f"cannot be found ({type(error).__name__}: {error})"
+                ) from None
+            if not (text.startswith(through) and through.startswith(before)):
+                raise InvalidRow(
+                    f"assistant message {k}: the chat template's rendering of the messages up to it does not "
+                    "begin the conversation's rendering, so its span is ambiguous"
+                )
+            if len(before) < end:
+                raise InvalidRow(f"assistant message {k}: its span would begin inside the one before it")
+            spans.append((len(before), len(through)))
+            end = len(through)
+        return text, spans
+
+    def encode_batch(self, conversations: Sequence[Sequence[Message]]) -> list[Arrays | InvalidRow | ClockRead]:
+        """Each conversation's int32 ids and uint8 mask, or the ``InvalidRow`` it is, or the
+        ``ClockRead`` that stops the build there: the texts rendered one at a time, tokenized
+        in one batched call."""
+        found: list[tuple[str, list[tuple[int, int]]] | InvalidRow | ClockRead] = []
+        for messages in conversations:
+            try:
+                found.append(self._text_and_spans(messages))
+            except (InvalidRow, ClockRead) as error:
+                found.append(error)
+        texts = [item[0] for item in found if isinstance(item, tuple)]
+        encodings = iter(self._encodings(texts))
+        results: list[Arrays | InvalidRow | ClockRead] = []
+        for item in found:
+            if not isinstance(item, tuple):
+                results.append(item)
+                continue
+            encoding = next(encodings)
+            ids = np.array(encoding.ids, dtype=np.int32)
+            if item[1]:
+                offsets = np.array(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+                results.append((ids, token_mask(offsets, item[1])))
+            else:
+                results.append((ids, np.zeros(len(ids), np.uint8)))
+        return results
+
+    def _encodings(self, texts: list[str]) -> list:
+        """The fast tokenizer's encodings of ``texts``, as ``apply_chat_template`` tokenizes
+        its text (no special tokens added), in one batched call."""
+        if not texts:
+            return []
+        # (verbose=False: no warning that a conversation is longer than the model's context; rows cut it)
+        out = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)
+        return out.encodings
+
+    def encode_arrays(self, messages: Sequence[Message], tools: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """One conversation's int32 ids and uint8 mask; ``InvalidRow`` when it is refused
+        (``tools`` are always ``None``: the schema does not read them)."""
+        result = self.encode_batch([messages])[0]
+        if not isinstance(result, tuple):
+            raise result
+        return result
+
+    def encode(self, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
+        """``encode_arrays`` as lists."""
+        ids, mask = self.encode_arrays(messages)
+        return ids.tolist(), mask.tolist()
+
+    def reference_ids(self, messages: Sequence[Message]) -> list[int]:
+        """``apply_chat_template(messages, tokenize=True, **template_kwargs)``'s ids."""
+        out = self.tokenizer.apply_chat_template(list(messages), tokenize=True, **self.template_kwargs)
+        return list(out["input_ids"])
+
+    def check(self, messages: Sequence[Message], ids: np.ndarray, tools: list | None = None) -> None:
+        """Raise ``TemplateMismatch`` unless ``ids`` are ``apply_chat_template``'s ids."""
+        try:
+            expected = self.reference_ids(messages)
+        except Exception as error:
+            raise TemplateMismatch(
+                f"apply_chat_template refuses a conversation this encoder encoded ({type(error).__name__}: {error})"
+            ) from None
+        if not np.array_equal(np.asarray(ids), np.array(expected, dtype=np.int64)):
+            raise TemplateMismatch("the ids differ from apply_chat_template's")

@@ -1,0 +1,559 @@
+"""The any-model path: ids and masks equal transformers' own apply_chat_template on the same files.
+
+The tokenizer is ../shared/tokenizers/deepseek-v4 (a real fast tokenizer without a chat
+template) in a folder beside a template written here. Oracles: ``apply_chat_template(...,
+tokenize=True)`` for ids, and ``return_assistant_tokens_mask=True`` for masks: a template
+without ``{% generation %}`` is compared with the same template whose assistant text is
+wrapped in a generation block, which renders the same text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import messages as conversations
+
+from fixed_sft.conversation import InvalidRow, conversation
+from fixed_sft.hf_chat import SCHEMA, ClockRead, HFChatEncoder, load_tokenizer, separator, token_mask
+from fixed_sft.tokenizer import TokenizerError
+
+# ChatML, the assistant's text (its content and <|im_end|>\n) in a generation block, or not
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' %}[[{{ message['content'] + '<|im_end|>\\n' }}]]"
+    "{% else %}{{ message['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# DeepSeek style: tools in the system part, tool calls, tool outputs, <｜end▁of▁sentence｜> after each reply
+DEEPSEEK = (
+    "{{ bos_token }}{% if tools %}{{ 'Tools: ' + (tools | tojson) + '\\n' }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] }}"
+    "{% elif message['role'] == 'user' %}{{ '<｜User｜>' + message['content'] }}"
+    "{% elif message['role'] == 'assistant' %}{{ '<｜Assistant｜>' }}[["
+    "{% if message['content'] %}{{ message['content'] }}{% endif %}"
+    "{% if message.get('tool_calls') %}{{ '<｜tool▁calls▁begin｜>' }}{% for call in message['tool_calls'] %}"
+    "{{ '<｜tool▁call▁begin｜>' + call['type'] + '<｜tool▁sep｜>' + call['function']['name'] + '\\n```json\\n'"
+    " + call['function']['arguments'] + '\\n```<｜tool▁call▁end｜>' }}{% endfor %}{{ '<｜tool▁calls▁end｜>' }}"
+    "{% endif %}{{ '<｜end▁of▁sentence｜>' }}]]"
+    "{% elif message['role'] == 'tool' %}{{ '<｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>' }}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
+)
+# Llama 3 style: the date from the clock unless date_string is set
+LLAMA3 = (
+    "{{- bos_token }}"
+    "{%- if not date_string is defined %}{%- if strftime_now is defined %}"
+    '{%- set date_string = strftime_now("%d %b %Y") %}{%- else %}{%- set date_string = "26 Jul 2024" %}'
+    "{%- endif %}{%- endif %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\nToday Date: ' + date_string + '\\n\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] | trim }}"
+    "{%- set messages = messages[1:] %}{%- endif %}{{- '<|eot_id|>' }}"
+    "{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+    "{%- if message['role'] == 'assistant' %}[[{{- message['content'] | trim + '<|eot_id|>' }}]]"
+    "{%- else %}{{- message['content'] | trim + '<|eot_id|>' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+# ChatML joined sloppily: a newline before each message but the first, none before the generation prompt
+SLOPPY = (
+    "{% for message in messages %}{% if not loop.first %}{{ '\\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+ALTERNATING = (
+    "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('roles must alternate user/assistant') }}{% endif %}"
+    "{{ message['role'] + ': ' + message['content'] + '\\n' }}{% endfor %}"
+)
+
+
+def _plain(template: str) -> str:
+    return template.replace("[[", "").replace("]]", "")
+
+
+def _generation(template: str) -> str:
+    return template.replace("[[", "{% generation %}").replace("]]", "{% endgeneration %}")
+
+
+@pytest.fixture(scope="session")
+def folder_of(deepseek_dir, tmp_path_factory):
+    """``folder_of(template, in_config=False)``: a tokenizer folder of the DeepSeek-V4 files and
+    ``template`` (in chat_template.jinja, or inside tokenizer_config.json)."""
+    made: dict[tuple[str, bool], Path] = {}
+
+    def make(template: str, in_config: bool = False) -> Path:
+        if (template, in_config) not in made:
+            folder = tmp_path_factory.mktemp("hf")
+            (folder / "tokenizer.json").symlink_to(deepseek_dir / "tokenizer.json")
+            config = json.loads((deepseek_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+            if in_config:
+                config["chat_template"] = template
+            else:
+                (folder / "chat_template.jinja").write_text(template, encoding="utf-8")
+            (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+            made[template, in_config] = folder
+        return made[template, in_config]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def oracle_of(folder_of):
+    """transformers' own tokenizer of a folder (loaded apart from the encoder's)."""
+    from transformers import AutoTokenizer
+
+    loaded: dict[Path, object] = {}
+
+    def load(template: str, in_config: bool = False):
+        folder = folder_of(template, in_config)
+        if folder not in loaded:
+            loaded[folder] = AutoTokenizer.from_pretrained(str(folder))
+        return loaded[folder]
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def encoder_of(folder_of):
+    def make(template: str, template_kwargs: dict | None = None, in_config: bool = False) -> HFChatEncoder:
+        return HFChatEncoder(load_tokenizer(folder_of(template, in_config)), template_kwargs)
+
+    return make
+
+
+def _oracle(oracle, messages, **kwargs) -> tuple[list[int], list[int]]:
+    out = oracle.apply_chat_template(messages, tokenize=True, return_assistant_tokens_mask=True, **kwargs)
+    return list(out["input_ids"]), list(out["assistant_masks"])
+
+
+def _ids(oracle, messages, **kwargs) -> list[int]:
+    return list(oracle.apply_chat_template(messages, tokenize=True, **kwargs)["input_ids"])
+
+
+CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": " and <|im_end|> 3+3?\n"},
+    {"role": "assistant", "content": "  6 \n"},
+]
+
+
+@pytest.mark.parametrize("in_config", [False, True])
+def test_chatml_with_generation_blocks_is_transformers_assistant_masks(encoder_of, oracle_of, in_config):
+    encoder = encoder_of(_generation(CHATML), in_config=in_config)
+    assert encoder.generation
+    ids, mask = encoder.encode(CHAT)
+    assert (ids, mask) == _oracle(oracle_of(_generation(CHATML), in_config), CHAT)
+    assert 0 < sum(mask) < len(mask)
+
+
+def test_chatml_without_generation_blocks_masks_what_each_reply_adds(encoder_of, oracle_of):
+    encoder = encoder_of(_plain(CHATML))
+    assert not encoder.generation
+    ids, mask = encoder.encode(CHAT)
+    assert ids == _ids(oracle_of(_plain(CHATML)), CHAT)
+    assert (ids, mask) == _oracle(oracle_of(_generation(CHATML)), CHAT)  # the same text, blocks where replies are
+
+
+@settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(max_turns=8, long_one_in=10))
+def test_chatml_parity_on_generated_conversations(encoder_of, oracle_of, messages):
+    expected = _oracle(oracle_of(_generation(CHATML)), messages)
+    for template in (_generation(CHATML), _plain(CHATML)):
+        assert encoder_of(template).encode(messages) == expected
+
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+CALL = [{"type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]
+TOOL_CHAT = [
+    {"role": "system", "content": "You add."},
+    {"role": "user", "content": "1+2?"},
+    {"role": "assistant", "content": "", "tool_calls": CALL},
+    {"role": "tool", "content": "3"},
+    {"role": "assistant", "content": "It is 3."},
+    {"role": "user", "content": "thanks"},
+    {"role": "assistant", "tool_calls": CALL},
+]
+
+
+def test_deepseek_tool_calls_every_key_reaches_the_template(encoder_of, oracle_of):
+    valid = conversation({"messages": TOOL_CHAT}, SCHEMA).messages
+    assert valid == TOOL_CHAT  # no key dropped
+    for template in (_generation(DEEPSEEK), _plain(DEEPSEEK)):
+        encoder = encoder_of(template, {"tools": TOOLS})
+        ids, mask = encoder.encode(valid)
+        assert ids == _ids(oracle_of(template), valid, tools=TOOLS)
+        assert (ids, mask) == _oracle(oracle_of(_generation(DEEPSEEK)), valid, tools=TOOLS)
+        assert oracle_of(template).convert_tokens_to_ids("<｜tool▁calls▁begin｜>") in [
+            t for t, m in zip(ids, mask) if m
+        ]
+
+
+@settings(max_examples=25, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(max_turns=6, long_one_in=0))
+def test_deepseek_parity_on_generated_conversations(encoder_of, oracle_of, messages):
+    expected = _oracle(oracle_of(_generation(DEEPSEEK)), messages)
+    assert encoder_of(_plain(DEEPSEEK)).encode(messages) == expected
+
+
+def test_a_template_that_reads_the_clock_is_refused_naming_the_variable(encoder_of):
+    with pytest.raises(ClockRead, match="unless date_string is set: pin date_string in the template variables"):
+        encoder_of(_plain(LLAMA3))
+
+
+def test_a_pinned_date_renders_as_transformers_does(encoder_of, oracle_of):
+    pinned = {"date_string": "01 Dec 2026"}
+    encoder = encoder_of(_plain(LLAMA3), pinned)
+    ids, mask = encoder.encode(CHAT)
+    assert (ids, mask) == _oracle(oracle_of(_generation(LLAMA3)), CHAT, **pinned)
+    assert ids == _ids(oracle_of(_plain(LLAMA3)), CHAT, **pinned)
+
+
+def test_the_clock_read_only_by_some_conversations_stops_their_encoding(encoder_of):
+    template = "{% if messages[0]['role'] != 'system' %}{{ strftime_now('%Y') }}{% endif %}" + _plain(CHATML)
+    encoder = encoder_of(template)  # the probe has a system message
+    assert encoder.encode(CHAT)[0]
+    first, second = encoder.encode_batch([CHAT, CHAT[1:]])
+    assert isinstance(first, tuple)
+    assert isinstance(second, ClockRead) and "which no template variable can pin" in str(second)
+
+
+def test_a_sloppy_template_gives_a_named_refusal_not_a_wrong_mask(encoder_of):
+    encoder = encoder_of(SLOPPY)
+    with pytest.raises(InvalidRow, match="assistant message 2: .* does not begin the conversation's rendering"):
+        encoder.encode(CHAT)
+    with pytest.raises(InvalidRow, match="assistant message 2"):
+        encoder.encode(CHAT[:3])
+    ids, mask = encoder.encode(CHAT[:2])  # no reply: nothing to find
+    assert ids and not any(mask)
+
+
+def test_a_conversation_the_template_refuses_is_an_invalid_row(encoder_of):
+    encoder = encoder_of(ALTERNATING)
+    results = encoder.encode_batch([CHAT[1:3], CHAT[1:2] + CHAT[1:2], [{"role": "user", "content": ["a"]}]])
+    assert isinstance(results[0], tuple)
+    assert isinstance(results[1], InvalidRow)
+    refusal = "the chat template refuses the conversation (TemplateError: roles must alternate user/assistant)"
+    assert results[1].reason == refusal
+    assert isinstance(results[2], InvalidRow) and "TypeError" in results[2].reason
+
+
+def test_the_message_schema_keeps_every_key_and_any_role():
+    record = {"messages": [{"role": "ipython", "content": {"x": 1}, "name": "n", "extra": None}]}
+    assert conversation(record, SCHEMA).messages == [{"role": "ipython", "content": {"x": 1}, "name": "n"}]
+    with pytest.raises(InvalidRow, match="message 0 has no role"):
+        conversation({"messages": [{"content": "a"}]}, SCHEMA)
+    with pytest.raises(InvalidRow, match="message 0 has role 3, not a name"):
+        conversation({"messages": [{"role": 3, "content": "a"}]}, SCHEMA)
+    with pytest.raises(InvalidRow, match="lone surrogate"):
+        conversation({"messages": [{"role": "user", "content": "\ud800"}]}, SCHEMA)
+
+
+def test_the_separator_is_eos_or_a_single_vocabulary_token(folder_of):
+    tokenizer = load_tokenizer(folder_of(_plain(CHATML)))
+    assert separator(tokenizer, None) == ("<｜end▁of▁sentence｜>", 1)
+    assert separator(tokenizer, "<｜User｜>") == ("<｜User｜>", 128803)
+    with pytest.raises(ValueError, match="'two words' is not a single token"):
+        separator(tokenizer, "two words")
+
+
+def test_a_template_variable_that_is_an_argument_is_refused(encoder_of):
+    with pytest.raises(TokenizerError, match="'add_generation_prompt' is an argument of apply_chat_template"):
+        encoder_of(_plain(CHATML), {"add_generation_prompt": True})
+
+
+def test_check_compares_with_apply_chat_template(encoder_of):
+    from fixed_sft.encoding import TemplateMismatch
+
+    encoder = encoder_of(_plain(CHATML))
+    ids, _ = encoder.encode_arrays(CHAT)
+    encoder.check(CHAT, ids)
+    with pytest.raises(TemplateMismatch, match="differ from apply_chat_template"):
+        encoder.check(CHAT, ids[:-1])
+
+
+@st.composite
+def _offsets_and_spans(draw):
+    lengths = draw(st.lists(st.integers(0, 4), max_size=30))
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    offsets = np.stack([starts[:-1], starts[1:]], axis=1).reshape(-1, 2)
+    cuts = sorted(draw(st.lists(st.integers(0, int(starts[-1]) + 2), max_size=8)))
+    spans = list(zip(cuts[::2], cuts[1::2]))
+    return offsets, spans
+
+
+def _transformers_rule(offsets: list, spans: list) -> list[int]:
+    """apply_chat_template's loop for ``assistant_masks``, restated."""
+    mask, current = [0] * len(offsets), 0
+    for n, (start, end) in enumerate(offsets):
+        while current < len(spans) and start >= spans[current][1]:
+            current += 1
+        if current == len(spans):
+            break
+        mask[n] = int(end > spans[current][0])
+    return mask
+
+
+@settings(derandomize=True)
+@given(_offsets_and_spans())
+def test_token_mask_is_transformers_rule(case):
+    offsets, spans = case
+    assert token_mask(offsets, spans).tolist() == _transformers_rule(offsets.tolist(), spans)
+    backwards = offsets[::-1].copy()  # offsets out of order: the token-by-token branch
+    assert token_mask(backwards, spans).tolist() == _transformers_rule(backwards.tolist(), spans)
+
+
+ROWS = [
+    {"id": "a", "messages": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}]},
+    {"id": "b", "messages": [{"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": "7"}]},
+    {"id": "c", "messages": CHAT},
+    {"id": "d", "messages": [{"role": "user", "content": "q", "name": "bob"}, {"role": "assistant", "content": ""}]},
+    {"id": "e", "messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}]},
+]
+
+
+def _source(tmp_path: Path, rows: list[dict]) -> Path:
+    """The rows as a JSONL file in ``tmp_path``, named relative to it (a rebuild reads a
+    recorded source inside the current folder only)."""
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return Path("chats.jsonl")
+
+
+def _build(source: Path, folder: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--source", str(source), "--rows", "all", "--row-tokens", "16", "--tokenizer", str(folder),
+        "--allow-unpinned-tokenizer", "--loss-mask-type", "assistant", "--out", str(out), "--quiet", *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_build_through_the_cli_is_transformers_ids_and_masks_and_rebuilds(
+    folder_of, oracle_of, tmp_path, capsys, monkeypatch, workers
+):
+    import pyarrow.parquet as pq
+
+    from fixed_sft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    folder, out = folder_of(_plain(CHATML)), tmp_path / "out"
+    assert main(_build(_source(tmp_path, ROWS), folder, out, "--workers", workers, "--check-every", "1")) == 0
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["params"]["separator"] == "<｜end▁of▁sentence｜>"
+    assert manifest["params"]["loss_mask_type"] == "assistant" and manifest["loss_mask"]["template_kwargs"] == {}
+    assert set(manifest["tokenizer"]["files"]) == {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
+    assert manifest["template_check"]["checked"] == manifest["stats"]["conversations"] > 0
+    rows = [row["metadata"] for row in pq.read_table(out / "train.parquet").to_pylist()]
+    assert rows
+    for row in rows:  # each segment is its conversation's slice of transformers' ids + [separator]
+        at = 0
+        for segment in row["segments"]:
+            ids, mask = _oracle(oracle_of(_generation(CHATML)), ROWS[segment["source_index"]]["messages"])
+            span = slice(segment["start"], segment["end"])
+            size = segment["end"] - segment["start"]
+            assert row["input_ids"][at : at + size] == [*ids, 1][span]
+            assert row["loss_mask"][at : at + size] == [*mask, 0][span]
+            at += size
+        assert at == 16
+    capsys.readouterr()
+    assert main(["verify", str(out), "--rebuild", "--tokenizer", str(folder), "--quiet", "--workers", "1"]) == 0
+    assert "gives the same rows and manifest" in capsys.readouterr().out
+
+
+def test_a_named_separator_is_recorded_and_rebuilt(folder_of, tmp_path, capsys, monkeypatch):
+    from fixed_sft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    folder, out = folder_of(_plain(CHATML)), tmp_path / "out"
+    assert main(_build(_source(tmp_path, ROWS), folder, out, "--separator", "<｜User｜>", "--workers", "1")) == 0
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["params"]["separator"] == "<｜User｜>"
+    import pyarrow.parquet as pq
+
+    stream = [t for row in pq.read_table(out / "train.parquet").to_pylist() for t in row["metadata"]["input_ids"]]
+    assert 128803 in stream and 1 not in stream  # (ChatML writes neither: only the separator is one)
+    assert main(["verify", str(out), "--rebuild", "--tokenizer", str(folder), "--quiet", "--workers", "1"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--separator", "two words"], "error: --separator 'two words' is not a single token of the vocabulary\n"),
+        (["--loss-mask-type", "kimi_k25"], "error: loss mask kimi_k25 is not one for a Hugging Face tokenizer"),
+    ],
+)
+def test_bad_separator_or_mask_is_a_usage_error(folder_of, tmp_path, capsys, monkeypatch, extra, says):
+    from fixed_sft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main([*_build(_source(tmp_path, ROWS), folder_of(_plain(CHATML)), tmp_path / "o"), *extra]) == 2
+    assert capsys.readouterr().err.startswith(says)
+    assert not (tmp_path / "o").exists()
+
+
+def test_refused_conversations_are_skipped_and_recorded(folder_of, tmp_path, monkeypatch):
+    from fixed_sft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    source = _source(tmp_path, ROWS)
+    assert main(_build(source, folder_of(SLOPPY), out, "--workers", "1")) == 1  # without --skip-invalid: stops
+    assert main(_build(source, folder_of(ALTERNATING), out, "--workers", "1", "--skip-invalid")) == 0
+    skipped = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["skipped_invalid"]
+    assert [row["id"] for row in skipped] == ["c", "e"]
+    assert all("roles must alternate" in row["reason"] for row in skipped)
+
+
+def test_a_clock_reading_template_stops_the_build_naming_the_variable(folder_of, tmp_path, capsys, monkeypatch):
+    from fixed_sft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(_build(_source(tmp_path, ROWS), folder_of(_plain(LLAMA3)), tmp_path / "o", "--workers", "1")) == 1
+    assert "pin date_string in the template variables" in capsys.readouterr().err
+
+
+@pytest.fixture
+def spec_folder(tmp_path, monkeypatch):
+    """Tokenizer specs read from (and pinned into) a folder of the test's own."""
+    from fixed_sft import specs
+
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    for path in specs.TOKENIZERS.glob("*.json"):
+        (folder / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setattr(specs, "TOKENIZERS", folder)
+    return folder
+
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def test_pin_tokenizer_writes_a_spec_that_builds_check_files_against(folder_of, spec_folder, tmp_path, capsys):
+    from fixed_sft.cli import main
+    from fixed_sft.specs import SpecError, resolve_tokenizer
+
+    folder = folder_of(_plain(CHATML))
+    assert main(["pin-tokenizer", str(folder), "--repo", "someone/Chat-Model", "--revision", REVISION]) == 0
+    assert "pinned someone/Chat-Model@" + REVISION in capsys.readouterr().out
+    spec = json.loads((spec_folder / "chat-model.json").read_text(encoding="utf-8"))
+    assert (spec["family"], spec["repo"], spec["revision"]) == ("hf", "someone/Chat-Model", REVISION)
+    assert (spec["template_kwargs"], spec["loss_mask_type"]) == ({}, "assistant")
+    files = {name: (folder / name).read_bytes() for name in ("tokenizer.json", "tokenizer_config.json")}
+    files["chat_template.jinja"] = _plain(CHATML).encode()
+    assert spec["files"] == {
+        name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()
+    }
+    resolved = resolve_tokenizer(str(folder))
+    assert (resolved.name, resolved.pinned, resolved.family) == ("chat-model", True, "hf")
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (changed / name).symlink_to(folder / name)
+    (changed / "chat_template.jinja").write_text(_plain(CHATML) + " ", encoding="utf-8")
+    with pytest.raises(SpecError, match="differ from the pinned spec chat-model: chat_template.jinja: expected sha256"):
+        resolve_tokenizer(str(changed), expected="chat-model")
+    assert main(["pin-tokenizer", str(folder), "--repo", "someone/Chat-Model", "--revision", REVISION]) == 2
+    assert "chat-model.json exists" in capsys.readouterr().err
+
+
+def test_a_spec_name_downloads_its_files_at_the_pinned_revision(folder_of, spec_folder, monkeypatch):
+    from fixed_sft.specs import pin_tokenizer, resolve_tokenizer, write_tokenizer_spec
+
+    folder = folder_of(_plain(CHATML))
+    write_tokenizer_spec(pin_tokenizer(str(folder), REVISION, "someone/chat", "chat"))
+    calls = []
+
+    def hf_hub_download(repo_id, filename, revision=None, **kwargs):
+        calls.append((repo_id, filename, revision))
+        return str(folder / filename)
+
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", hf_hub_download)
+    resolved = resolve_tokenizer("chat")
+    assert sorted(calls) == sorted(("someone/chat", name, REVISION) for name in resolved.files)
+    assert resolved.pinned and resolved.family == "hf"
+    calls.clear()
+    repo = pin_tokenizer("other/repo", revision="main")  # an unpinned repo: its files, whichever family
+    assert (repo["name"], repo["family"], repo["revision"]) == ("repo", "hf", "main")
+    assert set(repo["files"]) == {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
+    assert {(r, rev) for r, _, rev in calls} == {("other/repo", "main")}
+
+
+def test_a_hub_cache_folder_names_its_repo_and_revision(folder_of, tmp_path):
+    from conftest import cache_link
+
+    from fixed_sft.specs import pin_tokenizer
+
+    source = folder_of(_plain(CHATML))
+    snapshot = tmp_path / "hub" / "models--someone--Chat" / "snapshots" / REVISION
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        cache_link(snapshot, name, (source / name).read_bytes())
+    spec = pin_tokenizer(str(snapshot))
+    assert (spec["name"], spec["repo"], spec["revision"]) == ("chat", "someone/Chat", REVISION)
+
+
+def test_pinning_a_clock_reading_template_needs_its_variable(folder_of, spec_folder, tmp_path, capsys, monkeypatch):
+    """The spec records the template variables; a build from it uses them, and so does its rebuild."""
+    from fixed_sft.cli import main
+
+    folder = folder_of(_plain(LLAMA3))
+    pin = ["pin-tokenizer", str(folder), "--repo", "meta/Llama", "--revision", REVISION]
+    assert main(pin) == 1
+    assert "pin date_string in the template variables" in capsys.readouterr().err
+    assert main([*pin, "--template-kwargs", '{"date_string": "01 Dec 2026"}']) == 0
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    build = _build(_source(tmp_path, ROWS), folder, out, "--workers", "1")
+    build.remove("--allow-unpinned-tokenizer")
+    assert main(build) == 0
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["loss_mask"]["template_kwargs"] == {"date_string": "01 Dec 2026"}
+    assert (manifest["tokenizer"]["name"], manifest["tokenizer"]["pinned"]) == ("llama", True)
+    assert main(["verify", str(out), "--rebuild", "--tokenizer", str(folder), "--quiet", "--workers", "1"]) == 0
+
+
+def test_the_kimi_separator_is_its_eos_or_a_named_token(kimi_dir):
+    from fixed_sft.encode import EncoderConfig
+    from fixed_sft.errors import UsageError
+
+    config = EncoderConfig(kimi_dir, {}, "kimi_k25", {})
+    assert config.separator(None) == ("[EOS]", 163585)
+    assert config.separator("<|im_end|>")[1] == 163586
+    with pytest.raises(UsageError, match="--separator 'two words' is not a single token"):
+        config.separator("two words")
+
+
+def test_a_kimi_manifest_from_before_the_separator_still_rebuilds(kimi_dir, tmp_path, capsys, monkeypatch):
+    """A manifest without params.separator had the eos token: its rebuild is the same."""
+    from fixed_sft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    build = ["--source", str(_source(tmp_path, ROWS[:3])), "--rows", "all", "--row-tokens", "16"]
+    assert main([*build, "--tokenizer", str(kimi_dir), "--out", str(out), "--quiet", "--workers", "1"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["params"]["separator"] == "[EOS]"
+    del manifest["params"]["separator"]
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["verify", str(out), "--rebuild", "--tokenizer", str(kimi_dir), "--quiet", "--workers", "1"]) == 0
+    assert "gives the same rows and manifest" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_conversation_that_reads_the_clock_stops_the_build_naming_its_row(
+    folder_of, tmp_path, capsys, monkeypatch, workers
+):
+    from fixed_sft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    template = "{% if messages[0]['role'] != 'system' %}{{ strftime_now('%Y') }}{% endif %}" + _plain(CHATML)
+    build = _build(_source(tmp_path, ROWS), folder_of(template), tmp_path / "o", "--workers", workers)
+    assert main(build) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: source row ") and "the chat template reads the clock (strftime_now)" in err
+    assert not (tmp_path / "o").exists()
