@@ -9,7 +9,8 @@ Conversations whose position is a multiple of ``check_every`` are also encoded t
 the rendered chat template; a difference stops the build when the build reaches that
 conversation, not before (so a chunk's later rows cannot fail a build that ends earlier).
 
-Worker processes fork from a server that has imported this module and loaded the
+``Encoders`` runs them on an engine (``fixed_sft.engine``): in this process, or in
+worker processes that fork from a server that has imported this module and loaded the
 build's encoder once (named to it by ``PRELOAD_VARIABLE`` when it starts); a worker
 whose build needs another encoder (another tokenizer, or the same folder's files since
 changed) loads its own. The server, as it loads, and the workers end once the build's
@@ -18,19 +19,12 @@ process is gone.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shutil
-import signal
 import threading
-from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from multiprocessing import forkserver, get_context, parent_process, resource_tracker, util
-from multiprocessing.connection import wait
-from multiprocessing.context import BaseContext
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -40,8 +34,8 @@ import pyarrow as pa
 from .chat import RENDERER_MODULE, ChatEncoder
 from .conversation import Conversation, InvalidRow, conversation
 from .encoding import BatchEncoder, Encoder, TemplateMismatch
+from .engine import InProcess, ProcessPool, Task, forkserver_context
 from .errors import UsageError
-from .exits import remove_on_exit
 from .hashes import sha256_file
 from .hf_chat import HFChatEncoder, load_tokenizer
 from .hf_chat import separator as hf_separator
@@ -77,6 +71,7 @@ class EncodedChunk:
     mask: np.ndarray
     invalid: dict[int, str]
     mismatch: TemplateMismatch | None = None
+    chunk_bytes: int = 0  # the Arrow bytes of the chunk it came from
 
     def __iter__(self) -> Iterator[Encoded]:
         offset = 0
@@ -310,32 +305,27 @@ def worker_encoder(config: EncoderConfig) -> Encoder | Exception:
         return error
 
 
-def _init_worker(config: EncoderConfig) -> None:
-    global _worker_encoder
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the build's to handle: it stops the workers
-    parent = parent_process()
-    assert parent is not None  # a worker of the pool, which the build's process started
-    threading.Thread(target=_exit_when_gone, args=(parent.sentinel,), daemon=True).start()
+def _worker_setup(config: EncoderConfig) -> Encoder | Exception:
+    """A worker's state: its encoder (``worker_encoder``), once its allocators are set as
+    the build's process sets them, with BPE on one thread (the workers are the parallelism)."""
     pa.set_memory_pool(pa.system_memory_pool())  # as ``system_allocator`` in the build's process
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the workers are the parallelism: one thread each for BPE
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     map_large_allocations()
-    _worker_encoder = worker_encoder(config)
+    return worker_encoder(config)
 
 
-def _exit_when_gone(parent_sentinel: int) -> None:
-    """End this worker once the build's process is gone (killed), rather than wait for
-    work forever."""
-    wait([parent_sentinel])
-    os._exit(1)
-
-
-def _encode_in_worker(chunk: pa.Table, first_position: int, check_every: int) -> EncodedChunk:
-    if isinstance(_worker_encoder, Exception):
-        raise _worker_encoder
-    assert _worker_encoder is not None  # set by _init_worker, which runs before the worker's first chunk
-    encoded = encode_chunk(_worker_encoder, chunk, first_position, check_every)
+def _encode_in_worker(encoder: Encoder, chunk: pa.Table, first_position: int, check_every: int) -> EncodedChunk:
+    """``encode_chunk`` in a worker, memory given back after a large chunk."""
+    encoded = encode_chunk(encoder, chunk, first_position, check_every)
+    encoded.chunk_bytes = chunk.nbytes
     _release_after(chunk)
     return encoded
+
+
+def _encode_here(encoder: Encoder, chunk: pa.Table, first_position: int, check_every: int) -> Iterator[Encoded]:
+    """``encode_rows`` in the build's process, memory given back after a large chunk."""
+    yield from encode_rows(encoder, chunk, first_position, check_every)
+    _release_after(chunk)
 
 
 def _release_after(chunk: pa.Table) -> None:
@@ -349,191 +339,52 @@ def _release_after(chunk: pa.Table) -> None:
 WORKER_MODULES = [__name__, RENDERER_MODULE]  # what the fork server imports once, for every worker
 
 
-_starting = threading.Lock()
-
-
-def start_forkserver(config: EncoderConfig) -> BaseContext:
-    """Start the fork server that workers fork from, having imported ``WORKER_MODULES``
-    and loaded ``config``'s encoder, unless it runs already (one per process, kept for
-    later builds, whose workers load their own encoder if it differs); return the
-    context that creates the workers. The server starts with Ctrl-C blocked, which it and
-    the workers inherit (as multiprocessing's resource tracker starts): the build handles
-    Ctrl-C itself (it stops the workers), and a server interrupted while still importing
-    would print a traceback. A Ctrl-C meanwhile reaches the build once the server has
-    started."""
-    context = get_context("forkserver")
-    context.set_forkserver_preload(WORKER_MODULES)
-    text = config.to_json()
-    with _starting:  # one environment at a time
-        _start_resource_tracker()  # (first: its start unblocks Ctrl-C)
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            os.environ[PRELOAD_VARIABLE] = text  # the server's environment is this one, as it starts
-            os.environ[BUILDER_VARIABLE] = str(os.getpid())
-            _own_temp_folder()
-            forkserver.ensure_running()
-        finally:
-            os.environ.pop(PRELOAD_VARIABLE, None)
-            os.environ.pop(BUILDER_VARIABLE, None)
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    return context
-
-
-TRACKER_WARNINGS = "ignore::UserWarning:multiprocessing.resource_tracker"
-
-
-def _start_resource_tracker() -> None:
-    """Start multiprocessing's resource tracker (the fork server's start would), which
-    unlinks the semaphores a process leaves when it is gone, without its warning that it
-    does (``TRACKER_WARNINGS``): a build that exits at once leaves it the pool's."""
-    warnings = os.environ.get("PYTHONWARNINGS")
-    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [warnings, TRACKER_WARNINGS]))
-    try:
-        resource_tracker.ensure_running()
-    finally:
-        if warnings is None:
-            del os.environ["PYTHONWARNINGS"]
-        else:
-            os.environ["PYTHONWARNINGS"] = warnings
-
-
-OWNER_NAME = "fixed-sft.owner"  # in multiprocessing's temporary folder: locked while the build that made it runs
-_owner: int | None = None  # that file, open (and locked) in this process
-
-
-def _own_temp_folder() -> None:
-    """Mark multiprocessing's temporary folder (``pymp-*`` in TMPDIR, which holds the fork
-    server's socket, and which multiprocessing removes at exit) as this process's by a
-    file in it that this process keeps locked; remove the folders so marked that no
-    process holds locked any more: those of builds killed with SIGKILL, which could not
-    remove them. Folders not so marked (other programs') are left alone."""
-    global _owner
-    if _owner is not None:
-        return
-    folder = Path(util.get_temp_dir())
-    draft = folder / f".{OWNER_NAME}"
-    owner = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    fcntl.flock(owner, fcntl.LOCK_EX)
-    draft.rename(folder / OWNER_NAME)  # (locked before another build can find it)
-    _owner = owner
-    remove_on_exit(folder)
-    for other in folder.parent.glob("pymp-*"):
-        if other != folder and _abandoned(other):
-            shutil.rmtree(other, ignore_errors=True)
-
-
-def _abandoned(folder: Path) -> bool:
-    """Whether ``folder`` holds an owner file that no process holds locked."""
-    try:
-        owner = os.open(folder / OWNER_NAME, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:  # not marked, or not this user's
-        return False
-    try:
-        fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:  # locked: its build runs
-        return False
-    finally:
-        os.close(owner)
-    return True
-
-
 class Encoders:
     """Where conversations are encoded (those at positions that are multiples of
     ``check_every`` also through the template): in this process (``workers == 1``), one
-    conversation at a time and only when asked, or in a pool of worker processes that
-    keeps up to ``2 * workers`` chunks in flight; workers fork from a server that has
-    imported this module and the template renderer, and loaded the encoder, once.
-    Start-up (loading the encoder, or starting a worker per core, up to ``workers``: more
-    start only when chunks wait for them) runs in a helper thread from entering on, so it
-    overlaps the caller's first source read; ``encode`` raises its errors. Leaving on
-    Ctrl-C or SIGTERM waits for neither start-up (which may never end) nor the workers'
-    chunks: the program exits without them (``cli.run``), and they end with it."""
+    conversation at a time and only when asked, or in a ``fixed_sft.engine.ProcessPool``
+    whose workers fork from a server that has imported this module and the template
+    renderer, and loaded the encoder, once (``PRELOAD_VARIABLE``)."""
 
     def __init__(self, config: EncoderConfig, workers: int, check_every: int):
         self.config = config
         self.workers = workers
         self.check_every = check_every
-        self._pool: ProcessPoolExecutor | None = None
-        self._started: Future | None = None  # the Encoder (1 worker), or None when workers are up
+        self.engine: InProcess | ProcessPool = InProcess(config.load)
+        if workers > 1:
+            preload = {PRELOAD_VARIABLE: config.to_json(), BUILDER_VARIABLE: str(os.getpid())}
+            context = forkserver_context(WORKER_MODULES, preload)
+            self.engine = ProcessPool(workers, partial(_worker_setup, config), context)
 
     def __enter__(self) -> Encoders:
-        start: Callable[[], Encoder | None] = self.config.load
-        if self.workers > 1:
-            self._pool = ProcessPoolExecutor(
-                self.workers,
-                mp_context=start_forkserver(self.config),
-                initializer=_init_worker,
-                initargs=(self.config,),
-            )
-            start = self._start_workers
-        starter = ThreadPoolExecutor(1, thread_name_prefix="start-encoders")
-        self._started = starter.submit(start)
-        starter.shutdown(wait=False)  # its thread ends when start-up is over
+        self.engine.__enter__()
         return self
 
-    def _start_workers(self) -> None:
-        """Start a worker process per core now, up to ``workers``: the pool starts one per
-        task submitted while none is idle, so any others start only when chunks wait."""
-        assert self._pool is not None  # start-up runs this only once __enter__ has made the pool
-        for _ in range(min(self.workers, os.cpu_count() or 1)):
-            self._pool.submit(int)  # a task that does nothing
-
-    def _start_up(self) -> Future:
-        """Start-up, which ``__enter__`` begins: every other use of the encoders follows it."""
-        assert self._started is not None
-        return self._started
-
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
-        if kind is not None and not issubclass(kind, Exception):  # Ctrl-C, SIGTERM
-            if self._pool is not None and self._start_up().done():  # (a worker starting holds the pool's lock)
-                self._pool.shutdown(wait=False, cancel_futures=True)
-            return
-        self._start_up().exception()  # wait until start-up is over
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-
-    @staticmethod
-    def _consume(item: tuple[Future, int, int]) -> Iterator[Encoded]:
-        """The conversations of a chunk in flight, once its worker is done (memory given
-        back after a large one, as ``_release_after``)."""
-        future, _, size = item
-        yield from future.result()
-        del future, item
-        if size >= RELEASE_CHUNK_BYTES:
-            pa.default_memory_pool().release_unused()
+        self.engine.__exit__(kind, *exc)
 
     def encode(
         self, chunks: Iterable[tuple[int, pa.Table]], wanted: Callable[[], float]
     ) -> Generator[Encoded, None, None]:
         """Encoded conversations in the order of ``chunks``. Workers get the next chunk
-        only while fewer than ``2 * workers`` chunks, holding fewer than ``wanted()``
-        conversations (the caller's estimate of what it still needs) and, with it, at
-        most ``IN_FLIGHT_BYTES`` of Arrow data, are in flight (a larger chunk goes alone)."""
-        if self._pool is None:
-            for first_position, chunk in chunks:
-                yield from encode_rows(self._start_up().result(), chunk, first_position, self.check_every)
-                _release_after(chunk)
+        only while the chunks in flight hold fewer than ``wanted()`` conversations (the
+        caller's estimate of what it still needs) and, with it, at most
+        ``IN_FLIGHT_BYTES`` of Arrow data (a larger chunk goes alone)."""
+        tasks = ((chunk, first_position, self.check_every) for first_position, chunk in chunks)
+        if isinstance(self.engine, InProcess):
+            for conversations in self.engine.map(_encode_here, tasks):
+                yield from conversations
             return
-        pending: deque[tuple[Future, int, int]] = deque()  # with the conversations and bytes in each chunk
-        try:
-            for first_position, chunk in chunks:
-                size = chunk.nbytes
-                while pending and (
-                    len(pending) >= 2 * self.workers
-                    or sum(p[1] for p in pending) >= wanted()
-                    or sum(p[2] for p in pending) + size > IN_FLIGHT_BYTES
-                ):
-                    yield from self._consume(pending.popleft())
-                self._start_up().result()
-                pending.append(
-                    (
-                        self._pool.submit(_encode_in_worker, chunk, first_position, self.check_every),
-                        chunk.num_rows,
-                        size,
-                    )
-                )
-            while pending:
-                yield from self._consume(pending.popleft())
-        finally:
-            for future, _, _ in pending:
-                future.cancel()
+
+        def room(in_flight: Sequence[Task], task: Task) -> bool:
+            chunks = [t[0] for t in in_flight]
+            return (
+                sum(c.num_rows for c in chunks) < wanted()
+                and sum(c.nbytes for c in chunks) + task[0].nbytes <= IN_FLIGHT_BYTES
+            )
+
+        for encoded in self.engine.map(_encode_in_worker, tasks, room):
+            yield from encoded
+            if encoded.chunk_bytes >= RELEASE_CHUNK_BYTES:
+                del encoded
+                pa.default_memory_pool().release_unused()  # (as ``_release_after``)

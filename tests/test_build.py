@@ -481,18 +481,19 @@ def test_workers_take_the_fork_servers_encoder_only_for_its_own_config(kimi_dir,
 def test_starting_the_fork_server_leaves_ctrl_c_and_the_environment_as_they_were(kimi_dir):
     import signal
 
-    from fixed_sft.encode import BUILDER_VARIABLE, PRELOAD_VARIABLE, start_forkserver
+    from fixed_sft.encode import BUILDER_VARIABLE, PRELOAD_VARIABLE, WORKER_MODULES
+    from fixed_sft.engine import forkserver_context
 
     handler, mask = signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, [])
     environment = dict(os.environ)
-    start_forkserver(_encoder_config(kimi_dir))
+    forkserver_context(WORKER_MODULES, {PRELOAD_VARIABLE: _encoder_config(kimi_dir).to_json(), BUILDER_VARIABLE: "1"})
     assert signal.getsignal(signal.SIGINT) is handler and signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
     assert dict(os.environ) == environment and PRELOAD_VARIABLE not in os.environ and BUILDER_VARIABLE not in os.environ
 
 
 # evaluated in a worker: whether it took the fork server's encoder
 TOOK_PRELOADED = (
-    "(lambda encode: encode._worker_encoder is encode._preloaded[1])(__import__('fixed_sft.encode').encode)"
+    "__import__('fixed_sft.engine').engine._state is __import__('fixed_sft.encode').encode._preloaded[1]"
 )
 
 
@@ -513,7 +514,7 @@ from fixed_sft.build import BuildConfig, build
 values = {values!r}
 first = build(BuildConfig(**values), Path({str(tmp_path / "first")!r}))
 with encode.Encoders(encode.EncoderConfig.from_json(sys.argv[1]), 2, 8) as encoders:
-    took = encoders._pool.submit(eval, {TOOK_PRELOADED!r}).result()
+    took = encoders.engine._pool.submit(eval, {TOOK_PRELOADED!r}).result()
 template = Path({str(folder / "chat_template.jinja")!r})
 template.write_text(template.read_text().replace({header!r}, {header.replace("}}<", "}}!<")!r}))
 second = build(BuildConfig(**values), Path({str(tmp_path / "second")!r}))

@@ -23,7 +23,7 @@ BAD_LINES = {
     11: (b'{"id": "norole", "messages": [{"content": "x"}]}', "message 0 has no role"),
     14: (b'{"id": "nocontent", "messages": [{"role": "user"}]}', "message 0 has no content"),
     17: (b'{"id": "int", "messages": [{"role": "user", "content": 5}]}', "message 0 content is a int, not a string"),
-    20: (b'{"id": "tool", "messages": [{"role": "tool", "content": "x"}]}', "message 0 has unknown role 'tool'"),
+    20: (b'{"id": "tool", "messages": [{"role": "tool", "content": "x"}]}', "message 0 is a tool message without 'tool_call_id'"),
     23: (b'{"id": "empty", "messages": []}', "'messages' is empty"),
     26: (b'{"id": "row-1", "messages": [{"role": "user", "content": "dup"}]}', "duplicate id"),
     29: (b'{"id": "utf8", "messages": [{"role": "user", "content": "\xff\xfe"}]}', "invalid UTF-8"),
@@ -555,9 +555,9 @@ def test_rows_skipped_counts_only_all_zero_rows(sources, kimi_dir, tmp_path, enc
 
 # rows given a message key the Kimi fast path does not read, and that key
 UNREAD_KEYS = {
-    3: ("name", "bob"),
-    8: ("reasoning_content", "thought"),
-    13: ("tool_calls", [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]),
+    3: ("thinking", "thought"),
+    8: ("weight", 0),
+    13: ("extra", {"note": "kept out of the ids"}),
 }
 
 
@@ -582,20 +582,13 @@ def _unread_key_source(folder, suffix):
     if suffix == ".jsonl":
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
         return path
-    call = pa.struct(
-        [
-            ("id", pa.string()),
-            ("type", pa.string()),
-            ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())])),
-        ]
-    )
     message = pa.struct(
         [
             ("role", pa.string()),
             ("content", pa.string()),
-            ("name", pa.string()),
-            ("reasoning_content", pa.string()),
-            ("tool_calls", pa.list_(call)),
+            ("thinking", pa.string()),
+            ("weight", pa.int64()),
+            ("extra", pa.struct([("note", pa.string())])),
         ]
     )
     pq.write_table(

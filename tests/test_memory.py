@@ -258,8 +258,8 @@ def test_workers_get_one_conversation_when_the_build_needs_one(kimi_dir, tmp_pat
     submit = ProcessPoolExecutor.submit
 
     def recording(self, fn, *args, **kwargs):
-        if fn is encode_module._encode_in_worker:
-            sent.append(args[0].num_rows)
+        if args and args[0] is encode_module._encode_in_worker:  # (submitted as engine._run(fn, *task))
+            sent.append(args[1].num_rows)
         return submit(self, fn, *args, **kwargs)
 
     monkeypatch.setattr(ProcessPoolExecutor, "submit", recording)
@@ -300,18 +300,23 @@ def test_chunks_in_flight_to_workers_are_bounded_in_bytes(monkeypatch):
     (or it is the only one): two chunks at the bound, one larger alone."""
     events = []
 
+    empty = encode_module.EncodedChunk([], [], *(np.zeros(0, kind) for kind in (np.int64, bool, np.int32, np.uint8)), {})
+
     class Pool:
-        def submit(self, fn, chunk, first, check_every):
+        def submit(self, run, fn, chunk, first, check_every):
             events.append(("sent", first))
             future = Future()
             future.set_result([])
-            future.result = lambda: events.append(("done", first)) or []
+            future.result = lambda: events.append(("done", first)) or empty
             return future
 
+    from fixed_sft.engine import ProcessPool
+
+    engine = ProcessPool.__new__(ProcessPool)
+    engine.workers, engine._pool, engine._started = 8, Pool(), Future()
+    engine._started.set_result(None)
     encoders = encode_module.Encoders.__new__(encode_module.Encoders)
-    encoders.workers, encoders.check_every, encoders._pool = 8, 0, Pool()
-    encoders._started = Future()
-    encoders._started.set_result(None)
+    encoders.check_every, encoders.engine = 0, engine
     monkeypatch.setattr(encode_module, "IN_FLIGHT_BYTES", 3_000)
     chunks = [
         (k, pa.table({"x": pa.array([b"a" * size], pa.binary())}))
