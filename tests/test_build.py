@@ -492,9 +492,7 @@ def test_starting_the_fork_server_leaves_ctrl_c_and_the_environment_as_they_were
 
 
 # evaluated in a worker: whether it took the fork server's encoder
-TOOK_PRELOADED = (
-    "__import__('fixed_sft.engine').engine._state is __import__('fixed_sft.encode').encode._preloaded[1]"
-)
+TOOK_PRELOADED = "__import__('fixed_sft.engine').engine._state is __import__('fixed_sft.encode').encode._preloaded[1]"
 
 
 def test_workers_of_a_later_build_load_the_encoder_of_its_files(corpus, kimi_dir, tmp_path):

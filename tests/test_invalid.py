@@ -23,7 +23,10 @@ BAD_LINES = {
     11: (b'{"id": "norole", "messages": [{"content": "x"}]}', "message 0 has no role"),
     14: (b'{"id": "nocontent", "messages": [{"role": "user"}]}', "message 0 has no content"),
     17: (b'{"id": "int", "messages": [{"role": "user", "content": 5}]}', "message 0 content is a int, not a string"),
-    20: (b'{"id": "tool", "messages": [{"role": "tool", "content": "x"}]}', "message 0 is a tool message without 'tool_call_id'"),
+    20: (
+        b'{"id": "tool", "messages": [{"role": "tool", "content": "x"}]}',
+        "message 0 is a tool message without 'tool_call_id'",
+    ),
     23: (b'{"id": "empty", "messages": []}', "'messages' is empty"),
     26: (b'{"id": "row-1", "messages": [{"role": "user", "content": "dup"}]}', "duplicate id"),
     29: (b'{"id": "utf8", "messages": [{"role": "user", "content": "\xff\xfe"}]}', "invalid UTF-8"),

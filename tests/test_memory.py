@@ -300,7 +300,8 @@ def test_chunks_in_flight_to_workers_are_bounded_in_bytes(monkeypatch):
     (or it is the only one): two chunks at the bound, one larger alone."""
     events = []
 
-    empty = encode_module.EncodedChunk([], [], *(np.zeros(0, kind) for kind in (np.int64, bool, np.int32, np.uint8)), {})
+    kinds = (np.int64, bool, np.int32, np.uint8)
+    empty = encode_module.EncodedChunk([], [], *(np.zeros(0, kind) for kind in kinds), {})
 
     class Pool:
         def submit(self, run, fn, chunk, first, check_every):
