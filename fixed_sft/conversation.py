@@ -26,7 +26,7 @@ stack for than Python's). Keys of the record beside ``id``, ``messages`` and ``t
 are not read. For a schema of any key (``keys=None``: an
 encoder that passes every key to its chat template) a message needs only a ``role`` that
 is a non-empty string; its other keys, ``content`` included, are the template's to read or
-refuse (a string content must still be valid Unicode), and a record with ``tools`` is refused.
+refuse (a string content must still be valid Unicode), as are the record's ``tools``.
 """
 
 from __future__ import annotations

@@ -209,7 +209,7 @@ def _encode_batch(encoder: BatchEncoder, chunk: pa.Table, first_position: int, c
         except InvalidRow as error:
             parsed.append((index, error))
     valid = [item for _, item in parsed if not isinstance(item, InvalidRow)]
-    encoded = iter(encoder.encode_batch([item.messages for item in valid]))
+    encoded = iter(encoder.encode_batch([item.messages for item in valid], [item.tools for item in valid]))
     for offset, (index, item) in enumerate(parsed):
         if isinstance(item, InvalidRow):
             yield Encoded(index, item.row_id, None, None, item.reason)
@@ -222,7 +222,9 @@ def _encode_batch(encoder: BatchEncoder, chunk: pa.Table, first_position: int, c
             raise type(result)(f"source row {index} (id {item.id}): {result}")
         if isinstance(result, Exception):
             raise result
-        yield _checked(encoder, index, item.id, item.messages, None, *result, first_position + offset, check_every)
+        yield _checked(
+            encoder, index, item.id, item.messages, item.tools, *result, first_position + offset, check_every
+        )
 
 
 def encode_chunk(encoder: Encoder, chunk: pa.Table, first_position: int, check_every: int) -> EncodedChunk:

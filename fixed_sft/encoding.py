@@ -78,7 +78,10 @@ class Encoder(Protocol):
 class BatchEncoder(Encoder, Protocol):
     """An encoder that encodes a chunk's conversations at once."""
 
-    def encode_batch(self, conversations: Sequence[Sequence[Message]]) -> Sequence[Arrays | Exception]:
-        """Each conversation's ids and mask (as ``encode_arrays``), or the ``InvalidRow`` it is,
-        or the ``TemplateMismatch`` that stops the build when the build reaches it."""
+    def encode_batch(
+        self, conversations: Sequence[Sequence[Message]], tools: Sequence[list | None] | None = None
+    ) -> Sequence[Arrays | Exception]:
+        """Each conversation's ids and mask (as ``encode_arrays``, with ``tools[k]`` its
+        tools), or the ``InvalidRow`` it is, or the ``TemplateMismatch`` that stops the build
+        when the build reaches it."""
         ...

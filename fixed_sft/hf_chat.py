@@ -54,7 +54,7 @@ OPTIONAL_FILES = (
     "config.json",
 )
 # Every key of a message goes to the template, every role is the template's to accept: nothing is dropped.
-SCHEMA = MessageSchema(name="hf", keys=None, roles=None)
+SCHEMA = MessageSchema(name="hf", keys=None, roles=None, tools=True)
 # apply_chat_template's own arguments: a template variable of one of these names would not reach the
 # template as a variable (``tools`` and ``documents`` do, as apply_chat_template passes them).
 RESERVED = frozenset(
@@ -262,12 +262,13 @@ class HFChatEncoder:
         return ClockRead("the chat template reads the clock (strftime_now), which no template variable can pin")
 
     def _render(
-        self, chat: list[dict], add_generation_prompt: bool = False, track: bool = False
+        self, chat: list[dict], add_generation_prompt: bool = False, track: bool = False, tools: Any = None
     ) -> tuple[str, list[tuple[int, int]]]:
         """The template's text of ``chat`` (``_chat``'s form) and, with ``track``, its
-        generation blocks' character spans; ``ClockRead`` if it reads the clock."""
+        generation blocks' character spans; ``ClockRead`` if it reads the clock. ``tools``:
+        the conversation's, in the template's form (``None``: the template variables')."""
         arguments = {
-            "tools": self._tools,
+            "tools": self._tools if tools is None else tools,
             "documents": self._documents,
             "add_generation_prompt": add_generation_prompt,
             **self._variables,
@@ -283,12 +284,17 @@ class HFChatEncoder:
         except _Clock:
             raise self._clock() from None
 
-    def _text_and_spans(self, messages: Sequence[Message]) -> tuple[str, list[tuple[int, int]]]:
+    def _text_and_spans(
+        self, messages: Sequence[Message], tools: list | None = None
+    ) -> tuple[str, list[tuple[int, int]]]:
         """The conversation's text and the character spans of its mask (module docstring);
-        ``InvalidRow`` naming why when there are none to be found unambiguously."""
+        ``InvalidRow`` naming why when there are none to be found unambiguously. ``tools``:
+        the conversation's own (its ``tools`` column), passed to the template as
+        ``apply_chat_template(tools=...)`` passes them."""
         chat = self._chat(messages)
+        own = None if tools is None else self._renderer._plain_template_data(tools)
         try:
-            text, spans = self._render(chat, track=self.generation)
+            text, spans = self._render(chat, track=self.generation, tools=own)
         except ClockRead:
             raise
         except Exception as error:  # whatever the template raises
@@ -302,8 +308,8 @@ class HFChatEncoder:
             if message.get("role") != "assistant":
                 continue
             try:
-                before = self._render(chat[:k], add_generation_prompt=True)[0]
-                through = text if k == len(chat) - 1 else self._render(chat[: k + 1])[0]
+                before = self._render(chat[:k], add_generation_prompt=True, tools=own)[0]
+                through = text if k == len(chat) - 1 else self._render(chat[: k + 1], tools=own)[0]
             except ClockRead:
                 raise
             except Exception as error:
@@ -322,14 +328,16 @@ class HFChatEncoder:
             end = len(through)
         return text, spans
 
-    def encode_batch(self, conversations: Sequence[Sequence[Message]]) -> list[Arrays | InvalidRow | ClockRead]:
+    def encode_batch(
+        self, conversations: Sequence[Sequence[Message]], tools: Sequence[list | None] | None = None
+    ) -> list[Arrays | InvalidRow | ClockRead]:
         """Each conversation's int32 ids and uint8 mask, or the ``InvalidRow`` it is, or the
         ``ClockRead`` that stops the build there: the texts rendered one at a time, tokenized
-        in one batched call."""
+        in one batched call. ``tools``: each conversation's tools (``None``: none)."""
         found: list[tuple[str, list[tuple[int, int]]] | InvalidRow | ClockRead] = []
-        for messages in conversations:
+        for k, messages in enumerate(conversations):
             try:
-                found.append(self._text_and_spans(messages))
+                found.append(self._text_and_spans(messages, None if tools is None else tools[k]))
             except (InvalidRow, ClockRead) as error:
                 found.append(error)
         texts = [item[0] for item in found if isinstance(item, tuple)]
@@ -358,9 +366,8 @@ class HFChatEncoder:
         return out.encodings
 
     def encode_arrays(self, messages: Sequence[Message], tools: list | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """One conversation's int32 ids and uint8 mask; ``InvalidRow`` when it is refused
-        (``tools`` are always ``None``: the schema does not read them)."""
-        result = self.encode_batch([messages])[0]
+        """One conversation's int32 ids and uint8 mask; ``InvalidRow`` when it is refused."""
+        result = self.encode_batch([messages], [tools])[0]
         if not isinstance(result, tuple):
             raise result
         return result
@@ -370,15 +377,19 @@ class HFChatEncoder:
         ids, mask = self.encode_arrays(messages)
         return ids.tolist(), mask.tolist()
 
-    def reference_ids(self, messages: Sequence[Message]) -> list[int]:
-        """``apply_chat_template(messages, tokenize=True, **template_kwargs)``'s ids."""
-        out = self.tokenizer.apply_chat_template(list(messages), tokenize=True, **self.template_kwargs)
+    def reference_ids(self, messages: Sequence[Message], tools: list | None = None) -> list[int]:
+        """``apply_chat_template(messages, tools=tools, tokenize=True, **template_kwargs)``'s ids
+        (the conversation's tools, where it has any, else the template variables')."""
+        kwargs = dict(self.template_kwargs)
+        if tools is not None:
+            kwargs["tools"] = tools
+        out = self.tokenizer.apply_chat_template(list(messages), tokenize=True, **kwargs)
         return list(out["input_ids"])
 
     def check(self, messages: Sequence[Message], ids: np.ndarray, tools: list | None = None) -> None:
         """Raise ``TemplateMismatch`` unless ``ids`` are ``apply_chat_template``'s ids."""
         try:
-            expected = self.reference_ids(messages)
+            expected = self.reference_ids(messages, tools)
         except Exception as error:
             raise TemplateMismatch(
                 f"apply_chat_template refuses a conversation this encoder encoded ({type(error).__name__}: {error})"

@@ -195,6 +195,22 @@ def test_deepseek_tool_calls_every_key_reaches_the_template(encoder_of, oracle_o
         ]
 
 
+def test_a_conversations_own_tools_reach_the_template(encoder_of, oracle_of):
+    """The row's ``tools`` column (a list, or a JSON string of one) is each conversation's
+    own ``apply_chat_template(tools=...)``: two rows with other tools render other ids."""
+    other = [{"type": "function", "function": {"name": "mul", "parameters": {"type": "object"}}}]
+    for template in (_generation(DEEPSEEK), _plain(DEEPSEEK)):
+        encoder = encoder_of(template)
+        rows = [{"messages": TOOL_CHAT, "tools": TOOLS}, {"messages": TOOL_CHAT, "tools": json.dumps(other)}]
+        parsed = [conversation(row, encoder.schema) for row in rows]
+        assert [c.tools for c in parsed] == [TOOLS, other]
+        results = encoder.encode_batch([c.messages for c in parsed], [c.tools for c in parsed])
+        for (ids, mask), tools in zip(results, (TOOLS, other)):
+            assert (ids.tolist(), mask.tolist()) == _oracle(oracle_of(_generation(DEEPSEEK)), TOOL_CHAT, tools=tools)
+            encoder.check(TOOL_CHAT, ids, tools)
+        assert results[0][0].tolist() != results[1][0].tolist()
+
+
 @settings(max_examples=25, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversations(max_turns=6, long_one_in=0))
 def test_deepseek_parity_on_generated_conversations(encoder_of, oracle_of, messages):
