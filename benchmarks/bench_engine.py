@@ -68,7 +68,7 @@ def child(variant: str, workers: int, tokenizer: Path) -> dict:
     else:
         context = get_context("spawn")
     engine = ProcessPool(workers, partial(encode._worker_setup, config), context)
-    tasks = [(chunk, 0, 0)] * workers  # one chunk per worker: the start-up of all of them
+    tasks = [(encode.Chunk(chunk, 0),)] * workers  # one chunk per worker: the start-up of all of them
     with engine:
         results = list(engine.map(encode._encode_in_worker, tasks))
     took = time.perf_counter() - start

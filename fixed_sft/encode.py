@@ -152,17 +152,32 @@ class EncoderConfig:
         return cls(**{**fields, "tokenizer_dir": Path(fields["tokenizer_dir"])})
 
 
-def encode_rows(encoder: Encoder, chunk: pa.Table, first_position: int, check_every: int) -> Iterator[Encoded]:
+class Chunk(NamedTuple):
+    """A chunk of the packing order: source rows as ``fixed_sft.source`` cuts them, the
+    packing position of the first, and how often conversations are checked: the one at
+    position ``p`` is also encoded through the rendered template when ``p`` is a multiple
+    of ``check_every`` (0: none)."""
+
+    rows: pa.Table
+    first_position: int
+    check_every: int = 0
+
+    def checked(self, offset: int) -> bool:
+        """Whether the chunk's conversation ``offset`` is checked."""
+        return bool(self.check_every) and (self.first_position + offset) % self.check_every == 0
+
+
+def encode_rows(encoder: Encoder, chunk: Chunk) -> Iterator[Encoded]:
     """Encode a chunk's conversations one at a time, as they are asked for (a ``BatchEncoder``:
     all of the chunk's at once, when the first is asked for); a record that is not a valid
     conversation for the encoder's schema, or that the encoder refuses, is an invalid row;
     raise ``TemplateMismatch`` naming the row when a checked conversation differs, or the
     encoder cannot follow the template for it."""
     if isinstance(encoder, BatchEncoder):
-        yield from _encode_batch(encoder, chunk, first_position, check_every)
+        yield from _encode_batch(encoder, chunk)
         return
     schema = encoder.schema
-    for offset, (index, record) in enumerate(records(chunk)):
+    for offset, (index, record) in enumerate(records(chunk.rows)):
         try:
             row_id, messages, tools = conversation(record, schema)
         except InvalidRow as error:
@@ -175,22 +190,20 @@ def encode_rows(encoder: Encoder, chunk: pa.Table, first_position: int, check_ev
             continue
         except TemplateMismatch as error:  # a template the encoder cannot follow for this conversation
             raise TemplateMismatch(f"source row {index} (id {row_id}): {error}") from None
-        yield _checked(encoder, index, row_id, messages, tools, ids, mask, first_position + offset, check_every)
+        yield _checked(encoder, chunk.checked(offset), index, row_id, messages, tools, ids, mask)
 
 
 def _checked(
     encoder: Encoder,
+    checked: bool,
     index: int,
     row_id: str | None,
     messages: list,
     tools: list | None,
     ids: np.ndarray,
     mask: np.ndarray,
-    position: int,
-    check_every: int,
 ) -> Encoded:
-    """The conversation at packing ``position``, checked against the template when ``check_every`` says."""
-    checked = bool(check_every) and position % check_every == 0
+    """A conversation's ``Encoded``, checked against the template when ``checked``."""
     if checked:
         try:
             encoder.check(messages, ids, tools) if tools else encoder.check(messages, ids)
@@ -199,11 +212,11 @@ def _checked(
     return Encoded(index, row_id, ids, mask, None, checked)
 
 
-def _encode_batch(encoder: BatchEncoder, chunk: pa.Table, first_position: int, check_every: int) -> Iterator[Encoded]:
+def _encode_batch(encoder: BatchEncoder, chunk: Chunk) -> Iterator[Encoded]:
     """``encode_rows`` for a ``BatchEncoder``: the chunk's valid conversations encoded at once,
     yielded (and checked) one at a time."""
     parsed: list[tuple[int, Conversation | InvalidRow]] = []
-    for index, record in records(chunk):
+    for index, record in records(chunk.rows):
         try:
             parsed.append((index, conversation(record, encoder.schema)))
         except InvalidRow as error:
@@ -222,18 +235,16 @@ def _encode_batch(encoder: BatchEncoder, chunk: pa.Table, first_position: int, c
             raise type(result)(f"source row {index} (id {item.id}): {result}")
         if isinstance(result, Exception):
             raise result
-        yield _checked(
-            encoder, index, item.id, item.messages, item.tools, *result, first_position + offset, check_every
-        )
+        yield _checked(encoder, chunk.checked(offset), index, item.id, item.messages, item.tools, *result)
 
 
-def encode_chunk(encoder: Encoder, chunk: pa.Table, first_position: int, check_every: int) -> EncodedChunk:
+def encode_chunk(encoder: Encoder, chunk: Chunk) -> EncodedChunk:
     """A chunk's conversations, packed for transfer (see ``EncodedChunk``): all of them,
     or those before the first whose template check fails, and that failure."""
     items: list[Encoded] = []
     mismatch = None
     try:
-        for item in encode_rows(encoder, chunk, first_position, check_every):
+        for item in encode_rows(encoder, chunk):
             items.append(item)
     except TemplateMismatch as error:
         mismatch = error
@@ -316,18 +327,18 @@ def _worker_setup(config: EncoderConfig) -> Encoder | Exception:
     return worker_encoder(config)
 
 
-def _encode_in_worker(encoder: Encoder, chunk: pa.Table, first_position: int, check_every: int) -> EncodedChunk:
+def _encode_in_worker(encoder: Encoder, chunk: Chunk) -> EncodedChunk:
     """``encode_chunk`` in a worker, memory given back after a large chunk."""
-    encoded = encode_chunk(encoder, chunk, first_position, check_every)
-    encoded.chunk_bytes = chunk.nbytes
-    _release_after(chunk)
+    encoded = encode_chunk(encoder, chunk)
+    encoded.chunk_bytes = chunk.rows.nbytes
+    _release_after(chunk.rows)
     return encoded
 
 
-def _encode_here(encoder: Encoder, chunk: pa.Table, first_position: int, check_every: int) -> Iterator[Encoded]:
+def _encode_here(encoder: Encoder, chunk: Chunk) -> Iterator[Encoded]:
     """``encode_rows`` in the build's process, memory given back after a large chunk."""
-    yield from encode_rows(encoder, chunk, first_position, check_every)
-    _release_after(chunk)
+    yield from encode_rows(encoder, chunk)
+    _release_after(chunk.rows)
 
 
 def _release_after(chunk: pa.Table) -> None:
@@ -372,17 +383,17 @@ class Encoders:
         only while the chunks in flight hold fewer than ``wanted()`` conversations (the
         caller's estimate of what it still needs) and, with it, at most
         ``IN_FLIGHT_BYTES`` of Arrow data (a larger chunk goes alone)."""
-        tasks = ((chunk, first_position, self.check_every) for first_position, chunk in chunks)
+        tasks = ((Chunk(rows, first_position, self.check_every),) for first_position, rows in chunks)
         if isinstance(self.engine, InProcess):
             for conversations in self.engine.map(_encode_here, tasks):
                 yield from conversations
             return
 
         def room(in_flight: Sequence[Task], task: Task) -> bool:
-            chunks = [t[0] for t in in_flight]
+            rows = [t[0].rows for t in in_flight]
             return (
-                sum(c.num_rows for c in chunks) < wanted()
-                and sum(c.nbytes for c in chunks) + task[0].nbytes <= IN_FLIGHT_BYTES
+                sum(r.num_rows for r in rows) < wanted()
+                and sum(r.nbytes for r in rows) + task[0].rows.nbytes <= IN_FLIGHT_BYTES
             )
 
         for encoded in self.engine.map(_encode_in_worker, tasks, room):

@@ -259,7 +259,7 @@ def test_workers_get_one_conversation_when_the_build_needs_one(kimi_dir, tmp_pat
 
     def recording(self, fn, *args, **kwargs):
         if args and args[0] is encode_module._encode_in_worker:  # (submitted as engine._run(fn, *task))
-            sent.append(args[1].num_rows)
+            sent.append(args[1].rows.num_rows)
         return submit(self, fn, *args, **kwargs)
 
     monkeypatch.setattr(ProcessPoolExecutor, "submit", recording)
@@ -304,7 +304,8 @@ def test_chunks_in_flight_to_workers_are_bounded_in_bytes(monkeypatch):
     empty = encode_module.EncodedChunk([], [], *(np.zeros(0, kind) for kind in kinds), {})
 
     class Pool:
-        def submit(self, run, fn, chunk, first, check_every):
+        def submit(self, run, fn, chunk):
+            first = chunk.first_position
             events.append(("sent", first))
             future = Future()
             future.set_result([])
