@@ -153,11 +153,15 @@ def _read(folder: Path, manifest: Manifest, expected: list[bytes]) -> Iterator[l
 
 
 def _table(target: Target, batch: list[tuple]) -> pa.Table:
+    """Rows ``batch`` converted, as a table of ``target``'s schema (each column one list array)."""
     converted = [target.convert(*row) for row in batch]
-    return pa.Table.from_arrays(
-        [pa.array([row[field.name] for row in converted], field.type) for field in target.schema],
-        schema=target.schema,
-    )
+    columns = []
+    for field in target.schema:
+        parts = [row[field.name] for row in converted]
+        offsets = np.concatenate([[0], np.cumsum([len(part) for part in parts])]).astype(np.int32)
+        values = pa.array(np.concatenate(parts), field.type.value_type)  # (a safe cast where a dtype is wider)
+        columns.append(pa.ListArray.from_arrays(pa.array(offsets), values))
+    return pa.Table.from_arrays(columns, schema=target.schema)
 
 
 def export(folder: str | Path, to: str, out: str | Path) -> Exported:

@@ -319,3 +319,12 @@ def test_a_file_changed_after_verification_is_not_exported(built, tmp_path, monk
     assert main(["export", str(copy), "--to", "trl", str(out)]) == 1
     assert capsys.readouterr().err == f"error: {copy / 'train.parquet'}: row 3 changed since it was verified\n"
     assert sorted(os.listdir(tmp_path)) == ["copy"]
+
+
+def test_the_command_offers_every_target():
+    from fixed_sft.cli import parser
+    from fixed_sft.export import TARGETS
+
+    commands = next(a for a in parser()._actions if a.dest == "command").choices
+    to = next(a for a in commands["export"]._actions if a.dest == "to")
+    assert list(to.choices) == list(TARGETS)
