@@ -22,7 +22,8 @@ conversations start with a role header).
 
 The folder must verify first (``verify``), and each row read must still hash to its
 manifest entry. The file is written a row group at a time into a temporary folder beside
-``OUT`` and linked into place only once complete; an existing ``OUT`` is refused.
+``OUT`` and linked into place only once complete; an existing ``OUT`` is refused, and so is one inside
+a build (which would then no longer be one).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import pyarrow.parquet as pq
 
 from .errors import BuildError, UsageError
 from .exits import removed_on_exit
+from .folder import is_build
 from .hashes import row_digest
 from .manifest import Manifest, read
 from .output import MANIFEST_NAME, PARQUET_NAME, naming
@@ -176,6 +178,11 @@ def export(folder: str | Path, to: str, out: str | Path) -> Exported:
         raise UsageError(f"{out} exists; choose another output file or remove it")
     if not out.parent.is_dir():
         raise UsageError(f"{out.parent}: no such folder")
+    parent = out.parent.resolve()
+    if (inside := next((f for f in (parent, *parent.parents) if is_build(f)), None)) is not None:
+        raise UsageError(
+            f"{out} is inside the build {inside}, which would no longer be one; choose another output file"
+        )
     problems = verify(folder)
     if problems:
         raise BuildError(f"{folder} does not verify, so it is not exported: {problems[0]}")
@@ -191,8 +198,8 @@ def export(folder: str | Path, to: str, out: str | Path) -> Exported:
     schema = target.schema.with_metadata({"fixed_sft": json.dumps(provenance, sort_keys=True)})
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     rows = segments = trained_tokens = 0
+    tmp.mkdir()
     with removed_on_exit(tmp):
-        tmp.mkdir()
         try:
             part = tmp / out.name
             with naming(part):

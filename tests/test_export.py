@@ -277,6 +277,17 @@ def test_an_existing_output_is_refused(built, tmp_path, capsys):
     assert out.read_bytes() == b"mine"
 
 
+def test_an_output_inside_a_build_is_refused(built, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(built, copy)
+    out = copy / "t.parquet"
+    assert main(["export", str(copy), "--to", "trl", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {out} is inside the build {copy}, which would no longer be one; choose another output file\n"
+    )
+    assert sorted(os.listdir(copy)) == ["manifest.json", "train.parquet"]
+
+
 def test_an_unknown_target_is_a_usage_error(built, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit:
         main(["export", str(built), "--to", "axolotl", str(tmp_path / "t.parquet")])
