@@ -10,9 +10,11 @@ step by step, from their sources:
   it is), ``_set_signature_columns_if_needed`` (keeps ``input_ids``, ``labels``,
   ``seq_lengths``), ``DataCollatorForLanguageModeling.torch_call`` with ``padding_free``
   (rows flattened, ``position_ids`` from ``get_position_ids_from_packed_seq_lengths``,
-  labels set to -100 where a position is 0). The model's loss (transformers'
-  ``ForCausalLMLoss``) pads the labels with -100 and shifts them, so the logits at ``t``
-  predict ``labels[t + 1]``; flash attention's sequences start where ``position_ids`` is 0.
+  labels set to -100 where a position is 0). The model's loss (transformers 5.24,
+  ``loss/loss_utils.py`` ``ForCausalLMLoss``) pads the labels with -100 and shifts them,
+  so the logits at ``t`` predict ``labels[t + 1]``; flash attention's sequences start
+  where ``position_ids`` is 0 (``modeling_flash_attention_utils.py``
+  ``prepare_fa_kwargs_from_position_ids``).
 - Megatron-Bridge, NVIDIA-NeMo/Megatron-Bridge @ 067f987df03b8355b03192d88d70f1709fedf51a:
   ``src/megatron/bridge/data/packing/parquet.py`` ``GPTSFTPackedParquetDataset``
   (``REQUIRED_COLUMNS``, ``validate_row``, ``__getitem__``: a row group read with those
