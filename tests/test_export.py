@@ -66,9 +66,9 @@ def _conversations(n: int) -> list[dict]:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, kimi_dir):
     folder = tmp_path_factory.mktemp("export")
-    (folder / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in _conversations(600)))
+    (folder / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in _conversations(1500)))
     config = BuildConfig(
-        name="x", source=str(folder / "rows.jsonl"), tokenizer=str(kimi_dir), rows=60, row_tokens=48, seed=5, workers=1
+        name="x", source=str(folder / "rows.jsonl"), tokenizer=str(kimi_dir), rows=300, row_tokens=48, seed=5, workers=1
     )
     build(config, folder / "out", progress=False)
     return folder / "out"
@@ -222,6 +222,7 @@ def test_megatron_bridge_export_loads_and_trains_what_the_build_rows_do(built, t
     assert schema.field("input_ids").type == pa.list_(pa.int32())
     assert schema.field("loss_mask").type == pa.list_(pa.int8())
     assert schema.field("seq_start_id").type == pa.list_(pa.int32())
+    assert pq.read_metadata(out).num_row_groups == pq.read_metadata(built / "train.parquet").num_row_groups > 1
     source = _source_rows(built)
     items = list(_megatron_items(out))
     assert len(items) == len(source)
@@ -263,7 +264,7 @@ def test_export_command(built, tmp_path, capsys):
     out = tmp_path / "m.idx.parquet"
     assert main(["export", str(built), "--to", "megatron-bridge", str(out)]) == 0
     said = capsys.readouterr().out
-    assert said.startswith(f"exported {out} (megatron-bridge): 60 rows, ")
+    assert said.startswith(f"exported {out} (megatron-bridge): 300 rows, ")
     manifest = json.loads((built / "manifest.json").read_text())
     assert f"(the build: {manifest['stats']['trainable_tokens']} trainable)" in said
     provenance = json.loads(pq.read_schema(out).metadata[b"fixed_sft"])
