@@ -1,5 +1,6 @@
 """Command line: ``build`` (the default), ``verify`` (with ``--rebuild``: also rebuild
-from the recorded inputs and compare) and ``pin-tokenizer`` (write a tokenizer spec).
+from the recorded inputs and compare), ``pin-tokenizer`` (write a tokenizer spec), ``export``
+(a trainer's packed layout) and ``push`` (upload to the Hub).
 
 Exit codes: 0 success; 1 build failure or verify mismatch; 2 usage error; 130 interrupted
 (Ctrl-C); 143 terminated (SIGTERM). The first Ctrl-C or SIGTERM stops the command, which
@@ -111,7 +112,7 @@ def _add_build_flags(build: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The ``build`` and ``verify`` commands and their flags."""
+    """The commands (``build``, ``verify``, ``pin-tokenizer``, ``export``, ``push``) and their flags."""
     from .specs import DEFAULT_BUILD
 
     top = argparse.ArgumentParser(
@@ -159,6 +160,18 @@ def parser() -> argparse.ArgumentParser:
     pin.add_argument(
         "--out", type=Path, metavar="FOLDER", help="write NAME.json there (default: fixed_sft/tokenizer_specs/)"
     )
+
+    export = commands.add_parser("export", help="write a verified build in a trainer's packed layout")
+    export.add_argument("folder", type=Path, metavar="DIR", help="the build folder")
+    export.add_argument("--to", required=True, choices=["trl", "megatron-bridge"], help="the trainer's layout")
+    export.add_argument("out", type=Path, metavar="OUT", help="the Parquet file to write (must not exist)")
+
+    push = commands.add_parser("push", help="upload a verified build to a Hugging Face Hub dataset repo")
+    push.add_argument("folder", type=Path, metavar="DIR", help="the build folder")
+    push.add_argument("--repo", required=True, metavar="OWNER/NAME", help="the dataset repo (created if missing)")
+    push.add_argument("--private", action="store_true", help="create the repo private")
+    push.add_argument("--force", action="store_true", help="push to a repo that already holds other files")
+    push.add_argument("--quiet", action="store_true", help="no upload progress bar")
     return top
 
 
@@ -282,12 +295,40 @@ def _pin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from .export import export
+
+    done = export(args.folder, args.to, args.out)
+    print(
+        f"exported {done.path} ({args.to}): {done.rows} rows, {done.segments} conversation pieces, "
+        f"{done.trained_tokens} tokens trained within them (the build: {done.trainable_tokens} trainable)"
+    )
+    return 0
+
+
+def _push(args: argparse.Namespace) -> int:
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    from .push import push
+
+    quieted = args.quiet and not are_progress_bars_disabled()
+    if quieted:
+        disable_progress_bars()
+    try:
+        done = push(args.folder, args.repo, private=args.private, force=args.force)
+    finally:
+        if quieted:
+            enable_progress_bars()
+    print(f"pushed {args.folder} to {done.url} in commit {done.commit}: {', '.join(done.files)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line (``build`` when no command is named); return the exit code.
     From the main thread, Ctrl-C and SIGTERM are handled by ``_Stop`` meanwhile."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # no "PyTorch was not found" notice
-    if not argv or argv[0] not in ("build", "verify", "pin-tokenizer", "-h", "--help"):
+    if not argv or argv[0] not in (*COMMANDS, "-h", "--help"):
         argv.insert(0, "build")
     stop = _Stop()
     previous = {signum: signal.signal(signum, stop) for signum in SIGNALS} if _owns_signals() else {}
@@ -317,10 +358,12 @@ def main(argv: list[str] | None = None) -> int:
 def _command(argv: list[str], stop: _Stop) -> int:
     try:
         args = parser().parse_args(argv)  # (imports, which Ctrl-C may interrupt too)
-        commands = {"build": _build, "verify": _verify, "pin-tokenizer": _pin}
-        return commands[args.command](args)
+        return COMMANDS[args.command](args)
     finally:
         stop.over = True  # a signal from here on exits at once (``main`` catches what one raised up to here)
+
+
+COMMANDS = {"build": _build, "verify": _verify, "pin-tokenizer": _pin, "export": _export, "push": _push}
 
 
 def run() -> NoReturn:

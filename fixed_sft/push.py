@@ -1,0 +1,138 @@
+"""A verified build -> a Hugging Face Hub dataset repo, uploaded in one commit.
+
+The folder must verify first (``verify``). The commit adds ``manifest.json``,
+``train.parquet`` and, where the folder holds them, ``README.md`` and ``.png`` card files;
+the uploaded manifest is the one verified (its bytes read before and after), and the
+Parquet file's upload hash (its sha256, which the Hub checks) must be the manifest's. A
+missing repo is created as a dataset repo (``private`` applies only then, and a public
+repo is refused when it was asked for). A repo holding any file but ``.gitattributes`` and
+``README.md`` is refused unless ``force``; with it, those files stay beside the build. The
+commit names the repo state it was checked against (``parent_commit``), so a push that
+meanwhile changed it is refused by the Hub. Any error of the Hub or the network is one
+line naming the repo (``PushError``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import BuildError, UsageError
+from .manifest import read
+from .output import MANIFEST_NAME, PARQUET_NAME
+from .verify import MANIFEST_BYTES, verify
+
+CARD_FILES = ("README.md",)  # beside the .png files
+KEPT = {".gitattributes", "README.md"}  # files a repo may hold and still take a build without --force
+_REPO = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+class PushError(BuildError):
+    """The Hub or the network refused the push; the message names the repo."""
+
+
+@dataclass
+class Pushed:
+    """The commit that a push made, and the files it added."""
+
+    repo: str
+    url: str
+    commit: str
+    files: list[str]
+
+
+def push(folder: str | Path, repo: str, private: bool = False, force: bool = False, api: Any = None) -> Pushed:
+    """Upload build ``folder`` to the Hub dataset repo ``repo`` (``OWNER/NAME``) in one
+    commit (the rules of the module docstring); ``api``: an ``HfApi`` (by default one for
+    ``HF_ENDPOINT`` and the saved token)."""
+    folder = Path(folder)
+    if not _REPO.fullmatch(repo):
+        raise UsageError(f"--repo {repo!r} is not OWNER/NAME")
+    before = _manifest_bytes(folder)
+    problems = verify(folder)
+    if problems:
+        raise BuildError(f"{folder} does not verify, so it is not pushed: {problems[0]}")
+    manifest_bytes = _manifest_bytes(folder)
+    if manifest_bytes != before:
+        raise BuildError(f"{folder / MANIFEST_NAME} changed while it was verified; not pushed")
+    manifest = read(_loads(manifest_bytes))
+    names = [MANIFEST_NAME, PARQUET_NAME] + _card_files(folder)
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    api = api if api is not None else HfApi()
+    try:
+        operations = [CommitOperationAdd(MANIFEST_NAME, manifest_bytes)] + [
+            CommitOperationAdd(name, str(folder / name)) for name in names[1:]
+        ]
+    except (OSError, ValueError) as error:
+        raise BuildError(f"{folder}: cannot read the files to push ({error})") from None
+    if operations[1].upload_info.sha256.hex() != manifest.parquet.sha256:
+        raise BuildError(f"{folder / PARQUET_NAME} changed since it was verified; not pushed")
+    try:
+        url = api.create_repo(repo, repo_type="dataset", private=private, exist_ok=True)
+        info = api.dataset_info(repo)
+        if private and not info.private:
+            raise PushError(f"push to {repo}: the repo exists and is public; --private applies to a new repo only")
+        held = sorted(s.rfilename for s in info.siblings or [] if s.rfilename not in KEPT)
+        if held and not force:
+            shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+            raise PushError(f"push to {repo}: the repo already holds {shown}; add --force to push beside them")
+        stats = manifest.stats
+        commit = api.create_commit(
+            repo,
+            operations,
+            commit_message=f"fixed-sft build {manifest.name}: {stats.rows} rows x {manifest.params.row_tokens} tokens",
+            commit_description=f"rows_sha256 {manifest.rows_sha256}",
+            repo_type="dataset",
+            parent_commit=info.sha,
+        )
+    except PushError:
+        raise
+    except Exception as error:  # the Hub's and the network's errors are many classes
+        raise PushError(f"push to {repo}: {describe(error)}") from None
+    return Pushed(repo, str(url), commit.oid, names)
+
+
+def describe(error: BaseException) -> str:
+    """One line for a Hub or network error: the HTTP status and the Hub's message, or
+    the error's kind and first line."""
+    response = getattr(error, "response", None)
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int):
+        if status in (401, 403):
+            return (
+                f"not authorized (HTTP {status}); log in with `hf auth login` or set HF_TOKEN "
+                "to a token that may write to it"
+            )
+        message = getattr(error, "server_message", None) or _first_line(error)
+        return f"HTTP {status}: {message}"
+    return f"{type(error).__name__}: {_first_line(error)}"
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else "no message"
+
+
+def _manifest_bytes(folder: Path) -> bytes:
+    """The manifest's bytes, at most ``MANIFEST_BYTES`` of them (``verify`` refuses a larger one)."""
+    try:
+        with (folder / MANIFEST_NAME).open("rb") as f:
+            return f.read(MANIFEST_BYTES + 1)
+    except OSError:
+        return b""  # (verify names the problem)
+
+
+def _loads(data: bytes) -> Any:
+    from .fields import loads
+
+    return loads(data.decode("utf-8"))
+
+
+def _card_files(folder: Path) -> list[str]:
+    """``README.md`` and the ``.png`` files of ``folder``, regular files only, in name order."""
+    names = [n for n in CARD_FILES if (folder / n).is_file() and not (folder / n).is_symlink()]
+    pngs = sorted(p.name for p in folder.glob("*.png") if p.is_file() and not p.is_symlink())
+    return names + pngs
