@@ -15,7 +15,9 @@ the first chunk (a 64-conversation chunk of synthetic conversations) in every wo
 * ``spawn``: the standard library's pool with an initializer alone: each worker is a
   fresh interpreter that imports the modules and loads the encoder.
 
-The figure is each variant's median over ``preload``'s, with the range over repeats;
+The figures are each variant's median over ``preload``'s, with the range over repeats,
+and the workers' summed PSS once their chunks are done (a page shared by n processes
+counts 1/n: what the preloaded encoder's copy-on-write pages save);
 variants run interleaved, ``--repeat`` times each (default 3). The first chunk's ids must
 be the same in every variant; the script exits 1 otherwise.
 """
@@ -71,9 +73,18 @@ def child(variant: str, workers: int, tokenizer: Path) -> dict:
     tasks = [(encode.Chunk(chunk, 0),)] * workers  # one chunk per worker: the start-up of all of them
     with engine:
         results = list(engine.map(encode._encode_in_worker, tasks))
-    took = time.perf_counter() - start
+        took = time.perf_counter() - start
+        pss = sum(_pss(pid) for pid in engine._pool._processes)  # the workers' proportional share
     digest = hashlib.sha256(results[0].tokens.tobytes()).hexdigest()
-    return {"variant": variant, "seconds": took, "ids_sha256": digest}
+    return {"variant": variant, "seconds": took, "workers_pss": pss, "ids_sha256": digest}
+
+
+def _pss(pid: int) -> int:
+    """``Pss`` of process ``pid`` in bytes: a page it shares with n processes counts 1/n."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) << 10
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,11 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         f"\nstart-up of {args.workers} workers to their first chunk; "
         f"median (range) of {args.repeat}; cores {os.cpu_count()}"
     )
-    print(f"{'variant':<12} {'seconds':>20} {'x preload':>10}")
+    print(f"{'variant':<12} {'seconds':>20} {'x preload':>10} {'workers PSS MiB':>16}")
     for variant in VARIANTS:
         times = [r["seconds"] for r in runs if r["variant"] == variant]
         median = statistics.median(times)
-        print(f"{variant:<12} {median:8.2f} ({min(times):.2f}-{max(times):.2f}) {median / base:10.2f}")
+        pss = statistics.median(r["workers_pss"] for r in runs if r["variant"] == variant) / (1 << 20)
+        print(f"{variant:<12} {median:8.2f} ({min(times):.2f}-{max(times):.2f}) {median / base:10.2f} {pss:16.0f}")
     if args.json:
         args.json.write_text(json.dumps({"workers": args.workers, "runs": runs}, indent=1))
     return 0
