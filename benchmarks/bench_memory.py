@@ -45,6 +45,9 @@ written by ``pyarrow.parquet.write_table``.
   synthetic conversations in 4 Parquet files.
 * ``many-max``: 48 such conversations at the bound, JSONL; 2,000 rows, which take about
   ten of them.
+* ``normal-all`` (only when named): 80,000 synthetic conversations in one Parquet file
+  (over one 256 MB band of rows), built whole: the band and its sorting copies, of
+  normal rows.
 * ``4mb-all`` (only when named): the ``4mb`` source built whole (``rows`` all), so
   that bands, not one conversation, set the memory: 10 conversations a band (rows of
   over 64 KiB: a band and its read copies within ``fixed_sft.build.LARGE_BAND_BYTES``).
@@ -89,7 +92,7 @@ GIB = 1 << 30
 TARGET_BYTES = GIB
 OUTCOME_CHARS = 60
 CASES = ("small", "4mb", "4mb-one-group", "max", "max-parquet", "normal-2000", "many-max", "100mb", "100mb-parquet")
-EXTRA_CASES = ("4mb-all",)  # run only when --cases names them
+EXTRA_CASES = ("4mb-all", "normal-all")  # run only when --cases names them
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,12 @@ def make_sources(work: Path, names: set[str]) -> dict[str, Case]:
         cases["normal-2000"] = Case(
             "normal-2000", "normal, 16,000 conv., 2000 x 8192", work / "normal-2000", rows=2000, baseline="normal-2000"
         )
-    pool = text_pool() if names - {"small"} else b""
+    if "normal-all" in names:
+        synthetic.write_parquet(synthetic.conversations(80000, seed=6), work / "normal-all", rows_per_file=80000)
+        cases["normal-all"] = Case(
+            "normal-all", "normal, 80,000 conv. in 1 file, all rows", work / "normal-all", rows=None, baseline="small"
+        )
+    pool = text_pool() if names - {"small", "normal-all"} else b""
     if names & {"4mb", "4mb-one-group", "4mb-all"}:
         rows = [huge_conversation(pool, 4 * MIB, k) for k in range(150)]
         if "4mb" in names:

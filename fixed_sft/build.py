@@ -192,13 +192,21 @@ def _valid(stream: Iterator[Encoded], source: Source, skip_invalid: bool, tally:
 
 
 def _pack(
-    conversations: Iterator[Encoded], rows: int | None, packer: Packer, writer: RowWriter, tally: _Tally, bar: tqdm
+    conversations: Iterator[Encoded],
+    rows: int | None,
+    packer: Packer,
+    writer: RowWriter,
+    tally: _Tally,
+    bar: tqdm,
+    tokenized: tqdm,
 ) -> None:
-    """Feed conversations to the packer and write kept rows until ``rows`` (``None``: all)."""
+    """Feed conversations to the packer and write kept rows until ``rows`` (``None``: all);
+    ``tokenized`` counts the conversations, ``bar`` the rows."""
     for item in conversations:
         ids, mask = item.ids, item.mask
         assert ids is not None and mask is not None  # _valid passes on only valid conversations
         tally.conversations_encoded += 1
+        tokenized.update()
         tally.tokens_encoded += len(ids) + 1
         tally.template_checked += item.checked
         for row in packer.add(item.source_index, item.id, ids, mask):
@@ -306,8 +314,14 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
 
         stream = encoders.encode(_chunks(source, rank, band_rows, chunk_rows), wanted)
         try:
-            with tqdm(total=config.rows, unit="row", disable=not progress, desc=config.name) as bar:
-                _pack(_valid(stream, source, config.skip_invalid, tally), config.rows, packer, writer, tally, bar)
+            shown = None if progress else True  # (None: shown on a terminal only)
+            every = source.num_rows if config.rows is None else None
+            with (
+                tqdm(total=every, unit="conv", disable=shown, desc="tokenize", position=0) as tokenized,
+                tqdm(total=config.rows, unit="row", disable=shown, desc=f"write {config.name}", position=1) as bar,
+            ):
+                valid = _valid(stream, source, config.skip_invalid, tally)
+                _pack(valid, config.rows, packer, writer, tally, bar, tokenized)
             writer.close()  # (inside: a signal while the last row group is written still waits for its thread)
         except (SourceError, InvalidSourceRow):
             writer.abort()

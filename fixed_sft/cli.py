@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, get_args, get_origin
 
@@ -223,15 +224,53 @@ def _build(args: argparse.Namespace) -> int:
     from .build import build
 
     config, out, published = _config(args)
+    start = time.monotonic()
     manifest = build(config, out, progress=not args.quiet)
     stats = manifest["stats"]
     print(
         f"built {out}: {stats['rows']} rows x {config.row_tokens} tokens, "
         f"supervised ratio {stats['supervised_token_ratio']:.4f}, rows_sha256 {manifest['rows_sha256']}"
     )
+    if not args.quiet:
+        _print_summary(manifest, time.monotonic() - start)
     if published:
         _report_published(manifest, published, config.name)
     return 0
+
+
+def summary(manifest: dict, seconds: float) -> list[tuple[str, str]]:
+    """The closing summary of a build: what its manifest says, figure by figure."""
+    stats, params = manifest["stats"], manifest["params"]
+    return [
+        ("rows", f"{stats['rows']:,} x {params['row_tokens']:,} tokens = {stats['tokens']:,}"),
+        ("supervised tokens", f"{stats['supervised_tokens']:,} ({stats['supervised_token_ratio']:.2%})"),
+        ("trainable tokens", f"{stats['trainable_tokens']:,}"),
+        ("conversations", f"{stats['conversations']:,} ({stats['conversations_split']:,} split across rows)"),
+        ("rows skipped (nothing to train)", f"{stats['rows_skipped']:,}"),
+        ("invalid source rows skipped", f"{stats['invalid_rows_skipped']:,}"),
+        ("tail tokens dropped", f"{stats['tail_tokens_dropped']:,}"),
+        ("seed", str(params["seed"])),
+        ("rows_sha256", manifest["rows_sha256"]),
+        ("time", f"{seconds:.1f} s"),
+    ]
+
+
+def _print_summary(manifest: dict, seconds: float) -> None:
+    """``summary`` as a table on a terminal (rich), else as plain ``name  value`` lines."""
+    rows = summary(manifest, seconds)
+    if not sys.stdout.isatty():
+        width = max(len(name) for name, _ in rows)
+        print("\n".join(f"{name.ljust(width)}  {value}" for name, value in rows))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for name, value in rows:
+        table.add_row(name, value)
+    Console().print(table)
 
 
 def _verify(args: argparse.Namespace) -> int:

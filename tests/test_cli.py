@@ -57,6 +57,21 @@ def test_build_then_verify(source, kimi_dir, tmp_path, capsys):
     assert "matches its manifest" in capsys.readouterr().out
 
 
+def test_a_build_closes_with_a_summary_of_its_manifest_unless_quiet(source, kimi_dir, tmp_path, capsys):
+    args = [a for a in _build_args(source, kimi_dir, tmp_path / "o", "--skip-invalid") if a != "--quiet"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    stats = manifest["stats"]
+    lines = {line.split("  ")[0]: line for line in out.splitlines()}
+    assert f"{stats['trainable_tokens']:,}" in lines["trainable tokens"]
+    assert f"{stats['conversations']:,} ({stats['conversations_split']:,} split" in lines["conversations"]
+    assert manifest["rows_sha256"] in lines["rows_sha256"] and "3 x 256 tokens = 768" in lines["rows"]
+    assert "tokenize" not in out and "write" not in out  # no progress bars where stdout is not a terminal
+    assert main(_build_args(source, kimi_dir, tmp_path / "q")) == 0
+    assert "trainable tokens" not in capsys.readouterr().out
+
+
 def test_verify_mismatch_exits_1(source, kimi_dir, tmp_path, capsys):
     main(_build_args(source, kimi_dir, tmp_path / "o"))
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
