@@ -652,6 +652,7 @@ def test_a_build_removes_the_multiprocessing_folder_a_killed_build_left(source, 
     deadline = time.monotonic() + 60
     while len(list(tmpdir.glob("pymp-*/listener-*"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
+    os.killpg(alive.pid, signal.SIGSTOP)  # still running (holding its folder's lock) until killed below
     killed.kill()
     killed.communicate()
     assert not _wait_until_gone(killed.pid)
@@ -662,7 +663,8 @@ def test_a_build_removes_the_multiprocessing_folder_a_killed_build_left(source, 
     done = subprocess.run(later, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     left = sorted(p.name for p in tmpdir.glob("pymp-*"))
-    alive.kill()
+    assert alive.poll() is None
+    os.killpg(alive.pid, signal.SIGKILL)
     alive.communicate()
     assert len(left) == 2 and "pymp-another-program" in left, left  # and the running build's
 
