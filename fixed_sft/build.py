@@ -65,16 +65,17 @@ from .specs import HF, ResolvedTokenizer, resolve_tokenizer
 ORDER_RULE = "splitmix64-key-v1"
 # A chunk (what one worker encodes at a time) holds at most CHUNK_ROWS rows and CHUNK_BYTES bytes
 # of rows (one row, however large, within MAX_CONVERSATION_BYTES), and no more rows than the
-# build still wants; a band (what one pass over the source keeps) holds BAND_BYTES of rows at most,
-# or, where the source's rows are large (over LARGE_ROW_BYTES on average: chunks are then cut by
-# bytes), as many as reading it holds within LARGE_BAND_BYTES, with the copies that sort them
-# (fixed_sft.source.band_bytes). A band is read while the workers encode the chunks before it, and
-# each conversation in flight is held several times over by its worker: of large rows, that is
-# hundreds of MB. For small rows the copies are not counted, so that builds that read one band
-# still do (the default build's first band: about 1.2 x 6,400 x 8,192 tokens x 4 bytes, 240 MiB).
+# build still wants. A band (what one pass over the source keeps) holds as many rows as reading it
+# holds within BAND_BYTES, with the copies that sort them (fixed_sft.source.band_bytes), or within
+# LARGE_BAND_BYTES where the source's rows are large (over LARGE_ROW_BYTES on average: chunks are
+# then cut by bytes, and each conversation in flight is held several times over by its worker). A
+# band is read while the workers encode the chunks before it. BAND_BYTES keeps the default build
+# to one band (its first band: about 1.2 x 6,400 x 8,192 tokens x 4 bytes, 240 MiB, from 6 files
+# of even sizes: 288 MiB fit) and a whole build of one 300 MB file under 1 GiB with 2 workers
+# (benchmarks/README.md).
 CHUNK_ROWS = 128
 CHUNK_BYTES = 8 << 20
-BAND_BYTES = 256 << 20
+BAND_BYTES = 384 << 20
 LARGE_BAND_BYTES = 128 << 20
 LARGE_ROW_BYTES = CHUNK_BYTES // CHUNK_ROWS
 
@@ -284,7 +285,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         tally = _Tally(config.row_tokens)
         sizes = file_bytes(source)
         bytes_row = sum(sizes) / max(source.num_rows, 1)
-        band_budget: float = BAND_BYTES
+        band_budget = band_bytes(BAND_BYTES, sizes)
         if bytes_row > LARGE_ROW_BYTES:
             band_budget = band_bytes(LARGE_BAND_BYTES, sizes)
             map_large_allocations()  # (for the rest of this process: its large buffers are each a mapping)

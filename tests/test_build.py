@@ -263,7 +263,7 @@ def test_a_band_of_large_rows_leaves_room_for_its_read_copies(fixture_build, cor
     """Where rows are large (here: over 0 bytes on average), a source of one file (JSONL)
     is read in bands of a third of ``LARGE_BAND_BYTES`` of rows (the rest is for the copies
     that sort them), three files of even sizes in bands of three fifths; rows under the
-    size get bands of ``BAND_BYTES``. The rows are the same."""
+    size get bands of ``BAND_BYTES`` counted the same way. The rows are the same."""
     from fixed_sft.source import bytes_per_row, open_source
 
     bands = []
@@ -285,7 +285,7 @@ def test_a_band_of_large_rows_leaves_room_for_its_read_copies(fixture_build, cor
     assert len(bands) >= 3 and set(bands) <= {5, 6}
     bands.clear()
     monkeypatch.setattr(build_module, "LARGE_ROW_BYTES", per_row)
-    monkeypatch.setattr(build_module, "BAND_BYTES", 6.5 * per_row)
+    monkeypatch.setattr(build_module, "BAND_BYTES", 5 / 3 * 6.5 * per_row)
     assert build(config(corpus[0] / "parquet", kimi_dir), tmp_path / "small-rows") == fixture_build[1]
     assert len(bands) >= 3 and set(bands) == {6}
 
