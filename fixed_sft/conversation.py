@@ -104,14 +104,34 @@ def conversation(record: object, schema: MessageSchema) -> Conversation:
 
 def _any_keys(n: int, message: Message, row_id: str | None) -> Message:
     """Message ``n`` without its null keys, or the ``InvalidRow`` it is: a role missing or not
-    a non-empty string, or a string content with a lone surrogate."""
+    a non-empty string, an image or video content part (no build renders media), a string
+    with a lone surrogate, or values nested deeper than ``MAX_DEPTH``."""
     role, content = message.get("role"), message.get("content")
     if not (isinstance(role, str) and role):
         why = "has no role" if role is None else f"has role {role!r}, not a name"
         raise InvalidRow(f"message {n} {why}", row_id)
-    if isinstance(content, str) and not content.isascii() and not is_unicode(content):
-        raise InvalidRow(f"message {n} content has a lone surrogate", row_id)
-    return {key: value for key, value in message.items() if value is not None}
+    for k, part in enumerate(content if isinstance(content, list) else ()):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in MEDIA:
+            raise InvalidRow(
+                f"message {n} content part {k} is {_a(kind.split('_')[0])}, which no build renders", row_id
+            )
+    kept = {key: value for key, value in message.items() if value is not None}
+    try:
+        texts = strings(kept)
+    except ValueError as error:
+        raise InvalidRow(f"message {n} {error}", row_id) from None
+    if not all(text.isascii() or is_unicode(text) for text in texts):
+        raise InvalidRow(f"message {n} has a lone surrogate", row_id)
+    return kept
+
+
+MEDIA = ("image", "image_url", "video", "video_url")
+
+
+def _a(word: str) -> str:
+    """``word`` with its indefinite article."""
+    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
 
 
 def _reduced(n: int, message: Message, schema: MessageSchema, row_id: str | None) -> Message:
@@ -141,9 +161,9 @@ def _reduced(n: int, message: Message, schema: MessageSchema, row_id: str | None
     elif isinstance(content, list) and schema.parts:
         for k, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind in ("image", "image_url", "video", "video_url"):
+            if kind in MEDIA:
                 raise invalid(
-                    f"content part {k} is a {kind.split('_')[0]}, which the {schema.name} encoder does not take"
+                    f"content part {k} is {_a(kind.split('_')[0])}, which the {schema.name} encoder does not take"
                 )
             part = {key: value for key, value in part.items() if value is not None} if isinstance(part, dict) else part
             if not (isinstance(part, dict) and kind == "text" and set(part) == {"type", "text"}):

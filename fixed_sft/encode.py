@@ -206,7 +206,7 @@ def _checked(
     """A conversation's ``Encoded``, checked against the template when ``checked``."""
     if checked:
         try:
-            encoder.check(messages, ids, tools) if tools else encoder.check(messages, ids)
+            encoder.check(messages, ids, tools)
         except TemplateMismatch as error:
             raise TemplateMismatch(f"source row {index} (id {row_id}): {error}") from None
     return Encoded(index, row_id, ids, mask, None, checked)
@@ -303,7 +303,6 @@ def _exit_unless_child_of(builder: int, loaded: threading.Event) -> None:
 # set only while the fork server starts (``start_forkserver``); taken out of the environment its workers inherit
 _builder = os.environ.pop(BUILDER_VARIABLE, None)
 _preloaded = preload(os.environ.pop(PRELOAD_VARIABLE, None), int(_builder) if _builder else None)
-_worker_encoder: Encoder | Exception | None = None
 
 
 def worker_encoder(config: EncoderConfig) -> Encoder | Exception:
@@ -389,14 +388,16 @@ class Encoders:
                 yield from conversations
             return
 
-        def room(in_flight: Sequence[Task], task: Task) -> bool:
-            rows = [t[0].rows for t in in_flight]
+        def weigh(task: Task) -> tuple[int, int]:
+            return task[0].rows.num_rows, task[0].rows.nbytes
+
+        def room(in_flight: Sequence[tuple[int, int]], weight: tuple[int, int]) -> bool:
             return (
-                sum(r.num_rows for r in rows) < wanted()
-                and sum(r.nbytes for r in rows) + task[0].rows.nbytes <= IN_FLIGHT_BYTES
+                sum(rows for rows, _ in in_flight) < wanted()
+                and sum(size for _, size in in_flight) + weight[1] <= IN_FLIGHT_BYTES
             )
 
-        for encoded in self.engine.map(_encode_in_worker, tasks, room):
+        for encoded in self.engine.map(_encode_in_worker, tasks, room, weigh):
             yield from encoded
             if encoded.chunk_bytes >= RELEASE_CHUNK_BYTES:
                 del encoded

@@ -39,9 +39,14 @@ R = TypeVar("R")
 Task = tuple[Any, ...]
 
 
-def always(in_flight: Sequence[Task], task: Task) -> bool:
+def always(in_flight: Sequence[Any], weight: Any) -> bool:
     """The ``room`` of a caller that bounds nothing beyond the engine's own limit."""
     return True
+
+
+def unweighed(task: Task) -> None:
+    """The ``weigh`` of a caller whose ``room`` needs nothing of a task."""
+    return None
 
 
 class Engine(Protocol):
@@ -52,10 +57,15 @@ class Engine(Protocol):
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None: ...
 
     def map(
-        self, fn: Callable[..., R], tasks: Iterable[Task], room: Callable[[Sequence[Task], Task], bool] = always
+        self,
+        fn: Callable[..., R],
+        tasks: Iterable[Task],
+        room: Callable[[Sequence[Any], Any], bool] = always,
+        weigh: Callable[[Task], Any] = unweighed,
     ) -> Iterator[R]:
-        """``fn(state, *task)`` for each task, in order; ``room(in_flight, task)``: whether
-        ``task`` may start while the tasks ``in_flight`` have not been yielded."""
+        """``fn(state, *task)`` for each task, in order; ``room(in_flight, weight)``: whether a
+        task of ``weigh(task)`` may start while tasks of the weights ``in_flight`` have not
+        been yielded (only a task's weight is kept while it runs, not the task)."""
         ...
 
 
@@ -88,7 +98,11 @@ class InProcess:
         return self._started
 
     def map(
-        self, fn: Callable[..., R], tasks: Iterable[Task], room: Callable[[Sequence[Task], Task], bool] = always
+        self,
+        fn: Callable[..., R],
+        tasks: Iterable[Task],
+        room: Callable[[Sequence[Any], Any], bool] = always,
+        weigh: Callable[[Task], Any] = unweighed,
     ) -> Iterator[R]:
         for task in tasks:
             yield fn(self._state().result(), *task)
@@ -128,9 +142,13 @@ class ProcessPool:
         self._pool.shutdown(cancel_futures=True)
 
     def map(
-        self, fn: Callable[..., R], tasks: Iterable[Task], room: Callable[[Sequence[Task], Task], bool] = always
+        self,
+        fn: Callable[..., R],
+        tasks: Iterable[Task],
+        room: Callable[[Sequence[Any], Any], bool] = always,
+        weigh: Callable[[Task], Any] = unweighed,
     ) -> Iterator[R]:
-        pending: deque[tuple[Future, Task]] = deque()
+        pending: deque[tuple[Future, Any]] = deque()  # each task's future and weight
 
         def oldest() -> R:
             future, _ = pending.popleft()
@@ -138,10 +156,12 @@ class ProcessPool:
 
         try:
             for task in tasks:
-                while pending and (len(pending) >= 2 * self.workers or not room([t for _, t in pending], task)):
+                weight = weigh(task)
+                while pending and (len(pending) >= 2 * self.workers or not room([w for _, w in pending], weight)):
                     yield oldest()
                 self._start_up().result()
-                pending.append((self._pool.submit(_run, fn, *task), task))
+                pending.append((self._pool.submit(_run, fn, *task), weight))
+                del task  # (the executor holds it until it is sent)
             while pending:
                 yield oldest()
         finally:

@@ -227,23 +227,33 @@ class HFChatEncoder:
             raise TokenizerError(f"this transformers' {RENDERER_MODULE} lacks {', '.join(lacking)}, which renders")
         self._renderer = renderer
         tools, documents = self.template_kwargs.get("tools"), self.template_kwargs.get("documents")
-        try:
-            self.chat_template = tokenizer.get_chat_template(None, tools)
-            self._template = renderer._compile_jinja_template(self.chat_template)
-        except Exception as error:  # several templates and none the default, Jinja syntax
-            raise TokenizerError(f"the chat template cannot be used ({type(error).__name__}: {error})") from None
+        self._compiled: dict[str, tuple[Any, bool, list[str]]] = {}
+        self._use(tools)
         variables = {key: value for key, value in self.template_kwargs.items() if key not in ("tools", "documents")}
         self._tools = renderer._plain_template_data(tools)
         self._documents = renderer._plain_template_data(documents)
         self._variables = renderer._plain_template_data({**tokenizer.special_tokens_map, **variables})
-        self.generation = GENERATION.search(self.chat_template) is not None
-        self._clock_names = clock_variables(self._template, self.chat_template)
         try:
             self._render(self._chat([*_PROBE, _PROBE_REPLY]))
         except ClockRead:
             raise
         except Exception:  # a template that refuses the probe may render the build's conversations
             pass
+
+    def _use(self, tools: Any) -> None:
+        """Render with the template ``apply_chat_template`` picks for ``tools`` (a tokenizer
+        with named templates has a ``tool_use`` one for calls with tools): compiled once per
+        template, with whether it has generation blocks and the clock variables it reads."""
+        try:
+            text = self.tokenizer.get_chat_template(None, tools)
+            if text not in self._compiled:
+                template = self._renderer._compile_jinja_template(text)
+                generation = GENERATION.search(text) is not None
+                self._compiled[text] = (template, generation, clock_variables(template, text))
+        except Exception as error:  # several templates and none the default, Jinja syntax
+            raise TokenizerError(f"the chat template cannot be used ({type(error).__name__}: {error})") from None
+        self.chat_template = text
+        self._template, self.generation, self._clock_names = self._compiled[text]
 
     def _chat(self, messages: Sequence[Message]) -> list[dict]:
         """The messages as the template sees them (transformers' plain copy, reasoning aliased)."""
@@ -293,6 +303,7 @@ class HFChatEncoder:
         ``apply_chat_template(tools=...)`` passes them."""
         chat = self._chat(messages)
         own = None if tools is None else self._renderer._plain_template_data(tools)
+        self._use(self.template_kwargs.get("tools") if tools is None else tools)
         try:
             text, spans = self._render(chat, track=self.generation, tools=own)
         except ClockRead:

@@ -246,7 +246,7 @@ def test_rows_the_encoder_cannot_take_are_invalid_rows_named_by_id(encoder):
     ]
     got = list(encode_rows(encoder, Chunk(_chunk(lines), 0, 1)))
     assert [(item.id, item.invalid) for item in got[:3]] == [
-        ("img", "message 0 content part 0 is a image, which the kimi_k25 encoder does not take"),
+        ("img", "message 0 content part 0 is an image, which the kimi_k25 encoder does not take"),
         ("key", "message 0 has the key 'thinking', which the kimi_k25 encoder does not read"),
         ("tool", "message 0 is a tool message without 'tool_call_id'"),
     ]

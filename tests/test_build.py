@@ -343,8 +343,9 @@ def test_template_check_runs_on_every_nth_position(corpus, kimi_dir, tmp_path, m
     monkeypatch.setattr(
         ChatEncoder,
         "check",
-        lambda self, messages, ids: (
-            checked.append(index_of[tuple((m["role"], m["content"]) for m in messages)]) or check(self, messages, ids)
+        lambda self, messages, ids, tools=None: (
+            checked.append(index_of[tuple((m["role"], m["content"]) for m in messages)])
+            or check(self, messages, ids, tools)
         ),
     )
     manifest = build(config(corpus[0] / "parquet", kimi_dir, check_every=5), tmp_path / "c")
@@ -360,7 +361,7 @@ def test_a_template_mismatch_names_the_source_row(corpus, kimi_dir, tmp_path, mo
 
     first = int(permutation(5, len(corpus[1]))[0])  # position 0 is always checked
 
-    def differs(self, messages, ids):
+    def differs(self, messages, ids, tools=None):
         raise TemplateMismatch("fast-path ids differ from the rendered chat template")
 
     monkeypatch.setattr(ChatEncoder, "check", differs)

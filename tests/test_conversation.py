@@ -58,7 +58,7 @@ def test_an_agentic_conversation_is_kept_with_its_tools():
         ({"role": "tool", "content": "out"}, "is a tool message without 'tool_call_id'"),
         ({"role": "user", "content": None}, "has no content"),
         ({"role": "tool", "tool_call_id": "c1"}, "has no content"),
-        ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}, "part 0 is a image"),
+        ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}, "part 0 is an image"),
         ({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "video"}]}, "part 1 is a video"),
         ({"role": "user", "content": [{"type": "text", "text": "a", "extra": 1}]}, "part 0 is not a"),
         ({"role": "user", "content": [{"type": "text", "text": 3}]}, "part 0 text is a int"),

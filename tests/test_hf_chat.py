@@ -211,6 +211,26 @@ def test_a_conversations_own_tools_reach_the_template(encoder_of, oracle_of):
         assert results[0][0].tolist() != results[1][0].tolist()
 
 
+def test_a_conversation_with_tools_uses_the_tool_use_template(deepseek_dir, oracle_of, tmp_path):
+    """Named templates: ``apply_chat_template`` renders with ``tool_use`` when it is given
+    tools, and so does the encoder, per conversation."""
+    from transformers import AutoTokenizer
+
+    config = json.loads((deepseek_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["chat_template"] = [
+        {"name": "default", "template": _plain(CHATML)},
+        {"name": "tool_use", "template": "TOOLS {{ tools | tojson }}\n" + _generation(CHATML)},
+    ]
+    (tmp_path / "tokenizer.json").symlink_to(deepseek_dir / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    encoder, oracle = HFChatEncoder(load_tokenizer(tmp_path)), AutoTokenizer.from_pretrained(str(tmp_path))
+    with_tools, without, again = encoder.encode_batch([CHAT, CHAT, CHAT], [TOOLS, None, TOOLS])
+    assert (with_tools[0].tolist(), with_tools[1].tolist()) == _oracle(oracle, CHAT, tools=TOOLS)
+    assert (again[0].tolist(), again[1].tolist()) == _oracle(oracle, CHAT, tools=TOOLS)
+    assert without[0].tolist() == _ids(oracle, CHAT) != with_tools[0].tolist()
+    assert without[1].tolist() == _oracle(oracle_of(_generation(CHATML)), CHAT)[1]
+
+
 @settings(max_examples=25, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversations(max_turns=6, long_one_in=0))
 def test_deepseek_parity_on_generated_conversations(encoder_of, oracle_of, messages):
@@ -269,6 +289,16 @@ def test_the_message_schema_keeps_every_key_and_any_role():
         conversation({"messages": [{"role": 3, "content": "a"}]}, SCHEMA)
     with pytest.raises(InvalidRow, match="lone surrogate"):
         conversation({"messages": [{"role": "user", "content": "\ud800"}]}, SCHEMA)
+    with pytest.raises(InvalidRow, match="message 0 has a lone surrogate"):
+        conversation({"messages": [{"role": "user", "content": "a", "extra": {"k": ["\udc00"]}}]}, SCHEMA)
+    deep: object = "x"
+    for _ in range(500):  # a JSON reader takes it; rendering it would exhaust the stack
+        deep = [deep]
+    with pytest.raises(InvalidRow, match="message 0 nests deeper than 64 levels"):
+        conversation({"messages": [{"role": "user", "content": "a", "x": deep}]}, SCHEMA)
+    with pytest.raises(InvalidRow, match="message 0 content part 1 is a video, which no build renders"):
+        parts = [{"type": "text", "text": "a"}, {"type": "video_url", "video_url": {"url": "v"}}]
+        conversation({"messages": [{"role": "user", "content": parts}]}, SCHEMA)
 
 
 def test_the_separator_is_eos_or_a_single_vocabulary_token(folder_of):
