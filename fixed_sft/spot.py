@@ -212,6 +212,11 @@ def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenize
     for number in rows.tolist():
         if (problem := stream.check(number, stored)) is not None:
             problems[number] = problem
+    every = len(rows) == manifest.stats.rows  # (rows: sorted, each once)
+    if every and manifest.params.rows != "all" and not problems and stream.dropped != manifest.stats.rows_skipped:
+        problems[int(rows[-1])] = (
+            f"the stream up to it drops {stream.dropped} rows, stats.rows_skipped says {manifest.stats.rows_skipped}"
+        )
     return SpotCheck(rows.tolist(), inputs, problems, sorted(stream.duplicates), stream.dropped)
 
 
