@@ -27,7 +27,9 @@ from tqdm import tqdm
 
 from . import __version__
 from .chat import MASK_TYPES as KIMI_MASK_TYPES
+from .chat import ChatEncoder
 from .encode import Encoded, EncoderConfig, Encoders
+from .encoding import Encoder
 from .errors import BuildError, UsageError
 from .folder import transaction
 from .hashes import row_digest, rows_digest, sha256_file
@@ -245,11 +247,13 @@ class EncoderSetup(NamedTuple):
     encoder: EncoderConfig
     separator: str
     separator_id: int
+    loaded: Encoder | None = None
 
 
-def encoder_setup(config: BuildConfig) -> EncoderSetup:
-    """Resolve ``config``'s tokenizer and the encoder it builds with; ``UsageError`` for a
-    loss mask that is not the tokenizer's (or its spec's), or a separator not in its vocabulary."""
+def encoder_setup(config: BuildConfig, load: bool = False) -> EncoderSetup:
+    """Resolve ``config``'s tokenizer and the encoder it builds with (with ``load``, loaded
+    in this process, once); ``UsageError`` for a loss mask that is not the tokenizer's (or its
+    spec's), or a separator not in its vocabulary."""
     tokenizer = resolve_tokenizer(
         config.tokenizer,
         config.tokenizer_revision,
@@ -273,12 +277,14 @@ def encoder_setup(config: BuildConfig) -> EncoderSetup:
         tokenizer.family,
         config.trust_remote_code,
     )
-    return EncoderSetup(tokenizer, encoder_config, *encoder_config.separator(config.separator))
+    loaded = encoder_config.load() if load else None
+    kimi = loaded.tokenizer if isinstance(loaded, ChatEncoder) else None
+    return EncoderSetup(tokenizer, encoder_config, *encoder_config.separator(config.separator, kimi), loaded)
 
 
 def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
     """Build ``config`` into the empty folder ``folder``, manifest last; return the manifest."""
-    tokenizer, encoder_config, separator, separator_id = encoder_setup(config)
+    tokenizer, encoder_config, separator, separator_id, _ = encoder_setup(config)
     with Encoders(encoder_config, config.workers, config.check_every) as encoders, _cancelling_pool() as hashing:
         source = open_source(config.source, config.source_revision, config.source_license, config.source_files)
         if config.source_rows is not None and source.num_rows != config.source_rows:

@@ -160,7 +160,9 @@ def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenize
     manifest = check_recorded(document)
     rows = chosen_rows(spec, manifest.stats.rows)
     _check_tokenizer(config, manifest.tokenizer.files)
-    setup = encoder_setup(config)
+    setup = encoder_setup(config, load=True)
+    encoder = setup.loaded
+    assert encoder is not None  # (loaded: load=True)
     with system_allocator():
         stored = _stored_rows(folder / PARQUET_NAME, manifest, rows)
         with ThreadPoolExecutor(1) as hashing:
@@ -179,7 +181,6 @@ def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenize
             order = permutation(config.seed, opened.num_rows)
             stream = _Stream(manifest, order, positions(order), setup.separator_id)
             needed = stream.needed(stored)
-            encoder = setup.encoder.load()
             chunk = read_rows(opened, stream.rank, needed)
             for part in chunk.chunks(max(chunk.num_rows, 1)):
                 stream.encode(encoder, part, config.check_every)
