@@ -256,7 +256,8 @@ class _Stream:
         self.rows_skipped = manifest.stats.rows_skipped
         self.tail = manifest.stats.tail_tokens_dropped if manifest.params.rows != "all" else None
         self.hashes = manifest.row_sha256
-        self.skipped = np.unique(np.array([row.index for row in manifest.skipped_invalid], np.int64))
+        listed = [row.index for row in manifest.skipped_invalid] if manifest.params.skip_invalid else []
+        self.skipped = np.unique(np.array(listed, np.int64))  # (a build that does not skip stops at an invalid row)
         self.encoded: dict[int, Encoded] = {}
         self.failed: dict[int, str] = {}  # a source row whose template check fails: the build would have stopped
         self.duplicates: set[int] = set()
