@@ -22,7 +22,8 @@ For each chosen row K it proves:
   build dropped (no supervised token after token 0), whole such rows, re-encoded, no more of
   them than ``stats.rows_skipped``. Row 0 begins at the stream's start, so a check of rows
   ``0-N`` proves every cut up to row N. Checked rows further apart are in packing order;
-- the last row of a build of a row count leaves ``stats.tail_tokens_dropped`` of its unit.
+- the last row of a build of a row count leaves ``stats.tail_tokens_dropped`` of its unit; where
+  every row of such a build is checked, the rows dropped are ``stats.rows_skipped``.
 
 It does not prove, for a row whose previous row is not checked, where its first segment is
 cut (which conversation the stream reaches there, and at which token, follows from the lengths

@@ -20,13 +20,15 @@ from fixed_sft.hashes import sha256_file
 from fixed_sft.verify import verify
 
 ROW_TOKENS = 256
-BAD = {3: '{"id": "bad"}', 10: "not json", 21: '{"id": "empty", "messages": []}'}
+BAD = ['{"id": "bad"}', "not json", '{"id": "empty", "messages": []}']  # at packing positions 0, 5 and 12 (seed 7)
 
 
 def _jsonl(path):
+    from fixed_sft.order import permutation
+
     lines = [json.dumps({"id": r["id"], "messages": r["messages"]}) for r in synthetic.conversations(60, seed=8)]
-    for index, line in BAD.items():
-        lines[index] = line
+    for position, line in zip((0, 5, 12), BAD):
+        lines[int(permutation(7, 60)[position])] = line
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -52,11 +54,12 @@ def _parquet(folder):
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory, kimi_dir):
-    """A JSONL build of every row (``rows: all``) and a Parquet build of 40 rows, both
-    skipping invalid rows, with many conversations split across rows."""
+    """A JSONL build of 300 rows, some dropped (no supervised token after token 0), and a
+    Parquet build of every row (``rows: all``), both skipping invalid rows, with many
+    conversations split across rows."""
     root = tmp_path_factory.mktemp("spot")
     made = {}
-    for kind, source, rows in (("jsonl", _jsonl(root / "rows.jsonl"), None), ("parquet", _parquet(root / "pq"), 40)):
+    for kind, source, rows in (("jsonl", _jsonl(root / "rows.jsonl"), 300), ("parquet", _parquet(root / "pq"), None)):
         config = BuildConfig(
             name="spot",
             source=str(source),
@@ -70,6 +73,7 @@ def builds(tmp_path_factory, kimi_dir):
         manifest = build(config, root / kind)
         assert manifest["stats"]["invalid_rows_skipped"] == (len(BAD) if kind == "jsonl" else 1)
         assert manifest["stats"]["conversations_split"] > 10
+        assert manifest["stats"]["rows_skipped"] > 0 or kind == "parquet"
         made[kind] = (root / kind, source, manifest)
     return made
 
@@ -122,8 +126,25 @@ def test_every_row_checked_proves_the_whole_stream(builds, kimi_dir, kind):
     folder, source, manifest = builds[kind]
     result = spot_check(folder, parse_rows(f"0-{manifest['stats']['rows'] - 1}"), str(source), str(kimi_dir))
     assert result.same and not result.problems and not result.duplicates
-    if kind == "parquet":
-        assert result.dropped == manifest["stats"]["rows_skipped"]
+    if kind == "jsonl":  # (of every row: dropped ones after the last row count too)
+        assert result.dropped == manifest["stats"]["rows_skipped"] > 0
+
+
+def test_misstated_dropped_rows_are_named_when_every_row_is_checked(builds, kimi_dir, tmp_path, capsys):
+    folder, source, manifest = _copy(builds, "jsonl", tmp_path)
+    text = json.loads((folder / "manifest.json").read_text())
+    text["stats"]["rows_skipped"] += 1
+    (folder / "manifest.json").write_text(json.dumps(text, indent=1))
+    assert verify(folder) == []
+    capsys.readouterr()
+    last = manifest["stats"]["rows"] - 1
+    assert _spot(folder, source, kimi_dir, "3-7") == 0  # (a few rows: the count is not proven)
+    assert _spot(folder, source, kimi_dir, f"0-{last}") == 1
+    dropped = manifest["stats"]["rows_skipped"]
+    assert (
+        f"  row {last}: differs (the stream up to it drops {dropped} rows, stats.rows_skipped says {dropped + 1})"
+        in capsys.readouterr().out
+    )
 
 
 def test_only_the_conversations_of_the_rows_are_encoded(builds, kimi_dir, monkeypatch):
@@ -370,3 +391,28 @@ def test_the_spec_chooses_rows_as_documented():
         keys = [mix((mix(seed) + (k + 1) * 0x9E3779B97F4A7C15) % m) for k in range(300)]
         assert chosen_rows(parse_rows(text), 300).tolist() == sorted(sorted(range(300), key=keys.__getitem__)[:7])
     assert chosen_rows(parse_rows("sample:50"), 20).tolist() == list(range(20))
+
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_a_hugging_face_build_is_proven(deepseek_dir, tmp_path, capsys):
+    """The any-model path (mask ``assistant``): each conversation re-encoded, and checked
+    against the rendered template where the build checked it (every one here)."""
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").symlink_to(deepseek_dir / "tokenizer.json")
+    shutil.copy(deepseek_dir / "tokenizer_config.json", tokenizer)
+    (tokenizer / "chat_template.jinja").write_text(CHATML, encoding="utf-8")
+    source = synthetic.write_jsonl(synthetic.conversations(30, seed=2), tmp_path / "rows.jsonl")
+    flags = ["--tokenizer", str(tokenizer), "--loss-mask-type", "assistant", "--check-every", "1", "--quiet"]
+    args = ["--source", str(source), "--rows", "all", "--row-tokens", "128", "--allow-unpinned-tokenizer"]
+    assert main([*args, *flags, "--out", str(tmp_path / "o"), "--workers", "1"]) == 0
+    capsys.readouterr()
+    command = ["verify", str(tmp_path / "o"), "--rebuild", "--source", str(source), "--tokenizer", str(tokenizer)]
+    assert main([*command, "--rows", "0-4,30"]) == 0
+    out = capsys.readouterr().out
+    assert "proves them" in out and all(f"  row {k}: same\n" in out for k in (0, 1, 2, 3, 4, 30))
