@@ -133,7 +133,7 @@ def _refuse_outside(what: str, name: str, flag: str) -> None:
         )
 
 
-def _check_tokenizer(config: BuildConfig, recorded: dict[str, FileHash]) -> None:
+def check_tokenizer_files(config: BuildConfig, recorded: dict[str, FileHash]) -> None:
     """Raise ``BuildError`` unless the rebuild's tokenizer files are the recorded ones. A build
     that ran a Hugging Face tokenizer's own code (its ``.py`` files are recorded) is not rebuilt:
     a rebuild runs no code a manifest names."""
@@ -419,7 +419,7 @@ def rebuild(
         config = recorded_config(manifest, source, tokenizer, workers)
     except BuildError as error:
         raise BuildError(f"{folder / MANIFEST_NAME}: cannot rebuild: {error}") from None
-    _check_tokenizer(config, check_recorded(manifest).tokenizer.files)
+    check_tokenizer_files(config, check_recorded(manifest).tokenizer.files)
     with scratch_folder() as scratch:
         out = scratch / REBUILT
         try:

@@ -36,7 +36,6 @@ tail. The full ``--rebuild`` proves them all.
 from __future__ import annotations
 
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -44,7 +43,15 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from .build import BuildError, UsageError, encoder_setup, recorded_files, source_record, template_kwargs
+from .build import (  # (the build's pool: its hashing is not waited for on Ctrl-C)
+    BuildError,
+    UsageError,
+    _cancelling_pool,
+    encoder_setup,
+    recorded_files,
+    source_record,
+    template_kwargs,
+)
 from .encode import Encoded, encode_rows
 from .encoding import Encoder, TemplateMismatch
 from .fields import encode, same
@@ -57,8 +64,8 @@ from .pack import Segment
 from .reader import Refused, RowFile
 from .rebuild import (
     Compared,
-    _check_tokenizer,
     check_recorded,
+    check_tokenizer_files,
     difference,
     recorded_config,
     source_view,
@@ -160,13 +167,13 @@ def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenize
         raise BuildError(f"{folder / MANIFEST_NAME}: cannot rebuild: {error}") from None
     manifest = check_recorded(document)
     rows = chosen_rows(spec, manifest.stats.rows)
-    _check_tokenizer(config, manifest.tokenizer.files)
+    check_tokenizer_files(config, manifest.tokenizer.files)
     setup = encoder_setup(config, load=True)
     encoder = setup.loaded
     assert encoder is not None  # (loaded: load=True)
     with system_allocator():
         stored = _stored_rows(folder / PARQUET_NAME, manifest, rows)
-        with ThreadPoolExecutor(1) as hashing:
+        with _cancelling_pool() as hashing:
             try:
                 opened = open_source(config.source, config.source_revision, config.source_license, config.source_files)
             except SourceUnreachable as error:
@@ -484,7 +491,8 @@ def _first_difference(
 def report(result: SpotCheck) -> tuple[bool, list[str]]:
     """Whether the rows are proven, and a line per input compared and per row."""
     verdict = "proves them" if result.same else "does not prove them"
-    lines = [f"the spot check of {len(result.rows)} rows from the recorded inputs {verdict}"]
+    count = f"{len(result.rows)} row{'s' if len(result.rows) != 1 else ''}"
+    lines = [f"the spot check of {count} from the recorded inputs {verdict}"]
     for c in result.inputs:
         lines.append(f"  {c.key}: same" if c.same else f"  {c.key}: differs ({difference(c.here, c.rebuilt)})")
     for number in result.rows:
