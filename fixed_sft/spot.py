@@ -15,8 +15,9 @@ For each chosen row K it proves:
 - its segments follow the packing order (the seed's permutation, the rows of
   ``skipped_invalid`` left out): a segment after another starts at 0 and the one before ends
   at its unit's end, and the source rows between them in the order are all listed in
-  ``skipped_invalid``, each re-read and found invalid (or valid with an id: skipped as a
-  duplicate, whose earlier copy is not looked for);
+  ``skipped_invalid``, each re-read and found invalid, or a duplicate: valid, with an id that
+  a row read holds earlier in the packing order (where no row read holds it, the earlier
+  copy is not looked for); no two of the conversations read and held share an id;
 - where row K - 1 is checked too, K begins where K - 1 ends in the stream: the same
   conversation, cut at the same token, or the next one from its start; or, past rows the
   build dropped (no supervised token after token 0), whole such rows, re-encoded, no more of
@@ -27,8 +28,8 @@ For each chosen row K it proves:
 
 It does not prove, for a row whose previous row is not checked, where its first segment is
 cut (which conversation the stream reaches there, and at which token, follows from the lengths
-of all the conversations before it and the rows dropped); that no conversation repeats an
-earlier one's id; that the rows skipped as duplicates were; the stats, ``template_check`` and
+of all the conversations before it and the rows dropped); that no conversation held repeats
+the id of one outside the rows read; the stats, ``template_check`` and
 the rows of ``skipped_invalid`` outside the checked rows; nor, with ``rows: "all"``, the
 tail. The full ``--rebuild`` proves them all.
 """
@@ -192,6 +193,7 @@ def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenize
             chunk = read_rows(opened, stream.rank, needed)
             for part in chunk.chunks(max(chunk.num_rows, 1)):
                 stream.encode(encoder, part, config.check_every)
+            stream.first_with_ids()
             files = recorded_files(opened, hashes)
     recorded = {key: encode(getattr(manifest, key)) for key in ("source", "tokenizer", "loss_mask")}
     given_source, given_tokenizer = source is not None, tokenizer is not None
@@ -269,6 +271,7 @@ class _Stream:
         self.encoded: dict[int, Encoded] = {}
         self.failed: dict[int, str] = {}  # a source row whose template check fails: the build would have stopped
         self.duplicates: set[int] = set()
+        self.first_of: dict[str, int] = {}  # of each id, the held source row first in packing order
         self.dropped = 0  # rows the checked stretches of the stream show dropped
 
     def _in_range(self, index: int) -> bool:
@@ -338,6 +341,28 @@ class _Stream:
             except TemplateMismatch as error:
                 self.failed[index] = f"the template check fails, which stops a build ({error})"
 
+    def first_with_ids(self) -> None:
+        """Once every row is encoded: note, of each id, the source row earliest in packing
+        order that a row holds (the encoded valid rows not in ``skipped_invalid``: segments'
+        and dropped rows' conversations), which a build keeps and whose later copies it skips."""
+        held = [i for i, item in self.encoded.items() if item.ids is not None and item.id is not None]
+        held = [i for i in held if not (self.skipped.size and np.isin(i, self.skipped))]
+        for index in sorted(held, key=lambda i: int(self.rank[i])):
+            row_id = self.encoded[index].id
+            assert row_id is not None  # (held: rows with ids)
+            self.first_of.setdefault(row_id, index)
+
+    def _repeated(self, index: int) -> str | None:
+        """Why a row may not hold source row ``index``: an earlier copy of its id is held."""
+        row_id = self.encoded[index].id
+        first = self.first_of.get(row_id) if row_id is not None else None
+        if first is None or first == index:
+            return None
+        return (
+            f"source row {first}, earlier in the packing order, has its id {row_id!r}, "
+            "so a build skips this one as a duplicate"
+        )
+
     def _unit(self, index: int) -> tuple[np.ndarray, np.ndarray] | str:
         """Source row ``index``'s unit (ids and mask, the separator last), or why it has none."""
         if index in self.failed:
@@ -356,7 +381,14 @@ class _Stream:
             return None
         if item.id is None:
             return f"source row {index} is in skipped_invalid, but is a valid conversation without an id"
-        self.duplicates.add(index)  # (skipped as a duplicate id: its earlier copy is not looked for)
+        first = self.first_of.get(item.id)
+        if first is None:
+            self.duplicates.add(index)  # (skipped as a duplicate id: its earlier copy is not among the rows read)
+        elif self.rank[first] > self.rank[index]:
+            return (
+                f"source row {index} is in skipped_invalid, a duplicate of id {item.id!r}, but the copy a row "
+                f"holds, source row {first}, comes later in the packing order"
+            )
         return None
 
     def _stretch(self, a: Point | None, b: Point, drops: int) -> tuple[str | None, int]:
@@ -391,6 +423,8 @@ class _Stream:
                 unit = self._unit(index)
                 if isinstance(unit, str):
                     return unit, 0
+                if index != b[0] and (a is None or index != a[0]) and (problem := self._repeated(index)):
+                    return f"source row {index}: {problem}", 0
                 pieces.append((unit[0][start:end], unit[1][start:end]))
         mask = np.concatenate([np.zeros(0, np.uint8), *(m for _, m in pieces)])
         tokens, size = len(mask), self.row_tokens
@@ -420,6 +454,8 @@ class _Stream:
                 return f"{at}: {unit}"
             if not same(s.id, self.encoded[s.index].id):
                 return f"{at}: its id is {s.id!r}, source row {s.index}'s is {self.encoded[s.index].id!r}"
+            if (problem := self._repeated(s.index)) is not None:
+                return f"{at}: {problem}"
             if not 0 <= s.start < s.end <= len(unit[0]):
                 return f"{at}: source row {s.index}'s unit holds {len(unit[0])} tokens"
             if i > 0 and s.start != 0:
@@ -502,7 +538,8 @@ def report(result: SpotCheck) -> tuple[bool, list[str]]:
         shown = ", ".join(map(str, result.duplicates[:5])) + (", ..." if len(result.duplicates) > 5 else "")
         lines.append(f"  skipped as duplicate ids, not proven: source rows {shown}")
     lines.append(
-        "  not proven by a spot check: where a row after an unchecked one is cut, repeated ids, the stats; "
+        "  not proven by a spot check: where a row after an unchecked one is cut, ids repeated from rows not read, "
+        "the stats; "
         "--rebuild without --rows proves them"
     )
     return result.same, lines

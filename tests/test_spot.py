@@ -416,3 +416,71 @@ def test_a_hugging_face_build_is_proven(deepseek_dir, tmp_path, capsys):
     assert main([*command, "--rows", "0-4,30"]) == 0
     out = capsys.readouterr().out
     assert "proves them" in out and all(f"  row {k}: same\n" in out for k in (0, 1, 2, 3, 4, 30))
+
+
+def test_a_repeated_id_is_named(builds, kimi_dir, tmp_path, capsys):
+    """A row that holds a conversation whose id an earlier held one has (as a builder that
+    does not skip duplicates would make it), with the source file, the segments' ids and the
+    manifest made to agree: only the repeated id tells."""
+    from fixed_sft.order import permutation, positions
+
+    folder, source, _ = _copy(builds, "jsonl", tmp_path)
+    rank = positions(permutation(7, 60))
+    rows = pq.read_table(folder / "train.parquet").column("metadata").to_pylist()
+    held = sorted({s["source_index"] for row in rows[:6] for s in row["segments"]}, key=lambda i: rank[i])
+    first, later = held[0], held[-1]
+    lines = source.read_text().splitlines()
+    record, taken = json.loads(lines[later]), json.loads(lines[first])["id"]
+    lines[later] = json.dumps({**record, "id": taken})
+    copy = tmp_path / "rows.jsonl"
+    copy.write_text("\n".join(lines) + "\n")
+
+    def change(rows):
+        for row in rows:
+            for segment in row["metadata"]["segments"]:
+                if segment["source_index"] == later:
+                    segment["id"] = taken
+
+    _forge(folder, change)
+    text = json.loads((folder / "manifest.json").read_text())
+    text["source"]["files"][0].update(bytes=copy.stat().st_size, sha256=sha256_file(copy))
+    (folder / "manifest.json").write_text(json.dumps(text, indent=1))
+    assert verify(folder) == []
+    capsys.readouterr()
+    assert _spot(folder, copy, kimi_dir, "0-5") == 1
+    out = capsys.readouterr().out
+    k = next(k for k, row in enumerate(rows) if later in {s["source_index"] for s in row["segments"]})
+    assert "  source: same\n" in out
+    assert f"  row {k}: differs (segment " in out
+    assert f"source row {first}, earlier in the packing order, has its id {taken!r}, so a build skips this one" in out
+
+
+def test_a_skipped_duplicate_is_proven_by_its_earlier_copy(kimi_dir, tmp_path):
+    """A source row that repeats an earlier one (its id and messages) is skipped by the
+    build; a check of every row reads both, and so proves the skip; a check of the rows
+    around the skipped copy alone lists it as not proven."""
+    from fixed_sft.order import permutation
+    from fixed_sft.spot import parse_rows, spot_check
+
+    order = permutation(7, 40)
+    lines = [json.dumps({"id": r["id"], "messages": r["messages"]}) for r in synthetic.conversations(40, seed=4)]
+    lines[int(order[30])] = lines[int(order[1])]
+    source = tmp_path / "rows.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    config = BuildConfig(
+        name="dup", source=str(source), tokenizer=str(kimi_dir), rows=None, row_tokens=ROW_TOKENS, seed=7,
+        workers=1, skip_invalid=True,
+    )  # fmt: skip
+    manifest = build(config, tmp_path / "o")
+    assert [row["index"] for row in manifest["skipped_invalid"]] == [int(order[30])]
+    last = manifest["stats"]["rows"] - 1
+    result = spot_check(tmp_path / "o", parse_rows(f"0-{last}"), str(source), str(kimi_dir))
+    assert result.same and result.duplicates == []
+    rows = pq.read_table(tmp_path / "o" / "train.parquet").column("metadata").to_pylist()
+    k = next(
+        k
+        for k, row in enumerate(rows)
+        if (int(order[31]), 0) in {(s["source_index"], s["start"]) for s in row["segments"]}
+    )
+    result = spot_check(tmp_path / "o", parse_rows(f"{k - 1}-{k}"), str(source), str(kimi_dir))
+    assert result.same and result.duplicates == [int(order[30])]
