@@ -301,7 +301,7 @@ class _Stream:
             links.insert(
                 0, ("from the stream's start", None, (segments[0].index, segments[0].start), self.rows_skipped)
             )
-        elif number - 1 in stored:
+        elif number - 1 in stored and stored[number - 1].segments:
             last = stored[number - 1].segments[-1]
             links.insert(
                 0,
@@ -393,7 +393,7 @@ class _Stream:
 
     def _stretch(self, a: Point | None, b: Point, drops: int) -> tuple[str | None, int]:
         """The problem with the stream from ``a`` (``None``: its start) to ``b``, where at most
-        ``drops`` rows may have been dropped (``None``: none), and the rows dropped there."""
+        ``drops`` rows may have been dropped, and the rows dropped there."""
         pieces: list[tuple[np.ndarray, np.ndarray]] = []
         if a is not None and a[0] == b[0]:
             if b[1] < a[1]:
