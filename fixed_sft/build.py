@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +27,9 @@ from tqdm import tqdm
 
 from . import __version__
 from .chat import MASK_TYPES as KIMI_MASK_TYPES
+from .chat import ChatEncoder
 from .encode import Encoded, EncoderConfig, Encoders
+from .encoding import Encoder
 from .errors import BuildError, UsageError
 from .folder import transaction
 from .hashes import row_digest, rows_digest, sha256_file
@@ -245,8 +248,21 @@ def template_kwargs(config: BuildConfig, tokenizer: ResolvedTokenizer) -> dict:
     return tokenizer.template_kwargs if config.template_kwargs is None else config.template_kwargs
 
 
-def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
-    """Build ``config`` into the empty folder ``folder``, manifest last; return the manifest."""
+class EncoderSetup(NamedTuple):
+    """A build's tokenizer as resolved, the encoder's configuration, and the separator
+    (the token after each conversation) as text and id."""
+
+    tokenizer: ResolvedTokenizer
+    encoder: EncoderConfig
+    separator: str
+    separator_id: int
+    loaded: Encoder | None = None
+
+
+def encoder_setup(config: BuildConfig, load: bool = False) -> EncoderSetup:
+    """Resolve ``config``'s tokenizer and the encoder it builds with (with ``load``, loaded
+    in this process, once); ``UsageError`` for a loss mask that is not the tokenizer's (or its
+    spec's), or a separator not in its vocabulary."""
     tokenizer = resolve_tokenizer(
         config.tokenizer,
         config.tokenizer_revision,
@@ -270,7 +286,14 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         tokenizer.family,
         config.trust_remote_code,
     )
-    separator, separator_id = encoder_config.separator(config.separator)
+    loaded = encoder_config.load() if load else None
+    kimi = loaded.tokenizer if isinstance(loaded, ChatEncoder) else None
+    return EncoderSetup(tokenizer, encoder_config, *encoder_config.separator(config.separator, kimi), loaded)
+
+
+def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
+    """Build ``config`` into the empty folder ``folder``, manifest last; return the manifest."""
+    tokenizer, encoder_config, separator, separator_id, _ = encoder_setup(config)
     with Encoders(encoder_config, config.workers, config.check_every) as encoders, _cancelling_pool() as hashing:
         source = open_source(config.source, config.source_revision, config.source_license, config.source_files)
         if config.source_rows is not None and source.num_rows != config.source_rows:
@@ -337,13 +360,13 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             needed = f"--rows is {config.rows}" if config.rows is not None else "a build needs at least one"
             filled = f"the source fills only {writer.rows} rows of {config.row_tokens} tokens"
             raise BuildError(f"{filled} with supervised tokens; {needed}")
-        source_files = _source_files(source, source_hashes)
+        source_files = recorded_files(source, source_hashes)
     document = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME, separator).to_json()
     _write_manifest(folder / MANIFEST_NAME, document)
     return document
 
 
-def _source_files(source: Source, hashes: list[Future]) -> list[dict]:
+def recorded_files(source: Source, hashes: list[Future]) -> list[dict]:
     """The manifest's ``source.files``, from the files' hashes; a ``SourceError`` for a
     file that went away or changed since the source was opened (so the rows, the counts
     and the hashes are all of the same bytes), a ``BuildError`` for one damaged in the
@@ -359,6 +382,18 @@ def _source_files(source: Source, hashes: list[Future]) -> list[dict]:
         {"path": path.relative_to(source.root).as_posix(), "bytes": size, "sha256": digest}
         for path, (size, _), digest in zip(source.files, source.stamps, digests)
     ]
+
+
+def source_record(source: Source, files: list[dict]) -> SourceRecord:
+    """The manifest's ``source`` of ``source``, whose files are ``files`` (``recorded_files``)."""
+    return SourceRecord(
+        name=source.name,
+        revision=source.revision,
+        license=source.license,
+        file_patterns=list(source.patterns) if source.patterns is not None else None,
+        rows=source.num_rows,
+        files=[SourceFile(**file) for file in files],
+    )
 
 
 def _manifest(
@@ -385,14 +420,7 @@ def _manifest(
             },
             separator=separator,
         ),
-        source=SourceRecord(
-            name=source.name,
-            revision=source.revision,
-            license=source.license,
-            file_patterns=list(source.patterns) if source.patterns is not None else None,
-            rows=source.num_rows,
-            files=[SourceFile(**file) for file in source_files],
-        ),
+        source=source_record(source, source_files),
         tokenizer=tokenizer.manifest(),
         loss_mask=LossMask(type=config.loss_mask_type, template_kwargs=template_kwargs(config, tokenizer)),
         template_check=TemplateCheck(every=config.check_every, checked=tally.template_checked),

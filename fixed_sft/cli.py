@@ -149,6 +149,11 @@ def parser() -> argparse.ArgumentParser:
         help="with --rebuild: encoding processes (default: the cores this process may use)",
     )
     verify.add_argument("--quiet", action="store_true", help="with --rebuild: no progress bar")
+    verify.add_argument(
+        "--rows",
+        metavar="SPEC",
+        help="with --rebuild: check only these rows (0,17,100-120, or sample:N), re-encoding just what they need",
+    )
 
     pin = commands.add_parser("pin-tokenizer", help="write a tokenizer spec that builds check the files against")
     pin.add_argument("tokenizer", metavar="REPO|FOLDER", help="a Hub repo id, or a folder of tokenizer files")
@@ -280,8 +285,15 @@ def _verify(args: argparse.Namespace) -> int:
     from .specs import SpecError, build_spec
     from .verify import read_manifest, verify
 
-    if not args.rebuild and (args.source or args.tokenizer or args.workers is not None or args.quiet):
-        raise UsageError("--source, --tokenizer, --workers and --quiet are for a rebuild; add --rebuild")
+    if not args.rebuild and (
+        args.source or args.tokenizer or args.workers is not None or args.quiet or args.rows is not None
+    ):
+        raise UsageError("--source, --tokenizer, --workers, --quiet and --rows are for a rebuild; add --rebuild")
+    spec = None
+    if args.rows is not None:
+        from .spot import parse_rows
+
+        spec = parse_rows(args.rows)
     published = None
     if args.published is not None:
         try:
@@ -302,7 +314,14 @@ def _verify(args: argparse.Namespace) -> int:
     if published:
         manifest = read_manifest(args.folder / MANIFEST_NAME)
         same = _report_published(manifest, published, args.published)
-    if args.rebuild:
+    if spec is not None:
+        from .spot import report as spot_report
+        from .spot import spot_check
+
+        proven, lines = spot_report(spot_check(args.folder, spec, args.source, args.tokenizer))
+        print("\n".join(lines))
+        same = proven and same
+    elif args.rebuild:
         from .params import usable_cores
 
         workers = usable_cores() if args.workers is None else args.workers

@@ -124,9 +124,10 @@ class EncoderConfig:
                     f"{self.tokenizer_dir / name} changed since the build read its sha256; run the build again"
                 )
 
-    def separator(self, token: str | None) -> tuple[str, int]:
+    def separator(self, token: str | None, loaded: KimiTokenizer | None = None) -> tuple[str, int]:
         """The token that follows each conversation and its id: ``token`` (``UsageError``
-        unless it is a single token of the vocabulary), else the tokenizer's eos token."""
+        unless it is a single token of the vocabulary), else the tokenizer's eos token;
+        ``loaded``: the Kimi tokenizer of these files, where one is loaded already."""
         if self.family == "hf":
             tokenizer = self.hf_tokenizer()
             self._check_unchanged()
@@ -139,7 +140,7 @@ class EncoderConfig:
         if token is None:
             return eos_token(self.tokenizer_dir), eos_id(self.tokenizer_dir)
         try:
-            return token, KimiTokenizer(self.tokenizer_dir).encoding.encode_single_token(token)
+            return token, (loaded or KimiTokenizer(self.tokenizer_dir)).encoding.encode_single_token(token)
         except KeyError:
             raise UsageError(f"--separator {token!r} is not a single token of the vocabulary") from None
 

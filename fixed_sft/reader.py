@@ -331,14 +331,19 @@ class RowFile:
         except ValueError:
             raise self._refuse(f"{at}: a damaged page header; not decoded") from None
 
-    def groups(self, columns: list[str], limit: int | None = None) -> Iterator[Group]:
-        """The row groups that hold rows before row ``limit`` (all when ``None``), each with
+    def groups(self, columns: list[str], limit: int | None = None, only: np.ndarray | None = None) -> Iterator[Group]:
+        """The row groups that hold rows before row ``limit`` (all when ``None``), and with
+        ``only`` (sorted row numbers) just those that hold one of them, each with
         ``columns`` (leaf paths of the format's schema) decoded once its pages are checked."""
         paths = _format_leaves()
         indices = [paths.index(c) for c in columns]
         for g, first in enumerate(self._firsts):
             if limit is not None and first >= limit:
                 return
+            if only is not None:
+                end = first + self.metadata.row_group(g).num_rows
+                if np.searchsorted(only, first) == np.searchsorted(only, end):  # none of them in [first, end)
+                    continue
             self._check_pages(g, indices)
             table = self._parquet.read_row_group(g, columns=columns, use_threads=False)
             yield Group(g, first, table.num_rows, table)

@@ -133,7 +133,7 @@ def _refuse_outside(what: str, name: str, flag: str) -> None:
         )
 
 
-def _check_tokenizer(config: BuildConfig, recorded: dict[str, FileHash]) -> None:
+def check_tokenizer_files(config: BuildConfig, recorded: dict[str, FileHash]) -> None:
     """Raise ``BuildError`` unless the rebuild's tokenizer files are the recorded ones. A build
     that ran a Hugging Face tokenizer's own code (its ``.py`` files are recorded) is not rebuilt:
     a rebuild runs no code a manifest names."""
@@ -159,23 +159,35 @@ def _view(manifest: dict, given_source: bool, given_tokenizer: bool) -> dict:
     """What a rebuild must reproduce: the whole manifest but ``INFORMATION``, the reasons
     of skipped rows (their wording is the code's), and the names, globs and paths of
     inputs the caller gave."""
-    source = {"file_patterns": None, **manifest["source"]}  # (manifests before globs lack the key)
-    source = {key: value for key, value in source.items() if not (given_source and key in ("name", "file_patterns"))}
-    source["files"] = [
-        file if not given_source or not isinstance(file, dict) else {k: v for k, v in file.items() if k != "path"}
-        for file in source["files"]
-    ]
-    tokenizer = {
-        key: value
-        for key, value in manifest["tokenizer"].items()
-        if not (given_tokenizer and key in ("name", "repo", "revision"))
-    }
     skipped = [
         {k: v for k, v in row.items() if k != "reason"} if isinstance(row, dict) else row
         for row in manifest["skipped_invalid"]
     ]
     view = {key: value for key, value in manifest.items() if key not in INFORMATION}
-    return {**view, "source": source, "tokenizer": tokenizer, "skipped_invalid": skipped}
+    return {
+        **view,
+        "source": source_view(manifest["source"], given_source),
+        "tokenizer": tokenizer_view(manifest["tokenizer"], given_tokenizer),
+        "skipped_invalid": skipped,
+    }
+
+
+def source_view(source: dict, given: bool) -> dict:
+    """A manifest's ``source`` as a rebuild compares it: without its name, globs and file
+    paths when the caller ``given`` the source."""
+    source = {"file_patterns": None, **source}  # (manifests before globs lack the key)
+    source = {key: value for key, value in source.items() if not (given and key in ("name", "file_patterns"))}
+    source["files"] = [
+        file if not given or not isinstance(file, dict) else {k: v for k, v in file.items() if k != "path"}
+        for file in source["files"]
+    ]
+    return source
+
+
+def tokenizer_view(tokenizer: dict, given: bool) -> dict:
+    """A manifest's ``tokenizer`` as a rebuild compares it: without its name, repo and
+    revision when the caller ``given`` the files."""
+    return {key: value for key, value in tokenizer.items() if not (given and key in ("name", "repo", "revision"))}
 
 
 class RowAt(NamedTuple):
@@ -407,7 +419,7 @@ def rebuild(
         config = recorded_config(manifest, source, tokenizer, workers)
     except BuildError as error:
         raise BuildError(f"{folder / MANIFEST_NAME}: cannot rebuild: {error}") from None
-    _check_tokenizer(config, check_recorded(manifest).tokenizer.files)
+    check_tokenizer_files(config, check_recorded(manifest).tokenizer.files)
     with scratch_folder() as scratch:
         out = scratch / REBUILT
         try:

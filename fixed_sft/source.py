@@ -442,11 +442,29 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
     size), ``dropped`` (true for a row over ``MAX_CONVERSATION_BYTES``, whose data is
     dropped as it is read, so that no band holds it) and ``index`` (the global row
     index). ``records`` decodes them."""
+    return _read_selected(source, rank, lambda start, count: _within(rank[start : start + count], lo, hi))
+
+
+def _within(positions: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    return (positions >= lo) & (positions < hi)
+
+
+def read_rows(source: Source, rank: np.ndarray, indices: np.ndarray) -> Band:
+    """The rows of global ``indices`` (any set), read as ``read_band`` reads a band: of a
+    Parquet file only the row groups that hold one, of a JSONL file only their lines kept."""
+    wanted = np.zeros(source.num_rows, bool)
+    wanted[indices] = True
+    return _read_selected(source, rank, lambda start, count: wanted[start : start + count])
+
+
+def _read_selected(source: Source, rank: np.ndarray, select: Callable[[int, int], np.ndarray]) -> Band:
+    """``read_band`` of the rows that ``select`` keeps: given a file's first global row and
+    its row count, which of its rows to read."""
     starts = np.concatenate(([0], np.cumsum(source.row_counts)[:-1]))
 
     def read_file(path: Path, start: int, count: int) -> tuple[list[pa.Table], np.ndarray] | None:
         positions = rank[start : start + count]
-        inside = (positions >= lo) & (positions < hi)
+        inside = select(start, count)
         if not inside.any():
             return None
         reader = _read_parquet if path.suffix == ".parquet" else _read_jsonl

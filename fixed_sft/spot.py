@@ -1,0 +1,545 @@
+"""A build's chosen rows -> each proven from the recorded inputs, re-encoding only the conversations they need.
+
+``verify DIR --rebuild --rows SPEC`` (SPEC: ``parse_rows``). The inputs are taken and checked as
+the full rebuild takes them (``rebuild.recorded_config``): the tokenizer files must be the
+recorded ones, the template variables and the separator are the manifest's, and the source
+files are hashed and compared with ``source.files``. Then only the source rows the chosen
+rows need are read (a Parquet file's row groups that hold one, a JSONL file's lines) and
+encoded, each at its packing position (so the template check runs where the build ran it).
+
+For each chosen row K it proves:
+
+- its ids and mask are its segments' slices of the re-encoded units put together, each unit
+  a conversation's ids and then the separator, and the hash of that row is the manifest's
+  ``row_sha256[K]``; each segment's id is its source row's;
+- its segments follow the packing order (the seed's permutation, the rows of
+  ``skipped_invalid`` left out): a segment after another starts at 0 and the one before ends
+  at its unit's end, and the source rows between them in the order are all listed in
+  ``skipped_invalid``, each re-read and found invalid, or a duplicate: valid, with an id that
+  a row read holds earlier in the packing order (where no row read holds it, the earlier
+  copy is not looked for); no two of the conversations read and held share an id;
+- where row K - 1 is checked too, K begins where K - 1 ends in the stream: the same
+  conversation, cut at the same token, or the next one from its start; or, past rows the
+  build dropped (no supervised token after token 0), whole such rows, re-encoded, no more of
+  them than ``stats.rows_skipped``. Row 0 begins at the stream's start, so a check of rows
+  ``0-N`` proves every cut up to row N. Checked rows further apart are in packing order;
+- the last row of a build of a row count leaves ``stats.tail_tokens_dropped`` of its unit; where
+  every row of such a build is checked, the rows dropped are ``stats.rows_skipped``.
+
+It does not prove, for a row whose previous row is not checked, where its first segment is
+cut (which conversation the stream reaches there, and at which token, follows from the lengths
+of all the conversations before it and the rows dropped); that no conversation held repeats
+the id of one outside the rows read; the stats, ``template_check`` and
+the rows of ``skipped_invalid`` outside the checked rows; nor, with ``rows: "all"``, the
+tail. The full ``--rebuild`` proves them all.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from .build import (  # (the build's pool: its hashing is not waited for on Ctrl-C)
+    BuildError,
+    UsageError,
+    _cancelling_pool,
+    encoder_setup,
+    recorded_files,
+    source_record,
+    template_kwargs,
+)
+from .encode import Encoded, encode_rows
+from .encoding import Encoder, TemplateMismatch
+from .fields import encode, same
+from .hashes import row_digest, sha256_file
+from .manifest import Manifest
+from .memory import system_allocator
+from .order import permutation, positions
+from .output import MANIFEST_NAME, PARQUET_NAME
+from .pack import Segment
+from .reader import Refused, RowFile
+from .rebuild import (
+    Compared,
+    check_recorded,
+    check_tokenizer_files,
+    difference,
+    recorded_config,
+    source_view,
+    tokenizer_view,
+)
+from .source import SourceError, SourceUnreachable, open_source, read_rows
+from .verify import described, read_manifest
+
+SAMPLE_SEED = 0  # the seed of ``sample:N``
+_ITEM = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+_SAMPLE = re.compile(r"sample:([0-9]+)(?::([0-9]+))?")
+STORED = [
+    "metadata.input_ids.list.element",
+    "metadata.loss_mask.list.element",
+    "metadata.row",
+    *(f"metadata.segments.list.element.{key}" for key in ("source_index", "id", "start", "end")),
+]
+
+
+@dataclass(frozen=True)
+class RowsSpec:
+    """Rows to check: ``ranges`` of row numbers (each first to last, inclusive), or a
+    ``sample`` of that many rows drawn with ``seed``."""
+
+    ranges: tuple[tuple[int, int], ...] = ()
+    sample: int | None = None
+    seed: int = SAMPLE_SEED
+
+
+def parse_rows(text: str) -> RowsSpec:
+    """``--rows SPEC``: row numbers and inclusive ranges, comma-separated (``0,17,100-120``), or
+    ``sample:N`` (``sample:N:SEED``); ``UsageError`` for anything else."""
+    if text.startswith("sample:"):
+        match = _SAMPLE.fullmatch(text)
+        if match is None or int(match[1]) == 0 or (match[2] is not None and int(match[2]) >= 2**64):
+            raise UsageError(f"--rows {text!r}: expected sample:N or sample:N:SEED (N at least 1, SEED below 2**64)")
+        return RowsSpec(sample=int(match[1]), seed=SAMPLE_SEED if match[2] is None else int(match[2]))
+    ranges = []
+    for item in text.split(","):
+        match = _ITEM.fullmatch(item)
+        if match is None or (match[2] is not None and int(match[2]) < int(match[1])):
+            raise UsageError(
+                f"--rows {text!r}: expected row numbers and ranges such as 0,17,100-120 (first-last, "
+                "inclusive), or sample:N"
+            )
+        ranges.append((int(match[1]), int(match[2] if match[2] is not None else match[1])))
+    return RowsSpec(ranges=tuple(ranges))
+
+
+def chosen_rows(spec: RowsSpec, rows: int) -> np.ndarray:
+    """The row numbers ``spec`` chooses among a build's ``rows``, sorted, each once; a sample
+    is the rows ``k`` of the ``N`` smallest ``key(seed, k)`` (the packing order's key,
+    ``fixed_sft.order``), all rows when the build has no more than ``N``. ``UsageError`` for a
+    row past the build's last."""
+    if spec.sample is not None:
+        return np.sort(permutation(spec.seed, rows)[: spec.sample])
+    for _, last in spec.ranges:
+        if last >= rows:
+            raise UsageError(f"--rows: row {last} is past the build's last row, {rows - 1}")
+    return np.unique(np.concatenate([np.arange(first, last + 1) for first, last in spec.ranges]))
+
+
+class StoredRow(NamedTuple):
+    """A row as ``train.parquet`` holds it."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    segments: list[Segment]
+
+
+@dataclass
+class SpotCheck:
+    """The outcome: the rows checked, the inputs beside the manifest's, each row's first
+    problem (none: the row is proven), and the source rows in ``skipped_invalid`` between
+    checked segments that are valid conversations (duplicates, not proven)."""
+
+    rows: list[int]
+    inputs: list[Compared]
+    problems: dict[int, str]
+    duplicates: list[int] = field(default_factory=list)
+    dropped: int = 0  # the rows dropped in the stretches of the stream proven (between checked rows)
+
+    @property
+    def same(self) -> bool:
+        return all(c.same for c in self.inputs) and not self.problems
+
+
+def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenizer: str | None = None) -> SpotCheck:
+    """Check the rows ``spec`` chooses of ``folder`` against the inputs its manifest records
+    (or ``source`` and ``tokenizer`` where given), as the module docstring says."""
+    folder = Path(folder)
+    try:
+        document = read_manifest(folder / MANIFEST_NAME)
+    except (OSError, ValueError, RecursionError) as error:
+        raise BuildError(f"{folder / MANIFEST_NAME}: cannot read it ({error})") from None
+    try:
+        config = recorded_config(document, source, tokenizer)
+    except BuildError as error:
+        raise BuildError(f"{folder / MANIFEST_NAME}: cannot rebuild: {error}") from None
+    manifest = check_recorded(document)
+    rows = chosen_rows(spec, manifest.stats.rows)
+    check_tokenizer_files(config, manifest.tokenizer.files)
+    setup = encoder_setup(config, load=True)
+    encoder = setup.loaded
+    assert encoder is not None  # (loaded: load=True)
+    with system_allocator():
+        stored = _stored_rows(folder / PARQUET_NAME, manifest, rows)
+        with _cancelling_pool() as hashing:
+            try:
+                opened = open_source(config.source, config.source_revision, config.source_license, config.source_files)
+            except SourceUnreachable as error:
+                raise SourceError(
+                    f"{error.problem}. Without the Hub, download its files at that revision elsewhere "
+                    "and pass --source PATH"
+                ) from None
+            if opened.num_rows != manifest.source.rows:
+                raise BuildError(
+                    f"source {opened.name} has {opened.num_rows} rows; the manifest records {manifest.source.rows}"
+                )
+            hashes = [hashing.submit(sha256_file, path) for path in opened.files]
+            order = permutation(config.seed, opened.num_rows)
+            stream = _Stream(manifest, order, positions(order), setup.separator_id)
+            needed = stream.needed(stored)
+            chunk = read_rows(opened, stream.rank, needed)
+            for part in chunk.chunks(max(chunk.num_rows, 1)):
+                stream.encode(encoder, part, config.check_every)
+            stream.first_with_ids()
+            files = recorded_files(opened, hashes)
+    recorded = {key: encode(getattr(manifest, key)) for key in ("source", "tokenizer", "loss_mask")}
+    given_source, given_tokenizer = source is not None, tokenizer is not None
+    inputs = [
+        Compared(
+            "source",
+            source_view(recorded["source"], given_source),
+            source_view(encode(source_record(opened, files)), given_source),
+            True,
+        ),
+        Compared(
+            "tokenizer",
+            tokenizer_view(recorded["tokenizer"], given_tokenizer),
+            tokenizer_view(encode(setup.tokenizer.manifest()), given_tokenizer),
+            True,
+        ),
+        Compared(
+            "loss_mask",
+            recorded["loss_mask"],
+            {"type": config.loss_mask_type, "template_kwargs": template_kwargs(config, setup.tokenizer)},
+            True,
+        ),
+    ]
+    if manifest.params.separator is not None:
+        inputs.append(Compared("params.separator", manifest.params.separator, setup.separator, True))
+    problems = {}
+    for number in rows.tolist():
+        if (problem := stream.check(number, stored)) is not None:
+            problems[number] = problem
+    every = len(rows) == manifest.stats.rows  # (rows: sorted, each once)
+    if every and manifest.params.rows != "all" and not problems and stream.dropped != manifest.stats.rows_skipped:
+        problems[int(rows[-1])] = (
+            f"the stream up to it drops {stream.dropped} rows, stats.rows_skipped says {manifest.stats.rows_skipped}"
+        )
+    return SpotCheck(rows.tolist(), inputs, problems, sorted(stream.duplicates), stream.dropped)
+
+
+def _stored_rows(path: Path, manifest: Manifest, rows: np.ndarray) -> dict[int, StoredRow]:
+    """Rows ``rows`` of the build's Parquet file, reading only the row groups that hold them."""
+    stored: dict[int, StoredRow] = {}
+    try:
+        with RowFile(path, len(manifest.row_sha256), manifest.params.row_tokens) as file:
+            for group in file.groups(STORED, only=rows):
+                ids, mask, offsets = group.tokens()
+                segments = group.column("metadata").field("segments")
+                for number in rows[(rows >= group.first) & (rows < group.first + group.rows)].tolist():
+                    n = number - group.first
+                    spans = [Segment(s["source_index"], s["id"], s["start"], s["end"]) for s in segments[n].as_py()]
+                    stored[number] = StoredRow(
+                        ids[offsets[n] : offsets[n + 1]], mask[offsets[n] : offsets[n + 1]], spans
+                    )
+    except (OSError, ValueError) as error:
+        raise BuildError(
+            str(error) if isinstance(error, Refused) else f"{path}: unreadable ({described(error)})"
+        ) from None
+    return stored
+
+
+Point = tuple[int, int]  # a place in the stream: a source row's unit, and a token of it
+
+
+class _Stream:
+    """The packing order, the re-encoded units of the source rows read, and the checks of
+    stored rows against them."""
+
+    def __init__(self, manifest: Manifest, order: np.ndarray, rank: np.ndarray, separator_id: int):
+        self.order, self.rank, self.separator_id = order, rank, separator_id
+        self.row_tokens = manifest.params.row_tokens
+        self.rows = manifest.stats.rows
+        self.rows_skipped = manifest.stats.rows_skipped
+        self.tail = manifest.stats.tail_tokens_dropped if manifest.params.rows != "all" else None
+        self.hashes = manifest.row_sha256
+        listed = [row.index for row in manifest.skipped_invalid] if manifest.params.skip_invalid else []
+        self.skipped = np.unique(np.array(listed, np.int64))  # (a build that does not skip stops at an invalid row)
+        self.encoded: dict[int, Encoded] = {}
+        self.failed: dict[int, str] = {}  # a source row whose template check fails: the build would have stopped
+        self.duplicates: set[int] = set()
+        self.first_of: dict[str, int] = {}  # of each id, the held source row first in packing order
+        self.dropped = 0  # rows the checked stretches of the stream show dropped
+
+    def _in_range(self, index: int) -> bool:
+        return 0 <= index < len(self.order)
+
+    def _between(self, a: int | None, b: int) -> np.ndarray:
+        """The source rows strictly between rows ``a`` (``None``: the stream's start) and ``b``
+        in packing order (none where ``b`` is not after ``a``)."""
+        lo = 0 if a is None else int(self.rank[a]) + 1
+        return self.order[lo : max(lo, int(self.rank[b]))]
+
+    def _split(self, between: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``between``'s rows listed in ``skipped_invalid``, and the others."""
+        listed = np.isin(between, self.skipped)
+        return between[listed], between[~listed]
+
+    def _links(self, number: int, stored: dict[int, StoredRow]) -> list[tuple[str, Point | None, Point, int]]:
+        """The stretches of the stream row ``number`` is proven against: between each two of
+        its segments (no token, no row dropped), and from where the row before ends, where it
+        is checked (or row 0: from the stream's start), with the rows that may be dropped there."""
+        segments = stored[number].segments
+        links: list[tuple[str, Point | None, Point, int]] = [
+            (f"between segments {i - 1} and {i}", (a.index, a.end), (b.index, b.start), 0)
+            for i, (a, b) in enumerate(zip(segments, segments[1:]), 1)
+        ]
+        if number == 0:
+            links.insert(
+                0, ("from the stream's start", None, (segments[0].index, segments[0].start), self.rows_skipped)
+            )
+        elif number - 1 in stored and stored[number - 1].segments:
+            last = stored[number - 1].segments[-1]
+            links.insert(
+                0,
+                (
+                    f"from row {number - 1}'s end",
+                    (last.index, last.end),
+                    (segments[0].index, segments[0].start),
+                    self.rows_skipped,
+                ),
+            )
+        return links
+
+    def needed(self, stored: dict[int, StoredRow]) -> np.ndarray:
+        """The source rows to read: the stored rows' segments', and those between the places
+        ``_links`` proves them against (a stretch too long for the rows it may drop needs none)."""
+        wanted: list[np.ndarray] = []
+        for number, row in stored.items():
+            wanted.append(np.array([s.index for s in row.segments if self._in_range(s.index)], np.int64))
+            if not row.segments:
+                continue
+            for _, a, b, drops in self._links(number, stored):
+                if not self._in_range(b[0]) or (a is not None and (not self._in_range(a[0]) or a[0] == b[0])):
+                    continue
+                listed, others = self._split(self._between(None if a is None else a[0], b[0]))
+                wanted.append(listed)
+                if len(others) <= drops * self.row_tokens:
+                    wanted.append(others)
+        return np.unique(np.concatenate([np.zeros(0, np.int64), *wanted]))
+
+    def encode(self, encoder: Encoder, chunk: pa.Table, check_every: int) -> None:
+        """Encode the source rows of ``chunk``, each at its packing position."""
+        indices = chunk.column("index").to_pylist()
+        for k, index in enumerate(indices):
+            try:
+                for item in encode_rows(encoder, chunk.slice(k, 1), int(self.rank[index]), check_every):
+                    self.encoded[index] = item
+            except TemplateMismatch as error:
+                self.failed[index] = f"the template check fails, which stops a build ({error})"
+
+    def first_with_ids(self) -> None:
+        """Once every row is encoded: note, of each id, the source row earliest in packing
+        order that a row holds (the encoded valid rows not in ``skipped_invalid``: segments'
+        and dropped rows' conversations), which a build keeps and whose later copies it skips."""
+        held = [i for i, item in self.encoded.items() if item.ids is not None and item.id is not None]
+        held = [i for i in held if not (self.skipped.size and np.isin(i, self.skipped))]
+        for index in sorted(held, key=lambda i: int(self.rank[i])):
+            row_id = self.encoded[index].id
+            assert row_id is not None  # (held: rows with ids)
+            self.first_of.setdefault(row_id, index)
+
+    def _repeated(self, index: int) -> str | None:
+        """Why a row may not hold source row ``index``: an earlier copy of its id is held."""
+        row_id = self.encoded[index].id
+        first = self.first_of.get(row_id) if row_id is not None else None
+        if first is None or first == index:
+            return None
+        return (
+            f"source row {first}, earlier in the packing order, has its id {row_id!r}, "
+            "so a build skips this one as a duplicate"
+        )
+
+    def _unit(self, index: int) -> tuple[np.ndarray, np.ndarray] | str:
+        """Source row ``index``'s unit (ids and mask, the separator last), or why it has none."""
+        if index in self.failed:
+            return f"source row {index}: {self.failed[index]}"
+        item = self.encoded[index]
+        if item.ids is None or item.mask is None:
+            return f"source row {index} is not a valid conversation ({item.invalid})"
+        return np.append(item.ids, self.separator_id).astype(np.int32), np.append(item.mask, 0).astype(np.uint8)
+
+    def _skip_problem(self, index: int) -> str | None:
+        """Why ``skipped_invalid`` may not list source row ``index`` (``None``: it may)."""
+        if index in self.failed:
+            return f"source row {index}, in skipped_invalid: {self.failed[index]}"
+        item = self.encoded[index]
+        if item.invalid is not None:
+            return None
+        if item.id is None:
+            return f"source row {index} is in skipped_invalid, but is a valid conversation without an id"
+        first = self.first_of.get(item.id)
+        if first is None:
+            self.duplicates.add(index)  # (skipped as a duplicate id: its earlier copy is not among the rows read)
+        elif self.rank[first] > self.rank[index]:
+            return (
+                f"source row {index} is in skipped_invalid, a duplicate of id {item.id!r}, but the copy a row "
+                f"holds, source row {first}, comes later in the packing order"
+            )
+        return None
+
+    def _stretch(self, a: Point | None, b: Point, drops: int) -> tuple[str | None, int]:
+        """The problem with the stream from ``a`` (``None``: its start) to ``b``, where at most
+        ``drops`` rows may have been dropped, and the rows dropped there."""
+        pieces: list[tuple[np.ndarray, np.ndarray]] = []
+        if a is not None and a[0] == b[0]:
+            if b[1] < a[1]:
+                return f"source row {b[0]} goes on at token {b[1]}, before token {a[1]}, where it stopped", 0
+            unit = self._unit(b[0])
+            assert not isinstance(unit, str)  # (a segment's unit: checked valid before)
+            pieces.append((unit[0][a[1] : b[1]], unit[1][a[1] : b[1]]))
+        else:
+            if a is not None and self.rank[b[0]] <= self.rank[a[0]]:
+                return (
+                    f"source row {b[0]} (packing position {self.rank[b[0]]}) comes before source row "
+                    f"{a[0]} (position {self.rank[a[0]]}) in the packing order",
+                    0,
+                )
+            listed, others = self._split(self._between(None if a is None else a[0], b[0]))
+            if len(others) > drops * self.row_tokens:
+                return (
+                    f"source row {others[0]} (packing position {self.rank[others[0]]}) comes between them, "
+                    "and neither a segment nor skipped_invalid names it",
+                    0,
+                )
+            for index in listed.tolist():
+                if (problem := self._skip_problem(index)) is not None:
+                    return problem, 0
+            ends = [] if a is None else [(a[0], a[1], None)]
+            for index, start, end in [*ends, *((i, 0, None) for i in others.tolist()), (b[0], 0, b[1])]:
+                unit = self._unit(index)
+                if isinstance(unit, str):
+                    return unit, 0
+                if index != b[0] and (a is None or index != a[0]) and (problem := self._repeated(index)):
+                    return f"source row {index}: {problem}", 0
+                pieces.append((unit[0][start:end], unit[1][start:end]))
+        mask = np.concatenate([np.zeros(0, np.uint8), *(m for _, m in pieces)])
+        tokens, size = len(mask), self.row_tokens
+        if tokens % size:
+            return f"{tokens} tokens of the stream lie between them, not whole rows of {size}", 0
+        if tokens // size > drops:
+            return f"{tokens // size} rows of the stream lie between them, more than stats.rows_skipped leaves", 0
+        if any(mask[k * size + 1 : (k + 1) * size].any() for k in range(tokens // size)):
+            return "a row of the stream between them has supervised tokens after its first, which a build keeps", 0
+        return None, tokens // size
+
+    def check(self, number: int, stored: dict[int, StoredRow]) -> str | None:
+        """The first problem of stored row ``number`` (``None``: it is proven)."""
+        row = stored[number]
+        segments = row.segments
+        if not segments:
+            return "it has no segments"
+        pieces = []
+        for i, s in enumerate(segments):
+            at = f"segment {i} (source row {s.index}, tokens {s.start} to {s.end})"
+            if not self._in_range(s.index):
+                return f"{at}: the source has {len(self.order)} rows"
+            if self.skipped.size and np.isin(s.index, self.skipped):
+                return f"{at}: skipped_invalid lists source row {s.index}"
+            unit = self._unit(s.index)
+            if isinstance(unit, str):
+                return f"{at}: {unit}"
+            if not same(s.id, self.encoded[s.index].id):
+                return f"{at}: its id is {s.id!r}, source row {s.index}'s is {self.encoded[s.index].id!r}"
+            if (problem := self._repeated(s.index)) is not None:
+                return f"{at}: {problem}"
+            if not 0 <= s.start < s.end <= len(unit[0]):
+                return f"{at}: source row {s.index}'s unit holds {len(unit[0])} tokens"
+            if i > 0 and s.start != 0:
+                return f"{at}: starts at {s.start}, but a conversation after another in a row starts at 0"
+            if i < len(segments) - 1 and s.end != len(unit[0]):
+                return f"{at}: ends before its unit's end ({len(unit[0])}), but another segment follows it"
+            pieces.append((unit[0][s.start : s.end], unit[1][s.start : s.end]))
+        for where, a, b, drops in self._links(number, stored):
+            if a is not None and not self._in_range(a[0]):
+                continue  # (the row before names a row the source lacks: its own check says so)
+            problem, dropped = self._stretch(a, b, max(0, drops - self.dropped) if drops else 0)
+            if problem is not None:
+                return f"{where}: {problem}"
+            self.dropped += dropped
+        ids = np.concatenate([np.zeros(0, np.int32), *(p[0] for p in pieces)])
+        mask = np.concatenate([np.zeros(0, np.uint8), *(p[1] for p in pieces)])
+        if (problem := _first_difference(row.ids, row.mask, ids, mask)) is not None:
+            return problem
+        if row_digest(ids, mask) != bytes.fromhex(self.hashes[number]):
+            return f"the re-encoded row's hash is not row_sha256[{number}]"
+        if (problem := self._order_after_earlier(number, stored)) is not None:
+            return problem
+        if self.tail is not None and number == self.rows - 1:
+            last = segments[-1]
+            left = len(self._unit(last.index)[0]) - last.end
+            if left != self.tail:
+                return f"its last segment leaves {left} tokens of its unit, stats.tail_tokens_dropped says {self.tail}"
+        return None
+
+    def _order_after_earlier(self, number: int, stored: dict[int, StoredRow]) -> str | None:
+        """Where the checked row before ``number`` is not ``number - 1``: the problem when
+        ``number`` does not come after it in the stream, by at least the rows between."""
+        earlier = [k for k in stored if k < number - 1]
+        if not earlier or number - 1 in stored:
+            return None
+        k = max(earlier)
+        a, b = stored[k].segments[-1], stored[number].segments[0]
+        if not self._in_range(a.index):
+            return None
+        if a.index == b.index:
+            gap, between = b.start - a.end, number - k - 1
+            if gap < between * self.row_tokens or gap % self.row_tokens:
+                return (
+                    f"source row {b.index} goes on at token {b.start}, which {between} rows after row {k} "
+                    f"(ended at token {a.end}) cannot reach"
+                )
+        elif self.rank[b.index] <= self.rank[a.index]:
+            return (
+                f"source row {b.index}, where it starts, comes before source row {a.index}, where row {k} "
+                "ends, in the packing order"
+            )
+        return None
+
+
+def _first_difference(
+    ids: np.ndarray, mask: np.ndarray, rebuilt_ids: np.ndarray, rebuilt_mask: np.ndarray
+) -> str | None:
+    """Where the stored row first differs from the re-encoded one."""
+    if len(ids) != len(rebuilt_ids):
+        return f"it holds {len(ids)} tokens, its segments {len(rebuilt_ids)}"
+    for name, here, again in (("input_ids", ids, rebuilt_ids), ("loss_mask", mask, rebuilt_mask)):
+        bad = np.flatnonzero(here.astype(np.int64) != again.astype(np.int64))
+        if len(bad):
+            p = int(bad[0])
+            return f"{name} differ at position {p}: {int(here[p])} stored, {int(again[p])} re-encoded"
+    return None
+
+
+def report(result: SpotCheck) -> tuple[bool, list[str]]:
+    """Whether the rows are proven, and a line per input compared and per row."""
+    verdict = "proves them" if result.same else "does not prove them"
+    count = f"{len(result.rows)} row{'s' if len(result.rows) != 1 else ''}"
+    lines = [f"the spot check of {count} from the recorded inputs {verdict}"]
+    for c in result.inputs:
+        lines.append(f"  {c.key}: same" if c.same else f"  {c.key}: differs ({difference(c.here, c.rebuilt)})")
+    for number in result.rows:
+        problem = result.problems.get(number)
+        lines.append(f"  row {number}: same" if problem is None else f"  row {number}: differs ({problem})")
+    if result.duplicates:
+        shown = ", ".join(map(str, result.duplicates[:5])) + (", ..." if len(result.duplicates) > 5 else "")
+        lines.append(f"  skipped as duplicate ids, not proven: source rows {shown}")
+    lines.append(
+        "  not proven by a spot check: where a row after an unchecked one is cut, ids repeated from rows not read, "
+        "the stats; "
+        "--rebuild without --rows proves them"
+    )
+    return result.same, lines

@@ -1,0 +1,486 @@
+"""``verify DIR --rebuild --rows SPEC``: chosen rows proven from the recorded inputs, re-encoding
+only what they need; a forged row, segment or source row is named."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import synthetic
+
+from fixed_sft.build import BuildConfig, build
+from fixed_sft.cli import main
+from fixed_sft.hashes import sha256_file
+from fixed_sft.verify import verify
+
+ROW_TOKENS = 256
+BAD = ['{"id": "bad"}', "not json", '{"id": "empty", "messages": []}']  # at packing positions 0, 5 and 12 (seed 7)
+
+
+def _jsonl(path):
+    from fixed_sft.order import permutation
+
+    lines = [json.dumps({"id": r["id"], "messages": r["messages"]}) for r in synthetic.conversations(60, seed=8)]
+    for position, line in zip((0, 5, 12), BAD):
+        lines[int(permutation(7, 60)[position])] = line
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _parquet(folder):
+    """Three files of small row groups (7 rows), one row invalid (no messages): the first in
+    packing order (seed 7), so that row 0 is proven past it."""
+    from fixed_sft.order import permutation
+
+    rows = [{"id": r["id"], "messages": r["messages"]} for r in synthetic.conversations(60, seed=5)]
+    rows[int(permutation(7, 60)[0])]["messages"] = []
+    folder.mkdir()
+    kind = pa.struct([("role", pa.string()), ("content", pa.string())])
+    schema = pa.schema([("id", pa.string()), ("messages", pa.list_(kind))])
+    for k in range(3):
+        part = [
+            {"id": r["id"], "messages": [{"role": m["role"], "content": m["content"]} for m in r["messages"]]}
+            for r in rows[20 * k : 20 * (k + 1)]
+        ]
+        pq.write_table(pa.Table.from_pylist(part, schema=schema), folder / f"part-{k}.parquet", row_group_size=7)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory, kimi_dir):
+    """A JSONL build of 300 rows, some dropped (no supervised token after token 0), and a
+    Parquet build of every row (``rows: all``), both skipping invalid rows, with many
+    conversations split across rows."""
+    root = tmp_path_factory.mktemp("spot")
+    made = {}
+    for kind, source, rows in (("jsonl", _jsonl(root / "rows.jsonl"), 300), ("parquet", _parquet(root / "pq"), None)):
+        config = BuildConfig(
+            name="spot",
+            source=str(source),
+            tokenizer=str(kimi_dir),
+            rows=rows,
+            row_tokens=ROW_TOKENS,
+            seed=7,
+            workers=1,
+            skip_invalid=True,
+        )
+        manifest = build(config, root / kind)
+        assert manifest["stats"]["invalid_rows_skipped"] == (len(BAD) if kind == "jsonl" else 1)
+        assert manifest["stats"]["conversations_split"] > 10
+        assert manifest["stats"]["rows_skipped"] > 0 or kind == "parquet"
+        made[kind] = (root / kind, source, manifest)
+    return made
+
+
+def _spot(folder, source, kimi_dir, spec, *extra):
+    return main(
+        [
+            "verify",
+            str(folder),
+            "--rebuild",
+            "--source",
+            str(source),
+            "--tokenizer",
+            str(kimi_dir),
+            "--rows",
+            spec,
+            *extra,
+        ]
+    )
+
+
+def _copy(builds, kind, tmp_path):
+    folder, source, manifest = builds[kind]
+    shutil.copytree(folder, tmp_path / "o")
+    return tmp_path / "o", source, manifest
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_the_rows_of_a_good_build_are_proven(builds, kimi_dir, capsys, kind):
+    folder, source, manifest = builds[kind]
+    last = manifest["stats"]["rows"] - 1
+    spec = f"0-3,17,20-21,{last}"
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, spec) == 0
+    out = capsys.readouterr().out
+    assert f"the spot check of {len([0, 1, 2, 3, 17, 20, 21, last])} rows from the recorded inputs proves them" in out
+    for row in (0, 1, 2, 3, 17, 20, 21, last):
+        assert f"  row {row}: same\n" in out
+    assert "  source: same\n  tokenizer: same\n  loss_mask: same\n" in out and "differs" not in out
+    assert _spot(folder, source, kimi_dir, "sample:5") == 0
+    assert capsys.readouterr().out.count(": same\n") == 4 + 5  # the inputs, then the 5 rows
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_every_row_checked_proves_the_whole_stream(builds, kimi_dir, kind):
+    """From row 0 on, every cut and every dropped row is proven: the dropped rows counted
+    are the manifest's (a build of a row count drops none after its last)."""
+    from fixed_sft.spot import parse_rows, spot_check
+
+    folder, source, manifest = builds[kind]
+    result = spot_check(folder, parse_rows(f"0-{manifest['stats']['rows'] - 1}"), str(source), str(kimi_dir))
+    assert result.same and not result.problems and not result.duplicates
+    if kind == "jsonl":  # (of every row: dropped ones after the last row count too)
+        assert result.dropped == manifest["stats"]["rows_skipped"] > 0
+
+
+def test_misstated_dropped_rows_are_named_when_every_row_is_checked(builds, kimi_dir, tmp_path, capsys):
+    folder, source, manifest = _copy(builds, "jsonl", tmp_path)
+    text = json.loads((folder / "manifest.json").read_text())
+    text["stats"]["rows_skipped"] += 1
+    (folder / "manifest.json").write_text(json.dumps(text, indent=1))
+    assert verify(folder) == []
+    capsys.readouterr()
+    last = manifest["stats"]["rows"] - 1
+    assert _spot(folder, source, kimi_dir, "3-7") == 0  # (a few rows: the count is not proven)
+    assert _spot(folder, source, kimi_dir, f"0-{last}") == 1
+    dropped = manifest["stats"]["rows_skipped"]
+    assert (
+        f"  row {last}: differs (the stream up to it drops {dropped} rows, stats.rows_skipped says {dropped + 1})"
+        in capsys.readouterr().out
+    )
+
+
+def test_only_the_conversations_of_the_rows_are_encoded(builds, kimi_dir, monkeypatch):
+    """One row holds a few conversations: only those (and the skipped rows between them,
+    and before row 0) are read and encoded, and of a Parquet file only the row groups that hold them."""
+    import fixed_sft.spot as spot
+
+    folder, source, manifest = builds["parquet"]
+    encoded, groups = [], []
+    encode_rows, iter_batches = spot.encode_rows, pq.ParquetFile.iter_batches
+
+    def counting(encoder, chunk, *args):
+        encoded.extend(chunk.column("index").to_pylist())
+        return encode_rows(encoder, chunk, *args)
+
+    def reading(self, *args, row_groups=None, **kwargs):
+        groups.extend(row_groups)
+        return iter_batches(self, *args, row_groups=row_groups, **kwargs)
+
+    monkeypatch.setattr(spot, "encode_rows", counting)
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", reading)
+    table = pq.read_table(folder / "train.parquet")
+    segments = table.column("metadata").to_pylist()[20]["segments"]
+    result = spot.spot_check(folder, spot.parse_rows("20"), str(source), str(kimi_dir))
+    assert result.same
+    held, skipped = {s["source_index"] for s in segments}, {row["index"] for row in manifest["skipped_invalid"]}
+    assert held <= set(encoded) <= held | skipped  # (a skipped row between two of them is re-read, to prove it invalid)
+    assert len(groups) <= len(encoded) < 9  # 9 row groups hold the 60 rows
+
+
+def _forge(folder, change):
+    """Apply ``change`` to the row dicts of train.parquet, write them with pyarrow, and
+    re-record everything the manifest derives from the rows, so that verify finds nothing."""
+    from fixed_sft.hashes import row_digest
+
+    parquet = folder / "train.parquet"
+    table = pq.read_table(parquet)
+    rows = table.to_pylist()
+    change(rows)
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), parquet)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    metadata = [row["metadata"] for row in rows]
+    digests = [row_digest(np.array(m["input_ids"]), np.array(m["loss_mask"])) for m in metadata]
+    named = [s["source_index"] for m in metadata for s in m["segments"]]
+    runs = [len(list(group)) for group in _runs(named)]
+    supervised = sum(sum(m["loss_mask"]) for m in metadata)
+    manifest["row_sha256"] = [d.hex() for d in digests]
+    manifest["rows_sha256"] = hashlib.sha256(b"".join(digests)).hexdigest()
+    manifest["parquet"].update(bytes=parquet.stat().st_size, sha256=sha256_file(parquet))
+    manifest["stats"].update(
+        supervised_tokens=supervised,
+        supervised_token_ratio=supervised / manifest["stats"]["tokens"],
+        trainable_tokens=sum(sum(m["loss_mask"][1:]) for m in metadata),
+        conversations=len(runs),
+        conversations_split=sum(n > 1 for n in runs),
+    )
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    assert verify(folder) == []
+
+
+def _runs(values):
+    from itertools import groupby
+
+    return (list(group) for _, group in groupby(values))
+
+
+def _row_with_segments(folder, n):
+    """The first row (after row 1) with at least ``n`` segments."""
+    rows = pq.read_table(folder / "train.parquet").column("metadata").to_pylist()
+    return next(k for k, row in enumerate(rows) if k > 1 and len(row["segments"]) >= n)
+
+
+def test_a_forged_id_is_named(builds, kimi_dir, tmp_path, capsys):
+    folder, source, _ = _copy(builds, "jsonl", tmp_path)
+
+    def change(rows):
+        rows[7]["metadata"]["input_ids"][40] += 1
+
+    _forge(folder, change)
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, "6-8") == 1
+    out = capsys.readouterr().out
+    assert "does not prove them" in out and "  row 6: same\n" in out and "  row 8: same\n" in out
+    assert "  row 7: differs (input_ids differ at position 40: " in out
+
+
+def test_a_forged_mask_is_named(builds, kimi_dir, tmp_path, capsys):
+    folder, source, _ = _copy(builds, "parquet", tmp_path)
+    mask = pq.read_table(folder / "train.parquet").column("metadata").to_pylist()[5]["loss_mask"]
+    p = next(p for p in range(1, ROW_TOKENS) if mask[p] == 0)
+
+    def change(rows):
+        rows[5]["metadata"]["loss_mask"][p] = 1
+
+    _forge(folder, change)
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, "5") == 1
+    assert f"  row 5: differs (loss_mask differ at position {p}: 1 stored, 0 re-encoded)" in capsys.readouterr().out
+
+
+def test_a_row_out_of_the_packing_order_is_named(builds, kimi_dir, tmp_path, capsys):
+    """A row of a build with another seed holds the right slices of the right units, in
+    another order: the segments are named out of the seed's order."""
+    folder, source, manifest = _copy(builds, "jsonl", tmp_path)
+    config = BuildConfig(
+        name="spot",
+        source=str(source),
+        tokenizer=str(kimi_dir),
+        rows=None,
+        row_tokens=ROW_TOKENS,
+        seed=8,
+        workers=1,
+        skip_invalid=True,
+    )
+    build(config, tmp_path / "other")
+    theirs = pq.read_table(tmp_path / "other" / "train.parquet").column("metadata").to_pylist()
+    j = next(j for j, row in enumerate(theirs) if len(row["segments"]) >= 2)
+    k = 9
+
+    def change(rows):
+        rows[k]["metadata"] = {**theirs[j], "row": k}
+
+    _forge(folder, change)
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, str(k)) == 1
+    out = capsys.readouterr().out
+    assert f"  row {k}: differs (between segments 0 and 1: source row " in out
+    assert re.search(r"(comes before source row \d+ \(position \d+\) in the packing order|comes between them)", out)
+
+
+def test_a_segments_id_and_cut_are_checked(builds, kimi_dir, tmp_path, capsys):
+    folder, source, _ = _copy(builds, "jsonl", tmp_path)
+    k = _row_with_segments(folder, 2)
+
+    def change(rows):
+        rows[k]["metadata"]["segments"][1]["id"] = "someone else"
+
+    _forge(folder, change)
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, str(k)) == 1
+    assert f"  row {k}: differs (segment 1 (source row " in capsys.readouterr().out
+
+    folder = tmp_path / "cut"
+    shutil.copytree(builds["jsonl"][0], folder)
+    rows = pq.read_table(folder / "train.parquet").column("metadata").to_pylist()
+    k = next(  # a row inside one long conversation, which the row after goes on with
+        k
+        for k in range(1, len(rows) - 1)
+        if len(rows[k]["segments"]) == 1
+        and rows[k]["segments"][0]["start"] > 0
+        and rows[k + 1]["segments"][0]["source_index"] == rows[k]["segments"][0]["source_index"]
+    )
+
+    def move(rows):  # the cut one token later: the same span, the same ids
+        segment = rows[k]["metadata"]["segments"][0]
+        segment.update(start=segment["start"] + 1, end=segment["end"] + 1)
+
+    _forge(folder, move)
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, f"{k - 1}-{k}") == 1
+    out = capsys.readouterr().out
+    assert f"  row {k - 1}: same\n" in out
+    assert f"  row {k}: differs (from row {k - 1}'s end: 1 tokens of the stream lie between them" in out
+
+
+def test_a_tampered_source_row_is_named(builds, kimi_dir, tmp_path, capsys):
+    """A Parquet source file rewritten with one row's content changed: the file is not the
+    recorded one, and the row that holds it is named."""
+    folder, source, _ = builds["parquet"]
+    rows = pq.read_table(folder / "train.parquet").column("metadata").to_pylist()
+    index = rows[5]["segments"][0]["source_index"]
+    copy = tmp_path / "pq"
+    shutil.copytree(source, copy)
+    path = copy / f"part-{index // 20}.parquet"
+    table = pq.read_table(path)
+    changed = table.to_pylist()
+    for message in changed[index % 20]["messages"]:
+        message["content"] = "Something else entirely. " + message["content"]
+    pq.write_table(pa.Table.from_pylist(changed, schema=table.schema), path, row_group_size=7)
+    capsys.readouterr()
+    assert _spot(folder, copy, kimi_dir, "4-6") == 1
+    out = capsys.readouterr().out
+    assert "  source: differs (files[" in out and "  row 5: differs (input_ids differ at position " in out
+
+
+def test_a_held_row_listed_as_skipped_is_named(builds, kimi_dir, tmp_path, capsys):
+    """A manifest that lists as skipped a source row that a segment holds."""
+    folder, source, manifest = _copy(builds, "jsonl", tmp_path)
+    rows = pq.read_table(folder / "train.parquet").column("metadata").to_pylist()
+    index = rows[4]["segments"][-1]["source_index"]
+    text = json.loads((folder / "manifest.json").read_text())
+    text["skipped_invalid"].append({"index": index, "id": None, "reason": "forged"})
+    text["stats"]["invalid_rows_skipped"] += 1
+    (folder / "manifest.json").write_text(json.dumps(text, indent=1))
+    assert verify(folder) == []
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, "4") == 1
+    last = len(rows[4]["segments"]) - 1
+    assert f"  row 4: differs (segment {last} (source row {index}, " in (out := capsys.readouterr().out)
+    assert f"): skipped_invalid lists source row {index})" in out
+
+
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("999", "--rows: row 999 is past the build's last row, "),
+        ("3-1", "--rows '3-1': expected row numbers"),
+        ("1,,2", "--rows '1,,2': expected row numbers"),
+        ("x", "--rows 'x': expected row numbers"),
+        ("", "--rows '': expected row numbers"),
+        ("sample:0", "--rows 'sample:0': expected sample:N"),
+        ("sample:two", "--rows 'sample:two': expected sample:N"),
+    ],
+)
+def test_a_bad_spec_is_a_usage_error(builds, kimi_dir, capsys, spec, says):
+    folder, source, _ = builds["jsonl"]
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, spec) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {says}") and len(err.strip().splitlines()) == 1
+
+
+def test_rows_without_rebuild_is_a_usage_error(builds, capsys):
+    capsys.readouterr()
+    assert main(["verify", str(builds["jsonl"][0]), "--rows", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "add --rebuild" in err and "--rows" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_spec_chooses_rows_as_documented():
+    """Ranges are inclusive; a sample is the rows of the N smallest keys of the documented
+    splitmix64 rule with seed 0 (computed here in plain Python integers)."""
+    from fixed_sft.spot import chosen_rows, parse_rows
+
+    assert chosen_rows(parse_rows("17,0,100-103,2-3,3"), 200).tolist() == [0, 2, 3, 17, 100, 101, 102, 103]
+    m = 2**64
+
+    def mix(z):
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % m
+        return z ^ (z >> 31)
+
+    for seed, text in ((0, "sample:7"), (12345, "sample:7:12345")):
+        keys = [mix((mix(seed) + (k + 1) * 0x9E3779B97F4A7C15) % m) for k in range(300)]
+        assert chosen_rows(parse_rows(text), 300).tolist() == sorted(sorted(range(300), key=keys.__getitem__)[:7])
+    assert chosen_rows(parse_rows("sample:50"), 20).tolist() == list(range(20))
+
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_a_hugging_face_build_is_proven(deepseek_dir, tmp_path, capsys):
+    """The any-model path (mask ``assistant``): each conversation re-encoded, and checked
+    against the rendered template where the build checked it (every one here)."""
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").symlink_to(deepseek_dir / "tokenizer.json")
+    shutil.copy(deepseek_dir / "tokenizer_config.json", tokenizer)
+    (tokenizer / "chat_template.jinja").write_text(CHATML, encoding="utf-8")
+    source = synthetic.write_jsonl(synthetic.conversations(30, seed=2), tmp_path / "rows.jsonl")
+    flags = ["--tokenizer", str(tokenizer), "--loss-mask-type", "assistant", "--check-every", "1", "--quiet"]
+    args = ["--source", str(source), "--rows", "all", "--row-tokens", "128", "--allow-unpinned-tokenizer"]
+    assert main([*args, *flags, "--out", str(tmp_path / "o"), "--workers", "1"]) == 0
+    capsys.readouterr()
+    command = ["verify", str(tmp_path / "o"), "--rebuild", "--source", str(source), "--tokenizer", str(tokenizer)]
+    assert main([*command, "--rows", "0-4,30"]) == 0
+    out = capsys.readouterr().out
+    assert "proves them" in out and all(f"  row {k}: same\n" in out for k in (0, 1, 2, 3, 4, 30))
+
+
+def test_a_repeated_id_is_named(builds, kimi_dir, tmp_path, capsys):
+    """A row that holds a conversation whose id an earlier held one has (as a builder that
+    does not skip duplicates would make it), with the source file, the segments' ids and the
+    manifest made to agree: only the repeated id tells."""
+    from fixed_sft.order import permutation, positions
+
+    folder, source, _ = _copy(builds, "jsonl", tmp_path)
+    rank = positions(permutation(7, 60))
+    rows = pq.read_table(folder / "train.parquet").column("metadata").to_pylist()
+    held = sorted({s["source_index"] for row in rows[:6] for s in row["segments"]}, key=lambda i: rank[i])
+    first, later = held[0], held[-1]
+    lines = source.read_text().splitlines()
+    record, taken = json.loads(lines[later]), json.loads(lines[first])["id"]
+    lines[later] = json.dumps({**record, "id": taken})
+    copy = tmp_path / "rows.jsonl"
+    copy.write_text("\n".join(lines) + "\n")
+
+    def change(rows):
+        for row in rows:
+            for segment in row["metadata"]["segments"]:
+                if segment["source_index"] == later:
+                    segment["id"] = taken
+
+    _forge(folder, change)
+    text = json.loads((folder / "manifest.json").read_text())
+    text["source"]["files"][0].update(bytes=copy.stat().st_size, sha256=sha256_file(copy))
+    (folder / "manifest.json").write_text(json.dumps(text, indent=1))
+    assert verify(folder) == []
+    capsys.readouterr()
+    assert _spot(folder, copy, kimi_dir, "0-5") == 1
+    out = capsys.readouterr().out
+    k = next(k for k, row in enumerate(rows) if later in {s["source_index"] for s in row["segments"]})
+    assert "  source: same\n" in out
+    assert f"  row {k}: differs (segment " in out
+    assert f"source row {first}, earlier in the packing order, has its id {taken!r}, so a build skips this one" in out
+
+
+def test_a_skipped_duplicate_is_proven_by_its_earlier_copy(kimi_dir, tmp_path):
+    """A source row that repeats an earlier one (its id and messages) is skipped by the
+    build; a check of every row reads both, and so proves the skip; a check of the rows
+    around the skipped copy alone lists it as not proven."""
+    from fixed_sft.order import permutation
+    from fixed_sft.spot import parse_rows, spot_check
+
+    order = permutation(7, 40)
+    lines = [json.dumps({"id": r["id"], "messages": r["messages"]}) for r in synthetic.conversations(40, seed=4)]
+    lines[int(order[30])] = lines[int(order[1])]
+    source = tmp_path / "rows.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    config = BuildConfig(
+        name="dup", source=str(source), tokenizer=str(kimi_dir), rows=None, row_tokens=ROW_TOKENS, seed=7,
+        workers=1, skip_invalid=True,
+    )  # fmt: skip
+    manifest = build(config, tmp_path / "o")
+    assert [row["index"] for row in manifest["skipped_invalid"]] == [int(order[30])]
+    last = manifest["stats"]["rows"] - 1
+    result = spot_check(tmp_path / "o", parse_rows(f"0-{last}"), str(source), str(kimi_dir))
+    assert result.same and result.duplicates == []
+    rows = pq.read_table(tmp_path / "o" / "train.parquet").column("metadata").to_pylist()
+    k = next(
+        k
+        for k, row in enumerate(rows)
+        if (int(order[31]), 0) in {(s["source_index"], s["start"]) for s in row["segments"]}
+    )
+    result = spot_check(tmp_path / "o", parse_rows(f"{k - 1}-{k}"), str(source), str(kimi_dir))
+    assert result.same and result.duplicates == [int(order[30])]
