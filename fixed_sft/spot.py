@@ -53,7 +53,7 @@ from .build import (  # (the build's pool: its hashing is not waited for on Ctrl
     source_record,
     template_kwargs,
 )
-from .encode import Encoded, encode_rows
+from .encode import Chunk, Encoded, encode_rows
 from .encoding import Encoder, TemplateMismatch
 from .fields import encode, same
 from .hashes import row_digest, sha256_file
@@ -336,7 +336,7 @@ class _Stream:
         indices = chunk.column("index").to_pylist()
         for k, index in enumerate(indices):
             try:
-                for item in encode_rows(encoder, chunk.slice(k, 1), int(self.rank[index]), check_every):
+                for item in encode_rows(encoder, Chunk(chunk.slice(k, 1), int(self.rank[index]), check_every)):
                     self.encoded[index] = item
             except TemplateMismatch as error:
                 self.failed[index] = f"the template check fails, which stops a build ({error})"

@@ -156,9 +156,9 @@ def test_only_the_conversations_of_the_rows_are_encoded(builds, kimi_dir, monkey
     encoded, groups = [], []
     encode_rows, iter_batches = spot.encode_rows, pq.ParquetFile.iter_batches
 
-    def counting(encoder, chunk, *args):
-        encoded.extend(chunk.column("index").to_pylist())
-        return encode_rows(encoder, chunk, *args)
+    def counting(encoder, chunk):
+        encoded.extend(chunk.rows.column("index").to_pylist())
+        return encode_rows(encoder, chunk)
 
     def reading(self, *args, row_groups=None, **kwargs):
         groups.extend(row_groups)
