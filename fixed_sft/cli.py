@@ -1,5 +1,6 @@
 """Command line: ``build`` (the default), ``verify`` (with ``--rebuild``: also rebuild
-from the recorded inputs and compare) and ``pin-tokenizer`` (write a tokenizer spec).
+from the recorded inputs and compare), ``inspect`` (a build's summary, or a row decoded)
+and ``pin-tokenizer`` (write a tokenizer spec).
 
 Exit codes: 0 success; 1 build failure or verify mismatch; 2 usage error; 130 interrupted
 (Ctrl-C); 143 terminated (SIGTERM). The first Ctrl-C or SIGTERM stops the command, which
@@ -111,7 +112,7 @@ def _add_build_flags(build: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The ``build`` and ``verify`` commands and their flags."""
+    """The ``build``, ``verify``, ``inspect`` and ``pin-tokenizer`` commands and their flags."""
     from .specs import DEFAULT_BUILD
 
     top = argparse.ArgumentParser(
@@ -147,6 +148,16 @@ def parser() -> argparse.ArgumentParser:
         help="with --rebuild: encoding processes (default: the cores this process may use)",
     )
     verify.add_argument("--quiet", action="store_true", help="with --rebuild: no progress bar")
+
+    inspect = commands.add_parser("inspect", help="summarize a build, or show one of its rows decoded")
+    inspect.add_argument("folder", type=Path)
+    inspect.add_argument("--row", type=int, metavar="K", help="show row K decoded, its supervised tokens marked")
+    inspect.add_argument(
+        "--tokenizer",
+        metavar="FOLDER|HF_REPO",
+        help="with --row: where the tokenizer files are, if not the manifest's spec or repo in the Hub cache",
+    )
+    inspect.add_argument("--html", type=Path, metavar="FILE", help="with --row: write the row as one HTML page")
 
     pin = commands.add_parser("pin-tokenizer", help="write a tokenizer spec that builds check the files against")
     pin.add_argument("tokenizer", metavar="REPO|FOLDER", help="a Hub repo id, or a folder of tokenizer files")
@@ -260,6 +271,28 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if same else FAILURE
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from .errors import UsageError
+    from .inspect_rows import page, plain, print_coloured, row_view, summary
+    from .output import naming
+
+    if args.row is None:
+        if args.tokenizer is not None or args.html is not None:
+            raise UsageError("--tokenizer and --html are for a row; add --row K")
+        print("\n".join(summary(args.folder)))
+        return 0
+    view = row_view(args.folder, args.row, args.tokenizer)
+    if args.html is not None:
+        with naming(args.html):
+            args.html.write_text(page(view), encoding="utf-8")
+        print(f"wrote {args.html}: {view.title()}")
+    elif sys.stdout.isatty():
+        print_coloured(view)
+    else:
+        sys.stdout.write(plain(view))
+    return 0
+
+
 def _pin(args: argparse.Namespace) -> int:
     from .errors import UsageError
     from .fields import loads
@@ -287,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     From the main thread, Ctrl-C and SIGTERM are handled by ``_Stop`` meanwhile."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # no "PyTorch was not found" notice
-    if not argv or argv[0] not in ("build", "verify", "pin-tokenizer", "-h", "--help"):
+    if not argv or argv[0] not in ("build", "verify", "inspect", "pin-tokenizer", "-h", "--help"):
         argv.insert(0, "build")
     stop = _Stop()
     previous = {signum: signal.signal(signum, stop) for signum in SIGNALS} if _owns_signals() else {}
@@ -317,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
 def _command(argv: list[str], stop: _Stop) -> int:
     try:
         args = parser().parse_args(argv)  # (imports, which Ctrl-C may interrupt too)
-        commands = {"build": _build, "verify": _verify, "pin-tokenizer": _pin}
+        commands = {"build": _build, "verify": _verify, "inspect": _inspect, "pin-tokenizer": _pin}
         return commands[args.command](args)
     finally:
         stop.over = True  # a signal from here on exits at once (``main`` catches what one raised up to here)
