@@ -78,6 +78,7 @@ CHUNK_BYTES = 8 << 20
 BAND_BYTES = 256 << 20
 LARGE_BAND_BYTES = 128 << 20
 LARGE_ROW_BYTES = CHUNK_BYTES // CHUNK_ROWS
+MAX_SOURCE_VALUES = 1000  # the most ``source`` values a source mix lists (the manifest stays small)
 
 
 class InvalidSourceRow(BuildError):
@@ -178,8 +179,9 @@ class _Tally:
 
     def source_mix(self) -> list[SourceShare] | None:
         """The manifest's ``source_mix``: per ``source`` value (``None`` last), or ``None``
-        when no kept conversation's source row has one."""
-        if all(value is None for value in self.mix):
+        when no kept conversation's source row has one, or they have more than
+        ``MAX_SOURCE_VALUES`` (a column of ids, say, rather than of subsets)."""
+        if all(value is None for value in self.mix) or len(self.mix) > MAX_SOURCE_VALUES:
             return None
         order = sorted(self.mix, key=lambda value: (value is None, value or ""))
         return [SourceShare(value, *self.mix[value]) for value in order]

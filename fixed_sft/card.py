@@ -129,7 +129,7 @@ def card_text(manifest: Manifest, license: str, upstream: str | None, plots: Seq
         f"# {manifest.name}",
         "",
         f"{stats.rows:,} rows of exactly {params.row_tokens:,} tokens of supervised fine-tuning data, packed by "
-        f"fixed-sft from `{source.name}`{revision}, rendered with the chat template of "
+        f"fixed-sft from `{_cell(source.name)}`{revision}, rendered with the chat template of "
         f"{tokenizer_at} and masked by `{params.loss_mask_type}` (assistant tokens only). Each row is "
         f"conversations, each followed by `{params.separator}`, cut at exactly {params.row_tokens:,} tokens; "
         "nothing is padded. The tokens are in `train.parquet`, in its `metadata` column (`input_ids`, "

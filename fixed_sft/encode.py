@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from .chat import RENDERER_MODULE, ChatEncoder
-from .conversation import Conversation, InvalidRow, conversation
+from .conversation import Conversation, InvalidRow, conversation, is_unicode
 from .encoding import BatchEncoder, Encoder, TemplateMismatch
 from .errors import UsageError
 from .exits import remove_on_exit
@@ -63,10 +63,16 @@ class Encoded(NamedTuple):
     source_value: str | None = None
 
 
+MAX_SOURCE_CHARS = 256  # a longer ``source`` value names no subset, and is not read
+
+
 def source_value(record: object) -> str | None:
-    """A source record's ``source`` value, where it is a string (else ``None``: not read)."""
+    """A source record's ``source`` value, where it is a string of valid Unicode of at most
+    ``MAX_SOURCE_CHARS`` characters (else ``None``: not read)."""
     value = record.get("source") if isinstance(record, dict) else None
-    return value if isinstance(value, str) else None
+    if isinstance(value, str) and len(value) <= MAX_SOURCE_CHARS and is_unicode(value):
+        return value
+    return None
 
 
 @dataclass

@@ -264,10 +264,23 @@ def _is_id_type(kind: pa.DataType) -> bool:
     )
 
 
-def _is_string_type(kind: pa.DataType) -> bool:
+def _small_source_column(file: pq.ParquetFile) -> bool:
+    """Whether the file has a string ``source`` column whose column chunks each hold at
+    most ``SHARED_PAGE_BYTES`` uncompressed (so that decoding it adds little; a larger one is
+    not read, and its rows count as without a ``source``)."""
+    schema = file.schema_arrow
+    if SOURCE_COLUMN not in schema.names:
+        return False
+    kind = schema.field(SOURCE_COLUMN).type
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
-    return kind in (pa.string(), pa.large_string(), pa.string_view())
+    if kind not in (pa.string(), pa.large_string(), pa.string_view()):
+        return False
+    leaf = next(n for n in range(len(file.schema)) if file.schema.column(n).path == SOURCE_COLUMN)
+    meta = file.metadata
+    return all(
+        meta.row_group(g).column(leaf).total_uncompressed_size <= SHARED_PAGE_BYTES for g in range(meta.num_row_groups)
+    )
 
 
 def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Path, ...]:
@@ -493,7 +506,7 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
         file = pq.ParquetFile(path, buffer_size=PARQUET_BUFFER_BYTES)
         names = file.schema_arrow.names
         columns = [c for c in COLUMNS if c in names]
-        if SOURCE_COLUMN in names and _is_string_type(file.schema_arrow.field(SOURCE_COLUMN).type):
+        if _small_source_column(file):
             columns.append(SOURCE_COLUMN)
         first = decoded = 0
         for group in range(file.num_row_groups):

@@ -91,6 +91,17 @@ def test_the_yaml_header_is_a_dataset_cards(built, kimi_dir):
     assert header["pretty_name"] == "custom"  # (as a build from the command line without NAME)
 
 
+def test_datasets_loads_the_folder_by_its_card(built, tmp_path, monkeypatch):
+    """The Hugging Face datasets library reads the card's configs: one train split, the build's rows."""
+    import datasets
+
+    out, manifest = built
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    loaded = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "cache"))
+    assert list(loaded) == ["train"] and loaded["train"].num_rows == manifest["stats"]["rows"]
+    assert len(loaded["train"][0]["metadata"]["input_ids"]) == manifest["params"]["row_tokens"]
+
+
 def test_the_cards_figures_are_the_manifests(built, source):
     out, manifest = built
     _, body = _card(out)
@@ -149,6 +160,24 @@ def test_a_source_without_a_source_column_records_no_mix(kimi_dir, tmp_path):
     assert not (tmp_path / "out" / "source_mix.png").exists()
     assert "have no `source` column" in _card(tmp_path / "out")[1]
     assert verify(tmp_path / "out") == []
+
+
+def test_a_source_mix_of_too_many_values_is_not_recorded(source, kimi_dir, tmp_path, monkeypatch):
+    from fixed_sft import build as build_module
+
+    monkeypatch.setattr(build_module, "MAX_SOURCE_VALUES", 3)  # the fixture's rows hold more
+    manifest = build(config(source[0], kimi_dir), tmp_path / "out")
+    assert "source_mix" not in manifest and "source_mix.png" not in manifest["card"]["files"]
+
+
+@pytest.mark.parametrize(
+    "value, read",
+    [("tulu/math", "tulu/math"), ("x" * 256, "x" * 256), ("x" * 257, None), (7, None), ("\ud800", None), (None, None)],
+)
+def test_only_short_unicode_source_strings_are_read(value, read):
+    from fixed_sft.encode import source_value
+
+    assert source_value({"source": value, "messages": []}) == read
 
 
 def test_cards_are_byte_identical_and_a_rebuild_replaces_a_build_with_one(built, source, kimi_dir):
