@@ -34,7 +34,7 @@ from .errors import BuildError, UsageError
 from .folder import transaction
 from .hashes import row_digest, rows_digest, sha256_file
 from .hf_chat import MASK_TYPES as HF_MASK_TYPES
-from .hub import raise_cache_damage
+from .hub import is_hub_id, raise_cache_damage
 from .manifest import (
     PARQUET,
     THIS_FORMAT,
@@ -46,13 +46,14 @@ from .manifest import (
     SkippedRow,
     SourceFile,
     SourceRecord,
+    SourceShare,
     Stats,
     TemplateCheck,
 )
 from .memory import map_large_allocations, system_allocator
 from .order import permutation, positions
 from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, RowWriter, naming
-from .pack import Packer
+from .pack import Packer, Row
 from .params import RECORDED, BuildConfig, to_json
 from .source import (
     Source,
@@ -63,7 +64,7 @@ from .source import (
     read_band,
     unreadable,
 )
-from .specs import HF, ResolvedTokenizer, resolve_tokenizer
+from .specs import BUILDS, HF, ResolvedTokenizer, build_spec, resolve_tokenizer
 
 ORDER_RULE = "splitmix64-key-v1"
 # A chunk (what one worker encodes at a time) holds at most CHUNK_ROWS rows and CHUNK_BYTES bytes
@@ -81,6 +82,7 @@ CHUNK_BYTES = 8 << 20
 BAND_BYTES = 384 << 20
 LARGE_BAND_BYTES = 128 << 20
 LARGE_ROW_BYTES = CHUNK_BYTES // CHUNK_ROWS
+MAX_SOURCE_VALUES = 1000  # the most ``source`` values a source mix lists (the manifest stays small)
 
 
 class InvalidSourceRow(BuildError):
@@ -156,6 +158,37 @@ class _Tally:
     tokens_encoded: int = 0
     template_checked: int = 0
     tail_tokens: int = 0
+    # for the source mix and the card: the units in the row being filled (source row ->
+    # ids without the separator, ``source`` value), and per kept row or conversation
+    units: dict[int, tuple[int, str | None]] = field(default_factory=dict)
+    row_supervised: list[int] = field(default_factory=list)
+    conversation_tokens: list[int] = field(default_factory=list)
+    mix: dict[str | None, list[int]] = field(default_factory=dict)  # source value -> [conversations, tokens]
+
+    def settle(self, row: Row, kept: bool) -> None:
+        """Count a finished row for the card (before ``rows_per_conversation`` has it): its
+        supervised tokens, and each conversation it holds first, by its source's value;
+        then forget the units no later row holds (all but its last segment's)."""
+        if kept:
+            self.row_supervised.append(int(np.count_nonzero(row.mask)))
+            for segment in row.segments:
+                length, value = self.units[segment.index]
+                share = self.mix.setdefault(value, [0, 0])
+                if segment.index not in self.rows_per_conversation:
+                    self.conversation_tokens.append(length)
+                    share[0] += 1
+                share[1] += segment.end - segment.start
+        last = row.segments[-1].index
+        self.units = {last: self.units[last]}
+
+    def source_mix(self) -> list[SourceShare] | None:
+        """The manifest's ``source_mix``: per ``source`` value (``None`` last), or ``None``
+        when no kept conversation's source row has one, or they have more than
+        ``MAX_SOURCE_VALUES`` (a column of ids, say, rather than of subsets)."""
+        if all(value is None for value in self.mix) or len(self.mix) > MAX_SOURCE_VALUES:
+            return None
+        order = sorted(self.mix, key=lambda value: (value is None, value or ""))
+        return [SourceShare(value, *self.mix[value]) for value in order]
 
     def stats(self) -> dict:
         tokens = len(self.digests) * self.row_tokens
@@ -213,12 +246,15 @@ def _pack(
         tokenized.update()
         tally.tokens_encoded += len(ids) + 1
         tally.template_checked += item.checked
+        tally.units[item.source_index] = (len(ids), item.source_value)
         for row in packer.add(item.source_index, item.id, ids, mask):
             trainable = row.trainable
             if not trainable:
                 tally.rows_skipped += 1
+                tally.settle(row, kept=False)
                 continue
             writer.write(row)
+            tally.settle(row, kept=True)
             tally.digests.append(row_digest(row.ids, row.mask))
             tally.supervised += trainable + int(row.mask[0])
             tally.trainable += trainable
@@ -361,9 +397,27 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             filled = f"the source fills only {writer.rows} rows of {config.row_tokens} tokens"
             raise BuildError(f"{filled} with supervised tokens; {needed}")
         source_files = recorded_files(source, source_hashes)
-    document = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME, separator).to_json()
+    manifest = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME, separator)
+    if not config.no_card:
+        from .card import Figures, card_license, write_card
+
+        license = card_license(config.card_license, manifest.source.license)
+        figures = Figures(tally.row_supervised, tally.conversation_tokens)
+        manifest.card = write_card(folder, manifest, figures, license, upstream(config, source))
+    document = manifest.to_json()
     _write_manifest(folder / MANIFEST_NAME, document)
     return document
+
+
+def upstream(config: BuildConfig, source: Source) -> str | None:
+    """The Hub dataset a build's source rows come from: the source itself when it is a Hub
+    download, else the named build's own source (a local copy of it), where a Hub id."""
+    if source.revision is not None and not Path(source.name).exists() and is_hub_id(source.name):
+        return source.name
+    if (BUILDS / f"{config.name}.json").is_file():
+        named = build_spec(config.name)["source"]
+        return named if is_hub_id(named) and not Path(named).exists() else None
+    return None
 
 
 def recorded_files(source: Source, hashes: list[Future]) -> list[dict]:
@@ -425,6 +479,7 @@ def _manifest(
         loss_mask=LossMask(type=config.loss_mask_type, template_kwargs=template_kwargs(config, tokenizer)),
         template_check=TemplateCheck(every=config.check_every, checked=tally.template_checked),
         stats=Stats(**tally.stats()),
+        source_mix=tally.source_mix(),
         skipped_invalid=[SkippedRow(**row) for row in tally.skipped_invalid],
         parquet=ParquetFile(path=PARQUET, bytes=parquet.stat().st_size, sha256=sha256_file(parquet)),
         rows_sha256=rows_digest(tally.digests),

@@ -1,6 +1,7 @@
 """Command line: ``build`` (the default), ``verify`` (with ``--rebuild``: also rebuild
-from the recorded inputs and compare), ``pin-tokenizer`` (write a tokenizer spec), ``export``
-(a trainer's packed layout) and ``push`` (upload to the Hub).
+from the recorded inputs and compare), ``inspect`` (a build's summary, or a row decoded),
+``pin-tokenizer`` (write a tokenizer spec), ``export`` (a trainer's packed layout) and
+``push`` (upload to the Hub).
 
 Exit codes: 0 success; 1 build failure or verify mismatch; 2 usage error; 130 interrupted
 (Ctrl-C); 143 terminated (SIGTERM). The first Ctrl-C or SIGTERM stops the command, which
@@ -113,7 +114,7 @@ def _add_build_flags(build: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The commands (``build``, ``verify``, ``pin-tokenizer``, ``export``, ``push``) and their flags."""
+    """The commands (``build``, ``verify``, ``inspect``, ``pin-tokenizer``, ``export``, ``push``) and their flags."""
     from .specs import DEFAULT_BUILD
 
     top = argparse.ArgumentParser(
@@ -154,6 +155,16 @@ def parser() -> argparse.ArgumentParser:
         metavar="SPEC",
         help="with --rebuild: check only these rows (0,17,100-120, or sample:N), re-encoding just what they need",
     )
+
+    inspect = commands.add_parser("inspect", help="summarize a build, or show one of its rows decoded")
+    inspect.add_argument("folder", type=Path)
+    inspect.add_argument("--row", type=int, metavar="K", help="show row K decoded, its supervised tokens marked")
+    inspect.add_argument(
+        "--tokenizer",
+        metavar="FOLDER|HF_REPO",
+        help="with --row: where the tokenizer files are, if not the manifest's spec or repo in the Hub cache",
+    )
+    inspect.add_argument("--html", type=Path, metavar="FILE", help="with --row: write the row as one HTML page")
 
     pin = commands.add_parser("pin-tokenizer", help="write a tokenizer spec that builds check the files against")
     pin.add_argument("tokenizer", metavar="REPO|FOLDER", help="a Hub repo id, or a folder of tokenizer files")
@@ -331,6 +342,28 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if same else FAILURE
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from .errors import UsageError
+    from .inspect_rows import page, plain, print_coloured, row_view, summary
+    from .output import naming
+
+    if args.row is None:
+        if args.tokenizer is not None or args.html is not None:
+            raise UsageError("--tokenizer and --html are for a row; add --row K")
+        print("\n".join(summary(args.folder)))
+        return 0
+    view = row_view(args.folder, args.row, args.tokenizer)
+    if args.html is not None:
+        with naming(args.html):
+            args.html.write_text(page(view), encoding="utf-8")
+        print(f"wrote {args.html}: {view.title()}")
+    elif sys.stdout.isatty():
+        print_coloured(view)
+    else:
+        sys.stdout.write(plain(view))
+    return 0
+
+
 def _pin(args: argparse.Namespace) -> int:
     from .errors import UsageError
     from .fields import loads
@@ -421,7 +454,14 @@ def _command(argv: list[str], stop: _Stop) -> int:
         stop.over = True  # a signal from here on exits at once (``main`` catches what one raised up to here)
 
 
-COMMANDS = {"build": _build, "verify": _verify, "pin-tokenizer": _pin, "export": _export, "push": _push}
+COMMANDS = {
+    "build": _build,
+    "verify": _verify,
+    "inspect": _inspect,
+    "pin-tokenizer": _pin,
+    "export": _export,
+    "push": _push,
+}
 
 
 def run() -> NoReturn:

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from .chat import RENDERER_MODULE, ChatEncoder
-from .conversation import Conversation, InvalidRow, conversation
+from .conversation import Conversation, InvalidRow, conversation, is_unicode
 from .encoding import BatchEncoder, Encoder, TemplateMismatch
 from .engine import InProcess, ProcessPool, Task, forkserver_context
 from .errors import UsageError
@@ -45,7 +45,8 @@ from .tokenizer import KimiTokenizer, TokenizerError, eos_id, eos_token
 
 
 class Encoded(NamedTuple):
-    """One conversation: its ids and mask, or the reason it is invalid."""
+    """One conversation: its ids and mask, or the reason it is invalid; ``source_value``:
+    its source row's ``source`` (as Tulu 3's rows name their subset), where a string."""
 
     source_index: int
     id: str | None
@@ -53,6 +54,19 @@ class Encoded(NamedTuple):
     mask: np.ndarray | None
     invalid: str | None = None
     checked: bool = False
+    source_value: str | None = None
+
+
+MAX_SOURCE_CHARS = 256  # a longer ``source`` value names no subset, and is not read
+
+
+def source_value(record: object) -> str | None:
+    """A source record's ``source`` value, where it is a string of valid Unicode of at most
+    ``MAX_SOURCE_CHARS`` characters (else ``None``: not read)."""
+    value = record.get("source") if isinstance(record, dict) else None
+    if isinstance(value, str) and len(value) <= MAX_SOURCE_CHARS and is_unicode(value):
+        return value
+    return None
 
 
 @dataclass
@@ -65,6 +79,7 @@ class EncodedChunk:
 
     indices: list[int]
     row_ids: list[str | None]
+    source_values: list[str | None]
     lengths: np.ndarray
     checked: np.ndarray
     tokens: np.ndarray
@@ -75,14 +90,14 @@ class EncodedChunk:
 
     def __iter__(self) -> Iterator[Encoded]:
         offset = 0
-        for index, row_id, length, checked in zip(
-            self.indices, self.row_ids, self.lengths.tolist(), self.checked.tolist()
+        for index, row_id, value, length, checked in zip(
+            self.indices, self.row_ids, self.source_values, self.lengths.tolist(), self.checked.tolist()
         ):
             if length < 0:
                 yield Encoded(index, row_id, None, None, self.invalid[index])
             else:
                 end = offset + length
-                yield Encoded(index, row_id, self.tokens[offset:end], self.mask[offset:end], None, checked)
+                yield Encoded(index, row_id, self.tokens[offset:end], self.mask[offset:end], None, checked, value)
                 offset = end
         if self.mismatch is not None:
             raise self.mismatch
@@ -191,7 +206,8 @@ def encode_rows(encoder: Encoder, chunk: Chunk) -> Iterator[Encoded]:
             continue
         except TemplateMismatch as error:  # a template the encoder cannot follow for this conversation
             raise TemplateMismatch(f"source row {index} (id {row_id}): {error}") from None
-        yield _checked(encoder, chunk.checked(offset), index, row_id, messages, tools, ids, mask)
+        checked = _checked(encoder, chunk.checked(offset), index, row_id, messages, tools, ids, mask)
+        yield checked._replace(source_value=source_value(record))
 
 
 def _checked(
@@ -217,7 +233,9 @@ def _encode_batch(encoder: BatchEncoder, chunk: Chunk) -> Iterator[Encoded]:
     """``encode_rows`` for a ``BatchEncoder``: the chunk's valid conversations encoded at once,
     yielded (and checked) one at a time."""
     parsed: list[tuple[int, Conversation | InvalidRow]] = []
+    values: list[str | None] = []
     for index, record in records(chunk.rows):
+        values.append(source_value(record))
         try:
             parsed.append((index, conversation(record, encoder.schema)))
         except InvalidRow as error:
@@ -236,7 +254,8 @@ def _encode_batch(encoder: BatchEncoder, chunk: Chunk) -> Iterator[Encoded]:
             raise type(result)(f"source row {index} (id {item.id}): {result}")
         if isinstance(result, Exception):
             raise result
-        yield _checked(encoder, chunk.checked(offset), index, item.id, item.messages, item.tools, *result)
+        checked = _checked(encoder, chunk.checked(offset), index, item.id, item.messages, item.tools, *result)
+        yield checked._replace(source_value=values[offset])
 
 
 def encode_chunk(encoder: Encoder, chunk: Chunk) -> EncodedChunk:
@@ -254,6 +273,7 @@ def encode_chunk(encoder: Encoder, chunk: Chunk) -> EncodedChunk:
     return EncodedChunk(
         indices=[item.source_index for item in items],
         row_ids=[item.id for item in items],
+        source_values=[item.source_value for item in items],
         lengths=np.array(lengths, dtype=np.int64),
         checked=np.array([item.checked for item in items], dtype=bool),
         tokens=np.concatenate([item.ids for item in valid]) if valid else np.zeros(0, np.int32),

@@ -23,10 +23,12 @@ from filelock import FileLock, Timeout
 
 from .errors import BuildError, UsageError
 from .exits import removed_on_exit
-from .output import FORMATS, MANIFEST_NAME, PARQUET_NAME
+from .output import CARD_FILES, FORMATS, MANIFEST_NAME, PARQUET_NAME
 from .source import non_unicode
 
-BUILD_FILES = (PARQUET_NAME, MANIFEST_NAME)  # what a build, and a build's temporary folder, hold
+# what a build, and a build's temporary folder, may hold: the rows, the manifest, and the
+# dataset card with its plots (fixed_sft.card; none with --no-card)
+BUILD_FILES = (PARQUET_NAME, MANIFEST_NAME, *CARD_FILES)
 
 
 def not_build_files(folder: Path) -> str | None:
@@ -55,7 +57,7 @@ def not_build_files(folder: Path) -> str | None:
     return None
 
 
-def _not_a_build(path: Path) -> str | None:
+def not_a_build(path: Path) -> str | None:
     """``None`` when ``path`` is a previous build: a folder holding only regular files the
     format names (``not_build_files``), one of them a fixed-sft manifest; else why not."""
     if path.is_dir() and not os.path.lexists(path / MANIFEST_NAME):  # (first: quick, as for each parent of a target)
@@ -76,7 +78,7 @@ def _not_a_build(path: Path) -> str | None:
 
 def is_build(path: Path) -> bool:
     """A folder holding only regular files the format names, one a fixed-sft manifest."""
-    return _not_a_build(path) is None
+    return not_a_build(path) is None
 
 
 def _not_replaceable(out: Path) -> str | None:
@@ -87,7 +89,7 @@ def _not_replaceable(out: Path) -> str | None:
             return None
     except OSError:
         pass
-    return _not_a_build(out)
+    return not_a_build(out)
 
 
 def check_target(out: Path, source: str) -> None:

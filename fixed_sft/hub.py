@@ -9,7 +9,8 @@ another digest is damaged, and is named with the blob to delete.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from .hashes import sha256_file
@@ -22,6 +23,19 @@ class HubUnreachable(Exception):
 def is_hub_id(name: str) -> bool:
     """Whether ``name`` not found locally reads as a Hub id (``owner/name``) rather than a path."""
     return "/" in name and not name.startswith((".", "/"))
+
+
+@contextmanager
+def offline() -> Iterator[None]:
+    """huggingface_hub serves files from its cache alone meanwhile, as with ``HF_HUB_OFFLINE=1``."""
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
 
 
 def download_dataset(repo_id: str, revision: str, patterns: Sequence[str]) -> tuple[Path, str]:

@@ -141,8 +141,28 @@ class ParquetFile:
 
 
 @dataclass
+class SourceShare:
+    """The kept rows' conversations and tokens from source rows of one ``source`` value
+    (``None``: rows without a string ``source``)."""
+
+    source: str | None
+    conversations: Count
+    tokens: Count
+
+
+@dataclass
+class Card:
+    """The dataset card beside the rows: the license it declares, and the size and sha256
+    of each of its files (``README.md`` and its plots: ``output.CARD_FILES``)."""
+
+    license: str
+    files: dict[str, FileHash]
+
+
+@dataclass(kw_only=True)
 class Manifest:
-    """A build's ``manifest.json``."""
+    """A build's ``manifest.json``; ``source_mix`` and ``card`` are absent where the build
+    recorded none (a source without a ``source`` column, ``--no-card``, earlier builds)."""
 
     format: Format
     name: str
@@ -153,8 +173,10 @@ class Manifest:
     loss_mask: LossMask
     template_check: TemplateCheck
     stats: Stats
+    source_mix: list[SourceShare] | None = omitted()
     skipped_invalid: list[SkippedRow]
     parquet: ParquetFile
+    card: Card | None = omitted()
     rows_sha256: str
     row_sha256: list[str]
 

@@ -20,6 +20,9 @@ FORMAT = "fixed-sft/2"  # the format of the folder: its Parquet schema and manif
 FORMATS = ("fixed-sft/1", FORMAT)  # the formats of folders a new build may replace
 PARQUET_NAME = "train.parquet"
 MANIFEST_NAME = "manifest.json"
+CARD_NAME = "README.md"  # the dataset card (fixed_sft.card), and its plots
+PLOT_NAMES = ("supervised_ratio.png", "conversation_tokens.png", "source_mix.png")
+CARD_FILES = (CARD_NAME, *PLOT_NAMES)
 ROWS_PER_GROUP = 128
 # A row group holds at most this many tokens: fewer rows than ROWS_PER_GROUP where rows are
 # longer than 65536 tokens, so that a reader decodes a bounded amount at once.

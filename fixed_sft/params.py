@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -75,6 +76,15 @@ class JsonObject(Range):
     def problem(self, label: str, value: Any) -> str | None:
         shown = value if isinstance(value, str) else json.dumps(value)
         return None if value is None or isinstance(value, dict) else f"{label} must be a JSON object, got {shown}"
+
+
+class LicenseId(Range):
+    """A license id as the Hugging Face Hub writes them (``odc-by``, ``apache-2.0``), or ``None``."""
+
+    def problem(self, label: str, value: Any) -> str | None:
+        if value is None or re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", value):
+            return None
+        return f"{label} must be a license id such as odc-by or apache-2.0 (lowercase), got {value!r}"
 
 
 class NonEmpty(Range):
@@ -226,6 +236,14 @@ class BuildConfig:
     skip_invalid: bool = param(False, help="skip invalid source rows and record them", recorded="params.skip_invalid")
     allow_unpinned_tokenizer: bool = param(
         False, help="build with tokenizer files that differ from their spec, and record it"
+    )
+    no_card: bool = param(False, help="write no dataset card (README.md and its plots) beside the rows")
+    card_license: str | None = param(
+        None,
+        help="the license the dataset card declares, a Hub license id (default: odc-by for an ODC-By source "
+        "such as Tulu 3, the source's license where it is such an id, else other, or unknown without one)",
+        range=LicenseId(),
+        metavar="LICENSE",
     )
     expected_tokenizer: str | None = param(None, flag=False)  # the spec a tokenizer folder must match
     source_rows: int | None = param(None, flag=False, spec=True, recorded="source.rows")  # the count, when known

@@ -348,6 +348,19 @@ class RowFile:
             table = self._parquet.read_row_group(g, columns=columns, use_threads=False)
             yield Group(g, first, table.num_rows, table)
 
+    def group_of(self, row: int, columns: list[str]) -> Group:
+        """The row group holding row ``row`` (``0 <= row < rows``) alone, with ``columns``
+        decoded once its pages are checked (as ``groups``)."""
+        if not 0 <= row < self.rows:
+            raise IndexError(f"row {row} is not in the file's {self.rows} rows")
+        g = int(np.searchsorted(self._firsts, row, side="right")) - 1
+        while self.metadata.row_group(g).num_rows == 0:  # (an empty group starts where the next does)
+            g += 1
+        paths = _format_leaves()
+        self._check_pages(g, [paths.index(c) for c in columns])
+        table = self._parquet.read_row_group(g, columns=columns, use_threads=False)
+        return Group(g, self._firsts[g], table.num_rows, table)
+
 
 def _name(path: str) -> str:
     """A leaf column's name as the format's schema spells it (``metadata.input_ids``)."""

@@ -10,9 +10,10 @@ key-value metadata; and the key-value metadata of each field of the Arrow schema
 stores); not compared for that: the reasons of skipped rows (their wording is the code's), the
 names, globs and paths of inputs the caller gave, and the separator a manifest from before it was
 recorded lacks (the rebuild then uses the eos token, as that build did). Values the rebuild copies from the
-manifest (the build's name, the license, revisions) are the same by construction. The
-Parquet file's size and hash, and ``code_sha256``, are compared for information: the same
-rows may be encoded by another writer, or built by other code; the rest of
+manifest (the build's name, the license, revisions, the card's license) are the same by
+construction. The Parquet file's size and hash, the dataset card's files, and ``code_sha256``,
+are compared for information: the same rows may be encoded by another writer, plotted by
+another matplotlib, or built by other code; the rest of
 ``code_version`` (package version, git commit) says which code ran, and is not compared.
 """
 
@@ -37,7 +38,7 @@ from .output import MANIFEST_NAME, PARQUET_NAME
 from .params import manifest_label, recorded_values
 from .reader import Group, Refused, RowFile
 from .source import SourceError, SourceUnreachable
-from .specs import resolve_tokenizer, tokenizer_specs
+from .specs import ResolvedTokenizer, resolve_tokenizer, tokenizer_specs
 from .verify import described, read_manifest
 
 
@@ -86,18 +87,10 @@ def recorded_config(
             f"the manifest's source {recorded.name!r} is not here (a recorded path is relative to "
             "the current folder); pass --source PATH"
         )
-    spec = used.name if used.name in {s["name"] for s in tokenizer_specs()} else None
-    if tokenizer is None:
-        if used.pinned or used.name is None:  # a pinned spec, or an unpinned Hub repo
-            tokenizer = spec or used.repo
-        if tokenizer is None:
-            raise UsageError(
-                "the manifest's tokenizer files are not a pinned spec's and may come from a local "
-                "folder or another revision; pass --tokenizer FOLDER or HF_REPO"
-            )
-        if tokenizer != spec:
-            _refuse_outside("tokenizer", tokenizer, "--tokenizer FOLDER")
+    tokenizer, spec = recorded_tokenizer(manifest, tokenizer)
     values = recorded_values(manifest)
+    values["no_card"] = manifest.card is None  # (the card's license is the one its build declared)
+    values["card_license"] = manifest.card.license if manifest.card is not None else None
     if source is not None and Path(source).is_file():
         values["source_files"] = None  # a file named by the caller is the source, whatever the recorded globs chose
     config = BuildConfig(
@@ -115,6 +108,41 @@ def recorded_config(
     except UsageError as error:
         raise BuildError(f"the manifest records a parameter this builder refuses: {error}") from None
     return config
+
+
+def recorded_tokenizer(manifest: Manifest, tokenizer: str | None = None) -> tuple[str, str | None]:
+    """Where to read the tokenizer ``manifest`` records: ``tokenizer`` when given, else the
+    recorded spec, or the recorded Hub repo of files that matched no spec (``UsageError``
+    for files that matched no spec and came from a folder); and the spec they must match."""
+    used = manifest.tokenizer
+    spec = used.name if used.name in {s["name"] for s in tokenizer_specs()} else None
+    if tokenizer is None:
+        if used.pinned or used.name is None:  # a pinned spec, or an unpinned Hub repo
+            tokenizer = spec or used.repo
+        if tokenizer is None:
+            raise UsageError(
+                "the manifest's tokenizer files are not a pinned spec's and may come from a local "
+                "folder or another revision; pass --tokenizer FOLDER or HF_REPO"
+            )
+        if tokenizer != spec:
+            _refuse_outside("tokenizer", tokenizer, "--tokenizer FOLDER")
+    return tokenizer, spec
+
+
+def resolve_recorded_tokenizer(
+    tokenizer: str, revision: str | None, expected: str | None, recorded: dict[str, FileHash]
+) -> ResolvedTokenizer:
+    """The tokenizer files at ``tokenizer`` (``specs.resolve_tokenizer``), once they are the
+    ``recorded`` ones (``BuildError`` naming those that differ)."""
+    found = resolve_tokenizer(tokenizer, revision, expected=expected, allow_unpinned=True)
+    other = [name for name, file in found.files.items() if encode(recorded.get(name)) != file]
+    other += [name for name in recorded if name not in found.files]
+    if other:
+        raise BuildError(
+            f"the tokenizer files in {found.directory} are not the ones the manifest records "
+            f"({', '.join(other)} differ); pass --tokenizer FOLDER holding those"
+        )
+    return found
 
 
 def _refuse_outside(what: str, name: str, flag: str) -> None:
@@ -140,19 +168,11 @@ def check_tokenizer_files(config: BuildConfig, recorded: dict[str, FileHash]) ->
     code = sorted(name for name in recorded if name.endswith(".py"))
     if code:
         raise BuildError(f"the build ran the tokenizer's own code ({', '.join(code)}), which a rebuild does not run")
-    found = resolve_tokenizer(
-        config.tokenizer, config.tokenizer_revision, expected=config.expected_tokenizer, allow_unpinned=True
-    )
-    other = [name for name, file in found.files.items() if encode(recorded.get(name)) != file]
-    other += [name for name in recorded if name not in found.files]
-    if other:
-        raise BuildError(
-            f"the tokenizer files in {found.directory} are not the ones the manifest records "
-            f"({', '.join(other)} differ); pass --tokenizer FOLDER holding those"
-        )
+    resolve_recorded_tokenizer(config.tokenizer, config.tokenizer_revision, config.expected_tokenizer, recorded)
 
 
-INFORMATION = ("parquet", "code_version")  # compared, but the verdict does not depend on them
+# compared, but the verdict does not depend on them (the card's plots are of matplotlib's drawing)
+INFORMATION = ("parquet", "card", "code_version")
 
 
 def _view(manifest: dict, given_source: bool, given_tokenizer: bool) -> dict:
@@ -392,10 +412,13 @@ def comparison(
     here, again = _view(manifest, given_source, given_tokenizer), _view(rebuilt, given_source, given_tokenizer)
     if "separator" not in manifest["params"]:  # a manifest from before it was recorded: the eos token, rebuilt so
         again["params"] = {key: value for key, value in again["params"].items() if key != "separator"}
+    if "source_mix" not in manifest and "card" not in manifest:  # a manifest from before the source mix was recorded
+        again.pop("source_mix", None)
     return [
         *(Compared(key, here.get(key, MISSING), again.get(key, MISSING), True) for key in {**here, **again}),
         Compared("provenance", *_provenance(folder, manifest, rebuilt_folder, rebuilt), True),
         Compared("parquet", manifest["parquet"], rebuilt["parquet"], False),
+        Compared("card", manifest.get("card", MISSING), rebuilt.get("card", MISSING), False),
         Compared(
             "code_sha256",
             value_at(manifest, ("code_version", "code_sha256")),

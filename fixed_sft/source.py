@@ -35,7 +35,10 @@ from .hub import HubUnreachable, download_dataset, is_hub_id, raise_cache_damage
 from .pages import largest_page
 
 SUFFIXES = (".parquet", ".jsonl")
-COLUMNS = ("id", "messages", "tools")  # the Parquet columns a build reads
+COLUMNS = ("id", "messages", "tools")  # the Parquet columns a build encodes
+# A string column a build also reads, for the dataset card's source mix only (Tulu 3's rows
+# name their subset in it); it is not part of a row's size, and another type is not read.
+SOURCE_COLUMN = "source"
 _DATA_PATTERNS = tuple(f"*{suffix}" for suffix in SUFFIXES)
 READ_BATCH_ROWS = 4096
 # Parquet rows are decoded in batches of at most this many bytes (by the row group's bytes per
@@ -261,6 +264,25 @@ def _is_id_type(kind: pa.DataType) -> bool:
     )
 
 
+def _small_source_column(file: pq.ParquetFile) -> bool:
+    """Whether the file has a string ``source`` column whose column chunks each hold at
+    most ``SHARED_PAGE_BYTES`` uncompressed (so that decoding it adds little; a larger one is
+    not read, and its rows count as without a ``source``)."""
+    schema = file.schema_arrow
+    if SOURCE_COLUMN not in schema.names:
+        return False
+    kind = schema.field(SOURCE_COLUMN).type
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if kind not in (pa.string(), pa.large_string(), pa.string_view()):
+        return False
+    leaf = next(n for n in range(len(file.schema)) if file.schema.column(n).path == SOURCE_COLUMN)
+    meta = file.metadata
+    return all(
+        meta.row_group(g).column(leaf).total_uncompressed_size <= SHARED_PAGE_BYTES for g in range(meta.num_row_groups)
+    )
+
+
 def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Path, ...]:
     """A file, or a folder's .parquet/.jsonl files sorted by their path relative to the
     folder as a '/'-separated string (code point order); with ``patterns``, those whose
@@ -437,8 +459,8 @@ def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
     """The rows whose packing position ``rank[i]`` is in ``[lo, hi)``, read from the
     files in parallel threads (pyarrow decodes without the GIL).
 
-    Columns: ``messages`` and, where the file has them, ``id`` (as text) and ``tools`` for Parquet
-    sources, or ``line`` (the raw bytes) for JSONL sources; then ``bytes`` (the row's
+    Columns: ``messages`` and, where the file has them, ``id`` (as text), ``tools`` and a string
+    ``source`` for Parquet sources, or ``line`` (the raw bytes) for JSONL sources; then ``bytes`` (the row's
     size), ``dropped`` (true for a row over ``MAX_CONVERSATION_BYTES``, whose data is
     dropped as it is read, so that no band holds it) and ``index`` (the global row
     index). ``records`` decodes them."""
@@ -502,6 +524,8 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
         file = pq.ParquetFile(path, buffer_size=PARQUET_BUFFER_BYTES)
         names = file.schema_arrow.names
         columns = [c for c in COLUMNS if c in names]
+        if _small_source_column(file):
+            columns.append(SOURCE_COLUMN)
         first = decoded = 0
         for group in range(file.num_row_groups):
             meta = file.metadata.row_group(group)
@@ -515,8 +539,10 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
                         table = pa.Table.from_batches([batch])
                         # ids are text in every file, whatever type this one stores (cast before
                         # ``take``, which has no kernel for string_view)
-                        if "id" in columns:
-                            table = table.set_column(0, "id", table.column("id").cast(pa.string()))
+                        for name in ("id", SOURCE_COLUMN):
+                            if name in columns:
+                                where = table.column_names.index(name)
+                                table = table.set_column(where, name, table.column(name).cast(pa.string()))
                         yield start + wanted, _bounded(table, wanted)
                         del table
                     start += batch.num_rows
@@ -534,7 +560,7 @@ def _bounded(table: pa.Table, wanted: np.ndarray) -> pa.Table:
     """Rows ``wanted`` of a decoded batch, with their sizes as a ``bytes`` column; a row
     over ``MAX_CONVERSATION_BYTES`` is ``dropped``: null ``messages`` (and a null ``id``
     where the id itself is over ``_ID_BYTES_NAMED``), its data never copied from the batch."""
-    values = {name: value_bytes(table.column(name))[wanted] for name in table.column_names}
+    values = {name: value_bytes(table.column(name))[wanted] for name in table.column_names if name != SOURCE_COLUMN}
     sizes = np.sum(list(values.values()), axis=0, dtype=np.int64) if values else np.zeros(len(wanted), np.int64)
     over = sizes > MAX_CONVERSATION_BYTES
     columns = {}

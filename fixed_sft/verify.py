@@ -4,7 +4,9 @@ Checks, in order: the manifest is a regular file no larger, and of no more value
 build's (``read_manifest``), reads, repeats no key, and has the format's fields and no
 other (``manifest.read``), each of its type (``1`` is not ``1.0``), with each row hash 64
 lowercase hex digits; values derived from others (tokens, padding, ratio, rows) agree, and
-``rows_sha256`` equals the hash of its own row hashes; the Parquet file exists with
+``rows_sha256`` equals the hash of its own row hashes, and the source mix's conversations and
+tokens add up to the stats'; the dataset card's files (``card.files``) are regular files of
+the recorded sizes and sha256s, and no card file lies beside them that it does not record; the Parquet file exists with
 the recorded size and sha256, and has the format's schema (so no value can wrap into a
 hash), down to each column's Parquet types; its footer and page headers agree with the
 rows the manifest lists before a page is decoded (``reader``: a file that disagrees is
@@ -35,7 +37,7 @@ from .fields import FieldError, loads, show
 from .hashes import row_digest, rows_digest, sha256_file
 from .manifest import Manifest, read
 from .memory import system_allocator
-from .output import MANIFEST_NAME, PARQUET_NAME, PROMPT, NullValue, first_null
+from .output import CARD_FILES, CARD_NAME, MANIFEST_NAME, PARQUET_NAME, PROMPT, NullValue, first_null
 from .reader import Group, Refused, RowFile, SchemaDiffers
 from .source import non_unicode
 
@@ -73,6 +75,10 @@ def verify(folder: str | Path) -> list[str]:
     if len(expected) != stats.rows:
         problems.append(f"{MANIFEST_NAME}: lists {len(expected)} row hashes but stats.rows is {stats.rows}")
 
+    try:
+        problems += _check_card(folder, manifest)
+    except OSError as error:
+        problems.append(f"{folder}: a card file is unreadable ({described(error)})")
     parquet = folder / PARQUET_NAME
     if not parquet.is_file():
         return problems + [f"{parquet}: {'not a file' if parquet.exists() else 'missing'}"]
@@ -136,9 +142,7 @@ class _RowChecks:
         self.expected, self.row_tokens = expected, row_tokens
         self.first: dict[str, str] = {}
         self.rows = self.supervised = self.trainable = 0
-        self.conversations = self.split = 0
-        self._last: object = None  # the source row of the last segment seen, and how many segments in a row name it
-        self._run = 0
+        self.counted = Conversations()
 
     def problems(self, *kinds: str) -> list[str]:
         return [self.first[kind] for kind in kinds or self.KINDS if kind in self.first]
@@ -174,7 +178,7 @@ class _RowChecks:
             problem := _check_metadata(group.column("metadata"), first, self.row_tokens)
         ):
             self._note("metadata", problem)
-        self._count_conversations(group.column("metadata"))
+        self.counted.add(group.column("metadata"))
 
     def _check_content(self, ids: np.ndarray, mask: np.ndarray, offsets: np.ndarray, first: int) -> None:
         for n in range(len(offsets) - 1):
@@ -187,11 +191,30 @@ class _RowChecks:
                 self._note("content", f"row {row}: content differs from its manifest hash")
                 return
 
-    def _count_conversations(self, metadata: pa.StructArray) -> None:
-        """Count the conversations the segments name, and those named by more than one: a
-        build lays a conversation's segments one after another (in one row, or at the end of
-        one and the start of the next), so each run of segments naming one source row is
-        one conversation."""
+    def finish(self) -> None:
+        self.counted.finish()
+
+    @property
+    def conversations(self) -> int:
+        return self.counted.conversations
+
+    @property
+    def split(self) -> int:
+        return self.counted.split
+
+
+class Conversations:
+    """The conversations rows' segments name, and those named by more than one, counted a
+    row group at a time (``add`` each group's ``metadata``, then ``finish``): a build lays a
+    conversation's segments one after another (in one row, or at the end of one and the
+    start of the next), so each run of segments naming one source row is one conversation."""
+
+    def __init__(self) -> None:
+        self.conversations = self.split = 0
+        self._last: object = None  # the source row of the last segment seen, and how many segments in a row name it
+        self._run = 0
+
+    def add(self, metadata: pa.StructArray) -> None:
         segments = pc.struct_field(metadata, "segments").flatten()
         values = pc.struct_field(segments, "source_index").to_numpy(zero_copy_only=False)
         if not len(values):
@@ -319,11 +342,43 @@ def _check_stats(manifest: Manifest, rows: int, row_tokens: int) -> list[str]:
     }
     if params.rows != "all":
         derived["params.rows"] = (params.rows, rows)
+    if (mix := manifest.source_mix) is not None:  # every kept conversation, and every token, has one source
+        derived["the source_mix conversations"] = (sum(s.conversations for s in mix), stats.conversations)
+        derived["the source_mix tokens"] = (sum(s.tokens for s in mix), stats.tokens)
     return [
         f"{MANIFEST_NAME}: {key} is {show(got)}, expected {show(want)}"
         for key, (got, want) in derived.items()
         if got != want
     ]
+
+
+def _check_card(folder: Path, manifest: Manifest) -> list[str]:
+    """The dataset card's files are the ones the manifest records (``card.files``: names
+    of ``CARD_FILES``, ``README.md`` among them), each a regular file of the recorded size
+    and sha256; a card file the manifest does not record is a difference too."""
+    recorded = manifest.card.files if manifest.card is not None else {}
+    problems = [
+        f"{MANIFEST_NAME}: card.files names {show(name)}, not one of {', '.join(CARD_FILES)}"
+        for name in recorded
+        if name not in CARD_FILES
+    ]
+    if manifest.card is not None and CARD_NAME not in recorded:
+        problems.append(f"{MANIFEST_NAME}: card.files lacks {CARD_NAME}")
+    for name in CARD_FILES:
+        path = folder / name
+        if name not in recorded:
+            if os.path.lexists(path):
+                problems.append(f"{path}: a card file the manifest does not record")
+            continue
+        if not os.path.lexists(path):
+            problems.append(f"{path}: missing")
+        elif path.is_symlink() or not path.is_file():
+            problems.append(f"{path}: not a regular file")
+        elif (size := path.stat().st_size) != recorded[name].bytes:
+            problems.append(f"{path}: {size} bytes, manifest says {recorded[name].bytes}")
+        elif sha256_file(path) != recorded[name].sha256:
+            problems.append(f"{path}: sha256 differs from the manifest")
+    return problems
 
 
 def described(error: BaseException) -> str:

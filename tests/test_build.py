@@ -620,7 +620,8 @@ def test_refuses_a_folder_that_is_not_a_build(corpus, kimi_dir, tmp_path):
 def test_builds_into_an_empty_folder(corpus, kimi_dir, tmp_path):
     (tmp_path / "empty").mkdir()
     build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), tmp_path / "empty")
-    assert sorted(p.name for p in (tmp_path / "empty").iterdir()) == ["manifest.json", "train.parquet"]
+    card = ["README.md", "supervised_ratio.png", "conversation_tokens.png", "source_mix.png"]
+    assert sorted(p.name for p in (tmp_path / "empty").iterdir()) == sorted(["manifest.json", "train.parquet", *card])
 
 
 def test_rebuild_replaces_a_previous_build(fixture_build, corpus, kimi_dir, tmp_path):

@@ -1,0 +1,293 @@
+"""A finished build's figures -> its dataset card: ``README.md`` in the Hugging Face dataset-card
+convention, and the PNG plots it shows, written beside the rows.
+
+The card's YAML header declares the license, the source dataset, the tokenizer, the size
+category and the Parquet file as the ``default`` config's ``train`` split; its text gives the
+source's license and the attribution it requires, the manifest's key figures, the source mix
+(where the source rows have a ``source`` column) and how to verify the rows. The card holds
+no date, path or version of the builder's machine, and the plots are drawn by matplotlib's
+Agg backend with their metadata fixed, so the same build writes the same bytes. The license
+is the one given, else ``odc-by`` for an ODC-By source (Tulu 3's), the source's license where
+it is a Hub license id, ``other`` for another license, and ``unknown`` without one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .manifest import Card, FileHash, Manifest
+from .output import CARD_NAME, PARQUET_NAME, PLOT_NAMES, naming
+
+SUPERVISED_PLOT, LENGTHS_PLOT, MIX_PLOT = PLOT_NAMES
+# Source licenses as the manifest may record them (lowercased) -> the Hub's license ids.
+HUB_LICENSES = {
+    "odc-by-1.0": "odc-by",
+    "odc-by": "odc-by",
+    "odbl": "odbl",
+    "apache-2.0": "apache-2.0",
+    "mit": "mit",
+    "cc0-1.0": "cc0-1.0",
+    "cc-by-4.0": "cc-by-4.0",
+    "cc-by-sa-4.0": "cc-by-sa-4.0",
+    "cc-by-nc-4.0": "cc-by-nc-4.0",
+}
+LICENSE_NAMES = {
+    "odc-by": ("Open Data Commons Attribution License (ODC-By) v1.0", "https://opendatacommons.org/licenses/by/1-0/")
+}
+TULU3 = "allenai/tulu-3-sft-mixture"
+MIX_BARS = 20  # the largest sources drawn; the rest as one bar
+DPI = 100
+
+
+@dataclass
+class Figures:
+    """What the card plots beyond the manifest: each kept row's supervised tokens, in row
+    order, and each kept conversation's tokens (its ids, without the separator)."""
+
+    row_supervised: Sequence[int]
+    conversation_tokens: Sequence[int]
+
+
+def card_license(given: str | None, source_license: str | None) -> str:
+    """The license the card declares (rule: module docstring)."""
+    if given is not None:
+        return given
+    if source_license is None:
+        return "unknown"
+    return HUB_LICENSES.get(source_license.lower(), "other")
+
+
+def write_card(folder: Path, manifest: Manifest, figures: Figures, license: str, upstream: str | None) -> Card:
+    """Write the card and its plots into ``folder``; return what the manifest records of
+    them. ``upstream``: the Hub dataset the source rows come from, where known."""
+    from matplotlib.figure import Figure  # (only here: a build without a card never loads it)
+
+    plots = {
+        SUPERVISED_PLOT: _supervised_plot(Figure, manifest, figures),
+        LENGTHS_PLOT: _lengths_plot(Figure, figures),
+    }
+    if manifest.source_mix:
+        plots[MIX_PLOT] = _mix_plot(Figure, manifest)
+    files = {CARD_NAME: card_text(manifest, license, upstream, list(plots)).encode(), **plots}
+    recorded = {}
+    for name, data in files.items():
+        _write(folder / name, data)
+        recorded[name] = FileHash(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    return Card(license=license, files=recorded)
+
+
+def _write(path: Path, data: bytes) -> None:
+    with naming(path), path.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def size_category(rows: int) -> str:
+    """The Hub's size category of a dataset of ``rows`` rows."""
+    bounds = [(1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M")]
+    bounds += [(10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M"), (1_000_000_000, "100M<n<1B")]
+    return next((name for bound, name in bounds if rows < bound), "1B<n<10B")
+
+
+def header(manifest: Manifest, license: str, upstream: str | None) -> str:
+    """The card's YAML header (without its ``---`` lines), written by huggingface_hub."""
+    from huggingface_hub import DatasetCardData
+
+    tokenizer = manifest.tokenizer
+    data = DatasetCardData(
+        license=license,
+        pretty_name=manifest.name,
+        source_datasets=[upstream] if upstream else None,
+        task_categories=["text-generation"],
+        size_categories=[size_category(manifest.stats.rows)],
+        tags=["sft", "packed", "fixed-sft"],
+        configs=[{"config_name": "default", "data_files": [{"split": "train", "path": PARQUET_NAME}]}],
+        tokenizer=tokenizer.repo or tokenizer.name,
+    )
+    return data.to_yaml()
+
+
+def card_text(manifest: Manifest, license: str, upstream: str | None, plots: Sequence[str]) -> str:
+    """``README.md``: the YAML header, then the card's sections (module docstring)."""
+    stats, params, source, tokenizer = manifest.stats, manifest.params, manifest.source, manifest.tokenizer
+    revision = f" at revision `{source.revision}`" if source.revision else ""
+    tokenizer_name = tokenizer.repo or tokenizer.name or "a local tokenizer"
+    tokenizer_at = f"`{tokenizer_name}`" + (f" at revision `{tokenizer.revision}`" if tokenizer.revision else "")
+    lines = [
+        "---",
+        header(manifest, license, upstream).rstrip("\n"),
+        "---",
+        "",
+        f"# {manifest.name}",
+        "",
+        f"{stats.rows:,} rows of exactly {params.row_tokens:,} tokens of supervised fine-tuning data, packed by "
+        f"fixed-sft from `{_cell(source.name)}`{revision}, rendered with the chat template of "
+        f"{tokenizer_at} and masked by `{params.loss_mask_type}` (assistant tokens only). Each row is "
+        f"conversations, each followed by `{params.separator}`, cut at exactly {params.row_tokens:,} tokens; "
+        "nothing is padded. The tokens are in `train.parquet`, in its `metadata` column (`input_ids`, "
+        "`loss_mask`, `row`, `segments`); `manifest.json` holds the parameters and a SHA-256 hash of every row.",
+        "",
+        "## License and attribution",
+        "",
+        *_license_lines(license, source.license, upstream),
+        "",
+        "## Figures",
+        "",
+        "From `manifest.json`:",
+        "",
+        "| figure | value |",
+        "|---|---|",
+        f"| rows | {stats.rows:,} |",
+        f"| tokens per row | {params.row_tokens:,} |",
+        f"| tokens | {stats.tokens:,} |",
+        f"| supervised tokens | {stats.supervised_tokens:,} |",
+        f"| supervised token ratio | {stats.supervised_token_ratio!r} |",
+        f"| trainable tokens | {stats.trainable_tokens:,} |",
+        f"| padding tokens | {stats.padding_tokens:,} |",
+        f"| conversations | {stats.conversations:,} |",
+        f"| conversations split across rows | {stats.conversations_split:,} |",
+        f"| rows skipped (no supervised token after token 0) | {stats.rows_skipped:,} |",
+        f"| invalid source rows skipped | {stats.invalid_rows_skipped:,} |",
+        f"| source rows | {source.rows:,} |",
+        f"| seed | {params.seed} |",
+        f"| rows_sha256 | `{manifest.rows_sha256}` |",
+        f"| train.parquet sha256 | `{manifest.parquet.sha256}` |",
+        f"| train.parquet bytes | {manifest.parquet.bytes:,} |",
+        "",
+        f"![Supervised ratio per row]({SUPERVISED_PLOT})",
+        "",
+        f"![Conversation length distribution]({LENGTHS_PLOT})",
+        "",
+        "## Source mix",
+        "",
+        *_mix_lines(manifest, MIX_PLOT in plots),
+        "",
+        "## Verify",
+        "",
+        "With fixed-sft installed, where `DIR` is this folder:",
+        "",
+        "```bash",
+        "generate-fixed-sft verify DIR            # the rows, the file and this card against manifest.json",
+        "generate-fixed-sft verify DIR --rebuild  # and a build from the recorded inputs, compared",
+        "```",
+        "",
+        "`rows_sha256` is the SHA-256 of the rows' hashes in order, each the SHA-256 of the row's ids "
+        "(int32, little-endian) followed by its mask (uint8); it depends on the rows alone.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _license_lines(license: str, source_license: str | None, upstream: str | None) -> list[str]:
+    name, url = LICENSE_NAMES.get(license, (None, None))
+    declared = f"[{name}]({url})" if name else f"`{license}`"
+    recorded = f"the source's recorded license is `{source_license}`" if source_license else "the source records none"
+    lines = [f"This card declares the license {declared}; {recorded}."]
+    if license == "odc-by":
+        origin = f"[{upstream}](https://huggingface.co/datasets/{upstream})" if upstream else "its source dataset"
+        lines += [
+            "",
+            f"These rows are derived from {origin}, which is licensed under ODC-By 1.0. The license requires "
+            f"attribution: any use or redistribution of these rows must credit {upstream or 'the source dataset'} "
+            "and keep this notice.",
+        ]
+    if upstream == TULU3:
+        lines += [
+            "",
+            "The Tulu 3 SFT mixture is released by the Allen Institute for AI (Ai2) for research and educational "
+            "use under Ai2's Responsible Use Guidelines. Its subsets include outputs of third-party models and "
+            "data under their own licenses and terms, which also apply to the rows built from them; see the "
+            "mixture's own dataset card.",
+        ]
+    elif license in ("other", "unknown"):
+        lines += ["", "Check the source's own terms before using or sharing these rows."]
+    return lines
+
+
+def _mix_lines(manifest: Manifest, plotted: bool) -> list[str]:
+    mix = manifest.source_mix
+    if not mix:
+        return ["The source rows have no `source` column, so the mix is not recorded."]
+    tokens = max(manifest.stats.tokens, 1)
+    lines = [
+        "Conversations and tokens in the rows per value of the source rows' `source` column "
+        "(tokens include each conversation's separator):",
+        "",
+        "| source | conversations | tokens | share of tokens |",
+        "|---|---|---|---|",
+    ]
+    for share in sorted(mix, key=lambda s: (-s.tokens, s.source is None, s.source or "")):
+        name = "(none)" if share.source is None else f"`{_cell(share.source)}`"
+        lines.append(f"| {name} | {share.conversations:,} | {share.tokens:,} | {share.tokens / tokens:.2%} |")
+    if plotted:
+        lines += ["", f"![Source mix]({MIX_PLOT})"]
+    return lines
+
+
+def _cell(text: str) -> str:
+    """Text in a Markdown table cell, inside a code span: no line break, pipe or backtick breaks the table."""
+    return " ".join(text.split()).replace("|", "\\|").replace("`", "'")
+
+
+def _png(figure: object) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})  # type: ignore[attr-defined]
+    return buffer.getvalue()
+
+
+def _supervised_plot(Figure: type, manifest: Manifest, figures: Figures) -> bytes:
+    ratios = np.asarray(figures.row_supervised, dtype=np.float64) / manifest.params.row_tokens
+    figure = Figure(figsize=(6.4, 3.6))
+    axes = figure.add_subplot()
+    axes.hist(ratios, bins=np.linspace(0.0, 1.0, 51), color="#3b75af")
+    axes.axvline(manifest.stats.supervised_token_ratio, color="#c0392b", linestyle="--", label="all rows")
+    axes.set(title="Supervised ratio per row", xlabel="supervised tokens / row tokens", ylabel="rows", xlim=(0, 1))
+    axes.legend()
+    figure.subplots_adjust(left=0.12, right=0.97, bottom=0.15, top=0.9)  # (tight_layout costs a draw)
+    return _png(figure)
+
+
+def _lengths_plot(Figure: type, figures: Figures) -> bytes:
+    """A histogram of the conversations' tokens, in bins even in log10 (drawn on a linear axis
+    with a label per power of ten: a log axis's many tick labels take most of the drawing)."""
+    logs = np.log10(np.maximum(np.asarray(figures.conversation_tokens, dtype=np.float64), 1.0))
+    low, high = (float(logs.min()), float(logs.max())) if len(logs) else (0.0, 1.0)
+    high = max(high, low + 1.0)
+    figure = Figure(figsize=(6.4, 3.6))
+    axes = figure.add_subplot()
+    axes.hist(logs, bins=np.linspace(low, high, 50), color="#3b75af")
+    powers = range(int(np.floor(low)), int(np.ceil(high)) + 1)
+    axes.set_xticks(list(powers), [f"{10**p:,}" for p in powers])
+    axes.set(title="Conversation length distribution", xlabel="tokens per conversation", ylabel="conversations")
+    figure.subplots_adjust(left=0.12, right=0.97, bottom=0.15, top=0.9)
+    return _png(figure)
+
+
+def _mix_plot(Figure: type, manifest: Manifest) -> bytes:
+    mix = sorted(manifest.source_mix or [], key=lambda s: (-s.tokens, s.source is None, s.source or ""))
+    bars = [("(none)" if s.source is None else _label(s.source), s.tokens) for s in mix[:MIX_BARS]]
+    if len(mix) > MIX_BARS:
+        bars.append((f"{len(mix) - MIX_BARS} other sources", sum(s.tokens for s in mix[MIX_BARS:])))
+    figure = Figure(figsize=(6.4, 0.9 + 0.3 * len(bars)))
+    axes = figure.add_subplot()
+    names, tokens = zip(*reversed(bars))
+    axes.barh(range(len(bars)), tokens, color="#3b75af")
+    axes.set_yticks(range(len(bars)), names, fontsize=8)
+    axes.set(title="Source mix", xlabel="tokens in the rows")
+    height = 0.9 + 0.3 * len(bars)
+    figure.subplots_adjust(left=0.4, right=0.97, bottom=0.55 / height, top=1 - 0.35 / height)
+    return _png(figure)
+
+
+def _label(text: str) -> str:
+    """A source name as a plot label: one line, at most 40 characters; ``$`` is not mathtext."""
+    text = " ".join(text.split())
+    return (text if len(text) <= 40 else text[:39] + "…").replace("$", r"\$")

@@ -1,0 +1,302 @@
+"""The dataset card a build writes beside its rows: content, determinism, and what verify makes of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import synthetic
+import yaml
+from conftest import ROOT
+
+from fixed_sft.build import BuildConfig, UsageError, build
+from fixed_sft.cli import main
+from fixed_sft.folder import is_build
+from fixed_sft.rebuild import rebuild, report
+from fixed_sft.verify import verify
+
+CARD = ["README.md", "supervised_ratio.png", "conversation_tokens.png", "source_mix.png"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TULU = "allenai/tulu-3-sft-mixture"
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("card-source")
+    rows = synthetic.conversations(600, seed=5)
+    synthetic.write_parquet(rows, folder / "source.parquet")
+    return folder / "source.parquet", rows
+
+
+def config(source, kimi_dir, **overrides) -> BuildConfig:
+    values = dict(name="custom", source=str(source), tokenizer=str(kimi_dir), rows=12, row_tokens=1024, seed=5)
+    values.update(workers=1, **overrides)
+    return BuildConfig(**values)
+
+
+@pytest.fixture(scope="module")
+def built(source, kimi_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("card") / "build"
+    return out, build(config(source[0], kimi_dir), out)
+
+
+def _card(folder: Path) -> tuple[dict, str]:
+    text = (folder / "README.md").read_text(encoding="utf-8")
+    match = re.fullmatch(r"---\n(.*?)\n---\n(.*)", text, re.S)
+    assert match, "the card starts with a YAML header between --- lines"
+    return yaml.safe_load(match.group(1)), match.group(2)
+
+
+def _figure(body: str, name: str) -> str:
+    return re.search(rf"^\| {re.escape(name)} \| (.+?) \|$", body, re.M).group(1)
+
+
+def _number(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def test_a_build_writes_its_card_and_records_it(built):
+    out, manifest = built
+    assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", "train.parquet", *CARD])
+    files = manifest["card"]["files"]
+    assert sorted(files) == sorted(CARD)
+    for name, recorded in files.items():
+        data = (out / name).read_bytes()
+        assert recorded == {"bytes": len(data), "sha256": __import__("hashlib").sha256(data).hexdigest()}
+        if name.endswith(".png"):
+            assert data.startswith(PNG_MAGIC) and b"matplotlib" not in data  # no Software stamp
+    assert verify(out) == []
+    assert is_build(out)
+
+
+def test_the_yaml_header_is_a_dataset_cards(built, kimi_dir):
+    out, manifest = built
+    header, _ = _card(out)
+    split = {"split": "train", "path": "train.parquet"}
+    assert header["configs"] == [{"config_name": "default", "data_files": [split]}]
+    assert (out / header["configs"][0]["data_files"][0]["path"]).is_file()
+    assert header["license"] == manifest["card"]["license"] == "unknown"  # a local source without a license
+    assert header["size_categories"] == ["n<1K"]  # 12 rows
+    assert header["task_categories"] == ["text-generation"]
+    assert header["tokenizer"] == manifest["tokenizer"]["repo"] == "moonshotai/Kimi-K2.6"
+    assert "source_datasets" not in header  # a local file is no Hub dataset
+    assert header["pretty_name"] == "custom"  # (as a build from the command line without NAME)
+
+
+def test_datasets_loads_the_folder_by_its_card(built, tmp_path, monkeypatch):
+    """The Hugging Face datasets library reads the card's configs: one train split, the build's rows."""
+    import datasets
+
+    out, manifest = built
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    loaded = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "cache"))
+    assert list(loaded) == ["train"] and loaded["train"].num_rows == manifest["stats"]["rows"]
+    assert len(loaded["train"][0]["metadata"]["input_ids"]) == manifest["params"]["row_tokens"]
+
+
+def test_the_cards_figures_are_the_manifests(built, source):
+    out, manifest = built
+    _, body = _card(out)
+    stats = manifest["stats"]
+    for name, key in [
+        ("rows", "rows"),
+        ("tokens", "tokens"),
+        ("supervised tokens", "supervised_tokens"),
+        ("trainable tokens", "trainable_tokens"),
+        ("conversations", "conversations"),
+        ("conversations split across rows", "conversations_split"),
+    ]:
+        assert _number(_figure(body, name)) == stats[key], name
+    assert float(_figure(body, "supervised token ratio")) == stats["supervised_token_ratio"]
+    assert _figure(body, "rows_sha256") == f"`{manifest['rows_sha256']}`"
+    assert _figure(body, "train.parquet sha256") == f"`{manifest['parquet']['sha256']}`"
+    assert "generate-fixed-sft verify DIR" in body and "--rebuild" in body
+    for name in CARD[1:]:
+        assert f"]({name})" in body
+
+
+def test_the_source_mix_counts_the_rows_conversations_by_their_source(built, source):
+    out, manifest = built
+    _, rows = source
+    metadata = pq.read_table(out / "train.parquet").column("metadata").to_pylist()
+    conversations, tokens = Counter(), Counter()
+    seen = set()
+    for row in metadata:
+        for segment in row["segments"]:
+            value = rows[segment["source_index"]]["source"]
+            tokens[value] += segment["end"] - segment["start"]
+            if segment["source_index"] not in seen:
+                seen.add(segment["source_index"])
+                conversations[value] += 1
+    mix = manifest["source_mix"]
+    assert mix == [{"source": v, "conversations": conversations[v], "tokens": tokens[v]} for v in sorted(tokens)]
+    _, body = _card(out)
+    for share in mix:
+        line = re.search(rf"^\| `{re.escape(share['source'])}` \| ([\d,]+) \| ([\d,]+) \|", body, re.M)
+        assert (_number(line.group(1)), _number(line.group(2))) == (share["conversations"], share["tokens"])
+
+
+def test_a_jsonl_source_gives_the_same_source_mix(built, source, kimi_dir, tmp_path):
+    synthetic.write_jsonl(source[1], tmp_path / "rows.jsonl")
+    manifest = build(config(tmp_path / "rows.jsonl", kimi_dir), tmp_path / "out")
+    assert manifest["rows_sha256"] == built[1]["rows_sha256"]
+    assert manifest["source_mix"] == built[1]["source_mix"]
+
+
+def test_a_source_without_a_source_column_records_no_mix(kimi_dir, tmp_path):
+    rows = [{k: v for k, v in r.items() if k != "source"} for r in synthetic.conversations(300, seed=2)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    manifest = build(config(tmp_path / "rows.jsonl", kimi_dir, rows=3), tmp_path / "out")
+    assert "source_mix" not in manifest
+    assert sorted(manifest["card"]["files"]) == sorted(CARD[:3])  # no source mix plot
+    assert not (tmp_path / "out" / "source_mix.png").exists()
+    assert "have no `source` column" in _card(tmp_path / "out")[1]
+    assert verify(tmp_path / "out") == []
+
+
+def test_a_source_mix_of_too_many_values_is_not_recorded(source, kimi_dir, tmp_path, monkeypatch):
+    from fixed_sft import build as build_module
+
+    monkeypatch.setattr(build_module, "MAX_SOURCE_VALUES", 3)  # the fixture's rows hold more
+    manifest = build(config(source[0], kimi_dir), tmp_path / "out")
+    assert "source_mix" not in manifest and "source_mix.png" not in manifest["card"]["files"]
+
+
+@pytest.mark.parametrize(
+    "value, read",
+    [("tulu/math", "tulu/math"), ("x" * 256, "x" * 256), ("x" * 257, None), (7, None), ("\ud800", None), (None, None)],
+)
+def test_only_short_unicode_source_strings_are_read(value, read):
+    from fixed_sft.encode import source_value
+
+    assert source_value({"source": value, "messages": []}) == read
+
+
+def test_cards_are_byte_identical_and_a_rebuild_replaces_a_build_with_one(built, source, kimi_dir):
+    out, manifest = built
+    before = {name: (out / name).read_bytes() for name in [*CARD, "manifest.json"]}
+    again = build(config(source[0], kimi_dir), out)  # into the folder holding the previous build and its card
+    assert again == manifest
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert verify(out) == []
+
+
+def test_another_process_writes_the_same_card(built, source, kimi_dir, tmp_path):
+    """The card's bytes depend on no state of the process (hash seed, matplotlib's font cache as loaded)."""
+    out, manifest = built
+    command = [sys.executable, str(ROOT / "generate_fixed_sft.py"), "build", "--source", str(source[0])]
+    command += ["--tokenizer", str(kimi_dir), "--rows", "12", "--row-tokens", "1024", "--seed", "5", "--workers", "1"]
+    command += ["--quiet", "--out", str(tmp_path / "fixture")]
+    environment = {**os.environ, "PYTHONHASHSEED": "12345", "MPLCONFIGDIR": str(tmp_path / "mpl")}
+    subprocess.run(command, check=True, env=environment, capture_output=True)
+    again = json.loads((tmp_path / "fixture" / "manifest.json").read_text())
+    assert again["card"] == manifest["card"]
+    for name in CARD:
+        assert (tmp_path / "fixture" / name).read_bytes() == (out / name).read_bytes(), name
+
+
+def test_no_card(source, kimi_dir, tmp_path, built):
+    out = tmp_path / "out"
+    shutil.copytree(built[0], out)  # a previous build with a card, replaced by one without
+    manifest = build(config(source[0], kimi_dir, no_card=True), out)
+    assert "card" not in manifest
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "train.parquet"]
+    assert manifest["rows_sha256"] == built[1]["rows_sha256"]
+    assert {k: v for k, v in manifest.items() if k != "card"} == {k: v for k, v in built[1].items() if k != "card"}
+    assert verify(out) == []
+    (out / "README.md").write_text("# a card nobody built\n")
+    assert verify(out) == [f"{out / 'README.md'}: a card file the manifest does not record"]
+
+
+def test_no_card_flag(source, kimi_dir, tmp_path, capsys):
+    args = ["build", "--source", str(source[0]), "--tokenizer", str(kimi_dir), "--rows", "2", "--row-tokens", "256"]
+    assert main([*args, "--workers", "1", "--quiet", "--no-card", "--out", str(tmp_path / "a")]) == 0
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["manifest.json", "train.parquet"]
+    assert main([*args, "--workers", "1", "--quiet", "--card-license", "apache-2.0", "--out", str(tmp_path / "b")]) == 0
+    assert _card(tmp_path / "b")[0]["license"] == "apache-2.0"
+    assert json.loads((tmp_path / "b" / "manifest.json").read_text())["card"]["license"] == "apache-2.0"
+    capsys.readouterr()
+    assert main([*args, "--card-license", "Apache 2.0", "--out", str(tmp_path / "c")]) == 2
+    assert "--card-license must be a license id" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (lambda out: (out / "README.md").write_text((out / "README.md").read_text() + "\nedited\n"), "README.md: "),
+        (lambda out: _flip_last_byte(out / "supervised_ratio.png"), "supervised_ratio.png: sha256 differs"),
+        (lambda out: (out / "source_mix.png").unlink(), "source_mix.png: missing"),
+        (lambda out: _replace_with_link(out / "conversation_tokens.png"), "conversation_tokens.png: not a regular"),
+    ],
+)
+def test_verify_detects_a_tampered_card(built, tmp_path, change, says):
+    out = tmp_path / "copy"
+    shutil.copytree(built[0], out)
+    change(out)
+    problems = verify(out)
+    assert len(problems) == 1 and says in problems[0], problems
+
+
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def _replace_with_link(path: Path) -> None:
+    target = path.with_name("elsewhere.png")
+    path.rename(target)
+    path.symlink_to(target.name)
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (lambda m: m["card"].update(extra=1), "card: unknown key 'extra'"),
+        (lambda m: m["card"].update(license=7), "card.license is 7"),
+        (lambda m: m["card"]["files"].update({"notes.txt": {"bytes": 1, "sha256": "0" * 64}}), 'names "notes.txt"'),
+        (lambda m: m["card"]["files"].pop("README.md"), "card.files lacks README.md"),
+        (lambda m: m["source_mix"][0].update(tokens=m["source_mix"][0]["tokens"] + 1), "source_mix tokens is"),
+    ],
+)
+def test_the_manifests_card_and_mix_are_read_strictly(built, tmp_path, edit, says):
+    out = tmp_path / "copy"
+    shutil.copytree(built[0], out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    edit(manifest)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert any(says in problem for problem in verify(out)), verify(out)
+
+
+def test_a_tulu_source_declares_odc_by_with_its_attribution(source, kimi_dir, tmp_path):
+    """A local copy of the named build's source, given its license as README's offline build does."""
+    out = tmp_path / "tulu"
+    named = config(source[0], kimi_dir, name="kimi-k26-tulu3-fixed8192-v1", source_license="ODC-By-1.0", rows=2)
+    manifest = build(named, out)
+    header, body = _card(out)
+    assert header["license"] == manifest["card"]["license"] == "odc-by"
+    assert header["source_datasets"] == [TULU]
+    assert "requires attribution" in body and f"[{TULU}](https://huggingface.co/datasets/{TULU})" in body
+    assert "https://opendatacommons.org/licenses/by/1-0/" in body
+    assert verify(out) == []
+
+
+def test_a_rebuild_compares_the_card_for_information(built, source, kimi_dir):
+    out, _ = built
+    proven, lines = report(rebuild(out, str(source[0]), str(kimi_dir)))
+    assert proven, lines
+    assert "  card: same (for information)" in lines
+    assert "  source_mix: same" in lines
+
+
+def test_a_bad_card_license_is_refused(source, kimi_dir, tmp_path):
+    with pytest.raises(UsageError, match="--card-license must be a license id"):
+        build(config(source[0], kimi_dir, card_license="ODC By"), tmp_path / "out")

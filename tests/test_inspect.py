@@ -1,0 +1,211 @@
+"""inspect: a build's summary from its rows, and one row decoded (plain, coloured, HTML)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+import synthetic
+
+from fixed_sft import specs
+from fixed_sft.build import BuildConfig, build
+from fixed_sft.cli import main
+from fixed_sft.inspect_rows import print_coloured, row_view
+from fixed_sft.tokenizer import KimiTokenizer
+
+HOSTILE_ID = 'row <b>&"x"</b>'
+HOSTILE_TEXT = "\x1b[31mred\x1b[0m <script>alert('x')</script> & more"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, kimi_dir):
+    folder = tmp_path_factory.mktemp("inspect")
+    synthetic.write_parquet(synthetic.conversations(600, seed=5), folder / "source.parquet")
+    out = folder / "build"
+    config = BuildConfig(
+        name="fixture",
+        source=str(folder / "source.parquet"),
+        tokenizer=str(kimi_dir),
+        rows=12,
+        row_tokens=1024,
+        seed=5,
+        workers=1,
+    )
+    return out, build(config, out)
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory, kimi_dir):
+    """A build whose text and ids hold HTML and terminal escapes."""
+    folder = tmp_path_factory.mktemp("hostile")
+
+    def chat(row_id, answer):
+        return {"id": row_id, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": answer}]}
+
+    rows = [chat(HOSTILE_ID, HOSTILE_TEXT), *(chat(f"filler {k}", "y " * 40) for k in range(4))]
+    (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = folder / "build"
+    config = BuildConfig(
+        name="hostile", source=str(folder / "rows.jsonl"), tokenizer=str(kimi_dir), rows=None, row_tokens=64, workers=1
+    )
+    return out, build(config, out)
+
+
+def _row(out, k):
+    metadata = pq.read_table(out / "train.parquet").column("metadata")[k].as_py()
+    return metadata["input_ids"], metadata["loss_mask"], metadata["segments"]
+
+
+def _runs(ids, mask, segments):
+    """``(segment, supervised, ids)`` runs of a row, cut where the segment or the mask changes."""
+    runs, at = [], 0
+    for n, segment in enumerate(segments):
+        for k in range(at, at + segment["end"] - segment["start"]):
+            if runs and runs[-1][0] == n and runs[-1][1] == bool(mask[k]):
+                runs[-1][2].append(ids[k])
+            else:
+                runs.append((n, bool(mask[k]), [ids[k]]))
+        at += segment["end"] - segment["start"]
+    return runs
+
+
+def test_summary_figures_are_the_manifests(built, capsys):
+    out, manifest = built
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    stats = manifest["stats"]
+
+    def number(pattern):
+        return int(re.search(pattern, text).group(1).replace(",", ""))
+
+    assert number(r"rows: ([\d,]+) of") == stats["rows"] == 12
+    assert number(r"tokens: ([\d,]+)\n") == stats["tokens"]
+    assert number(r"supervised tokens: ([\d,]+)") == stats["supervised_tokens"]
+    assert re.search(r"ratio (\d\.\d+)", text).group(1) == f"{stats['supervised_token_ratio']:.4f}"
+    assert number(r"conversations: ([\d,]+)") == stats["conversations"]
+    assert number(r"split across rows: ([\d,]+)") == stats["conversations_split"]
+    assert "manifest says" not in text
+    mix = {
+        m.group(1): (int(m.group(2).replace(",", "")), int(m.group(3).replace(",", "")))
+        for m in re.finditer(r"^  (\S+)\s+([\d,]+)\s+([\d,]+)\s+[\d.]+%$", text, re.M)
+    }
+    assert mix == {s["source"]: (s["conversations"], s["tokens"]) for s in manifest["source_mix"]}
+    assert "card: README.md" in text
+
+
+def test_summary_says_where_the_rows_differ_from_the_manifest(built, tmp_path, capsys):
+    out, _ = built
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["stats"]["supervised_tokens"] += 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["inspect", str(copy)]) == 0
+    assert "the manifest says" in capsys.readouterr().out
+
+
+def test_a_row_as_plain_text_marks_the_supervised_tokens(built, kimi_dir, capsys):
+    out, _ = built
+    assert main(["inspect", str(out), "--row", "5", "--tokenizer", str(kimi_dir)]) == 0
+    text = capsys.readouterr().out
+    ids, mask, segments = _row(out, 5)
+    decode = KimiTokenizer(kimi_dir).encoding.decode
+    for n, segment in enumerate(segments):
+        assert f"segment {n}: source row {segment['source_index']} (id {segment['id']})" in text
+    body = text.split("\n", 1)[1]
+    supervised = [decode(run) for _, on, run in _runs(ids, mask, segments) if on]
+    assert re.findall(r"\[\[(.*?)\]\]", body, re.S) == supervised
+    assert "\x1b" not in text  # no colour off a terminal
+
+
+def test_a_row_on_a_terminal_is_coloured(built, kimi_dir, monkeypatch, capsys):
+    out, _ = built
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert main(["inspect", str(out), "--row", "0", "--tokenizer", str(kimi_dir)]) == 0
+    text = capsys.readouterr().out
+    assert "\x1b[" in text and "[[" not in text
+    console_text = io.StringIO()
+    from rich.console import Console
+
+    print_coloured(row_view(out, 0, str(kimi_dir)), Console(file=console_text, force_terminal=True, width=300))
+    ids, mask, segments = _row(out, 0)
+    first = next(run for _, on, run in _runs(ids, mask, segments) if on)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", console_text.getvalue())
+    assert KimiTokenizer(kimi_dir).encoding.decode(first)[:40] in plain.replace("\n", "")
+
+
+def test_escapes_in_the_text_are_shown_not_run(hostile, kimi_dir, capsys):
+    out, manifest = hostile
+    for k in range(manifest["stats"]["rows"]):
+        assert main(["inspect", str(out), "--row", str(k), "--tokenizer", str(kimi_dir)]) == 0
+    text = capsys.readouterr().out
+    assert "\x1b" not in text and "\\x1b" in text
+
+
+def test_html_page_escapes_every_text(hostile, kimi_dir, tmp_path, capsys):
+    out, _ = hostile
+    rows = json.loads((out / "manifest.json").read_text())["stats"]["rows"]
+    pages = []
+    for k in range(rows):
+        page = tmp_path / f"row{k}.html"
+        assert main(["inspect", str(out), "--row", str(k), "--tokenizer", str(kimi_dir), "--html", str(page)]) == 0
+        pages.append(page.read_text(encoding="utf-8"))
+    assert f"wrote {tmp_path / 'row0.html'}" in capsys.readouterr().out
+    html = "".join(pages)
+    assert html.startswith("<!DOCTYPE html>")
+    assert "<script>" not in html and "<b>" not in html and "\x1b" not in html
+    assert "&lt;script&gt;" in html and "&lt;b&gt;&amp;&quot;x&quot;&lt;/b&gt;" in html
+    assert '<span class="supervised">' in html
+
+
+def test_errors_are_one_line(built, tmp_path, capsys):
+    out, _ = built
+    assert main(["inspect", str(out), "--row", "12"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "row 12 is out of range" in err and "0 to 11" in err
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("x")
+    assert main(["inspect", str(tmp_path / "notes")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a build folder" in err
+    assert main(["inspect", str(tmp_path / "absent")]) == 1
+    assert "no such folder" in capsys.readouterr().err
+    assert main(["inspect", str(out), "--html", str(tmp_path / "x.html")]) == 2
+    assert "add --row K" in capsys.readouterr().err
+
+
+def test_the_tokenizer_comes_from_the_cache_alone(built, tmp_path, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    out, manifest = built
+    assert manifest["tokenizer"]["name"] == "kimi-k2.6"  # the folder's files are the pinned spec's
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # (inspect goes offline itself, then back)
+    offline = []
+    download = specs._download
+
+    def recorded(*args, **kwargs):
+        offline.append(constants.HF_HUB_OFFLINE)
+        return download(*args, **kwargs)
+
+    monkeypatch.setattr(specs, "_download", recorded)
+    assert main(["inspect", str(out), "--row", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--tokenizer FOLDER" in err and "reads the Hugging Face cache alone" in err
+    assert offline == [True] and constants.HF_HUB_OFFLINE is False
+
+
+def test_a_tokenizer_with_other_files_is_refused(built, kimi_dir, tmp_path, capsys):
+    out, _ = built
+    other = tmp_path / "tok"
+    shutil.copytree(kimi_dir, other)
+    (other / "chat_template.jinja").write_text("{{ messages }}")
+    assert main(["inspect", str(out), "--row", "0", "--tokenizer", str(other)]) == 1
+    assert "not the ones the manifest records" in capsys.readouterr().err
