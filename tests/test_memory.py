@@ -301,7 +301,7 @@ def test_chunks_in_flight_to_workers_are_bounded_in_bytes(monkeypatch):
     events = []
 
     kinds = (np.int64, bool, np.int32, np.uint8)
-    empty = encode_module.EncodedChunk([], [], *(np.zeros(0, kind) for kind in kinds), {})
+    empty = encode_module.EncodedChunk([], [], [], *(np.zeros(0, kind) for kind in kinds), {})
 
     class Pool:
         def submit(self, run, fn, chunk):

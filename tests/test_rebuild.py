@@ -93,7 +93,10 @@ def test_the_recorded_inputs_give_the_same_rows(source, kimi_dir, tmp_path, caps
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", workers) == 0
     out = capsys.readouterr().out
     assert "gives the same rows and manifest" in out and all(f"  {key}: same\n" in out for key in KEYS)
-    assert "  parquet: same (for information)\n  code_sha256: same (for information)" in out
+    assert (
+        "  parquet: same (for information)\n  card: same (for information)\n  code_sha256: same (for information)"
+        in out
+    )
     assert not list(tmp_path.glob("fixed-sft-rebuild-*"))  # the rebuild's folder is gone
 
 
