@@ -61,6 +61,7 @@ from .source import (
     unreadable,
 )
 from .specs import HF, ResolvedTokenizer, resolve_tokenizer
+from .tokenizer import bpe_version, default_bpe, fast_bpe_installed
 
 ORDER_RULE = "splitmix64-key-v1"
 # A chunk (what one worker encodes at a time) holds at most CHUNK_ROWS rows and CHUNK_BYTES bytes
@@ -253,6 +254,9 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
     if config.loss_mask_type not in masks:
         kind = "a Hugging Face tokenizer" if tokenizer.family == HF else "the Kimi tokenizer"
         raise UsageError(f"loss mask {config.loss_mask_type} is not one for {kind}: pass --loss-mask-type {masks[0]}")
+    bpe = config.bpe or default_bpe()
+    if bpe == "gigatoken" and not fast_bpe_installed():
+        raise UsageError("--bpe gigatoken: gigatoken is not installed (pip install gigatoken)")
     encoder_config = EncoderConfig(
         tokenizer.directory,
         {name: f["sha256"] for name, f in tokenizer.files.items()},
@@ -260,6 +264,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         template_kwargs(config, tokenizer),
         tokenizer.family,
         config.trust_remote_code,
+        bpe,
     )
     separator, separator_id = encoder_config.separator(config.separator)
     with Encoders(encoder_config, config.workers, config.check_every) as encoders, _cancelling_pool() as hashing:
@@ -323,7 +328,10 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             filled = f"the source fills only {writer.rows} rows of {config.row_tokens} tokens"
             raise BuildError(f"{filled} with supervised tokens; {needed}")
         source_files = _source_files(source, source_hashes)
-    document = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME, separator).to_json()
+    bpe_used = bpe_version(bpe) if tokenizer.family != HF else None
+    document = _manifest(
+        config, source, source_files, tokenizer, tally, folder / PARQUET_NAME, separator, bpe_used
+    ).to_json()
     _write_manifest(folder / MANIFEST_NAME, document)
     return document
 
@@ -354,13 +362,15 @@ def _manifest(
     tally: _Tally,
     parquet: Path,
     separator: str,
+    bpe: str | None = None,
 ) -> Manifest:
     """``manifest.json`` of a finished build (keys: data/README.md); ``separator``: the
-    token after each conversation, as resolved (the eos token when none was named)."""
+    token after each conversation, as resolved (the eos token when none was named);
+    ``bpe``: the Kimi tokenizer's BPE and its version (``None`` for another tokenizer)."""
     return Manifest(
         format=THIS_FORMAT,
         name=config.name,
-        code_version=CodeVersion(**code_version()),
+        code_version=CodeVersion(**code_version(), bpe=bpe),
         params=Params(
             order=ORDER_RULE,
             **{
