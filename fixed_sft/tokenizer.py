@@ -323,6 +323,8 @@ class KimiTokenizer:
         text holds (tiktoken cuts at each, as the added-token split does: no name overlaps
         another, which loading checks)."""
         allowed = _NONE
+        if self._fast is not None:  # (which finds every special token, whatever ``allowed`` says)
+            return self._encode_part(text, "all")
         if any(first in text for first in self._special_firsts):
             allowed = frozenset(self._special.findall(text))
         return self._encode_part(text, allowed)
