@@ -135,7 +135,10 @@ def _mended(text: str) -> str:
 
 
 def _load_gigatoken(model: Path, specials: dict[str, int]) -> Any:
-    """gigatoken's BPE of the ranks in ``model`` with the Kimi pretokenizer and ``specials``."""
+    """gigatoken's BPE of the ranks in ``model`` with the Kimi pretokenizer and ``specials``:
+    its ``Tokenizer``, whose ``encode`` gives uint32 ids and finds every special token. (Its
+    ``as_tiktoken()`` adapter gives lists, and refuses a special-token string that is
+    neither allowed nor disallowed rather than encode it as text.)"""
     try:
         import gigatoken
     except ImportError:
@@ -322,9 +325,9 @@ class KimiTokenizer:
         cut, so rules 1-3 are one tiktoken call that allows the special-token strings the
         text holds (tiktoken cuts at each, as the added-token split does: no name overlaps
         another, which loading checks)."""
-        allowed = _NONE
         if self._fast is not None:  # (which finds every special token, whatever ``allowed`` says)
             return self._encode_part(text, "all")
+        allowed = _NONE
         if any(first in text for first in self._special_firsts):
             allowed = frozenset(self._special.findall(text))
         return self._encode_part(text, allowed)
