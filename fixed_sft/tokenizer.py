@@ -21,7 +21,10 @@ with all of them allowed, and refuses a text with a surrogate, which is mended f
 as tiktoken's ``encode`` mends it. A tokenizer with gigatoken keeps a tiktoken twin
 (``reference``) and refuses to load unless both give the same ids on
 ``PARITY_TEXTS``; the chat encoder's probes and the build's sampled template check
-compare its ids with the reference's as well.
+compare its ids with the reference's as well. gigatoken keeps every pretoken it has
+seen in a cache, which grows with the distinct words of the source: once this process's
+resident memory has grown by ``FAST_BPE_CACHE_BYTES`` since it loaded, a fresh gigatoken
+of the same file (checked by its sha256, and on ``PARITY_TEXTS`` again) replaces it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import functools
 import importlib.metadata
 import importlib.util
 import itertools
+import os
 import re
 from collections.abc import Iterable, Iterator, Set
 from pathlib import Path
@@ -80,6 +84,8 @@ PARITY_TEXTS = (
     "a\ud800b\udfff \ud83d\ude00 \udbff",
     "word " * 6000 + "x" * 26_000 + " <|im_end|>" + "\n" * 30_000 + "字" * 10,
 )
+FAST_BPE_CACHE_BYTES = 256 << 20  # resident memory a gigatoken's pretoken cache may add before it is renewed
+FAST_BPE_CHECK_CHARS = 4 << 20  # characters gigatoken encodes between two looks at the resident memory
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
@@ -126,6 +132,15 @@ def default_bpe() -> str:
 def bpe_version(bpe: str) -> str:
     """``bpe`` and its installed version, as a manifest records it: ``gigatoken 0.10.0``."""
     return f"{bpe} {importlib.metadata.version(bpe)}"
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory, from /proc (0 where there is none: gigatoken is then never renewed)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _mended(text: str) -> str:
@@ -239,7 +254,8 @@ class KimiTokenizer:
         model = self.directory / "tiktoken.model"
         try:
             # tiktoken caches a file's contents by its path: the hash makes it re-read a changed file
-            ranks = load_tiktoken_bpe(str(model), expected_hash=sha256_file(model))
+            self._model_sha256 = sha256_file(model)
+            ranks = load_tiktoken_bpe(str(model), expected_hash=self._model_sha256)
         except Exception as error:  # a damaged file fails in base64, int or split
             raise TokenizerError(f"{model}: not a tiktoken BPE file ({type(error).__name__}: {error})") from None
         config = _config(self.directory)
@@ -265,12 +281,37 @@ class KimiTokenizer:
         except (OSError, UnicodeDecodeError) as error:
             raise TokenizerError(f"{self.directory / 'chat_template.jinja'}: cannot read it ({error})") from None
         self._fast: Any = None
+        self._fast_chars = self._fast_base = 0  # characters since the last look at memory; memory once loaded
+        self._specials = specials
         self.reference: KimiTokenizer = self
         if self.bpe == "gigatoken":
             self.reference = copy.copy(self)  # (sharing the ranks, the names and the template)
             self.reference.bpe, self.reference.reference = "tiktoken", self.reference
-            self._fast = _load_gigatoken(model, specials)
-            self._check_parity()
+            self._load_fast()
+
+    def _load_fast(self) -> None:
+        """Load gigatoken, check its ids against the reference's, and note the memory then."""
+        self._fast = None  # (a previous one's cache is freed first)
+        self._fast = _load_gigatoken(self.directory / "tiktoken.model", self._specials)
+        self._fast_chars = -(1 << 62)  # (the parity texts do not count)
+        self._check_parity()
+        self._fast_chars, self._fast_base = 0, _resident_bytes()
+
+    def _renew_fast_if_grown(self, chars: int) -> None:
+        """After every ``FAST_BPE_CHECK_CHARS`` characters, renew gigatoken where this
+        process's memory has grown by ``FAST_BPE_CACHE_BYTES`` since it loaded (its cache);
+        ``TokenizerError`` where its file has changed since this tokenizer read it."""
+        self._fast_chars += chars
+        if self._fast_chars < FAST_BPE_CHECK_CHARS:
+            return
+        self._fast_chars = 0
+        resident = _resident_bytes()
+        if not resident or resident - self._fast_base < FAST_BPE_CACHE_BYTES:
+            return
+        model = self.directory / "tiktoken.model"
+        if sha256_file(model) != self._model_sha256:
+            raise TokenizerError(f"{model} changed since it was loaded; run the build again")
+        self._load_fast()
 
     def _check_parity(self) -> None:
         """Raise ``TokenizerError`` unless the fast BPE gives the reference's ids on ``PARITY_TEXTS``."""
@@ -350,6 +391,7 @@ class KimiTokenizer:
             except TypeError:  # a surrogate, which gigatoken refuses
                 ids = self._fast.encode(_mended(part))
             ids.flags.writeable = False
+            self._renew_fast_if_grown(len(part))
             return ids
         try:
             return self.encoding.encode_to_numpy(part, allowed_special=allowed, disallowed_special=())

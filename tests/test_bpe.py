@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import gigatoken
 import numpy as np
 import pytest
@@ -123,3 +125,48 @@ def test_the_check_names_a_difference_of_the_bpe(encoder, monkeypatch):
     with pytest.raises(TemplateMismatch) as caught:  # a difference the BPE does not make is the template's
         encoder.check([{"role": "user", "content": "other"}], ids)
     assert type(caught.value) is TemplateMismatch
+
+
+def _growing_memory(monkeypatch, step: int) -> None:
+    """Resident memory that grows by ``step`` bytes at each look, and a look every 1,000 characters."""
+    from fixed_sft import tokenizer as module
+
+    looks = itertools.count(1 << 40, step)
+    monkeypatch.setattr(module, "_resident_bytes", lambda: next(looks))
+    monkeypatch.setattr(module, "FAST_BPE_CHECK_CHARS", 1000)
+
+
+def test_gigatoken_is_renewed_once_memory_has_grown_by_its_cache_bound(kimi_dir, monkeypatch):
+    from fixed_sft.tokenizer import FAST_BPE_CACHE_BYTES
+
+    text = "a text of a few words, long enough to count " * 40
+    _growing_memory(monkeypatch, FAST_BPE_CACHE_BYTES // 4)
+    tokenizer = KimiTokenizer(kimi_dir, "gigatoken")
+    loaded = [tokenizer._fast]
+    for _ in range(8):
+        assert np.array_equal(tokenizer.encode_to_numpy(text), tokenizer.reference.encode_to_numpy(text))
+        if tokenizer._fast is not loaded[-1]:
+            loaded.append(tokenizer._fast)
+    assert len(loaded) == 3  # each fourth look: memory has grown by the bound since the last load
+
+    _growing_memory(monkeypatch, 0)  # memory that does not grow: the same gigatoken throughout
+    steady = KimiTokenizer(kimi_dir, "gigatoken")
+    first = steady._fast
+    for _ in range(8):
+        steady.encode_to_numpy(text)
+    assert steady._fast is first
+
+
+def test_a_tiktoken_model_changed_under_a_build_stops_gigatokens_renewal(kimi_dir, tmp_path, monkeypatch):
+    import shutil
+
+    from fixed_sft.tokenizer import FAST_BPE_CACHE_BYTES
+
+    folder = tmp_path / "tok"
+    shutil.copytree(kimi_dir, folder)
+    _growing_memory(monkeypatch, FAST_BPE_CACHE_BYTES)
+    tokenizer = KimiTokenizer(folder, "gigatoken")
+    model = folder / "tiktoken.model"
+    model.write_bytes(model.read_bytes() + b"\n")
+    with pytest.raises(TokenizerError, match=r"tiktoken.model changed since it was loaded; run the build again$"):
+        tokenizer.encode_to_numpy("x" * 2000)
