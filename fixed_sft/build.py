@@ -65,6 +65,7 @@ from .source import (
     unreadable,
 )
 from .specs import BUILDS, HF, ResolvedTokenizer, build_spec, resolve_tokenizer
+from .tokenizer import bpe_version, default_bpe, fast_bpe_installed
 
 ORDER_RULE = "splitmix64-key-v1"
 # A chunk (what one worker encodes at a time) holds at most CHUNK_ROWS rows and CHUNK_BYTES bytes
@@ -314,6 +315,9 @@ def encoder_setup(config: BuildConfig, load: bool = False) -> EncoderSetup:
     if config.loss_mask_type not in masks:
         kind = "a Hugging Face tokenizer" if tokenizer.family == HF else "the Kimi tokenizer"
         raise UsageError(f"loss mask {config.loss_mask_type} is not one for {kind}: pass --loss-mask-type {masks[0]}")
+    bpe = config.bpe or default_bpe()
+    if bpe == "gigatoken" and not fast_bpe_installed():
+        raise UsageError("--bpe gigatoken: gigatoken is not installed (pip install gigatoken)")
     encoder_config = EncoderConfig(
         tokenizer.directory,
         {name: f["sha256"] for name, f in tokenizer.files.items()},
@@ -321,6 +325,7 @@ def encoder_setup(config: BuildConfig, load: bool = False) -> EncoderSetup:
         template_kwargs(config, tokenizer),
         tokenizer.family,
         config.trust_remote_code,
+        bpe,
     )
     loaded = encoder_config.load() if load else None
     kimi = loaded.tokenizer if isinstance(loaded, ChatEncoder) else None
@@ -397,7 +402,8 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             filled = f"the source fills only {writer.rows} rows of {config.row_tokens} tokens"
             raise BuildError(f"{filled} with supervised tokens; {needed}")
         source_files = recorded_files(source, source_hashes)
-    manifest = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME, separator)
+    bpe_used = bpe_version(encoder_config.bpe) if tokenizer.family != HF else None
+    manifest = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME, separator, bpe_used)
     if not config.no_card:
         from .card import Figures, card_license, write_card
 
@@ -458,13 +464,15 @@ def _manifest(
     tally: _Tally,
     parquet: Path,
     separator: str,
+    bpe: str | None = None,
 ) -> Manifest:
     """``manifest.json`` of a finished build (keys: data/README.md); ``separator``: the
-    token after each conversation, as resolved (the eos token when none was named)."""
+    token after each conversation, as resolved (the eos token when none was named);
+    ``bpe``: the Kimi tokenizer's BPE and its version (``None`` for another tokenizer)."""
     return Manifest(
         format=THIS_FORMAT,
         name=config.name,
-        code_version=CodeVersion(**code_version()),
+        code_version=CodeVersion(**code_version(), bpe=bpe),
         params=Params(
             order=ORDER_RULE,
             **{

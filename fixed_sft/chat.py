@@ -10,7 +10,10 @@ suffix[role]``, and both affixes are bounded by added tokens, so BPE never runs
 across a boundary. The affixes are read off the template once, by rendering a probe
 message per role, and a plain conversation's ids are the concatenation of its messages'
 ``prefix ids + encode(content) + suffix ids``. ``check`` compares the two paths' ids;
-the build runs it on a sample of its own conversations.
+the build runs it on a sample of its own conversations. The reference path always
+encodes with tiktoken (``KimiTokenizer.reference``), so with gigatoken as the fast
+path's BPE the probes and checks also compare the two BPEs; a difference that the BPE
+alone makes is named as such (``BPEMismatch``), with the flag that turns gigatoken off.
 
 A message with more than a role and a string content (a name, text parts, reasoning,
 tool calls, a tool result) is written out as the template writes it, its header
@@ -47,7 +50,7 @@ import numpy as np
 
 from .conversation import InvalidRow
 from .encoding import Message, MessageSchema, TemplateMismatch
-from .tokenizer import TEMPLATE_KWARGS, KimiTokenizer
+from .tokenizer import FAST_BPE_OFF, TEMPLATE_KWARGS, KimiTokenizer
 from .tool_declarations import ToolDeclarationError, declare, sort_keys, typescript_declarations
 
 MASK_TYPES = ("kimi_k25",)
@@ -156,6 +159,10 @@ class TemplateRefusal(TemplateMismatch):
     """The template refuses to render a conversation that the fast path encodes."""
 
 
+class BPEMismatch(TemplateMismatch):
+    """The fast BPE's ids of a rendered conversation differ from tiktoken's."""
+
+
 @dataclass(frozen=True, eq=False)
 class RoleLayout:
     """How the template renders a message of one role: ``prefix + content + suffix``.
@@ -245,12 +252,14 @@ class ChatEncoder:
                 refusal = refusal or error
                 continue
             if n < plain and self.encode_arrays(messages, tools)[0].tolist() != expected:
+                self._raise_if_bpe_differs(messages, tools)
                 raise TemplateMismatch(
                     f"{template}: the chat template does not render each message as its role's prefix + "
                     f"content + suffix, whatever the messages around it (a {what} conversation "
                     "differs), so its ids cannot be built per message"
                 )
             if n >= plain and not self._cannot_write_out and self._write_out(messages, tools)[0].tolist() != expected:
+                self._raise_if_bpe_differs(messages, tools)
                 self._cannot_write_out = (
                     f"{template}: the chat template does not render {what} as the kimi_k25 encoder writes them "
                     f"(template variables {json.dumps(self.template_kwargs)}); it encodes only conversations of "
@@ -405,7 +414,7 @@ class ChatEncoder:
         return rendered[0]
 
     def reference_ids(self, messages: Sequence[Message], tools: list | None = None) -> list[int]:
-        """Token ids by rendering the template and encoding the text; ``TemplateRefusal``
+        """Token ids by rendering the template and encoding the text with tiktoken; ``TemplateRefusal``
         when the template refuses to render the conversation (an error it raises, as for
         roles out of the order it allows)."""
         return np.concatenate([np.zeros(0, np.uint32), *self._reference_pieces(messages, tools)]).tolist()
@@ -418,11 +427,20 @@ class ChatEncoder:
             raise TemplateRefusal(
                 f"the chat template refuses the conversation ({type(error).__name__}: {error})"
             ) from None
-        return self.tokenizer.encode_pieces(text)
+        return self.tokenizer.reference.encode_pieces(text)
+
+    def _raise_if_bpe_differs(self, messages: Sequence[Message], tools: list | None) -> None:
+        """Raise ``BPEMismatch`` where the fast BPE's ids of the rendered conversation differ
+        from tiktoken's (then the BPE, not the template, explains a difference)."""
+        if self.tokenizer.differs_from_reference(self.render(messages, tools=tools)):
+            raise BPEMismatch(
+                f"{self.tokenizer.bpe}'s ids of the rendered chat template differ from tiktoken's; {FAST_BPE_OFF}"
+            )
 
     def check(self, messages: Sequence[Message], ids: np.ndarray, tools: list | None = None) -> None:
-        """Raise ``TemplateMismatch`` unless ``ids`` equal the rendered template's ids
-        (``TemplateRefusal`` when the template refuses to render the conversation). The
+        """Raise ``TemplateMismatch`` unless ``ids`` equal the rendered template's ids, encoded
+        with tiktoken (``TemplateRefusal`` when the template refuses to render the
+        conversation, ``BPEMismatch`` when the fast BPE's ids of that text differ). The
         rendered text is encoded a piece at a time and each piece compared with its slice
         of ``ids`` as arrays: a long conversation's ids never become Python integers, and
         its reference ids are never all held at once."""
@@ -436,6 +454,7 @@ class ChatEncoder:
         else:
             if offset == len(ids):
                 return
+        self._raise_if_bpe_differs(messages, tools)
         raise TemplateMismatch("fast-path ids differ from the rendered chat template")
 
 

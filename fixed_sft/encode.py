@@ -23,7 +23,7 @@ import json
 import os
 import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -41,7 +41,7 @@ from .hf_chat import HFChatEncoder, load_tokenizer
 from .hf_chat import separator as hf_separator
 from .memory import map_large_allocations
 from .source import records
-from .tokenizer import KimiTokenizer, TokenizerError, eos_id, eos_token
+from .tokenizer import KimiTokenizer, TokenizerError, default_bpe, eos_id, eos_token
 
 
 class Encoded(NamedTuple):
@@ -107,7 +107,8 @@ class EncodedChunk:
 class EncoderConfig:
     """What a process needs to build its own encoder (it travels to workers):
     ``tokenizer_sha256`` is the sha256 of each tokenizer file by name, as the build
-    records it; ``family`` the tokenizer's (``fixed_sft.specs``: ``kimi`` or ``hf``)."""
+    records it; ``family`` the tokenizer's (``fixed_sft.specs``: ``kimi`` or ``hf``);
+    ``bpe`` the Kimi tokenizer's BPE (``fixed_sft.tokenizer.BPES``)."""
 
     tokenizer_dir: Path
     tokenizer_sha256: dict[str, str]
@@ -115,6 +116,7 @@ class EncoderConfig:
     template_kwargs: dict
     family: str = "kimi"
     trust_remote_code: bool = False
+    bpe: str = field(default_factory=default_bpe)
 
     def load(self) -> Encoder:
         """The encoder (the Kimi fast path, ``ChatEncoder``, or for a Hugging Face tokenizer
@@ -124,7 +126,9 @@ class EncoderConfig:
         if self.family == "hf":
             encoder = HFChatEncoder(self.hf_tokenizer(), self.template_kwargs, self.loss_mask_type)
         else:
-            encoder = ChatEncoder(KimiTokenizer(self.tokenizer_dir), self.loss_mask_type, self.template_kwargs)
+            encoder = ChatEncoder(
+                KimiTokenizer(self.tokenizer_dir, self.bpe), self.loss_mask_type, self.template_kwargs
+            )
         self._check_unchanged()
         return encoder
 
@@ -155,7 +159,7 @@ class EncoderConfig:
         if token is None:
             return eos_token(self.tokenizer_dir), eos_id(self.tokenizer_dir)
         try:
-            return token, (loaded or KimiTokenizer(self.tokenizer_dir)).encoding.encode_single_token(token)
+            return token, (loaded or KimiTokenizer(self.tokenizer_dir, "tiktoken")).encoding.encode_single_token(token)
         except KeyError:
             raise UsageError(f"--separator {token!r} is not a single token of the vocabulary") from None
 
@@ -225,7 +229,7 @@ def _checked(
         try:
             encoder.check(messages, ids, tools)
         except TemplateMismatch as error:
-            raise TemplateMismatch(f"source row {index} (id {row_id}): {error}") from None
+            raise type(error)(f"source row {index} (id {row_id}): {error}") from None
     return Encoded(index, row_id, ids, mask, None, checked)
 
 

@@ -26,13 +26,15 @@ Globs = Annotated[list[str], NonEmptyStrings()]
 
 @dataclass
 class CodeVersion:
-    """The code that built: package version, format, ``code_sha256``, and in a git checkout its commit."""
+    """The code that built: package version, format, ``code_sha256``, in a git checkout its
+    commit, and the Kimi tokenizer's BPE (``gigatoken 0.10.0``; its ids are tiktoken's)."""
 
     fixed_sft: str
     format: Format
     code_sha256: str | None = None  # (the first builds lack it)
     git_commit: str | None = omitted()
     git_dirty: bool | None = omitted()
+    bpe: str | None = omitted()  # (manifests before it, and other tokenizers, lack it)
 
 
 @dataclass

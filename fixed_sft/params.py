@@ -23,6 +23,7 @@ from .errors import UsageError
 from .fields import hints
 from .hf_chat import MASK_TYPES as HF_MASK_TYPES
 from .manifest import Globs, Manifest
+from .tokenizer import BPES
 
 MAX_ROW_TOKENS = 1 << 20
 MAX_WORKERS = 1024
@@ -62,12 +63,15 @@ class AtLeast(Range):
 
 @dataclass(frozen=True)
 class OneOf(Range):
-    """One of ``known``."""
+    """One of ``known`` (or ``None``, where ``optional``)."""
 
     known: tuple[str, ...]
+    optional: bool = False
 
     def problem(self, label: str, value: Any) -> str | None:
-        return None if value in self.known else f"unknown {label} {value!r} (known: {', '.join(self.known)})"
+        if value in self.known or (value is None and self.optional):
+            return None
+        return f"unknown {label} {value!r} (known: {', '.join(self.known)})"
 
 
 class JsonObject(Range):
@@ -186,6 +190,12 @@ class BuildConfig:
         help="the token after each conversation, a single token of the vocabulary (default: the tokenizer's eos_token)",
         recorded="params.separator",
         metavar="TOKEN",
+    )
+    bpe: str | None = param(  # None: gigatoken where it is installed, else tiktoken
+        None,
+        help="the Kimi tokenizer's BPE: gigatoken (fast, its ids checked against tiktoken's at load and "
+        "with --check-every) or tiktoken (default: gigatoken when installed, else tiktoken)",
+        range=OneOf(BPES, optional=True),
     )
     trust_remote_code: bool = param(
         False, help="let transformers run a Hugging Face tokenizer's own code (the Kimi path runs none; default: off)"

@@ -13,15 +13,32 @@ Rules (the model's own tokenizer, restated):
 
 Special ids follow the ranks: ``num_ranks .. num_ranks + 255``, named from
 ``added_tokens_decoder`` where listed, else ``<|reserved_token_{id}|>``.
+
+The BPE of rule 3 (``BPES``): tiktoken, the reference, or gigatoken, a faster exact
+BPE over the same ranks, pattern (its ``kimi`` pretokenizer) and special tokens, used
+behind a parity check. gigatoken finds every special-token string, as tiktoken does
+with all of them allowed, and refuses a text with a surrogate, which is mended first
+as tiktoken's ``encode`` mends it. A tokenizer with gigatoken keeps a tiktoken twin
+(``reference``) and refuses to load unless both give the same ids on
+``PARITY_TEXTS``; the chat encoder's probes and the build's sampled template check
+compare its ids with the reference's as well. gigatoken keeps every pretoken it has
+seen in a cache, which grows with the distinct words of the source: once this process's
+resident memory has grown by ``FAST_BPE_CACHE_BYTES`` since it loaded, a fresh gigatoken
+of the same file (checked by its sha256, and on ``PARITY_TEXTS`` again) replaces it.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
+import importlib.metadata
+import importlib.util
+import itertools
+import os
 import re
 from collections.abc import Iterable, Iterator, Set
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import tiktoken
@@ -47,7 +64,28 @@ WINDOW_CHARS = 400_000
 MAX_RUN = 25_000
 FILES = ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja")
 _NONE: frozenset[str] = frozenset()
+_EMPTY = np.zeros(0, np.uint32)
 TEMPLATE_KWARGS = {"thinking": True, "preserve_thinking": False}  # what the model's apply_chat_template passes
+BPES = ("gigatoken", "tiktoken")  # the BPE of rule 3: the fast one, and the reference
+FAST_BPE_OFF = "build with --bpe tiktoken"  # what a parity failure suggests
+# Texts on which gigatoken must give tiktoken's ids before it is used: each alternative of
+# PATTERN, the case, script, digit, mark and whitespace classes it splits on, contractions,
+# special-token text (whole, cut, adjoining), surrogates, and a text past MAX_RUN (cut in parts).
+PARITY_TEXTS = (
+    "",
+    "Hello, World! It's we'll THEY'RE don't I'M O'Neil's x'S",
+    "汉字和English混合，日本語のテキストとカタカナ、한국어 문장입니다.",
+    "1234567 3.14159 -0.5e10 ٣٤٥ ⅷ ²³ 0x1F 1,000,000",
+    "  lead\n\n\ttabs\r\n\r\n  trail   \u00a0nbsp\u3000wide\u2028sep\x0b\x0c\x1c end \n ",
+    "café naïve e\u0301\u0302 ǅungla ǈ ﬁ Ⅻ ʰʲ Ωmega ΣΑΣ İstanbul ß",
+    "def f(x):\n    return x**2 // 3  # comment\n\n\n}}]);\n\t\t",
+    "<|im_end|><|im_user|>user<|im_middle|>a<|reserved_token_163700|>b<|im_end <|im_end|[EOS]<think>",
+    "😀👍🏽 👨\u200d👩\u200d👧 !!! ...?! «quote» —dash— ‘single’",
+    "a\ud800b\udfff \ud83d\ude00 \udbff",
+    "word " * 6000 + "x" * 26_000 + " <|im_end|>" + "\n" * 30_000 + "字" * 10,
+)
+FAST_BPE_CACHE_BYTES = 128 << 20  # resident memory a gigatoken's pretoken cache may add before it is renewed
+FAST_BPE_CHECK_CHARS = 4 << 20  # characters gigatoken encodes between two looks at the resident memory
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
@@ -79,6 +117,53 @@ def split_runs(text: str) -> list[str]:
 
 class TokenizerError(ValueError):
     """Tokenizer files these rules cannot be applied to."""
+
+
+def fast_bpe_installed() -> bool:
+    """Whether gigatoken can be imported."""
+    return importlib.util.find_spec("gigatoken") is not None
+
+
+def default_bpe() -> str:
+    """The BPE a build uses unless told: gigatoken where it is installed, else tiktoken."""
+    return "gigatoken" if fast_bpe_installed() else "tiktoken"
+
+
+def bpe_version(bpe: str) -> str:
+    """``bpe`` and its installed version, as a manifest records it: ``gigatoken 0.10.0``."""
+    return f"{bpe} {importlib.metadata.version(bpe)}"
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory, from /proc (0 where there is none: gigatoken is then never renewed)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _mended(text: str) -> str:
+    """``text`` with each surrogate that pairs with the next joined to it and each other
+    replaced by U+FFFD, as tiktoken's ``encode`` mends a text it cannot encode as UTF-8."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _load_gigatoken(model: Path, specials: dict[str, int]) -> Any:
+    """gigatoken's BPE of the ranks in ``model`` with the Kimi pretokenizer and ``specials``:
+    its ``Tokenizer``, whose ``encode`` gives uint32 ids and finds every special token. (Its
+    ``as_tiktoken()`` adapter gives lists, and refuses a special-token string that is
+    neither allowed nor disallowed rather than encode it as text.)"""
+    try:
+        import gigatoken
+    except ImportError:
+        raise TokenizerError("--bpe gigatoken: gigatoken is not installed (pip install gigatoken)") from None
+    try:
+        return gigatoken.Tokenizer.from_tiktoken(str(model), pretokenizer="kimi", special_tokens=specials)
+    except Exception as error:  # whatever the young library raises on these files
+        raise TokenizerError(
+            f"{model}: gigatoken cannot load it ({type(error).__name__}: {error}); {FAST_BPE_OFF}"
+        ) from None
 
 
 def _overlap(names: Iterable[str]) -> tuple[str, str] | None:
@@ -157,14 +242,20 @@ def eos_id(directory: str | Path) -> int:
 
 class KimiTokenizer:
     """The Kimi tokenizer read from a folder holding ``FILES``: the BPE ranks, the added
-    tokens and the chat template that ``ChatEncoder`` renders."""
+    tokens and the chat template that ``ChatEncoder`` renders. ``bpe`` (one of ``BPES``;
+    default ``default_bpe()``) encodes the parts of rule 3; ``reference`` is the same
+    tokenizer with tiktoken (itself, when ``bpe`` is tiktoken)."""
 
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, bpe: str | None = None):
         self.directory = Path(directory)
+        self.bpe = bpe or default_bpe()
+        if self.bpe not in BPES:
+            raise ValueError(f"unknown BPE {self.bpe!r} (known: {', '.join(BPES)})")
         model = self.directory / "tiktoken.model"
         try:
             # tiktoken caches a file's contents by its path: the hash makes it re-read a changed file
-            ranks = load_tiktoken_bpe(str(model), expected_hash=sha256_file(model))
+            self._model_sha256 = sha256_file(model)
+            ranks = load_tiktoken_bpe(str(model), expected_hash=self._model_sha256)
         except Exception as error:  # a damaged file fails in base64, int or split
             raise TokenizerError(f"{model}: not a tiktoken BPE file ({type(error).__name__}: {error})") from None
         config = _config(self.directory)
@@ -189,6 +280,54 @@ class KimiTokenizer:
             self.chat_template = (self.directory / "chat_template.jinja").read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as error:
             raise TokenizerError(f"{self.directory / 'chat_template.jinja'}: cannot read it ({error})") from None
+        self._fast: Any = None
+        self._fast_chars = self._fast_base = 0  # characters since the last look at memory; memory once loaded
+        self._specials = specials
+        self.reference: KimiTokenizer = self
+        if self.bpe == "gigatoken":
+            self.reference = copy.copy(self)  # (sharing the ranks, the names and the template)
+            self.reference.bpe, self.reference.reference = "tiktoken", self.reference
+            self._load_fast()
+
+    def _load_fast(self) -> None:
+        """Load gigatoken, check its ids against the reference's, and note the memory then."""
+        self._fast = None  # (a previous one's cache is freed first)
+        self._fast = _load_gigatoken(self.directory / "tiktoken.model", self._specials)
+        self._fast_chars = -(1 << 62)  # (the parity texts do not count)
+        self._check_parity()
+        self._fast_chars, self._fast_base = 0, _resident_bytes()
+
+    def _renew_fast_if_grown(self, chars: int) -> None:
+        """After every ``FAST_BPE_CHECK_CHARS`` characters, renew gigatoken where this
+        process's memory has grown by ``FAST_BPE_CACHE_BYTES`` since it loaded (its cache);
+        ``TokenizerError`` where its file has changed since this tokenizer read it."""
+        self._fast_chars += chars
+        if self._fast_chars < FAST_BPE_CHECK_CHARS:
+            return
+        self._fast_chars = 0
+        resident = _resident_bytes()
+        if not resident or resident - self._fast_base < FAST_BPE_CACHE_BYTES:
+            return
+        model = self.directory / "tiktoken.model"
+        if sha256_file(model) != self._model_sha256:
+            raise TokenizerError(f"{model} changed since it was loaded; run the build again")
+        self._load_fast()
+
+    def _check_parity(self) -> None:
+        """Raise ``TokenizerError`` unless the fast BPE gives the reference's ids on ``PARITY_TEXTS``."""
+        for text in PARITY_TEXTS:
+            if not np.array_equal(self.encode_to_numpy(text), self.reference.encode_to_numpy(text)):
+                raise TokenizerError(
+                    f"{self.directory}: gigatoken's ids differ from tiktoken's on {text[:40]!r}; {FAST_BPE_OFF}"
+                )
+
+    def differs_from_reference(self, text: str) -> bool:
+        """Whether the ids of ``text`` differ from the reference's (never, for tiktoken),
+        compared a piece at a time."""
+        if self.reference is self:
+            return False
+        mine, theirs = self.encode_pieces(text), self.reference.encode_pieces(text)
+        return any(not np.array_equal(a, b) for a, b in itertools.zip_longest(mine, theirs, fillvalue=_EMPTY))
 
     @property
     def vocab_size(self) -> int:
@@ -227,6 +366,8 @@ class KimiTokenizer:
         cut, so rules 1-3 are one tiktoken call that allows the special-token strings the
         text holds (tiktoken cuts at each, as the added-token split does: no name overlaps
         another, which loading checks)."""
+        if self._fast is not None:  # (which finds every special token, whatever ``allowed`` says)
+            return self._encode_part(text, "all")
         allowed = _NONE
         if any(first in text for first in self._special_firsts):
             allowed = frozenset(self._special.findall(text))
@@ -241,9 +382,18 @@ class KimiTokenizer:
 
     def _encode_part(self, part: str, allowed: Set[str] | Literal["all"]) -> np.ndarray:
         """tiktoken's ids of one part, as its ``encode`` gives them: a part with a
-        surrogate is first mended as ``encode`` mends it."""
+        surrogate is first mended as ``encode`` mends it. With gigatoken, its ids: it
+        allows every special token, which ``allowed`` (those the part holds, or all) is
+        the same as, since no name overlaps another."""
+        if self._fast is not None:
+            try:
+                ids = self._fast.encode(part)
+            except TypeError:  # a surrogate, which gigatoken refuses
+                ids = self._fast.encode(_mended(part))
+            ids.flags.writeable = False
+            self._renew_fast_if_grown(len(part))
+            return ids
         try:
             return self.encoding.encode_to_numpy(part, allowed_special=allowed, disallowed_special=())
         except UnicodeEncodeError:  # surrogates: tiktoken's ``encode`` rule, which the model's tokenizer follows
-            part = part.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-            return self.encoding.encode_to_numpy(part, allowed_special=allowed, disallowed_special=())
+            return self.encoding.encode_to_numpy(_mended(part), allowed_special=allowed, disallowed_special=())

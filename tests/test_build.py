@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -370,6 +371,57 @@ def test_a_template_mismatch_names_the_source_row(corpus, kimi_dir, tmp_path, mo
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.parametrize("bpe", ["gigatoken", "tiktoken"])
+def test_each_bpe_builds_the_golden_rows_and_records_itself(fixture_build, corpus, kimi_dir, tmp_path, bpe):
+    """Rows are byte-identical whichever BPE encodes them; only ``code_version.bpe`` differs."""
+    out, manifest = fixture_build
+    built = build(config(corpus[0] / "parquet", kimi_dir, bpe=bpe), tmp_path / bpe)
+    assert built["rows_sha256"] == GOLDEN_ROWS_SHA256
+    assert built["code_version"]["bpe"] == f"{bpe} {importlib.metadata.version(bpe)}"
+    assert manifest["code_version"]["bpe"].startswith("gigatoken ")  # the default, where installed
+    assert (tmp_path / bpe / "train.parquet").read_bytes() == (out / "train.parquet").read_bytes()
+    assert {**built, "code_version": None} == {**manifest, "code_version": None}
+
+
+def test_a_gigatoken_difference_stops_the_build_naming_the_row(corpus, kimi_dir, tmp_path, monkeypatch):
+    """gigatoken made to give a wrong id for one conversation's content (the first in packing
+    order, which is always checked): its template check names the row and the flag that
+    turns gigatoken off, and that flag builds the golden rows."""
+    import gigatoken
+
+    from fixed_sft.chat import BPEMismatch
+    from fixed_sft.order import permutation
+
+    first = int(permutation(5, len(corpus[1]))[0])
+    marker = corpus[1][first]["messages"][0]["content"]
+    encode = gigatoken.Tokenizer.encode
+
+    def wrong(self, text):
+        ids = encode(self, text)
+        if marker in text:
+            ids = ids.copy()
+            ids[-1] = 163600 if ids[-1] != 163600 else 163601
+        return ids
+
+    monkeypatch.setattr(gigatoken.Tokenizer, "encode", wrong)
+    message = (
+        rf"^source row {first} \(id {corpus[1][first]['id']}\): gigatoken's ids of the rendered chat template "
+        r"differ from tiktoken's; build with --bpe tiktoken$"
+    )
+    with pytest.raises(BPEMismatch, match=message):
+        build(config(corpus[0] / "parquet", kimi_dir, bpe="gigatoken"), tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+    assert build(config(corpus[0] / "parquet", kimi_dir, bpe="tiktoken"), tmp_path / "t")["rows_sha256"] == (
+        GOLDEN_ROWS_SHA256
+    )
+
+
+def test_bpe_gigatoken_when_it_is_not_installed_is_a_usage_error(corpus, kimi_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(build_module, "fast_bpe_installed", lambda: False)
+    with pytest.raises(UsageError, match=r"^--bpe gigatoken: gigatoken is not installed \(pip install gigatoken\)$"):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, bpe="gigatoken"), tmp_path / "x")
+
+
 def test_jsonl_source_gives_the_same_rows(fixture_build, corpus, kimi_dir, tmp_path):
     _, manifest = fixture_build
     other = build(config(corpus[0] / "rows.jsonl", kimi_dir), tmp_path / "j")
@@ -602,6 +654,7 @@ def test_a_row_whose_only_supervised_token_is_its_first_is_skipped(kimi_dir, tmp
         ({"rows": 0}, "rows"),
         ({"seed": -1}, "seed"),
         ({"loss_mask_type": "nope"}, "loss-mask-type"),
+        ({"bpe": "sentencepiece"}, r"^unknown --bpe 'sentencepiece' \(known: gigatoken, tiktoken\)$"),
     ],
 )
 def test_bad_parameters(corpus, kimi_dir, tmp_path, overrides, message):
