@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .conversation import InvalidRow
-from .encoding import Message, MessageSchema, TemplateMismatch
+from .encoding import RENDERER_MODULE, Message, MessageSchema, TemplateMismatch
 from .tokenizer import FAST_BPE_OFF, TEMPLATE_KWARGS, KimiTokenizer
 from .tool_declarations import ToolDeclarationError, declare, sort_keys, typescript_declarations
 
@@ -177,9 +177,6 @@ class RoleLayout:
     def size(self) -> int:
         """Tokens of the prefix and suffix together."""
         return len(self.prefix) + len(self.suffix)
-
-
-RENDERER_MODULE = "transformers.utils.chat_template_utils"
 
 
 class ChatEncoder:

@@ -31,9 +31,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from .chat import RENDERER_MODULE, ChatEncoder
+from .chat import ChatEncoder
 from .conversation import Conversation, InvalidRow, conversation, is_unicode
-from .encoding import BatchEncoder, Encoder, TemplateMismatch
+from .encoding import RENDERER_MODULE, BatchEncoder, Encoder, TemplateMismatch
 from .engine import InProcess, ProcessPool, Task, forkserver_context
 from .errors import UsageError
 from .hashes import sha256_file
@@ -254,10 +254,8 @@ def _encode_batch(encoder: BatchEncoder, chunk: Chunk) -> Iterator[Encoded]:
         if isinstance(result, InvalidRow):
             yield Encoded(index, item.id, None, None, result.reason)
             continue
-        if isinstance(result, TemplateMismatch):
+        if not isinstance(result, tuple):  # a TemplateMismatch (ClockRead among them)
             raise type(result)(f"source row {index} (id {item.id}): {result}")
-        if isinstance(result, Exception):
-            raise result
         checked = _checked(encoder, chunk.checked(offset), index, item.id, item.messages, item.tools, *result)
         yield checked._replace(source_value=values[offset])
 

@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+RENDERER_MODULE = "transformers.utils.chat_template_utils"  # transformers' chat template renderer
 Message = dict[str, Any]  # a message's keys and values, as JSON or Parquet gives them
 Arrays = tuple[np.ndarray, np.ndarray]  # a conversation's int32 ids and uint8 mask
 

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .conversation import InvalidRow, is_unicode
-from .encoding import Arrays, Message, MessageSchema, TemplateMismatch
+from .encoding import RENDERER_MODULE, Arrays, Message, MessageSchema, TemplateMismatch
 from .fields import read_json_object
 from .tokenizer import TokenizerError
 
@@ -77,7 +77,6 @@ RESERVED = frozenset(
     }
 )
 GENERATION = re.compile(r"\{\%-?\s*generation\s*-?\%\}")  # transformers' test for generation blocks
-RENDERER_MODULE = "transformers.utils.chat_template_utils"
 # What apply_chat_template renders with (transformers 5), called here one step at a time:
 RENDERER_FUNCTIONS = (
     "_compile_jinja_template",

@@ -50,13 +50,11 @@ def map_large_allocations() -> None:
     more, and unmaps it when freed. By default glibc raises that threshold, up to 32 MB,
     as such blocks are freed, and then serves them from its heaps, where what a large
     conversation's texts, ids and rendering freed stays, fragmented, under the next one's.
-    Set in every worker, and in a build's process when its source's rows are large: a
+    Set for the rest of the process (glibc's dynamic threshold is then off): in every
+    worker, and in a build's process when its source's rows are large: a
     2-worker build of 4 MiB conversations peaked at 546 MiB in the build's process
     without it and 355 MiB with it (benchmarks/README.md). Nothing where the C library is
     not glibc."""
-    try:
-        libc = ctypes.CDLL(None)
-        if hasattr(libc, "gnu_get_libc_version"):
-            libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-    except (OSError, AttributeError):
-        pass
+    libc = ctypes.CDLL(None)
+    if hasattr(libc, "gnu_get_libc_version"):
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
