@@ -1,7 +1,7 @@
 """Command line: ``build`` (the default), ``verify`` (with ``--rebuild``: also rebuild
 from the recorded inputs and compare), ``inspect`` (a build's summary, or a row decoded),
-``pin-tokenizer`` (write a tokenizer spec), ``export`` (a trainer's packed layout) and
-``push`` (upload to the Hub).
+``diff`` (where two builds differ), ``pin-tokenizer`` (write a tokenizer spec), ``export``
+(a trainer's packed layout) and ``push`` (upload to the Hub).
 
 Exit codes: 0 success; 1 build failure or verify mismatch; 2 usage error; 130 interrupted
 (Ctrl-C); 143 terminated (SIGTERM). The first Ctrl-C or SIGTERM stops the command, which
@@ -114,7 +114,7 @@ def _add_build_flags(build: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The commands (``build``, ``verify``, ``inspect``, ``pin-tokenizer``, ``export``, ``push``) and their flags."""
+    """The commands (``build``, ``verify``, ``inspect``, ``diff``, ``pin-tokenizer``, ``export``, ``push``)."""
     from .specs import DEFAULT_BUILD
 
     top = argparse.ArgumentParser(
@@ -165,6 +165,13 @@ def parser() -> argparse.ArgumentParser:
         help="with --row: where the tokenizer files are, if not the manifest's spec or repo in the Hub cache",
     )
     inspect.add_argument("--html", type=Path, metavar="FILE", help="with --row: write the row as one HTML page")
+
+    compare = commands.add_parser("diff", help="where two builds differ: manifest fields, first row and token")
+    compare.add_argument("first", type=Path, metavar="A")
+    compare.add_argument("second", type=Path, metavar="B")
+    compare.add_argument(
+        "--tokenizer", metavar="FOLDER|HF_REPO", help="where the tokenizer files are, to decode the tokens around"
+    )
 
     pin = commands.add_parser("pin-tokenizer", help="write a tokenizer spec that builds check the files against")
     pin.add_argument("tokenizer", metavar="REPO|FOLDER", help="a Hub repo id, or a folder of tokenizer files")
@@ -364,6 +371,14 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _diff(args: argparse.Namespace) -> int:
+    from .diff import diff
+
+    same, lines = diff(args.first, args.second, args.tokenizer)
+    print("\n".join(lines))
+    return 0 if same else 1
+
+
 def _pin(args: argparse.Namespace) -> int:
     from .errors import UsageError
     from .fields import loads
@@ -458,6 +473,7 @@ COMMANDS = {
     "build": _build,
     "verify": _verify,
     "inspect": _inspect,
+    "diff": _diff,
     "pin-tokenizer": _pin,
     "export": _export,
     "push": _push,

@@ -1,0 +1,150 @@
+"""Two build folders -> where they differ: manifest fields, the first differing row and token, the text around it.
+
+The manifests are compared key by key, as JSON (``1`` is not ``1.0``); a list of objects
+is compared item by item and a list of row hashes as a count of the rows that differ.
+The first row whose hash differs is read from both Parquet files: the first token where
+the ids or the mask differ, the segments (source row and id) that hold it in each, and
+the tokens around it decoded with each build's tokenizer (its files from the Hugging Face
+cache or ``--tokenizer``; shown as ids where none can be had). A row only one build has
+is named as such.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+
+from .errors import BuildError, UsageError
+from .fields import same, show
+from .inspect_rows import ROW_COLUMNS, _rows, _unreadable, decoder, open_build, visible
+from .manifest import Manifest
+from .reader import Refused
+
+CONTEXT_TOKENS = 12  # tokens shown on each side of the first differing token
+
+
+def fields(a: Any, b: Any, path: str = "") -> list[str]:
+    """The dotted paths where JSON values ``a`` and ``b`` differ (module docstring).
+
+    >>> fields({"x": 1, "y": [1, 2]}, {"x": 1.0, "y": [1, 3], "z": True})
+    ['x', 'y', 'z']
+    >>> fields({"s": [{"k": 1}, {"k": 2}]}, {"s": [{"k": 1}, {"k": 3}]})
+    ['s.1.k']
+    """
+    if isinstance(a, dict) and isinstance(b, dict):
+        found = []
+        for key in [*a, *(k for k in b if k not in a)]:
+            where = f"{path}.{key}" if path else str(key)
+            if key not in a or key not in b:
+                found.append(where)
+            else:
+                found += fields(a[key], b[key], where)
+        return found
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and all(isinstance(x, dict) for x in a + b):
+        return [p for k, (x, y) in enumerate(zip(a, b)) for p in fields(x, y, f"{path}.{k}")]
+    return [] if same(a, b) else [path]
+
+
+@dataclass
+class Row:
+    """One build's row: ids, mask and segments."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    segments: list[dict]
+
+    def segment_at(self, token: int) -> dict | None:
+        """The segment that holds token ``token`` of the row."""
+        at = 0
+        for segment in self.segments:
+            at += max(0, segment["end"] - segment["start"])
+            if token < at:
+                return segment
+        return None
+
+
+def read_row(folder: Path, manifest: Manifest, number: int) -> Row:
+    """Row ``number`` of ``folder`` (``BuildError`` where the file does not hold it)."""
+    try:
+        with _rows(folder, manifest) as file:
+            if number >= file.rows:
+                raise BuildError(f"{folder} holds {file.rows} rows, not row {number}: run verify")
+            group = file.group_of(number, ROW_COLUMNS)
+    except (Refused, OSError, ValueError) as error:
+        raise _unreadable(folder, error) from None
+    row = group.column("metadata").slice(number - group.first, 1)
+    ids = pc.list_flatten(row.field("input_ids")).to_numpy(zero_copy_only=False)
+    mask = pc.list_flatten(row.field("loss_mask")).to_numpy(zero_copy_only=False)
+    return Row(ids, mask, row.field("segments").to_pylist()[0])
+
+
+def first_token(a: Row, b: Row) -> int:
+    """The first token where the rows' ids or masks differ (the shorter row's length when
+    one is a prefix of the other)."""
+    n = min(len(a.ids), len(b.ids))
+    differs = np.flatnonzero((a.ids[:n] != b.ids[:n]) | (a.mask[:n] != b.mask[:n]))
+    return int(differs[0]) if len(differs) else n
+
+
+def _around(folder: Path, manifest: Manifest, row: Row, token: int, tokenizer: str | None) -> str:
+    """The tokens around ``token``, decoded (the differing one between ``⟦`` and ``⟧``), or as ids."""
+    lo, hi = max(0, token - CONTEXT_TOKENS), min(len(row.ids), token + CONTEXT_TOKENS + 1)
+    pieces = [row.ids[lo:token].tolist(), row.ids[token : token + 1].tolist(), row.ids[token + 1 : hi].tolist()]
+    try:
+        decode = decoder(manifest, tokenizer)
+    except (BuildError, UsageError) as error:
+        return f"ids {pieces[0]} ⟦{pieces[1]}⟧ {pieces[2]} (not decoded: {error})"
+    before, at, after = (visible(decode(ids)) for ids in pieces)
+    return f"{before!r} ⟦{at!r}⟧ {after!r}"
+
+
+def diff(a: Path, b: Path, tokenizer: str | None = None) -> tuple[bool, list[str]]:
+    """Whether builds ``a`` and ``b`` hold the same rows and manifest, and the lines that
+    say where they differ (module docstring)."""
+    first, second = open_build(a), open_build(b)
+    one, two = first.to_json(), second.to_json()
+    hashes_a, hashes_b = one.pop("row_sha256"), two.pop("row_sha256")
+    lines = []
+    changed = fields(one, two)
+    for path in changed:
+        lines.append(f"manifest {path}: {_value(one, path)} | {_value(two, path)}")
+    rows = [k for k, (x, y) in enumerate(zip(hashes_a, hashes_b)) if x != y]
+    if len(hashes_a) != len(hashes_b):
+        lines.append(f"rows: {a} has {len(hashes_a)}, {b} has {len(hashes_b)}")
+    if rows:
+        number = rows[0]
+        lines.append(
+            f"row hashes: {len(rows)} of {min(len(hashes_a), len(hashes_b))} rows differ; the first is row {number}"
+        )
+        row_a, row_b = read_row(a, first, number), read_row(b, second, number)
+        token = first_token(row_a, row_b)
+        lines.append(f"row {number}, token {token}: first differing id or mask")
+        for name, folder, manifest, row in ((a, a, first, row_a), (b, b, second, row_b)):
+            if token >= len(row.ids):
+                lines.append(f"  {name}: the row ends before token {token}")
+                continue
+            segment = row.segment_at(token)
+            where = "" if segment is None else f" (source row {segment['source_index']}, id {segment['id']})"
+            lines.append(f"  {name}: id {int(row.ids[token])}, mask {int(row.mask[token])}{where}")
+            lines.append(f"    {_around(folder, manifest, row, token, tokenizer)}")
+    elif len(hashes_a) != len(hashes_b):
+        shorter = min(len(hashes_a), len(hashes_b))
+        lines.append(f"the first {shorter} rows are the same")
+    return not lines, lines or [f"same: {a} and {b} hold the same rows and manifest"]
+
+
+def _value(document: dict, path: str) -> str:
+    """The value at dotted ``path`` of ``document``, shown short (``absent`` where it has none)."""
+    value: Any = document
+    for key in path.split("."):
+        if isinstance(value, list) and key.isdigit() and int(key) < len(value):
+            value = value[int(key)]
+        elif isinstance(value, dict) and key in value:
+            value = value[key]
+        else:
+            return "absent"
+    return show(value)

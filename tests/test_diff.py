@@ -1,0 +1,106 @@
+"""diff A B: the manifest fields, first differing row and token, and the text around it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import synthetic
+
+from fixed_sft.build import BuildConfig, build
+from fixed_sft.cli import main
+from fixed_sft.diff import fields, first_token, read_row
+from fixed_sft.inspect_rows import open_build
+
+
+def _build(folder, rows, kimi_dir, name, **overrides):
+    source = folder / f"{name}.jsonl"
+    synthetic.write_jsonl(rows, source)
+    values = dict(name="d", source=str(source), tokenizer=str(kimi_dir), rows=12, row_tokens=128, seed=4, workers=1)
+    build(BuildConfig(**{**values, **overrides}), folder / name, progress=False)
+    return folder / name
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, kimi_dir):
+    """Two builds whose sources differ in one character of the conversation row 3 holds
+    at its middle token."""
+    folder = tmp_path_factory.mktemp("diff")
+    rows = synthetic.conversations(60, seed=9)
+    first = _build(folder, rows, kimi_dir, "a")
+    segments = pq.read_table(first / "train.parquet").column("metadata").to_pylist()[3]["segments"]
+    changed = json.loads(json.dumps(rows))
+    reply = next(m for m in changed[segments[-1]["source_index"]]["messages"] if m["role"] == "assistant")
+    reply["content"] = reply["content"][:-1] + ("X" if reply["content"][-1:] != "X" else "Y")
+    return first, _build(folder, changed, kimi_dir, "b")
+
+
+def _tokens(folder, k):
+    row = pq.read_table(folder / "train.parquet").column("metadata").to_pylist()[k]
+    return np.array(row["input_ids"]), np.array(row["loss_mask"]), row["segments"]
+
+
+def test_the_first_differing_row_and_token_are_named(pair, kimi_dir, capsys):
+    a, b = pair
+    assert main(["diff", str(a), str(b), "--tokenizer", str(kimi_dir)]) == 1
+    out = capsys.readouterr().out
+    hashes = [json.loads((f / "manifest.json").read_text())["row_sha256"] for f in pair]
+    number = next(k for k, (x, y) in enumerate(zip(*hashes)) if x != y)
+    (ids_a, mask_a, segments_a), (ids_b, mask_b, _) = _tokens(a, number), _tokens(b, number)
+    token = int(np.flatnonzero((ids_a != ids_b) | (mask_a != mask_b))[0])
+    assert f"the first is row {number}" in out and f"row {number}, token {token}: first differing" in out
+    at, holder = 0, None
+    for segment in segments_a:
+        at += segment["end"] - segment["start"]
+        if token < at:
+            holder = segment
+            break
+    assert f"  {a}: id {ids_a[token]}, mask {mask_a[token]} (source row {holder['source_index']}" in out
+    assert f"  {b}: id {ids_b[token]}" in out
+    assert "⟦" in out and "not decoded" not in out
+    assert "manifest source.files.0.sha256:" in out and "manifest rows_sha256:" in out
+
+
+def test_the_same_build_twice_is_the_same(pair, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(pair[0], copy)
+    assert main(["diff", str(pair[0]), str(copy)]) == 0
+    assert capsys.readouterr().out.startswith("same: ")
+
+
+def test_other_parameters_are_named_field_by_field(pair, tmp_path, kimi_dir, capsys):
+    rows = synthetic.conversations(60, seed=9)
+    other = _build(tmp_path, rows, kimi_dir, "a", seed=5)
+    assert main(["diff", str(pair[0]), str(other)]) == 1
+    out = capsys.readouterr().out
+    assert "manifest params.seed: 4 | 5" in out
+    assert "(not decoded:" in out or "⟦" in out  # without --tokenizer: decoded from the cache, or shown as ids
+
+
+def test_fields_compare_as_json():
+    assert fields({"a": [1, {"b": True}]}, {"a": [1, {"b": 1}]}) == ["a"]
+    assert fields({"a": {"b": 1, "c": 2}}, {"a": {"b": 1}}) == ["a.c"]
+    assert fields({"a": 1}, {"a": 1}) == []
+
+
+def test_a_row_that_is_a_prefix_differs_where_it_ends(pair):
+    manifest = open_build(pair[0])
+    row = read_row(pair[0], manifest, 0)
+    shorter = type(row)(row.ids[:50], row.mask[:50], row.segments)
+    assert first_token(row, shorter) == 50
+
+
+def test_a_folder_that_is_not_a_build_is_one_line(pair, tmp_path, capsys):
+    assert main(["diff", str(pair[0]), str(tmp_path / "absent")]) == 1
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_rules_as_doctests():
+    import doctest
+
+    import fixed_sft.diff
+
+    assert doctest.testmod(fixed_sft.diff).failed == 0
