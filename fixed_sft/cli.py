@@ -155,6 +155,9 @@ def parser() -> argparse.ArgumentParser:
         metavar="SPEC",
         help="with --rebuild: check only these rows (0,17,100-120, or sample:N), re-encoding just what they need",
     )
+    verify.add_argument(
+        "--sample", type=int, metavar="K", help="with --rebuild: check K rows drawn as --rows sample:K draws them"
+    )
 
     inspect = commands.add_parser("inspect", help="summarize a build, or show one of its rows decoded")
     inspect.add_argument("folder", type=Path)
@@ -303,10 +306,16 @@ def _verify(args: argparse.Namespace) -> int:
     from .specs import SpecError, build_spec
     from .verify import read_manifest, verify
 
+    if args.sample is not None:
+        if args.rows is not None:
+            raise UsageError("--rows and --sample name the rows to check two ways; give one")
+        args.rows = f"sample:{args.sample}"
     if not args.rebuild and (
         args.source or args.tokenizer or args.workers is not None or args.quiet or args.rows is not None
     ):
-        raise UsageError("--source, --tokenizer, --workers, --quiet and --rows are for a rebuild; add --rebuild")
+        raise UsageError(
+            "--source, --tokenizer, --workers, --quiet, --rows and --sample are for a rebuild; add --rebuild"
+        )
     spec = None
     if args.rows is not None:
         from .spot import parse_rows

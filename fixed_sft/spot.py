@@ -174,6 +174,9 @@ def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenize
     assert encoder is not None  # (loaded: load=True)
     with system_allocator():
         stored = _stored_rows(folder / PARQUET_NAME, manifest, rows)
+        around = np.concatenate([rows - 1, rows + 1])
+        around = np.setdiff1d(around[(around >= 0) & (around < manifest.stats.rows)], rows)
+        neighbours = _stored_rows(folder / PARQUET_NAME, manifest, around)  # (their segments: not re-encoded)
         with _cancelling_pool() as hashing:
             try:
                 opened = open_source(config.source, config.source_revision, config.source_license, config.source_files)
@@ -221,7 +224,10 @@ def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenize
         inputs.append(Compared("params.separator", manifest.params.separator, setup.separator, True))
     problems = {}
     for number in rows.tolist():
-        if (problem := stream.check(number, stored)) is not None:
+        problem = stream.check(number, stored)
+        if problem is None:
+            problem = stream.order_beside(number, stored[number], neighbours)
+        if problem is not None:
             problems[number] = problem
     every = len(rows) == manifest.stats.rows  # (rows: sorted, each once)
     if every and manifest.params.rows != "all" and not problems and stream.dropped != manifest.stats.rows_skipped:
@@ -483,6 +489,29 @@ class _Stream:
             left = len(self._unit(last.index)[0]) - last.end
             if left != self.tail:
                 return f"its last segment leaves {left} tokens of its unit, stats.tail_tokens_dropped says {self.tail}"
+        return None
+
+    def order_beside(self, number: int, row: StoredRow, neighbours: dict[int, StoredRow]) -> str | None:
+        """The problem when row ``number`` and a row beside it that is not checked (its stored
+        segments, as the file holds them) are out of the packing order: the row before must
+        end, and the row after begin, no later and no earlier in the stream than this row.
+        So two rows swapped in the file, their hashes recomputed, are caught checking either."""
+        for k, first, second in (
+            (number - 1, neighbours.get(number - 1), row),
+            (number + 1, row, neighbours.get(number + 1)),
+        ):
+            if first is None or second is None or not first.segments or not second.segments:
+                continue
+            a, b = first.segments[-1], second.segments[0]
+            if not (self._in_range(a.index) and self._in_range(b.index)):
+                continue
+            if (a.index == b.index and b.start < a.end) or (
+                a.index != b.index and self.rank[b.index] < self.rank[a.index]
+            ):
+                side, other = ("before", "after") if k < number else ("after", "before")
+                return (
+                    f"row {k}, {side} it in the file, holds source rows that come {other} its own in the packing order"
+                )
         return None
 
     def _order_after_earlier(self, number: int, stored: dict[int, StoredRow]) -> str | None:

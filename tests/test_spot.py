@@ -275,6 +275,36 @@ def test_a_row_out_of_the_packing_order_is_named(builds, kimi_dir, tmp_path, cap
     assert re.search(r"(comes before source row \d+ \(position \d+\) in the packing order|comes between them)", out)
 
 
+def test_two_rows_swapped_are_caught_by_a_spot_check_of_either(builds, kimi_dir, tmp_path, capsys):
+    """Rows 4 and 9 swapped (their numbers kept), every manifest hash recomputed to match:
+    plain verify finds nothing; a spot check of row 4 alone, or of row 9 alone, names it."""
+    folder, source, _ = _copy(builds, "jsonl", tmp_path)
+
+    def change(rows):
+        rows[4]["metadata"], rows[9]["metadata"] = (
+            {**rows[9]["metadata"], "row": 4},
+            {**rows[4]["metadata"], "row": 9},
+        )
+
+    _forge(folder, change)
+    for k in (4, 9):
+        capsys.readouterr()
+        assert _spot(folder, source, kimi_dir, str(k)) == 1
+        assert f"  row {k}: differs (" in capsys.readouterr().out
+
+
+def test_sample_k_is_rows_sample_k(builds, kimi_dir, capsys):
+    folder, source, _ = builds["jsonl"]
+    common = ["verify", str(folder), "--rebuild", "--source", str(source), "--tokenizer", str(kimi_dir)]
+    capsys.readouterr()
+    assert main([*common, "--sample", "3"]) == 0
+    sampled = capsys.readouterr().out
+    assert main([*common, "--rows", "sample:3"]) == 0
+    assert capsys.readouterr().out == sampled and sampled.count(": same\n") >= 3
+    assert main([*common, "--sample", "3", "--rows", "0"]) == 2
+    assert "give one" in capsys.readouterr().err
+
+
 def test_a_segments_id_and_cut_are_checked(builds, kimi_dir, tmp_path, capsys):
     folder, source, _ = _copy(builds, "jsonl", tmp_path)
     k = _row_with_segments(folder, 2)
