@@ -326,6 +326,7 @@ def encoder_setup(config: BuildConfig, load: bool = False) -> EncoderSetup:
         tokenizer.family,
         config.trust_remote_code,
         bpe,
+        tokenizer.declarations,
     )
     loaded = encoder_config.load() if load else None
     kimi = loaded.tokenizer if isinstance(loaded, ChatEncoder) else None

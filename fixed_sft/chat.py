@@ -51,7 +51,7 @@ import numpy as np
 from .conversation import InvalidRow
 from .encoding import RENDERER_MODULE, Message, MessageSchema, TemplateMismatch
 from .tokenizer import FAST_BPE_OFF, TEMPLATE_KWARGS, KimiTokenizer
-from .tool_declarations import ToolDeclarationError, declare, sort_keys, typescript_declarations
+from .tool_declarations import ModelCheck, ToolDeclarationError, declare, sort_keys, typescript_declarations
 
 MASK_TYPES = ("kimi_k25",)
 PLAIN_ROLES = ("system", "user", "assistant")  # the roles read off the template as prefix + content + suffix
@@ -185,11 +185,18 @@ class ChatEncoder:
 
     schema = SCHEMA
 
-    def __init__(self, tokenizer: KimiTokenizer, loss_mask_type: str = "kimi_k25", template_kwargs: dict | None = None):
+    def __init__(
+        self,
+        tokenizer: KimiTokenizer,
+        loss_mask_type: str = "kimi_k25",
+        template_kwargs: dict | None = None,
+        model_check: ModelCheck | None = None,
+    ):
         if loss_mask_type not in MASK_TYPES:
             raise ValueError(f"unknown loss mask type {loss_mask_type!r} (known: {', '.join(MASK_TYPES)})")
         self.tokenizer = tokenizer
         self.template_kwargs = TEMPLATE_KWARGS if template_kwargs is None else template_kwargs
+        self.model_check = model_check
         # the template's rules for reasoning, on its variables as Jinja tests them
         self._preserve = self.template_kwargs.get("preserve_thinking", False)
         self._empty_think = self.template_kwargs.get("thinking", _UNSET) is False and self._preserve is False
@@ -380,11 +387,16 @@ class ChatEncoder:
     def declaration(self, tools: list) -> str:
         """The tool declaration message's text: ``TOOL_DECLARATION`` around the tools'
         declarations (``fixed_sft.tool_declarations.declare``); ``InvalidRow`` for tools
-        that cannot be declared with certainty (nested too deeply)."""
+        that cannot be declared with certainty (nested too deeply). With ``model_check``
+        (the model's own encoder, pinned), each distinct tools list is compared with it
+        first: ``TemplateMismatch`` where they differ."""
         try:
-            return declare(tools).text.join(TOOL_DECLARATION)
+            declared = declare(tools)
         except ValueError as error:
             raise InvalidRow(f"'tools' cannot be declared ({error})") from None
+        if self.model_check is not None and (problem := self.model_check.check(tools, declared)) is not None:
+            raise TemplateMismatch(problem)
+        return declared.text.join(TOOL_DECLARATION)
 
     def render(
         self, messages: Sequence[Message], add_generation_prompt: bool = False, tools: list | None = None

@@ -42,6 +42,7 @@ from .hf_chat import separator as hf_separator
 from .memory import map_large_allocations
 from .source import records
 from .tokenizer import KimiTokenizer, TokenizerError, default_bpe, eos_id, eos_token
+from .tool_declarations import ModelCheck, model_declarer
 
 
 class Encoded(NamedTuple):
@@ -117,6 +118,7 @@ class EncoderConfig:
     family: str = "kimi"
     trust_remote_code: bool = False
     bpe: str = field(default_factory=default_bpe)
+    declarations: tuple[str, str] | None = None  # the model's tool-declaration encoder: path, pinned sha256
 
     def load(self) -> Encoder:
         """The encoder (the Kimi fast path, ``ChatEncoder``, or for a Hugging Face tokenizer
@@ -126,8 +128,14 @@ class EncoderConfig:
         if self.family == "hf":
             encoder = HFChatEncoder(self.hf_tokenizer(), self.template_kwargs, self.loss_mask_type)
         else:
+            check = None
+            if self.declarations is not None:
+                try:
+                    check = ModelCheck(model_declarer(Path(self.declarations[0]), self.declarations[1]))
+                except (OSError, ValueError, SyntaxError) as error:
+                    raise TokenizerError(f"the model's tool declarations cannot be checked: {error}") from None
             encoder = ChatEncoder(
-                KimiTokenizer(self.tokenizer_dir, self.bpe), self.loss_mask_type, self.template_kwargs
+                KimiTokenizer(self.tokenizer_dir, self.bpe), self.loss_mask_type, self.template_kwargs, check
             )
         self._check_unchanged()
         return encoder
@@ -169,7 +177,9 @@ class EncoderConfig:
     @classmethod
     def from_json(cls, text: str) -> EncoderConfig:
         fields = json.loads(text)
-        return cls(**{**fields, "tokenizer_dir": Path(fields["tokenizer_dir"])})
+        declarations = fields.get("declarations")
+        declarations = None if declarations is None else tuple(declarations)
+        return cls(**{**fields, "tokenizer_dir": Path(fields["tokenizer_dir"]), "declarations": declarations})
 
 
 class Chunk(NamedTuple):

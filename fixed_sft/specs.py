@@ -35,6 +35,7 @@ from .hub import HubUnreachable, download_files, download_present, is_hub_id, ra
 from .manifest import FileHash, Tokenizer
 from .params import BuildSpec
 from .tokenizer import FILES, TEMPLATE_KWARGS, TokenizerError
+from .tool_declarations import MODEL_FILE
 
 BUILDS = Path(str(resources.files(__package__) / "builds"))
 TOKENIZERS = Path(str(resources.files(__package__) / "tokenizer_specs"))
@@ -131,6 +132,7 @@ class ResolvedTokenizer:
     pinned: bool
     mismatches: list[str] = field(default_factory=list)
     family: str = KIMI
+    declarations: tuple[str, str] | None = None  # the model's own tool-declaration encoder: path, pinned sha256
 
     def manifest(self) -> Tokenizer:
         """The manifest's ``tokenizer``."""
@@ -223,7 +225,7 @@ def resolve_tokenizer(
     spec = specs.get(tokenizer) or (specs.get(expected) if expected else None)
     if tokenizer in specs:
         assert spec is not None  # specs.get(tokenizer), a spec
-        directory, revision = _download(spec["repo"], revision or spec["revision"], tuple(spec["files"]))
+        directory, revision = _download(spec["repo"], revision or spec["revision"], _downloaded(spec))
     elif Path(tokenizer).is_dir():
         directory = Path(tokenizer)
     elif Path(tokenizer).exists():
@@ -236,7 +238,7 @@ def resolve_tokenizer(
                 f"{TOKENIZERS}, so it needs --tokenizer-revision"
             )
         if spec is not None:
-            directory, revision = _download(tokenizer, revision or spec["revision"], tuple(spec["files"]))
+            directory, revision = _download(tokenizer, revision or spec["revision"], _downloaded(spec))
         else:
             assert revision is not None  # checked above
             directory, revision = _download_any(tokenizer, revision, trust_remote_code)
@@ -273,7 +275,10 @@ def resolve_tokenizer(
             + "; ".join(mismatches)
             + " (--allow-unpinned-tokenizer builds anyway and records it)"
         )
+    pin = _declarations_pin(spec) if spec else None
+    declarations = (str(directory / MODEL_FILE), pin) if pin and (directory / MODEL_FILE).is_file() else None
     return ResolvedTokenizer(
+        declarations=declarations,
         directory=directory,
         name=spec["name"] if spec else None,
         repo=spec["repo"] if spec else (None if Path(tokenizer).is_dir() else tokenizer),
@@ -285,6 +290,18 @@ def resolve_tokenizer(
         mismatches=mismatches,
         family=family,
     )
+
+
+def _declarations_pin(spec: dict[str, Any]) -> str | None:
+    """The sha256 a spec pins the model's own tool-declaration encoder to, if it does: the
+    file is then downloaded with the tokenizer, and builds compare their declarations with it."""
+    entry = (spec.get("code_files") or {}).get(MODEL_FILE)
+    return entry.get("sha256") if isinstance(entry, dict) and entry.get("check") else None
+
+
+def _downloaded(spec: dict[str, Any]) -> tuple[str, ...]:
+    """The files a spec's download fetches: its tokenizer files, and a pinned declaration encoder."""
+    return (*spec["files"], *([MODEL_FILE] if _declarations_pin(spec) else []))
 
 
 _CACHE_REPO = re.compile(r"models--(?P<owner>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<commit>[0-9a-f]{40})$")

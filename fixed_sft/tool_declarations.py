@@ -40,8 +40,12 @@ changes what the model was trained to read.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 _INDENT = "  "
@@ -473,3 +477,45 @@ def _object(node: _Object, indent: str) -> str:
     if not lines:
         return "{}"
     return "{\n" + ",\n".join(lines) + f"\n{indent}}}"
+
+
+MODEL_FILE = "tool_declaration_ts.py"  # the model repo's own encoder of this format
+
+
+def model_declarer(path: Path, sha256: str) -> Callable[[list[dict[str, Any]]], str]:
+    """The model repo's own ``encode_tools_to_typescript_style``, from ``path``, once the
+    file's sha256 is ``sha256`` (its tokenizer spec's pin): code is run only when pinned.
+    ``ValueError`` naming the file when it is not, or holds no such function."""
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ValueError(f"{path}: its sha256 is not the pinned {sha256}; it is not run")
+    module = types.ModuleType("fixed_sft_model_tool_declarations")
+    exec(compile(data, str(path), "exec"), module.__dict__)  # noqa: S102 (pinned model code)
+    encoder = getattr(module, "encode_tools_to_typescript_style", None)
+    if not callable(encoder):
+        raise ValueError(f"{path}: holds no encode_tools_to_typescript_style")
+    return encoder
+
+
+class ModelCheck:
+    """Each distinct tools list declared, compared once with the model's own encoder:
+    where the model's raises or gives nothing, the declaration must be the JSON fallback;
+    else the same text. ``check`` returns the problem, or ``None``."""
+
+    def __init__(self, model: Callable[[list[dict[str, Any]]], str]):
+        self.model = model
+        self._seen: set[str] = set()
+
+    def check(self, tools: list[dict[str, Any]], declared: Declaration) -> str | None:
+        key = json.dumps(tools, sort_keys=True, ensure_ascii=False)
+        if key in self._seen:
+            return None
+        try:
+            theirs: str | None = self.model(sort_keys(tools)) or None
+        except Exception:  # the model's tokenizer falls back to JSON on any error
+            theirs = None
+        ours = declared.text if declared.typescript else None
+        if theirs != ours:
+            return f"the tool declarations differ from the model's own {MODEL_FILE}"
+        self._seen.add(key)
+        return None

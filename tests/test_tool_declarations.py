@@ -715,3 +715,95 @@ def test_tools_nested_too_deeply_are_not_declared():
         with pytest.raises(ValueError, match="too deeply") as raised:
             declared(tools)
         assert not isinstance(raised.value, ToolDeclarationError)
+
+
+# ---------------------------------------------------------------------------
+# The check against the model's own encoder, where a spec pins it
+# ---------------------------------------------------------------------------
+
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather of a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+
+
+def _model_file(folder, body):
+    import hashlib
+
+    path = folder / "tool_declaration_ts.py"
+    path.write_text(body)
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+AGREES = "from fixed_sft.tool_declarations import typescript_declarations as encode_tools_to_typescript_style\n"
+DIFFERS = "def encode_tools_to_typescript_style(tools):\n    return 'namespace functions {}'\n"
+
+
+def test_the_models_encoder_runs_only_at_its_pinned_sha256(tmp_path):
+    from fixed_sft.tool_declarations import model_declarer
+
+    path, digest = _model_file(tmp_path, AGREES)
+    assert model_declarer(path, digest)(sort_keys(WEATHER)) == typescript_declarations(WEATHER)
+    with pytest.raises(ValueError, match="its sha256 is not the pinned"):
+        model_declarer(path, "0" * 64)
+    path, digest = _model_file(tmp_path, "x = 1\n")
+    with pytest.raises(ValueError, match="holds no encode_tools_to_typescript_style"):
+        model_declarer(path, digest)
+
+
+def test_a_declaration_is_compared_once_with_the_models():
+    from fixed_sft.tool_declarations import ModelCheck
+
+    calls = []
+    check = ModelCheck(lambda tools: calls.append(1) or typescript_declarations(tools))
+    assert check.check(WEATHER, declare(WEATHER)) is None and check.check(WEATHER, declare(WEATHER)) is None
+    assert len(calls) == 1  # (each distinct tools list once)
+    assert "differ from the model's own" in ModelCheck(lambda tools: "other").check(WEATHER, declare(WEATHER))
+
+    def refuses(tools):
+        raise KeyError("type")
+
+    assert "differ" in ModelCheck(refuses).check(WEATHER, declare(WEATHER))  # the model would declare JSON
+
+
+def test_a_build_stops_where_its_declarations_differ_from_the_models(kimi_dir, tmp_path, monkeypatch):
+    import json
+
+    import fixed_sft.specs as specs
+    from fixed_sft.build import BuildConfig, build
+    from fixed_sft.encoding import TemplateMismatch
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    for name in ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja"):
+        (folder / name).symlink_to(kimi_dir / name)
+    call = {"id": "functions.get_weather:0", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    row = {
+        "id": "agent-1",
+        "tools": WEATHER,
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "sunny"},
+            {"role": "assistant", "content": "It is sunny."},
+        ],
+    }
+    source = tmp_path / "rows.jsonl"
+    source.write_text(json.dumps(row) + "\n")
+    config = BuildConfig(name="t", source=str(source), tokenizer=str(folder), rows=None, row_tokens=16, workers=1)
+    for body, agrees in ((AGREES, True), (DIFFERS, False)):
+        _, digest = _model_file(folder, body)
+        monkeypatch.setattr(specs, "_declarations_pin", lambda spec, digest=digest: digest)
+        out = tmp_path / f"out-{agrees}"
+        if agrees:
+            assert build(config, out)["stats"]["conversations"] == 1
+        else:
+            with pytest.raises(TemplateMismatch, match="the tool declarations differ from the model's own"):
+                build(config, out)  # (at start-up: the encoder's probes declare tools too)
+            assert not out.exists()
