@@ -18,6 +18,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, get_args, get_origin
 
@@ -251,7 +253,8 @@ def _build(args: argparse.Namespace) -> int:
 
     config, out, published = _config(args)
     start = time.monotonic()
-    manifest = build(config, out, progress=not args.quiet)
+    with _hub_bars(not args.quiet):  # (a download's bars: huggingface_hub's own)
+        manifest = build(config, out, progress=not args.quiet)
     stats = manifest["stats"]
     print(
         f"built {out}: {stats['rows']} rows x {config.row_tokens} tokens, "
@@ -421,19 +424,26 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _push(args: argparse.Namespace) -> int:
+@contextmanager
+def _hub_bars(shown: bool) -> Iterator[None]:
+    """huggingface_hub's download and upload bars, off inside the block unless ``shown``."""
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    from .push import push
-
-    quieted = args.quiet and not are_progress_bars_disabled()
+    quieted = not shown and not are_progress_bars_disabled()
     if quieted:
         disable_progress_bars()
     try:
-        done = push(args.folder, args.repo, private=args.private, force=args.force)
+        yield
     finally:
         if quieted:
             enable_progress_bars()
+
+
+def _push(args: argparse.Namespace) -> int:
+    from .push import push
+
+    with _hub_bars(not args.quiet):
+        done = push(args.folder, args.repo, private=args.private, force=args.force)
     print(f"pushed {args.folder} to {done.url} in commit {done.commit}: {', '.join(done.files)}")
     return 0
 

@@ -475,3 +475,19 @@ def test_verify_of_a_hostile_folder_names_it_in_one_line(source, kimi_dir, tmp_p
         and captured.out.startswith(f"MISMATCH {tmp_path / 'o' / 'manifest.json'}: 3221225472 bytes, more than the ")
         and captured.out.count("\n") == 1
     )
+
+
+def test_quiet_turns_the_hubs_download_bars_off_for_the_build_only(source, kimi_dir, tmp_path, monkeypatch):
+    from huggingface_hub.utils import are_progress_bars_disabled
+
+    import fixed_sft.build as build_module
+
+    seen = []
+    real = build_module.build
+    monkeypatch.setattr(
+        build_module, "build", lambda *a, **k: seen.append(are_progress_bars_disabled()) or real(*a, **k)
+    )
+    before = are_progress_bars_disabled()
+    assert main(_build_args(source, kimi_dir, tmp_path / "q")) == 0
+    assert main([a for a in _build_args(source, kimi_dir, tmp_path / "loud") if a != "--quiet"]) == 0
+    assert seen == [True, before] and are_progress_bars_disabled() == before
