@@ -5,7 +5,8 @@ globs, row count) and its tokenizer (spec name or repo, at the recorded revision
 the caller names where the source or tokenizer files are. Tokenizer files other than the
 recorded ones are refused before building. The rows are proven to come from the recorded
 inputs when the rebuild's manifest is the folder's, compared as JSON, and so is the
-provenance in the Parquet file (its ``metadata`` column, read a row group at a time; its
+provenance in the Parquet file (its ``metadata`` column, with its boundaries where the build
+wrote them, read a row group at a time; its
 key-value metadata; and the key-value metadata of each field of the Arrow schema it
 stores); not compared for that: the reasons of skipped rows (their wording is the code's), the
 names, globs and paths of inputs the caller gave, and the separator a manifest from before it was

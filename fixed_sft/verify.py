@@ -16,7 +16,10 @@ as stored, and hashes to its recorded row hash (the first bad row is named); the
 (the footer's) and supervised-token count match; each row's ``metadata.row`` is its number
 and its segments, each a non-empty span from a non-negative start, cover ``row_tokens``
 tokens; the conversations the segments name (each run of segments naming one source row,
-as a build lays them), and those in more than one row, are the stats' counts. No value may
+as a build lays them), and those in more than one row, are the stats' counts. In a build
+with boundaries (``params.emit_boundaries``; its format must then be ``fixed-sft/3``, else
+``fixed-sft/2``), the schema is the one with ``metadata.cu_seqlens``, each row's hash covers
+them, and they must be 0 and the end of each of its segments. No value may
 be null but a segment's ``id``. What the manifest says of how the rows were made (seed,
 source, tokenizer, checks, skipped rows) only a rebuild proves.
 """
