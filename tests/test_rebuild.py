@@ -566,6 +566,9 @@ def test_a_build_with_boundaries_is_rebuilt_with_them(source, kimi_dir, tmp_path
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 0
     out = capsys.readouterr().out
     assert "gives the same rows and manifest" in out and all(f"  {key}: same\n" in out for key in KEYS)
+    # a spot check re-encodes rows and hashes them by the same rule
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--rows", "0,2") == 0
+    assert main(["export", str(tmp_path / "o"), "--to", "trl", str(tmp_path / "o.trl.parquet")]) == 0
 
 
 def test_the_boundaries_are_provenance_compared_row_by_row():
