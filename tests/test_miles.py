@@ -433,3 +433,31 @@ def test_segment_mode_passes_through_the_rollout_and_resumes(bounded, rollout, t
     rows = rollout.ParquetRowSource(source_args(out, tmp_path, load=str(tmp_path / "ckpt")))
     with pytest.raises(ValueError, match="'per_segment': True"):  # a position in segments is not one in rows
         rows.load(4)
+
+
+def test_segment_mode_passes_over_a_row_none_of_whose_segments_trains(rollout, tmp_path):
+    """A row whose only supervised token starts a conversation (a mask other than kimi_k25
+    can make one) trains nothing in segment mode: it is passed over, and a file of such
+    rows alone is refused."""
+    from fixed_sft.output import RowWriter
+    from fixed_sft.pack import Row, Segment
+
+    def row(mask, ends):
+        spans = tuple(Segment(k, None, 0, b - a) for k, (a, b) in enumerate(zip([0, *ends[:-1]], ends)))
+        return Row(np.arange(8, dtype=np.int32), np.array(mask, np.uint8), spans)
+
+    writer = RowWriter(tmp_path / "train.parquet", boundaries=True)
+    writer.write(row([0, 0, 0, 1, 0, 0, 0, 0], [3, 8]))  # trains token 3 only in the row mode
+    writer.write(row([0, 0, 1, 0, 0, 1, 1, 0], [4, 8]))
+    writer.close()
+    source = rollout.ParquetSegmentSource(segment_args(tmp_path, tmp_path, rollout_shuffle=False))
+    groups = source.get_samples(2)
+    assert [[(s.metadata["row"], s.tokens) for s in g] for g in groups] == [[(1, [0, 1, 2, 3]), (1, [4, 5, 6, 7])]] * 2
+    assert [s.rollout_id for g in groups for s in g] == [0, 0, 1, 1]
+
+    writer = RowWriter(tmp_path / "lone.parquet")
+    writer.write(row([0, 0, 0, 1, 0, 0, 0, 0], [3, 8]))
+    writer.close()
+    lone = rollout.ParquetSegmentSource(segment_args(tmp_path / "lone.parquet", tmp_path))
+    with pytest.raises(ValueError, match="no row has a segment that trains"):
+        lone.get_samples(1)
