@@ -15,6 +15,14 @@ miles scores response token ``p`` from the logit at ``p - 1``; ``loss_mask`` is 
 row's mask over the response; ``reward`` is 0. Checked against miles commit 78527b91
 (``miles/utils/data.py``, ``miles/rollout/data_source.py``,
 ``miles/ray/rollout/train_data_conversion.py``).
+
+Segment mode (``--data-source-path pretokenized_sft_rollout.ParquetSegmentSource``): one
+sample per conversation segment of a row (``metadata.segments``), by the same rule applied
+to the segment's tokens, all of a row's samples in one group and sharing its
+``rollout_id``, so miles gives each its own ``cu_seqlens`` entry (attention and positions
+stay inside a conversation) and still counts and averages the row as one rollout. A segment
+with no supervised token after its own first token trains nothing and is left out. Only for
+the Megatron backend with ``--use-dynamic-batch-size`` (docs/miles.md says why).
 """
 
 from __future__ import annotations
@@ -58,6 +66,28 @@ def response(ids: list[int], mask: list[int]) -> tuple[int, list[int]]:
     return len(ids) - first, mask[first:]
 
 
+def segment_responses(mask: list[int], lengths: list[int]) -> list[tuple[int, int, int, list[int]]]:
+    """``(start, end, response_length, loss_mask)`` of each segment of a row that trains, in
+    order: a segment of ``lengths[k]`` tokens from where the ones before it end, its response
+    by ``response``'s rule over its own mask (so its first token is never trained); a segment
+    with no supervised token after its first is left out.
+
+    >>> segment_responses([0, 1, 1, 0, 0, 0, 1, 0], [3, 2, 3])
+    [(0, 3, 2, [1, 1]), (5, 8, 2, [1, 0])]
+    """
+    if sum(lengths) != len(mask):
+        raise ValueError(f"fixed-sft row's segments cover {sum(lengths)} tokens, not its {len(mask)}")
+    spans, start = [], 0
+    for length in lengths:
+        end = start + length
+        part = mask[start:end]
+        if 1 in part[1:]:
+            first = max(part.index(1), 1)
+            spans.append((start, end, length - first, part[first:]))
+        start = end
+    return spans
+
+
 def apply_row(sample: Any) -> None:
     """Set ``tokens``, ``response_length``, ``loss_mask`` and ``reward`` of a sample miles'
     ``Dataset`` made from a row (its ids and mask in ``sample.metadata``); a sample that
@@ -77,6 +107,13 @@ def apply_row(sample: Any) -> None:
     del row["input_ids"], row["loss_mask"]  # held once: the sample is miles' own copy
 
 
+def one_row(group: list[Any]) -> bool:
+    """Whether ``group`` is the samples of one row in segment mode: ready, and sharing one
+    ``rollout_id`` (``ParquetSegmentSource``)."""
+    rollout_ids = {getattr(sample, "rollout_id", None) for sample in group}
+    return len(rollout_ids) == 1 and None not in rollout_ids and all(sample.tokens for sample in group)
+
+
 def check_group_size(n_samples_per_prompt: int) -> None:
     """A row trains once a step: miles copies each prompt ``--n-samples-per-prompt`` times."""
     if n_samples_per_prompt != 1:
@@ -92,7 +129,8 @@ def generate_rollout(args: Any, rollout_id: int, data_buffer: Any, evaluation: b
         raise ValueError("pretokenized SFT rollout has no evaluation mode: give miles its own --eval-function-path")
     groups = data_buffer.get_samples(args.rollout_batch_size)
     for group in groups:
-        check_group_size(len(group))
+        if not one_row(group):
+            check_group_size(len(group))
         for sample in group:
             apply_row(sample)
     return groups
@@ -112,10 +150,14 @@ class ParquetRowSource(DataSource):
     position, so a resumed run continues at the next sample.
     """
 
+    per_segment = False  # (``ParquetSegmentSource``: one sample per conversation segment)
+
     def __init__(self, args: Any):
         if Sample is None:
             raise ImportError("ParquetRowSource runs inside miles: miles.rollout.data_source is not importable")
         check_group_size(args.n_samples_per_prompt)
+        if self.per_segment:
+            check_segment_backend(args)
         self.args = args
         path = Path(args.prompt_data)
         self.path = path / "train.parquet" if path.is_dir() else path
@@ -135,7 +177,7 @@ class ParquetRowSource(DataSource):
         self.sample_group_index = 0
         self.sample_index = 0
         self._epoch: tuple[int, list[int], np.ndarray] | None = None  # epoch, its group order, their cumulative rows
-        self._held: tuple[tuple[int, int], np.ndarray, np.ndarray, np.ndarray, list[int]] | None = None
+        self._held: tuple[tuple[int, int], np.ndarray, np.ndarray, np.ndarray, list[int], Any] | None = None
 
     def _groups(self) -> tuple[list[int], np.ndarray]:
         """This epoch's row groups in order, and the samples given before each."""
@@ -147,8 +189,9 @@ class ParquetRowSource(DataSource):
             self._epoch = (self.epoch_id, groups, before)
         return self._epoch[1], self._epoch[2]
 
-    def _group(self, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
-        """Row group ``g``'s flat ids, flat mask, row offsets and this epoch's row order."""
+    def _group(self, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], Any]:
+        """Row group ``g``'s flat ids, flat mask, row offsets, this epoch's row order, and its
+        rows' segments (a list array of ``{start, end, ...}``)."""
         if self._held is None or self._held[0] != (self.epoch_id, g):
             rows = self.file.read_row_group(g, columns=["metadata"]).column("metadata").combine_chunks()
             ids, mask = rows.field("input_ids"), rows.field("loss_mask")
@@ -161,20 +204,29 @@ class ParquetRowSource(DataSource):
                 mask.values.to_numpy(),
                 ids.offsets.to_numpy(),
                 order,
+                rows.field("segments") if self.per_segment else None,
             )
         return self._held[1:]
 
     def _row(self, position: int) -> tuple[list[int], list[int], int]:
         """The ids, mask and file row number of the epoch's ``position``-th sample."""
+        ids, mask, row, _ = self._row_and_segments(position)
+        return ids, mask, row
+
+    def _row_and_segments(self, position: int) -> tuple[list[int], list[int], int, list[int]]:
+        """``_row``'s, and in segment mode the lengths of the row's segments (else none)."""
         groups, before = self._groups()
         n = int(np.searchsorted(before, position, side="right")) - 1
         g = groups[n]
-        ids, mask, offsets, order = self._group(g)
+        ids, mask, offsets, order, segments = self._group(g)
         k = order[position - int(before[n])]
         lo, hi = offsets[k], offsets[k + 1]
-        return ids[lo:hi].tolist(), mask[lo:hi].tolist(), int(self.group_starts[g]) + k
+        lengths = [s["end"] - s["start"] for s in segments[k].as_py()] if segments is not None else []
+        return ids[lo:hi].tolist(), mask[lo:hi].tolist(), int(self.group_starts[g]) + k, lengths
 
     def get_samples(self, num_samples: int) -> list[list[Any]]:
+        if self.per_segment:
+            return self._segment_groups(num_samples)
         groups = []
         with self._lock:  # a save waits for the whole batch, so it never holds half of one
             for _ in range(num_samples):
@@ -201,6 +253,44 @@ class ParquetRowSource(DataSource):
                 self.sample_index += 1
         return groups
 
+    def _segment_groups(self, num_samples: int) -> list[list[Any]]:
+        """``num_samples`` groups, each the samples of one row's segments that train
+        (``segment_responses``), all with the row's ``group_index`` and ``rollout_id``; a row
+        none of whose segments trains is passed over."""
+        groups: list[list[Any]] = []
+        passed = 0
+        with self._lock:
+            while len(groups) < num_samples:
+                if self.sample_offset == self.rows:
+                    self.epoch_id, self.sample_offset = self.epoch_id + 1, 0
+                ids, mask, row, lengths = self._row_and_segments(self.sample_offset)
+                self.sample_offset += 1
+                spans = segment_responses(mask, lengths)
+                if not spans:
+                    passed += 1
+                    if passed > self.rows:
+                        raise ValueError(f"{self.path}: no row has a segment that trains")
+                    continue
+                group = []
+                for k, (start, end, length, loss_mask) in enumerate(spans):
+                    group.append(
+                        Sample(
+                            group_index=self.sample_group_index,
+                            index=self.sample_index,
+                            rollout_id=self.sample_group_index,
+                            prompt=[dict(m) for m in PROMPT],
+                            tokens=ids[start:end],
+                            response_length=length,
+                            loss_mask=loss_mask,
+                            reward=0,
+                            metadata={"row": row, "segment": k, "start": start},
+                        )
+                    )
+                    self.sample_index += 1
+                self.sample_group_index += 1
+                groups.append(group)
+        return groups
+
     def add_samples(self, samples: list[list[Any]]) -> None:
         if samples:
             raise RuntimeError("ParquetRowSource is read-only: it takes no samples back")
@@ -209,12 +299,13 @@ class ParquetRowSource(DataSource):
         return os.path.join(folder, f"rollout/fixed_sft_row_source_{rollout_id}.json")
 
     def _identity(self) -> dict:
-        """What a saved position belongs to: the file (its rows and bytes) and the order."""
+        """What a saved position belongs to: the file (its rows and bytes), the order, and the mode."""
         return {
             "rows": self.rows,
             "bytes": self.path.stat().st_size,
             "shuffle": self.shuffle,
             "seed": self.seed if self.shuffle else None,
+            "per_segment": self.per_segment,
         }
 
     def save(self, rollout_id: int) -> None:
@@ -243,11 +334,39 @@ class ParquetRowSource(DataSource):
             return
         with open(path, encoding="utf-8") as f:
             state = json.load(f)
-        saved = {key: state.get(key) for key in self._identity()}
-        if saved != self._identity():
-            raise ValueError(f"{path} was saved for {saved}, but this run has {self._identity()}")
+        identity = self._identity()
+        saved = {key: state.get(key, False if key == "per_segment" else None) for key in identity}  # (states
+        if saved != identity:  # saved before segment mode lack ``per_segment``: they were saved by rows)
+            raise ValueError(f"{path} was saved for {saved}, but this run has {identity}")
         self.epoch_id, self.sample_offset = state["epoch_id"], state["sample_offset"]
         self.sample_group_index, self.sample_index = state["sample_group_index"], state["sample_index"]
 
     def get_buffer_length(self) -> int | None:
         return None
+
+
+def check_segment_backend(args: Any) -> None:
+    """Segment mode needs a trainer that counts a step in rollouts and packs micro-batches by
+    tokens: miles' Megatron backend (its schedule is made on the rollout side, by
+    ``rollout_id``) with ``--use-dynamic-batch-size``. The FSDP backend and ``--indep-dp``
+    count a step's batch in samples, and a fixed ``--micro-batch-size`` splits by sample count."""
+    if getattr(args, "train_backend", "megatron") != "megatron" or getattr(args, "indep_dp", False):
+        raise ValueError(
+            "ParquetSegmentSource needs the Megatron backend without --indep-dp: others count a step's "
+            "batch in samples, not rows; use ParquetRowSource"
+        )
+    if not getattr(args, "use_dynamic_batch_size", False):
+        raise ValueError(
+            "ParquetSegmentSource needs --use-dynamic-batch-size: a fixed --micro-batch-size splits "
+            "micro-batches by sample count, and a row gives a varying number of samples"
+        )
+
+
+class ParquetSegmentSource(ParquetRowSource):
+    """``ParquetRowSource`` in segment mode (``--data-source-path
+    pretokenized_sft_rollout.ParquetSegmentSource``): each group is one row, as the samples
+    of its conversation segments that train (``segment_responses``), sharing the row's
+    ``rollout_id``; the order, memory and resumption are the row source's. A state saved by
+    one mode is refused by the other."""
+
+    per_segment = True

@@ -37,7 +37,6 @@ from .hf_chat import MASK_TYPES as HF_MASK_TYPES
 from .hub import is_hub_id, raise_cache_damage
 from .manifest import (
     PARQUET,
-    THIS_FORMAT,
     CodeVersion,
     LossMask,
     Manifest,
@@ -52,7 +51,7 @@ from .manifest import (
 )
 from .memory import map_large_allocations, system_allocator
 from .order import permutation, positions
-from .output import FORMAT, MANIFEST_NAME, PARQUET_NAME, RowWriter, naming
+from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter, format_of, naming
 from .pack import Packer, Row
 from .params import RECORDED, BuildConfig, to_json
 from .source import (
@@ -95,15 +94,20 @@ class InvalidSourceRow(BuildError):
         self.problem = problem
 
 
-def code_version() -> dict:
-    """The builder's version: package version, format, ``code_sha256`` (sha256 over each
+def code_version(boundaries: bool = False) -> dict:
+    """The builder's version: package version, format (of a build ``boundaries`` says: with
+    them or without), ``code_sha256`` (sha256 over each
     ``fixed_sft/*.py`` file's name and bytes, in name order: exact wherever the code
     came from) and, in a git checkout, the commit and whether the package differs from it."""
     package = Path(__file__).parent
     digest = hashlib.sha256()
     for path in sorted(package.glob("*.py")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    version: dict[str, str | bool] = {"fixed_sft": __version__, "format": FORMAT, "code_sha256": digest.hexdigest()}
+    version: dict[str, str | bool] = {
+        "fixed_sft": __version__,
+        "format": format_of(boundaries),
+        "code_sha256": digest.hexdigest(),
+    }
     try:
         git = ["git", "--no-optional-locks", "-C", str(package)]
         top = subprocess.run([*git, "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True, timeout=5)
@@ -237,9 +241,11 @@ def _pack(
     tally: _Tally,
     bar: tqdm,
     tokenized: tqdm,
+    boundaries: bool = False,
 ) -> None:
     """Feed conversations to the packer and write kept rows until ``rows`` (``None``: all);
-    ``tokenized`` counts the conversations, ``bar`` the rows."""
+    ``tokenized`` counts the conversations, ``bar`` the rows; with ``boundaries``, each row's
+    hash covers its ``cu_seqlens``."""
     for item in conversations:
         ids, mask = item.ids, item.mask
         assert ids is not None and mask is not None  # _valid passes on only valid conversations
@@ -256,7 +262,7 @@ def _pack(
                 continue
             writer.write(row)
             tally.settle(row, kept=True)
-            tally.digests.append(row_digest(row.ids, row.mask))
+            tally.digests.append(row_digest(row.ids, row.mask, row.cu_seqlens if boundaries else None))
             tally.supervised += trainable + int(row.mask[0])
             tally.trainable += trainable
             tally.rows_per_conversation.update(s.index for s in row.segments)
@@ -346,7 +352,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         source_hashes = [hashing.submit(sha256_file, path) for path in source.files]
         rank = positions(permutation(config.seed, source.num_rows))
         packer = Packer(config.row_tokens, separator_id)
-        writer = RowWriter(folder / PARQUET_NAME)
+        writer = RowWriter(folder / PARQUET_NAME, config.emit_boundaries)
         tally = _Tally(config.row_tokens)
         sizes = file_bytes(source)
         bytes_row = sum(sizes) / max(source.num_rows, 1)
@@ -387,7 +393,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
                 tqdm(total=config.rows, unit="row", disable=shown, desc=f"write {config.name}", position=1) as bar,
             ):
                 valid = _valid(stream, source, config.skip_invalid, tally)
-                _pack(valid, config.rows, packer, writer, tally, bar, tokenized)
+                _pack(valid, config.rows, packer, writer, tally, bar, tokenized, config.emit_boundaries)
             writer.close()  # (inside: a signal while the last row group is written still waits for its thread)
         except (SourceError, InvalidSourceRow):
             writer.abort()
@@ -471,9 +477,9 @@ def _manifest(
     token after each conversation, as resolved (the eos token when none was named);
     ``bpe``: the Kimi tokenizer's BPE and its version (``None`` for another tokenizer)."""
     return Manifest(
-        format=THIS_FORMAT,
+        format=format_of(config.emit_boundaries),  # type: ignore[arg-type]  # (one of manifest.Format)
         name=config.name,
-        code_version=CodeVersion(**code_version(), bpe=bpe),
+        code_version=CodeVersion(**code_version(config.emit_boundaries), bpe=bpe),
         params=Params(
             order=ORDER_RULE,
             **{

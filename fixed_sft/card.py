@@ -121,6 +121,7 @@ def card_text(manifest: Manifest, license: str, upstream: str | None, plots: Seq
     revision = f" at revision `{source.revision}`" if source.revision else ""
     tokenizer_name = tokenizer.repo or tokenizer.name or "a local tokenizer"
     tokenizer_at = f"`{tokenizer_name}`" + (f" at revision `{tokenizer.revision}`" if tokenizer.revision else "")
+    columns = ", `cu_seqlens`: each conversation's end in the row" if params.emit_boundaries else ""
     lines = [
         "---",
         header(manifest, license, upstream).rstrip("\n"),
@@ -133,7 +134,8 @@ def card_text(manifest: Manifest, license: str, upstream: str | None, plots: Seq
         f"{tokenizer_at} and masked by `{params.loss_mask_type}` (assistant tokens only). Each row is "
         f"conversations, each followed by `{params.separator}`, cut at exactly {params.row_tokens:,} tokens; "
         "nothing is padded. The tokens are in `train.parquet`, in its `metadata` column (`input_ids`, "
-        "`loss_mask`, `row`, `segments`); `manifest.json` holds the parameters and a SHA-256 hash of every row.",
+        f"`loss_mask`, `row`, `segments`{columns}); `manifest.json` holds the parameters and a SHA-256 hash of "
+        "every row.",
         "",
         "## License and attribution",
         "",

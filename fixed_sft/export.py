@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 from .errors import BuildError, UsageError
 from .exits import removed_on_exit
 from .folder import is_build
-from .hashes import row_digest
+from .hashes import boundaries, row_digest
 from .manifest import Manifest, read
 from .output import MANIFEST_NAME, PARQUET_NAME, naming
 from .reader import RowFile
@@ -134,7 +134,8 @@ def _rows(folder: Path, manifest: Manifest, expected: list[bytes]) -> Iterator[l
 
 
 def _read(folder: Path, manifest: Manifest, expected: list[bytes]) -> Iterator[list[tuple]]:
-    with RowFile(folder / PARQUET_NAME, len(expected), manifest.params.row_tokens) as rows:
+    bounded = manifest.params.emit_boundaries
+    with RowFile(folder / PARQUET_NAME, len(expected), manifest.params.row_tokens, bounded) as rows:
         for group in rows.groups(COLUMNS, limit=len(expected)):
             ids, mask, offsets = group.tokens()
             segments = pc.struct_field(group.column("metadata"), "segments")
@@ -147,9 +148,10 @@ def _read(folder: Path, manifest: Manifest, expected: list[bytes]) -> Iterator[l
                 row = group.first + n
                 lo, hi = offsets[n], offsets[n + 1]
                 row_ids, row_mask = ids[lo:hi].astype(np.int32), mask[lo:hi].astype(np.uint8)
-                if row >= len(expected) or row_digest(row_ids, row_mask) != expected[row]:
-                    raise BuildError(f"{folder / PARQUET_NAME}: row {row} changed since it was verified")
                 lengths = (ends - starts)[bounds[n] : bounds[n + 1]].astype(np.int32)
+                cu = boundaries(lengths) if bounded else None  # (verified to be the stored ones)
+                if row >= len(expected) or row_digest(row_ids, row_mask, cu) != expected[row]:
+                    raise BuildError(f"{folder / PARQUET_NAME}: row {row} changed since it was verified")
                 batch.append((row_ids, row_mask, lengths))
             yield batch
 

@@ -1,6 +1,9 @@
 """SHA-256 of files and of row content.
 
-Row hash: ``sha256(ids as int32 little-endian bytes || mask as uint8 bytes)``.
+Row hash: ``sha256(ids as int32 little-endian bytes || mask as uint8 bytes)``; in a build
+with boundaries (``fixed-sft/3``), ``sha256(ids as int32 LE || mask as uint8 || cu_seqlens as
+int32 LE)``, where ``cu_seqlens`` is 0 then the end of each segment in the row (``boundaries``).
+The ids and mask are ``row_tokens`` values each, so the boundaries' bytes are the rest.
 ``rows_sha256``: ``sha256`` of the concatenated 32-byte row digests, in row order.
 Both depend on the row content alone, not on how Parquet encodes it.
 """
@@ -13,11 +16,20 @@ from pathlib import Path
 import numpy as np
 
 
-def row_digest(ids: np.ndarray, mask: np.ndarray) -> bytes:
-    """The 32-byte row hash: sha256 of int32-LE ids followed by uint8 mask."""
+def row_digest(ids: np.ndarray, mask: np.ndarray, cu_seqlens: np.ndarray | None = None) -> bytes:
+    """The 32-byte row hash: sha256 of int32-LE ids followed by uint8 mask, and then, for a
+    build with boundaries, by its int32-LE ``cu_seqlens``."""
     digest = hashlib.sha256(np.ascontiguousarray(ids, dtype="<i4").data)
     digest.update(np.ascontiguousarray(mask, dtype=np.uint8).data)
+    if cu_seqlens is not None:
+        digest.update(np.ascontiguousarray(cu_seqlens, dtype="<i4").data)
     return digest.digest()
+
+
+def boundaries(lengths: np.ndarray | list[int]) -> np.ndarray:
+    """A row's ``cu_seqlens`` from its segments' lengths (``end - start``, in order): 0, then
+    the end of each segment in the row, so the last is the row's length (int32)."""
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int32)
 
 
 def rows_digest(row_digests: list[bytes]) -> str:

@@ -60,7 +60,7 @@ def open_build(folder: Path) -> Manifest:
 def _rows(folder: Path, manifest: Manifest) -> RowFile:
     path = folder / PARQUET_NAME
     try:
-        return RowFile(path, len(manifest.row_sha256), manifest.params.row_tokens)
+        return RowFile(path, len(manifest.row_sha256), manifest.params.row_tokens, manifest.params.emit_boundaries)
     except Refused as error:
         raise BuildError(str(error)) from None
     except (OSError, ValueError) as error:

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args
 
 from .fields import FieldError, NonEmptyStrings, Within, decode, encode, omitted
-from .output import FORMAT, PARQUET_NAME
+from .output import BOUNDARIES_FORMAT, FORMAT, PARQUET_NAME
 
-Format = Literal["fixed-sft/2"]
+Format = Literal["fixed-sft/2", "fixed-sft/3"]  # the second: with boundaries (``params.emit_boundaries``)
 ParquetName = Literal["train.parquet"]
 THIS_FORMAT: Format = "fixed-sft/2"
 PARQUET: ParquetName = "train.parquet"
-assert get_args(Format) == (FORMAT,) == (THIS_FORMAT,) and get_args(ParquetName) == (PARQUET_NAME,) == (PARQUET,)
+assert get_args(Format) == (FORMAT, BOUNDARIES_FORMAT) and FORMAT == THIS_FORMAT
+assert get_args(ParquetName) == (PARQUET_NAME,) == (PARQUET,)
 
 Count = Annotated[int, Within(0, 2**63 - 1, "0 .. 2**63 - 1")]  # a count verify uses
 Globs = Annotated[list[str], NonEmptyStrings()]
@@ -48,6 +49,7 @@ class Params:
     loss_mask_type: str
     skip_invalid: bool
     separator: str | None = omitted()  # the token after each conversation (manifests before it: the eos token)
+    emit_boundaries: bool = omitted(False)  # each row's ``metadata.cu_seqlens`` (written only when true)
 
 
 @dataclass

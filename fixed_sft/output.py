@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 from .pack import Row
 
 FORMAT = "fixed-sft/2"  # the format of the folder: its Parquet schema and manifest (data/README.md)
-FORMATS = ("fixed-sft/1", FORMAT)  # the formats of folders a new build may replace
+BOUNDARIES_FORMAT = "fixed-sft/3"  # the same with each row's boundaries (``--emit-boundaries``)
+FORMATS = ("fixed-sft/1", FORMAT, BOUNDARIES_FORMAT)  # the formats of folders a new build may replace
 PARQUET_NAME = "train.parquet"
 MANIFEST_NAME = "manifest.json"
 CARD_NAME = "README.md"  # the dataset card (fixed_sft.card), and its plots
@@ -38,22 +39,28 @@ MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 # row's ``messages`` as its prompt, finds the list of messages it requires when the
 # checkpoint has a processor. The row's tokens are in ``metadata``, which miles passes on.
 PROMPT = [{"role": "user", "content": ""}]
-SCHEMA = pa.schema(
-    [
-        ("messages", pa.list_(MESSAGE)),
-        (
-            "metadata",
-            pa.struct(
-                [
-                    ("input_ids", pa.list_(pa.int32())),
-                    ("loss_mask", pa.list_(pa.uint8())),
-                    ("row", pa.int64()),
-                    ("segments", pa.list_(SEGMENT)),
-                ]
-            ),
-        ),
-    ]
+METADATA = [
+    ("input_ids", pa.list_(pa.int32())),
+    ("loss_mask", pa.list_(pa.uint8())),
+    ("row", pa.int64()),
+    ("segments", pa.list_(SEGMENT)),
+]
+SCHEMA = pa.schema([("messages", pa.list_(MESSAGE)), ("metadata", pa.struct(METADATA))])
+# With boundaries: ``metadata.cu_seqlens`` after the segments, 0 then the end of each segment
+# in the row (``hashes.boundaries``), as flash-attn's varlen functions take them.
+BOUNDARIES_SCHEMA = pa.schema(
+    [("messages", pa.list_(MESSAGE)), ("metadata", pa.struct([*METADATA, ("cu_seqlens", pa.list_(pa.int32()))]))]
 )
+
+
+def schema(boundaries: bool) -> pa.Schema:
+    """The Parquet schema of a build, with boundaries or without."""
+    return BOUNDARIES_SCHEMA if boundaries else SCHEMA
+
+
+def format_of(boundaries: bool) -> str:
+    """The format of a build, with boundaries (``fixed-sft/3``) or without (``fixed-sft/2``)."""
+    return BOUNDARIES_FORMAT if boundaries else FORMAT
 
 
 class WriteFailed(OSError):
@@ -74,14 +81,15 @@ def naming(path: Path) -> Iterator[None]:
 class RowWriter:
     """Appends rows to one Parquet file, a row group at a time. Row groups are
     compressed and written by a background thread (pyarrow releases the GIL), at most
-    one behind the caller."""
+    one behind the caller. With ``boundaries``, each row's ``metadata.cu_seqlens`` is written too."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, boundaries: bool = False):
         self.path = path
+        self.schema = schema(boundaries)
         with naming(path):
             self._writer = pq.ParquetWriter(
                 path,
-                SCHEMA,
+                self.schema,
                 compression="zstd",
                 use_dictionary=DICTIONARY_COLUMNS,
                 write_statistics=False,
@@ -106,7 +114,7 @@ class RowWriter:
         offsets = pa.array(np.arange(len(rows) + 1, dtype=np.int32) * width)
         ids = pa.ListArray.from_arrays(offsets, pa.array(np.concatenate([r.ids for r in rows]), pa.int32()))
         mask = pa.ListArray.from_arrays(offsets, pa.array(np.concatenate([r.mask for r in rows]), pa.uint8()))
-        messages = pa.array([PROMPT] * len(rows), SCHEMA.field("messages").type)
+        messages = pa.array([PROMPT] * len(rows), self.schema.field("messages").type)
         numbers = pa.array([n for n, _ in self._pending], pa.int64())
         segments = pa.array(
             [
@@ -115,10 +123,13 @@ class RowWriter:
             ],
             pa.list_(SEGMENT),
         )
-        metadata = pa.StructArray.from_arrays(
-            [ids, mask, numbers, segments], fields=list(SCHEMA.field("metadata").type)
-        )
-        table = pa.Table.from_arrays([messages, metadata], schema=SCHEMA)
+        fields = [ids, mask, numbers, segments]
+        if self.schema is BOUNDARIES_SCHEMA:
+            bounds = [row.cu_seqlens for row in rows]
+            starts = np.concatenate([[0], np.cumsum([len(b) for b in bounds])]).astype(np.int32)
+            fields.append(pa.ListArray.from_arrays(pa.array(starts), pa.array(np.concatenate(bounds), pa.int32())))
+        metadata = pa.StructArray.from_arrays(fields, fields=list(self.schema.field("metadata").type))
+        table = pa.Table.from_arrays([messages, metadata], schema=self.schema)
         self._wait()
         self._writing = self._thread.submit(self._writer.write_table, table)
         self._pending = []

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .hashes import boundaries
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -33,6 +35,11 @@ class Row:
     ids: np.ndarray  # int32[row_tokens]
     mask: np.ndarray  # uint8[row_tokens]
     segments: tuple[Segment, ...]
+
+    @property
+    def cu_seqlens(self) -> np.ndarray:
+        """Its boundaries: 0, then the end of each segment in the row (``hashes.boundaries``)."""
+        return boundaries([s.end - s.start for s in self.segments])
 
     @property
     def trainable(self) -> int:

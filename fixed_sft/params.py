@@ -244,6 +244,12 @@ class BuildConfig:
         range=AtLeast(0, "non-negative"),
     )
     skip_invalid: bool = param(False, help="skip invalid source rows and record them", recorded="params.skip_invalid")
+    emit_boundaries: bool = param(
+        False,
+        help="add each row's conversation boundaries, metadata.cu_seqlens (format fixed-sft/3; the row hash "
+        "covers them; default: off)",
+        recorded="params.emit_boundaries",
+    )
     allow_unpinned_tokenizer: bool = param(
         False, help="build with tokenizer files that differ from their spec, and record it"
     )

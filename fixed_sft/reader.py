@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import thrift
-from .output import GROUP_VALUES, SCHEMA, tokens
+from .output import GROUP_VALUES, schema, tokens
 from .pages import HEADER_BYTES
 
 MAGIC = b"PAR1"
@@ -49,6 +49,7 @@ STRINGS = ("messages.list.element.role", "messages.list.element.content", "metad
 TOKENS = ("metadata.input_ids.list.element", "metadata.loss_mask.list.element")
 MASK = TOKENS[1]
 SEGMENTS = tuple(f"metadata.segments.list.element.{key}" for key in ("source_index", "id", "start", "end"))
+BOUNDARIES = "metadata.cu_seqlens.list.element"  # (a build with boundaries: one more per row than its segments)
 # Bytes a decoded value takes (its value, and its levels and offsets); a string's own bytes
 # are counted from its column chunk's size.
 WIDTH = {"metadata.row": 8 + 4, "metadata.segments.list.element.source_index": 8 + 4}
@@ -84,27 +85,26 @@ class Group:
 
 
 @cache
-def _format_footer() -> bytes:
-    """The footer a build writes for a file of no rows."""
+def _format_footer(boundaries: bool = False) -> bytes:
+    """The footer a build writes for a file of no rows (with boundaries, or without)."""
     sink = pa.BufferOutputStream()
-    pq.write_table(SCHEMA.empty_table(), sink)
+    pq.write_table(schema(boundaries).empty_table(), sink)
     data = sink.getvalue().to_pybytes()
     return data[-8 - int.from_bytes(data[-8:-4], "little") : -8]
 
 
 @cache
-def _format_elements() -> tuple:
+def _format_elements(boundaries: bool = False) -> tuple:
     """The Parquet schema elements of the format's schema, for comparison (``_comparable``)."""
-    return tuple(_comparable(e) for e in _schema(_format_footer())[1])
+    return tuple(_comparable(e) for e in _schema(_format_footer(boundaries))[1])
 
 
 @cache
-def _format_leaves() -> tuple[str, ...]:
+def _format_leaves(boundaries: bool = False) -> tuple[str, ...]:
     """The format's leaf columns, in order, as paths (``metadata.input_ids.list.element``)."""
-    schema = pq.ParquetFile(
-        pa.BufferReader(MAGIC + _format_footer() + len(_format_footer()).to_bytes(4, "little") + MAGIC)
-    ).schema
-    return tuple(schema.column(n).path for n in range(len(schema)))
+    footer = _format_footer(boundaries)
+    leaves = pq.ParquetFile(pa.BufferReader(MAGIC + footer + len(footer).to_bytes(4, "little") + MAGIC)).schema
+    return tuple(leaves.column(n).path for n in range(len(leaves)))
 
 
 def _schema(footer: bytes) -> tuple[tuple[int, int], list]:
@@ -159,10 +159,12 @@ class _Spliced(io.RawIOBase):
 
 class RowFile:
     """A Parquet file whose footer is checked (see the module docstring), opened to read
-    its row groups. ``rows``: the file's row count, from its footer."""
+    its row groups. ``rows``: the file's row count, from its footer. With ``boundaries``
+    (its manifest's ``params.emit_boundaries``), the schema is the one with ``metadata.cu_seqlens``."""
 
-    def __init__(self, path: Path, rows: int, row_tokens: int):
+    def __init__(self, path: Path, rows: int, row_tokens: int, boundaries: bool = False):
         self.path = Path(path)
+        self.boundaries = boundaries
         self._file = self.path.open("rb")
         try:
             self._open(rows, row_tokens)
@@ -201,7 +203,7 @@ class RowFile:
         f.seek(self._data_end)
         footer = f.read(length)
         self.arrow_schema = pq.read_schema(pa.BufferReader(MAGIC + footer + tail))
-        if not self.arrow_schema.equals(SCHEMA, check_metadata=False):
+        if not self.arrow_schema.equals(schema(self.boundaries), check_metadata=False):
             raise SchemaDiffers(
                 f"schema differs from the format's ({', '.join(f'{f.name}: {f.type}' for f in self.arrow_schema)})"
             )
@@ -210,7 +212,7 @@ class RowFile:
         # The footer pyarrow reads: the mask's column without its UINT_8 annotation, so
         # its values read as the INT32s stored.
         leaves = [n for n, e in enumerate(elements) if thrift.get(e, 5) is None]
-        mask = leaves[_format_leaves().index(MASK)]
+        mask = leaves[_format_leaves(self.boundaries).index(MASK)]
         elements[mask] = [(f, k, v) for f, k, v in elements[mask] if f not in (6, 10)]
         spliced = footer[:start] + thrift.write_value(thrift.LIST, (thrift.STRUCT, elements)) + footer[end:]
         source = _Spliced(f, self._data_end, spliced + len(spliced).to_bytes(4, "little") + MAGIC)
@@ -220,7 +222,7 @@ class RowFile:
         self._firsts = self._check_groups(row_tokens)
 
     def _check_schema(self, elements: list) -> None:
-        got, want = [_comparable(e) for e in elements], _format_elements()
+        got, want = [_comparable(e) for e in elements], _format_elements(self.boundaries)
         names = _paths(want)
         for n, (here, there) in enumerate(zip(got[1:], want[1:]), 1):
             if here != there:
@@ -235,7 +237,7 @@ class RowFile:
         """The first row of each row group, once the footer's counts and sizes of every
         row group are what its rows need (else ``Refused``)."""
         meta, firsts, first = self.metadata, [], 0
-        paths = _format_leaves()
+        paths = _format_leaves(self.boundaries)
         for g in range(meta.num_row_groups):
             group = meta.row_group(g)
             rows = group.num_rows
@@ -253,8 +255,8 @@ class RowFile:
                 if not (4 <= start and 0 <= chunk.total_compressed_size <= self._data_end - start):
                     raise self._refuse(f"{at}: lies outside the file's data; not read")
                 values = chunk.num_values
-                if path in TOKENS or path in SEGMENTS:
-                    most = (rows + 1) * row_tokens
+                if path in TOKENS or path in SEGMENTS or path == BOUNDARIES:
+                    most = (rows + 1) * (row_tokens + (path == BOUNDARIES))
                     if values > most:
                         raise self._refuse(
                             f"{where} holds {values} {_name(path)} values, more "
@@ -285,7 +287,7 @@ class RowFile:
     def _check_pages(self, g: int, columns: list[int]) -> None:
         """Raise ``Refused`` unless the pages of row group ``g``'s ``columns`` are what the
         footer says (see the module docstring)."""
-        group, paths = self.metadata.row_group(g), _format_leaves()
+        group, paths = self.metadata.row_group(g), _format_leaves(self.boundaries)
         for j in columns:
             chunk, at = group.column(j), f"row group {g}, column {_name(paths[j])}"
             pos = start = _chunk_start(chunk)
@@ -335,7 +337,7 @@ class RowFile:
         """The row groups that hold rows before row ``limit`` (all when ``None``), and with
         ``only`` (sorted row numbers) just those that hold one of them, each with
         ``columns`` (leaf paths of the format's schema) decoded once its pages are checked."""
-        paths = _format_leaves()
+        paths = _format_leaves(self.boundaries)
         indices = [paths.index(c) for c in columns]
         for g, first in enumerate(self._firsts):
             if limit is not None and first >= limit:
@@ -356,7 +358,7 @@ class RowFile:
         g = int(np.searchsorted(self._firsts, row, side="right")) - 1
         while self.metadata.row_group(g).num_rows == 0:  # (an empty group starts where the next does)
             g += 1
-        paths = _format_leaves()
+        paths = _format_leaves(self.boundaries)
         self._check_pages(g, [paths.index(c) for c in columns])
         table = self._parquet.read_row_group(g, columns=columns, use_threads=False)
         return Group(g, self._firsts[g], table.num_rows, table)

@@ -5,7 +5,8 @@ globs, row count) and its tokenizer (spec name or repo, at the recorded revision
 the caller names where the source or tokenizer files are. Tokenizer files other than the
 recorded ones are refused before building. The rows are proven to come from the recorded
 inputs when the rebuild's manifest is the folder's, compared as JSON, and so is the
-provenance in the Parquet file (its ``metadata`` column, read a row group at a time; its
+provenance in the Parquet file (its ``metadata`` column, with its boundaries where the build
+wrote them, read a row group at a time; its
 key-value metadata; and the key-value metadata of each field of the Arrow schema it
 stores); not compared for that: the reasons of skipped rows (their wording is the code's), the
 names, globs and paths of inputs the caller gave, and the separator a manifest from before it was
@@ -36,7 +37,7 @@ from .manifest import FileHash, Manifest, read
 from .memory import system_allocator
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .params import manifest_label, recorded_values
-from .reader import Group, Refused, RowFile
+from .reader import BOUNDARIES, Group, Refused, RowFile
 from .source import SourceError, SourceUnreachable
 from .specs import ResolvedTokenizer, resolve_tokenizer, tokenizer_specs
 from .verify import described, read_manifest
@@ -233,8 +234,9 @@ def _provenance(folder: Path, manifest: dict, rebuilt_folder: Path, rebuilt: dic
     (``reader``), the folder's no further than a row past its manifest's."""
     files = []
     for path, recorded in ((folder / PARQUET_NAME, manifest), (rebuilt_folder / PARQUET_NAME, rebuilt)):
+        bounded = recorded["params"].get("emit_boundaries", False)
         try:
-            files.append(RowFile(path, len(recorded["row_sha256"]), recorded["params"]["row_tokens"]))
+            files.append(RowFile(path, len(recorded["row_sha256"]), recorded["params"]["row_tokens"], bounded))
         except (OSError, ValueError) as error:
             for file in files:
                 file.__exit__()
@@ -248,8 +250,9 @@ def _provenance(folder: Path, manifest: dict, rebuilt_folder: Path, rebuilt: dic
             for file in files
         ]
         limit = len(manifest["row_sha256"]) + 1
+        columns = PROVENANCE + [BOUNDARIES] if here.boundaries else PROVENANCE
         try:
-            first = _first_difference(here.groups(PROVENANCE, limit), again.groups(PROVENANCE))
+            first = _first_difference(here.groups(columns, limit), again.groups(columns))
         except (OSError, ValueError) as error:
             raise BuildError(
                 str(error) if isinstance(error, Refused) else f"{here.path}: unreadable ({described(error)})"
@@ -364,7 +367,8 @@ def _first_row_difference(a: pa.StructArray, b: pa.StructArray) -> int | None:
         _first_mismatch(*(np.asarray(x.is_valid()) for x in (a, b))),
         _values_mismatch(a.field("row"), b.field("row")),
     ]
-    for key in ("input_ids", "loss_mask", "segments"):
+    bounded = all(x.type.get_field_index("cu_seqlens") >= 0 for x in (a, b))
+    for key in ("input_ids", "loss_mask", "segments", *(("cu_seqlens",) if bounded else ())):
         x, y = a.field(key), b.field(key)
         valid = _first_mismatch(np.asarray(x.is_valid()), np.asarray(y.is_valid()))
         lengths = [pc.fill_null(pc.list_value_length(v), -1).to_numpy(zero_copy_only=False) for v in (x, y)]

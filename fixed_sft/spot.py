@@ -56,7 +56,7 @@ from .build import (  # (the build's pool: its hashing is not waited for on Ctrl
 from .encode import Chunk, Encoded, encode_rows
 from .encoding import Encoder, TemplateMismatch
 from .fields import encode, same
-from .hashes import row_digest, sha256_file
+from .hashes import boundaries, row_digest, sha256_file
 from .manifest import Manifest
 from .memory import system_allocator
 from .order import permutation, positions
@@ -241,7 +241,8 @@ def _stored_rows(path: Path, manifest: Manifest, rows: np.ndarray) -> dict[int, 
     """Rows ``rows`` of the build's Parquet file, reading only the row groups that hold them."""
     stored: dict[int, StoredRow] = {}
     try:
-        with RowFile(path, len(manifest.row_sha256), manifest.params.row_tokens) as file:
+        bounded = manifest.params.emit_boundaries
+        with RowFile(path, len(manifest.row_sha256), manifest.params.row_tokens, bounded) as file:
             for group in file.groups(STORED, only=rows):
                 ids, mask, offsets = group.tokens()
                 segments = group.column("metadata").field("segments")
@@ -272,6 +273,7 @@ class _Stream:
         self.rows_skipped = manifest.stats.rows_skipped
         self.tail = manifest.stats.tail_tokens_dropped if manifest.params.rows != "all" else None
         self.hashes = manifest.row_sha256
+        self.bounded = manifest.params.emit_boundaries  # (the row hash then covers each row's cu_seqlens)
         listed = [row.index for row in manifest.skipped_invalid] if manifest.params.skip_invalid else []
         self.skipped = np.unique(np.array(listed, np.int64))  # (a build that does not skip stops at an invalid row)
         self.encoded: dict[int, Encoded] = {}
@@ -480,7 +482,8 @@ class _Stream:
         mask = np.concatenate([np.zeros(0, np.uint8), *(p[1] for p in pieces)])
         if (problem := _first_difference(row.ids, row.mask, ids, mask)) is not None:
             return problem
-        if row_digest(ids, mask) != bytes.fromhex(self.hashes[number]):
+        cu = boundaries([s.end - s.start for s in segments]) if self.bounded else None
+        if row_digest(ids, mask, cu) != bytes.fromhex(self.hashes[number]):
             return f"the re-encoded row's hash is not row_sha256[{number}]"
         if (problem := self._order_after_earlier(number, stored)) is not None:
             return problem

@@ -16,7 +16,10 @@ as stored, and hashes to its recorded row hash (the first bad row is named); the
 (the footer's) and supervised-token count match; each row's ``metadata.row`` is its number
 and its segments, each a non-empty span from a non-negative start, cover ``row_tokens``
 tokens; the conversations the segments name (each run of segments naming one source row,
-as a build lays them), and those in more than one row, are the stats' counts. No value may
+as a build lays them), and those in more than one row, are the stats' counts. In a build
+with boundaries (``params.emit_boundaries``; its format must then be ``fixed-sft/3``, else
+``fixed-sft/2``), the schema is the one with ``metadata.cu_seqlens``, each row's hash covers
+them, and they must be 0 and the end of each of its segments. No value may
 be null but a segment's ``id``. What the manifest says of how the rows were made (seed,
 source, tokenizer, checks, skipped rows) only a rebuild proves.
 """
@@ -34,11 +37,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .fields import FieldError, loads, show
-from .hashes import row_digest, rows_digest, sha256_file
+from .hashes import boundaries, row_digest, rows_digest, sha256_file
 from .manifest import Manifest, read
 from .memory import system_allocator
-from .output import CARD_FILES, CARD_NAME, MANIFEST_NAME, PARQUET_NAME, PROMPT, NullValue, first_null
-from .reader import Group, Refused, RowFile, SchemaDiffers
+from .output import CARD_FILES, CARD_NAME, MANIFEST_NAME, PARQUET_NAME, PROMPT, NullValue, first_null, format_of
+from .reader import BOUNDARIES, Group, Refused, RowFile, SchemaDiffers
 from .source import non_unicode
 
 
@@ -65,9 +68,14 @@ def verify(folder: str | Path) -> list[str]:
     except (OSError, ValueError, TypeError, RecursionError) as error:
         return [f"{folder / MANIFEST_NAME}: unreadable ({described(error)})"]
     rows_sha256, parquet_info, stats = manifest.rows_sha256, manifest.parquet, manifest.stats
-    row_tokens = manifest.params.row_tokens
+    row_tokens, bounded = manifest.params.row_tokens, manifest.params.emit_boundaries
 
     problems = _check_stats(manifest, len(expected), row_tokens)
+    if manifest.format != format_of(bounded):
+        kind = "with" if bounded else "without"
+        problems.append(
+            f"{MANIFEST_NAME}: format is {manifest.format}; a build {kind} boundaries is {format_of(bounded)}"
+        )
     if rows_digest(expected) != rows_sha256:
         problems.append(
             f"{MANIFEST_NAME}: rows_sha256 does not match the hash of its row_sha256 list (edited manifest)"
@@ -87,10 +95,11 @@ def verify(folder: str | Path) -> list[str]:
         problems.append(f"{parquet}: {size} bytes, manifest says {parquet_info.bytes}")
     elif sha256_file(parquet) != parquet_info.sha256:
         problems.append(f"{parquet}: sha256 differs from the manifest")
-    checks = _RowChecks(expected, row_tokens)
+    checks = _RowChecks(expected, row_tokens, bounded)
     try:
-        with system_allocator(), RowFile(parquet, len(expected), row_tokens) as rows:
-            for group in rows.groups(VERIFIED, limit=len(expected) + 1):  # (the rows after are not the manifest's)
+        with system_allocator(), RowFile(parquet, len(expected), row_tokens, bounded) as rows:
+            columns = VERIFIED + [BOUNDARIES] if bounded else VERIFIED
+            for group in rows.groups(columns, limit=len(expected) + 1):  # (the rows after are not the manifest's)
                 checks.add(group)
             checks.finish()
             count, read_all = rows.rows, checks.rows == rows.rows
@@ -138,8 +147,8 @@ class _RowChecks:
 
     KINDS = ("mask", "content", "untrained", "messages", "metadata")
 
-    def __init__(self, expected: list[bytes], row_tokens: int):
-        self.expected, self.row_tokens = expected, row_tokens
+    def __init__(self, expected: list[bytes], row_tokens: int, bounded: bool = False):
+        self.expected, self.row_tokens, self.bounded = expected, row_tokens, bounded
         self.first: dict[str, str] = {}
         self.rows = self.supervised = self.trainable = 0
         self.counted = Conversations()
@@ -153,11 +162,12 @@ class _RowChecks:
     def add(self, group: Group) -> None:
         ids, mask, offsets = group.tokens()
         first, count = group.first, len(offsets) - 1
+        cu = stored_boundaries(group.column("metadata"), first) if self.bounded else None
         if "mask" not in self.first and len(mask) and (bad := np.flatnonzero((mask < 0) | (mask > 1))).size:
             row = int(np.searchsorted(offsets, bad[0], side="right")) - 1
             self._note("mask", f"row {first + row}: a loss_mask value is {mask[bad[0]]}, not 0 or 1")
         if "content" not in self.first:
-            self._check_content(ids, mask.astype(np.uint8), offsets, first)
+            self._check_content(ids, mask.astype(np.uint8), offsets, first, cu)
         self.rows += count
         self.supervised += int(np.count_nonzero(mask))
         supervised = mask != 0
@@ -176,18 +186,27 @@ class _RowChecks:
             self._note("messages", problem)
         if "metadata" not in self.first and (
             problem := _check_metadata(group.column("metadata"), first, self.row_tokens)
+            or (_check_boundaries(group.column("metadata"), first, cu) if cu is not None else None)
         ):
             self._note("metadata", problem)
         self.counted.add(group.column("metadata"))
 
-    def _check_content(self, ids: np.ndarray, mask: np.ndarray, offsets: np.ndarray, first: int) -> None:
+    def _check_content(
+        self,
+        ids: np.ndarray,
+        mask: np.ndarray,
+        offsets: np.ndarray,
+        first: int,
+        cu: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         for n in range(len(offsets) - 1):
             lo, hi = offsets[n], offsets[n + 1]
             row = first + n
             if hi - lo != self.row_tokens:
                 self._note("content", f"row {row}: {hi - lo} tokens, expected {self.row_tokens}")
                 return
-            if row >= len(self.expected) or row_digest(ids[lo:hi], mask[lo:hi]) != self.expected[row]:
+            bounds = None if cu is None else cu[0][cu[1][n] : cu[1][n + 1]]
+            if row >= len(self.expected) or row_digest(ids[lo:hi], mask[lo:hi], bounds) != self.expected[row]:
                 self._note("content", f"row {row}: content differs from its manifest hash")
                 return
 
@@ -420,6 +439,35 @@ def _check_metadata(metadata: pa.StructArray, first: int, row_tokens: int) -> st
     bad = np.flatnonzero(covered != row_tokens)
     if len(bad):
         return f"row {first + bad[0]}: metadata.segments cover {int(covered[bad[0]])} tokens, not {row_tokens}"
+    return None
+
+
+def stored_boundaries(metadata: pa.StructArray, first: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(values, offsets)`` of rows ``metadata``'s ``cu_seqlens`` (row ``first`` on): their
+    flat values and row offsets into them from 0; ``NullValue`` naming the row for a null."""
+    column = metadata.field("cu_seqlens")
+    if (row := first_null(column)) is not None:
+        raise NullValue(f"row {first + row}: cu_seqlens is null")
+    offsets = column.offsets.to_numpy()
+    if (value := first_null(column.flatten())) is not None:
+        row = int(np.searchsorted(offsets - offsets[0], value, side="right")) - 1
+        raise NullValue(f"row {first + row}: a value in cu_seqlens is null")
+    return column.flatten().to_numpy(zero_copy_only=False), (offsets - offsets[0]).astype(np.int64)
+
+
+def _check_boundaries(metadata: pa.StructArray, first: int, cu: tuple[np.ndarray, np.ndarray]) -> str | None:
+    """The first row (row ``first`` on) whose ``cu_seqlens`` are not those of its segments
+    (0, then the end of each segment in the row), or ``None``."""
+    segments = pc.struct_field(metadata, "segments")
+    spans = segments.flatten()
+    lengths = pc.subtract(pc.struct_field(spans, "end"), pc.struct_field(spans, "start"))
+    lengths = lengths.to_numpy(zero_copy_only=False).astype(np.int64)
+    starts = segments.offsets.to_numpy() - segments.offsets[0].as_py()
+    values, offsets = cu
+    for n in range(len(metadata)):
+        stored = values[offsets[n] : offsets[n + 1]]
+        if not np.array_equal(stored, boundaries(lengths[starts[n] : starts[n + 1]])):
+            return f"row {first + n}: metadata.cu_seqlens is not 0 and the end of each of its segments"
     return None
 
 

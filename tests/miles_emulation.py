@@ -23,7 +23,22 @@ Each piece follows radixark/miles at commit 78527b9102b3a5f15891128cbec3ac6c2dc4
 - ``miles/ray/rollout/rollout_manager.py``: ``get_num_rollout_per_epoch`` is
   ``len(data_source.dataset) // rollout_batch_size`` (asked when ``--num-rollout`` is unset);
 - ``miles/ray/rollout/train_data_conversion.py``: ``convert_samples_to_train_data``
-  asserts ``len(loss_mask) == response_length`` for every sample.
+  asserts ``len(loss_mask) == response_length`` for every sample, and sets ``rollout_ids``
+  (``rollout_id``, else ``index``) and ``rollout_mask_sums`` (``_compute_rollout_mask_sums``:
+  each sample carries the loss-mask total of all samples of its rollout);
+- ``miles/ray/rollout/rollout_data_conversion.py``: ``postprocess_rollout_data`` runs
+  ``validate_compact_rollout_ids`` (a list of samples at depth 2 or more, of more than one,
+  must share one non-None ``rollout_id``), then flattens the groups;
+- ``miles/utils/dp_schedule.py``: ``build_dp_schedule`` (the Megatron backend's schedule,
+  made on the rollout side) groups samples by rollout id in order of first appearance and
+  gives each step ``global_batch_size`` rollouts with all their samples;
+- ``miles/backends/training_utils/data.py``: ``get_batch`` in the ``thd`` layout without
+  context parallelism: the micro-batch's samples concatenated, ``cu_seqlens`` 0 then each
+  sample's end (and, after padding the stream to a multiple of ``tp_size * 128``, its end),
+  ``position_ids`` ``arange`` of each sample's length, and each loss mask padded by
+  ``(prompt_length - 1, 1)`` so that it sits on the logit that predicts its token;
+- ``miles/backends/training_utils/loss.py``: ``loss_function``'s per-token normalizer, the sum
+  over samples of ``max(loss_mask.sum(), 1)``.
 """
 
 from __future__ import annotations
@@ -36,6 +51,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 
 
@@ -192,14 +208,90 @@ def num_rollout_per_epoch(data_source: Any, rollout_batch_size: int) -> int:
     return len(data_source.dataset) // rollout_batch_size
 
 
+def validate_compact_rollout_ids(node, depth: int = 0) -> None:
+    if isinstance(node, Sample):
+        return
+    assert isinstance(node, list), f"unexpected rollout output node type: {type(node).__name__}"
+    if node and isinstance(node[0], Sample):
+        if depth >= 2 and len(node) > 1:
+            rollout_ids = [s.rollout_id for s in node]
+            assert None not in rollout_ids, "compact rollout samples without rollout_id"
+            assert len(set(rollout_ids)) == 1, f"sibling samples must share rollout_id; got {rollout_ids}"
+        return
+    for item in node:
+        validate_compact_rollout_ids(item, depth + 1)
+
+
+def flatten(groups: list) -> list[Sample]:
+    """``postprocess_rollout_data``'s validation and flattening (trimming aside)."""
+    validate_compact_rollout_ids(groups)
+    data = groups
+    while data and isinstance(data[0], list):
+        data = [item for group in data for item in group]
+    return data
+
+
 def train_data(groups: list[list[Sample]]) -> dict:
     """The part of ``convert_samples_to_train_data`` that reads what the rollout set."""
-    samples = [sample for group in groups for sample in group]
+    samples = flatten(groups)
     for sample in samples:
         assert len(sample.loss_mask) == sample.response_length, "loss mask length != response length"
+    rollout_ids = [s.rollout_id if s.rollout_id is not None else s.index for s in samples]
+    totals: dict = {}
+    for rollout_id, sample in zip(rollout_ids, samples):
+        totals[rollout_id] = totals.get(rollout_id, 0) + sum(sample.loss_mask)
     return {
         "tokens": [s.tokens for s in samples],
         "response_lengths": [s.response_length for s in samples],
         "loss_masks": [s.loss_mask for s in samples],
         "rewards": [s.reward for s in samples],
+        "rollout_ids": rollout_ids,
+        "rollout_mask_sums": [totals[r] for r in rollout_ids],
     }
+
+
+def steps(rollout_ids: list, global_batch_size: int) -> list[list[int]]:
+    """``build_dp_schedule``'s samples of each full step: ``global_batch_size`` rollouts each."""
+    by_rollout: dict = {}
+    for position, rollout_id in enumerate(rollout_ids):
+        by_rollout.setdefault(rollout_id, []).append(position)
+    order = list(by_rollout)
+    full = len(order) // global_batch_size
+    assert full >= 1, f"total rollouts ({len(order)}) < global_batch_size ({global_batch_size})"
+    return [
+        [
+            position
+            for rollout_id in order[k * global_batch_size : (k + 1) * global_batch_size]
+            for position in by_rollout[rollout_id]
+        ]
+        for k in range(full)
+    ]
+
+
+def get_batch(data: dict, indices: list[int], tp_size: int = 1, pad_multiplier: int = 128) -> dict:
+    """``get_batch`` of the micro-batch of samples ``indices`` (``thd``, context parallel size 1)."""
+    tokens = [np.asarray(data["tokens"][i]) for i in indices]
+    cu_seqlens = [0]
+    for t in tokens:
+        cu_seqlens.append(cu_seqlens[-1] + len(t))
+    stream = np.concatenate(tokens)
+    pad_size = tp_size * pad_multiplier
+    pad = (pad_size - len(stream) % pad_size) % pad_size
+    if pad:
+        cu_seqlens.append(cu_seqlens[-1] + pad)
+    position_ids = np.concatenate([np.arange(len(t)) for t in tokens] + [np.zeros(pad, np.int64)])
+    masks = []
+    for i, t in zip(indices, tokens):
+        prompt_length = len(t) - data["response_lengths"][i]
+        masks.append(np.pad(np.asarray(data["loss_masks"][i], np.int64), (prompt_length - 1, 1)))
+    full_loss_masks = np.pad(np.concatenate(masks), (0, pad))
+    return {
+        "tokens": np.pad(stream, (0, pad)),
+        "cu_seqlens": np.array(cu_seqlens),
+        "position_ids": position_ids,
+        "full_loss_masks": full_loss_masks,
+    }
+
+
+def per_token_normalizer(loss_masks: list[list[int]]) -> int:
+    return sum(max(sum(mask), 1) for mask in loss_masks)

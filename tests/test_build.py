@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import synthetic
@@ -46,6 +47,9 @@ GOLDEN_STATS = {
     "invalid_rows_skipped": 0,
 }
 GOLDEN_TEMPLATE_CHECK = {"every": 8, "checked": 3}
+# rows_sha256 of the same build with --emit-boundaries (format fixed-sft/3): the row hash
+# then also covers each row's cu_seqlens (data/README.md)
+GOLDEN_BOUNDARIES_ROWS_SHA256 = "dd21a8dae05aa5673174970c69db3ccb2e639725a9371e73872245bc88b5c64d"
 
 
 @pytest.fixture(scope="module")
@@ -972,3 +976,42 @@ def test_a_damaged_cached_source_is_named_whatever_error_it_causes(kimi_dir, tmp
     with pytest.raises(SourceError, match=re.escape(f"{link} is damaged in the Hugging Face cache")):
         build(config(snapshot, kimi_dir, rows=2, row_tokens=256), tmp_path / "o")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.fixture(scope="module")
+def boundaries_build(corpus, kimi_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("builds") / "boundaries"
+    return out, build(config(corpus[0] / "parquet", kimi_dir, emit_boundaries=True), out)
+
+
+def test_golden_rows_sha256_with_boundaries(boundaries_build):
+    _, manifest = boundaries_build
+    assert manifest["rows_sha256"] == GOLDEN_BOUNDARIES_ROWS_SHA256
+
+
+def test_boundaries_are_the_segments_ends_and_hashed_as_documented(fixture_build, boundaries_build):
+    """The same rows and segments as without the flag, and one more column: each row's
+    cu_seqlens, 0 then the end of each segment; the row hash is recomputed here by the rule
+    of data/README.md with hashlib alone (ids int32 LE, mask bytes, cu_seqlens int32 LE)."""
+    (plain, plain_manifest), (out, manifest) = fixture_build, boundaries_build
+    assert (manifest["format"], plain_manifest["format"]) == ("fixed-sft/3", "fixed-sft/2")
+    assert manifest["params"] == {**plain_manifest["params"], "emit_boundaries": True}
+    assert "emit_boundaries" not in plain_manifest["params"]  # (the default build's manifest is unchanged)
+    assert manifest["stats"] == plain_manifest["stats"]
+    rows = pq.read_table(out / "train.parquet", columns=["metadata"]).column("metadata").to_pylist()
+    plain_rows = pq.read_table(plain / "train.parquet", columns=["metadata"]).column("metadata").to_pylist()
+    assert [{k: v for k, v in r.items() if k != "cu_seqlens"} for r in rows] == plain_rows
+    digests = []
+    for row in rows:
+        ends, total = [0], 0
+        for segment in row["segments"]:
+            total += segment["end"] - segment["start"]
+            ends.append(total)
+        assert row["cu_seqlens"] == ends and ends[-1] == 1024 and len(ends) == len(row["segments"]) + 1
+        data = b"".join(i.to_bytes(4, "little", signed=True) for i in row["input_ids"]) + bytes(row["loss_mask"])
+        digests.append(hashlib.sha256(data + b"".join(e.to_bytes(4, "little") for e in ends)).digest())
+    assert [d.hex() for d in digests] == manifest["row_sha256"]
+    assert hashlib.sha256(b"".join(digests)).hexdigest() == manifest["rows_sha256"] != GOLDEN_ROWS_SHA256
+    schema = pq.read_schema(out / "train.parquet").field("metadata").type
+    assert schema.field("cu_seqlens").type == pa.list_(pa.int32())
+    assert pq.read_schema(plain / "train.parquet").field("metadata").type.get_field_index("cu_seqlens") == -1

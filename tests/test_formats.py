@@ -98,3 +98,37 @@ def test_parquet_writer_settings(built):
     assert [column.path_in_schema for column in columns if "RLE_DICTIONARY" in column.encodings] == [
         "metadata.input_ids.list.element"
     ] * meta.num_row_groups
+
+
+def test_boundaries_are_readable_and_give_position_ids(tmp_path, kimi_dir):
+    """A build with --emit-boundaries, read by datasets and polars: each row's cu_seqlens
+    (int32, as flash-attn's varlen functions take them) are 0 and its segments' ends, and
+    data/README.md's one line gives position_ids that restart at 0 at each segment."""
+    import datasets
+    import polars as pl
+
+    synthetic.write_parquet(synthetic.conversations(300, seed=4), tmp_path / "src.parquet")
+    config = BuildConfig(
+        name="f",
+        source=str(tmp_path / "src.parquet"),
+        tokenizer=str(kimi_dir),
+        rows=4,
+        row_tokens=512,
+        seed=2,
+        workers=1,
+        emit_boundaries=True,
+    )
+    build(config, tmp_path / "out")
+    ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "out" / "train.parquet"), split="train")
+    frame = pl.read_parquet(tmp_path / "out" / "train.parquet")
+    column = frame.select(pl.col("metadata").struct.field("cu_seqlens")).to_series()
+    assert column.dtype == pl.List(pl.Int32)
+    for row, from_polars in zip(ds, column.to_list()):
+        row = row["metadata"]
+        assert row["cu_seqlens"] == from_polars
+        ends = np.cumsum([0] + [s["end"] - s["start"] for s in row["segments"]]).tolist()
+        assert row["cu_seqlens"] == ends and ends[-1] == 512
+        cu = np.asarray(row["cu_seqlens"])
+        position_ids = np.arange(cu[-1]) - np.repeat(cu[:-1], np.diff(cu))
+        expected = [p for s in row["segments"] for p in range(s["end"] - s["start"])]
+        assert position_ids.tolist() == expected and (position_ids[cu[:-1]] == 0).all()

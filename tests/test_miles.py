@@ -290,3 +290,174 @@ def test_outside_miles_the_data_source_says_what_it_needs(built, tmp_path, monke
 
     with pytest.raises(ImportError, match="runs inside miles"):
         pretokenized_sft_rollout.ParquetRowSource(source_args(built[0], tmp_path))
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory, kimi_dir):
+    """A build with --emit-boundaries: its rows, and each row's segment lengths and cu_seqlens."""
+    import pyarrow.parquet as pq
+
+    folder = tmp_path_factory.mktemp("miles-bounded")
+    synthetic.write_parquet(synthetic.conversations(400, seed=8), folder / "src.parquet")
+    config = BuildConfig(
+        name="m",
+        source=str(folder / "src.parquet"),
+        tokenizer=str(kimi_dir),
+        rows=ROWS,
+        row_tokens=128,
+        seed=3,
+        workers=1,
+        emit_boundaries=True,
+    )
+    build(config, folder / "out")
+    metadata = pq.read_table(folder / "out" / "train.parquet").column("metadata").to_pylist()
+    rows = [
+        (m["input_ids"], m["loss_mask"], [s["end"] - s["start"] for s in m["segments"]], m["cu_seqlens"])
+        for m in metadata
+    ]
+    return folder / "out", rows
+
+
+def segment_args(path, tmp_path, **overrides):
+    trainer = dict(train_backend="megatron", indep_dp=False, use_dynamic_batch_size=True)
+    return source_args(path, tmp_path, **{**trainer, **overrides})
+
+
+def test_segment_mode_gives_a_rows_conversations_as_one_rollout(bounded, rollout, tmp_path):
+    """Each group is one row: the samples of its segments that train, in order, sharing the
+    row's rollout id; with the segments left out (none of their tokens after the first is
+    supervised), they are the row again."""
+    out, rows = bounded
+    source = rollout.ParquetSegmentSource(segment_args(out, tmp_path))
+    groups = source.get_samples(ROWS)
+    miles_emulation.train_data(groups)  # (miles' compact-rollout validation and its asserts)
+    assert sorted(group[0].metadata["row"] for group in groups) == list(range(ROWS))
+    index, left_out = 0, 0
+    for number, group in enumerate(groups):
+        ids, mask, lengths, cu_seqlens = rows[group[0].metadata["row"]]
+        assert {s.rollout_id for s in group} == {s.group_index for s in group} == {number}
+        assert [s.index for s in group] == list(range(index, index + len(group)))
+        index += len(group)
+        samples = iter(group)
+        sample = next(samples)
+        rebuilt = []
+        for k, (start, end) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:])):
+            if sample is not None and sample.metadata["segment"] == k:
+                assert sample.metadata["start"] == start and sample.tokens == ids[start:end]
+                first = max(mask[start:end].index(1), 1)  # the rollout's rule, within the segment
+                assert sample.response_length == end - start - first and sample.loss_mask == mask[start + first : end]
+                rebuilt += sample.tokens
+                sample = next(samples, None)
+            else:
+                assert not any(mask[start + 1 : end])  # only a segment that trains nothing is left out
+                rebuilt += ids[start:end]
+                left_out += 1
+        assert sample is None and rebuilt == ids
+    assert left_out  # (the fixture has such segments: a row that starts with a conversation's [EOS], say)
+
+
+def test_segment_mode_trains_the_rows_tokens_each_within_its_conversation(bounded, rollout, tmp_path):
+    """Through miles' get_batch: a row's samples give one cu_seqlens entry each (the row's
+    cu_seqlens, less the segments left out) and positions that restart at each; the tokens
+    trained are the row mode's (no conversation starts with a supervised token), and so are
+    the per-token normalizer and each row's rollout mask sum."""
+    out, rows = bounded
+    groups = rollout.ParquetSegmentSource(segment_args(out, tmp_path, rollout_shuffle=False)).get_samples(ROWS)
+    segments = miles_emulation.train_data(groups)
+    whole_rows = rollout.ParquetRowSource(source_args(out, tmp_path, rollout_shuffle=False)).get_samples(ROWS)
+    whole = miles_emulation.train_data(whole_rows)
+    first, kept_all = 0, 0
+    for row, group in enumerate(groups):
+        ids, mask, _, cu_seqlens = rows[row]
+        indices = list(range(first, first + len(group)))
+        first += len(group)
+        assert {segments["rollout_ids"][i] for i in indices} == {row}
+        batch = miles_emulation.get_batch(segments, indices)
+        kept = [len(sample.tokens) for sample in group]
+        ends = np.cumsum([0, *kept]).tolist()
+        padded = -sum(kept) % 128
+        assert batch["cu_seqlens"].tolist() == ends + ([ends[-1] + padded] if padded else [])
+        if sum(kept) == len(ids):  # no segment left out: the row's own boundaries
+            assert batch["cu_seqlens"].tolist() == cu_seqlens
+            kept_all += 1
+        assert batch["position_ids"][: sum(kept)].tolist() == [p for n in kept for p in range(n)]
+        trained = set()
+        for sample, start in zip(group, ends):
+            local = np.flatnonzero(batch["full_loss_masks"][start : start + len(sample.tokens)])
+            assert (local + 1 < len(sample.tokens)).all()  # each predicts a token of its own segment
+            trained |= {sample.metadata["start"] + int(p) + 1 for p in local}  # the logit at p predicts p + 1
+        row_batch = miles_emulation.get_batch(whole, [row])
+        assert trained == {int(p) + 1 for p in np.flatnonzero(row_batch["full_loss_masks"])}
+        assert trained == {p for p in range(1, len(ids)) if mask[p]}
+        masks = [segments["loss_masks"][i] for i in indices]
+        assert miles_emulation.per_token_normalizer(masks) == miles_emulation.per_token_normalizer(
+            [whole["loss_masks"][row]]
+        )
+        assert {segments["rollout_mask_sums"][i] for i in indices} == {whole["rollout_mask_sums"][row]}
+    assert kept_all  # (some rows keep every segment)
+    positions: dict = {}
+    for position, rollout_id in enumerate(segments["rollout_ids"]):
+        positions.setdefault(rollout_id, []).append(position)
+    for step in miles_emulation.steps(segments["rollout_ids"], 16):  # a row's samples train in one step
+        held = {segments["rollout_ids"][i] for i in step}
+        assert len(held) == 16 and sorted(step) == sorted(i for r in held for i in positions[r])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        ({"use_dynamic_batch_size": False}, "needs --use-dynamic-batch-size"),
+        ({"train_backend": "fsdp"}, "needs the Megatron backend"),
+        ({"indep_dp": True}, "without --indep-dp"),
+    ],
+)
+def test_segment_mode_refuses_trainers_that_count_samples(bounded, rollout, tmp_path, overrides, says):
+    with pytest.raises(ValueError, match=says):
+        rollout.ParquetSegmentSource(segment_args(bounded[0], tmp_path, **overrides))
+
+
+def test_segment_mode_passes_through_the_rollout_and_resumes(bounded, rollout, tmp_path):
+    out, _ = bounded
+    args = segment_args(out, tmp_path)
+    source = rollout.ParquetSegmentSource(args)
+    groups = rollout.generate_rollout(args, 0, source)
+    assert len(groups) == 50 and any(len(group) > 1 for group in groups)
+    source.save(4)
+    expected = source.get_samples(30)
+    resumed = rollout.ParquetSegmentSource(segment_args(out, tmp_path, load=str(tmp_path / "ckpt")))
+    resumed.load(4)
+    got = resumed.get_samples(30)
+    assert [[(s.index, s.rollout_id, s.tokens) for s in g] for g in got] == [
+        [(s.index, s.rollout_id, s.tokens) for s in g] for g in expected
+    ]
+    rows = rollout.ParquetRowSource(source_args(out, tmp_path, load=str(tmp_path / "ckpt")))
+    with pytest.raises(ValueError, match="'per_segment': True"):  # a position in segments is not one in rows
+        rows.load(4)
+
+
+def test_segment_mode_passes_over_a_row_none_of_whose_segments_trains(rollout, tmp_path):
+    """A row whose only supervised token starts a conversation (a mask other than kimi_k25
+    can make one) trains nothing in segment mode: it is passed over, and a file of such
+    rows alone is refused."""
+    from fixed_sft.output import RowWriter
+    from fixed_sft.pack import Row, Segment
+
+    def row(mask, ends):
+        spans = tuple(Segment(k, None, 0, b - a) for k, (a, b) in enumerate(zip([0, *ends[:-1]], ends)))
+        return Row(np.arange(8, dtype=np.int32), np.array(mask, np.uint8), spans)
+
+    writer = RowWriter(tmp_path / "train.parquet", boundaries=True)
+    writer.write(row([0, 0, 0, 1, 0, 0, 0, 0], [3, 8]))  # trains token 3 only in the row mode
+    writer.write(row([0, 0, 1, 0, 0, 1, 1, 0], [4, 8]))
+    writer.close()
+    source = rollout.ParquetSegmentSource(segment_args(tmp_path, tmp_path, rollout_shuffle=False))
+    groups = source.get_samples(2)
+    assert [[(s.metadata["row"], s.tokens) for s in g] for g in groups] == [[(1, [0, 1, 2, 3]), (1, [4, 5, 6, 7])]] * 2
+    assert [s.rollout_id for g in groups for s in g] == [0, 0, 1, 1]
+
+    writer = RowWriter(tmp_path / "lone.parquet")
+    writer.write(row([0, 0, 0, 1, 0, 0, 0, 0], [3, 8]))
+    writer.close()
+    lone = rollout.ParquetSegmentSource(segment_args(tmp_path / "lone.parquet", tmp_path))
+    with pytest.raises(ValueError, match="no row has a segment that trains"):
+        lone.get_samples(1)

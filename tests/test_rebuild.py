@@ -554,3 +554,41 @@ def test_a_long_segment_id_is_shown_cut(source, kimi_dir, tmp_path):
     here, again = _provenance(tmp_path / "p", manifest, tmp_path / "o", manifest)
     assert {len(s["id"]) for s in here["rows"].row["segments"]} == {200}
     assert difference(here, again).startswith(f'rows[1].segments[0].id: "{"x" * 79}')
+
+
+def test_a_build_with_boundaries_is_rebuilt_with_them(source, kimi_dir, tmp_path, capsys):
+    """--emit-boundaries is recorded (params.emit_boundaries, format fixed-sft/3), so the
+    rebuild writes the boundaries again, and their rows, hashes and provenance are the same."""
+    _build(source, kimi_dir, tmp_path / "o", "--rows", "3", "--emit-boundaries")
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert manifest["format"] == "fixed-sft/3" and manifest["params"]["emit_boundaries"] is True
+    capsys.readouterr()
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 0
+    out = capsys.readouterr().out
+    assert "gives the same rows and manifest" in out and all(f"  {key}: same\n" in out for key in KEYS)
+    # a spot check re-encodes rows and hashes them by the same rule
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--rows", "0,2") == 0
+    assert main(["export", str(tmp_path / "o"), "--to", "trl", str(tmp_path / "o.trl.parquet")]) == 0
+
+
+def test_the_boundaries_are_provenance_compared_row_by_row():
+    """Two metadata columns that differ only in a row's cu_seqlens differ at that row."""
+    from fixed_sft.output import BOUNDARIES_SCHEMA
+    from fixed_sft.rebuild import _first_row_difference
+
+    segment = {"source_index": 0, "id": None, "start": 0, "end": 2}
+    rows = [
+        {
+            "input_ids": [1, 2, 3, 4],
+            "loss_mask": [0, 1, 0, 1],
+            "row": n,
+            "segments": [segment] * 2,
+            "cu_seqlens": [0, 2, 4],
+        }
+        for n in range(3)
+    ]
+    kind = BOUNDARIES_SCHEMA.field("metadata").type
+    here = pa.array(rows, kind)
+    rows[2] = {**rows[2], "cu_seqlens": [0, 1, 4]}
+    assert _first_row_difference(here, pa.array(rows, kind)) == 2
+    assert _first_row_difference(here, here) is None

@@ -692,3 +692,97 @@ def test_random_damage_is_named_on_one_line(copy):
         assert all(isinstance(p, str) and p and "\n" not in p for p in problems), problems
         verdicts.add(problems[-1].split(": ")[1][:10] if problems else "ok")
     assert {"content di", "row group ", "unreadable"} <= verdicts  # (the damage reached each reader)
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory, kimi_dir):
+    """A build with --emit-boundaries (format fixed-sft/3)."""
+    folder = tmp_path_factory.mktemp("bounded")
+    synthetic.write_jsonl(synthetic.conversations(300, seed=9), folder / "rows.jsonl")
+    config = BuildConfig(
+        name="b",
+        source=str(folder / "rows.jsonl"),
+        tokenizer=str(kimi_dir),
+        rows=12,
+        row_tokens=512,
+        seed=1,
+        workers=1,
+        emit_boundaries=True,
+    )
+    build(config, folder / "out")
+    return folder / "out"
+
+
+@pytest.fixture
+def bounded_copy(bounded, tmp_path):
+    shutil.copytree(bounded, tmp_path / "bounded")
+    return tmp_path / "bounded"
+
+
+def _rehash(folder):
+    """Record each row's hash by the rule with boundaries, as a forger who knows it would."""
+    from fixed_sft.hashes import row_digest, rows_digest
+
+    rows = pq.read_table(folder / "train.parquet").column("metadata").to_pylist()
+    digests = [row_digest(np.array(r["input_ids"]), np.array(r["loss_mask"]), np.array(r["cu_seqlens"])) for r in rows]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest.update(row_sha256=[d.hex() for d in digests], rows_sha256=rows_digest(digests))
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_build_with_boundaries_verifies(bounded):
+    assert json.loads((bounded / "manifest.json").read_text())["format"] == "fixed-sft/3"
+    assert verify(bounded) == []
+
+
+def test_boundaries_are_in_the_row_hash(bounded_copy):
+    def shift(rows):
+        cu = rows[4]["metadata"]["cu_seqlens"]
+        cu[1] += 1  # (segments left as they are)
+        return rows
+
+    _change_rows(bounded_copy, shift)
+    problems = verify(bounded_copy)
+    assert "row 4: content differs from its manifest hash" in problems
+    assert "row 4: metadata.cu_seqlens is not 0 and the end of each of its segments" in problems
+
+
+def test_boundaries_must_be_the_segments_even_when_rehashed(bounded_copy):
+    """Boundaries that disagree with the segments, with hashes recorded to match them: only
+    the comparison with the segments can tell."""
+
+    def shift(rows):
+        rows[7]["metadata"]["cu_seqlens"][-1] -= 1
+        return rows
+
+    _change_rows(bounded_copy, shift)
+    _rehash(bounded_copy)
+    assert verify(bounded_copy) == ["row 7: metadata.cu_seqlens is not 0 and the end of each of its segments"]
+
+
+def test_null_boundaries_are_named(bounded_copy):
+    def null(rows):
+        rows[2]["metadata"]["cu_seqlens"] = None
+        return rows
+
+    _change_rows(bounded_copy, null)
+    assert verify(bounded_copy)[-1] == "row 2: cu_seqlens is null"
+
+
+def test_the_manifest_says_which_schema_and_hash_rule_apply(bounded, bounded_copy, copy):
+    """A boundaries file under a manifest without them, a plain file under one with them,
+    and a format that is not the one the parameter gives, are each named."""
+    manifest = json.loads((bounded_copy / "manifest.json").read_text())
+    manifest["format"] = "fixed-sft/2"
+    (bounded_copy / "manifest.json").write_text(json.dumps(manifest))
+    assert verify(bounded_copy) == ["manifest.json: format is fixed-sft/2; a build with boundaries is fixed-sft/3"]
+    del manifest["params"]["emit_boundaries"]
+    (bounded_copy / "manifest.json").write_text(json.dumps(manifest))
+    problems = verify(bounded_copy)
+    assert len(problems) == 1 and "schema differs from the format's" in problems[0]
+    plain = json.loads((copy / "manifest.json").read_text())
+    plain["params"]["emit_boundaries"] = True
+    plain["format"] = "fixed-sft/3"
+    (copy / "manifest.json").write_text(json.dumps(plain))
+    problems = verify(copy)
+    assert len(problems) == 1 and "schema differs from the format's" in problems[0]
