@@ -405,13 +405,13 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         order = permutation(config.seed, source.num_rows)
         rank = positions(order)
         store = _open_store(config, encoder_config, source_hashes, source.num_rows)
-        hits = None
+        skip = None
         if store is not None:
             stack.callback(store.close)
-            hits = store.hits(order, config.check_every)
-        skip = hits if hits is not None and hits.any() else None
-        if skip is None or not skip[order[:CHUNK_ROWS]].all():
-            encoding.start()  # (the first conversations are to be encoded)
+            held, check = store.plan(order, config.check_every)
+            skip = held & ~check if held.any() else None
+        if skip is None or not skip.all():
+            encoding.start()  # (conversations are to be encoded: at once, beside the reading)
         packer = Packer(config.row_tokens, separator_id)
         writer = RowWriter(folder / PARQUET_NAME)
         tally = _Tally(config.row_tokens)
@@ -446,9 +446,9 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             return int(min(band_budget / per_row, wanted() + min(CHUNK_ROWS, CHUNK_BYTES / per_row)))
 
         stream = encoding.encode(_chunks(source, rank, band_rows, chunk_rows, skip), wanted)
-        if store is not None and hits is not None:
-            again = partial(encoding.one, source, rank)
-            stream = store.stream(order, hits, stream, config.check_every, again)
+        merged = None
+        if store is not None:
+            merged = store.stream(order, stream, config.check_every, partial(encoding.one, source, rank))
         try:
             shown = None if progress else True  # (None: shown on a terminal only)
             every = source.num_rows if config.rows is None else None
@@ -456,8 +456,10 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
                 tqdm(total=every, unit="conv", disable=shown, desc="tokenize", position=0) as tokenized,
                 tqdm(total=config.rows, unit="row", disable=shown, desc=f"write {config.name}", position=1) as bar,
             ):
-                valid = _valid(stream, source, config.skip_invalid, tally)
+                valid = _valid(stream if merged is None else iter(merged), source, config.skip_invalid, tally)
                 _pack(valid, config.rows, packer, writer, tally, bar, tokenized)
+                if merged is not None:
+                    merged.finish()  # (the checks of stored conversations, before the rows count)
             writer.close()  # (inside: a signal while the last row group is written still waits for its thread)
         except (SourceError, InvalidSourceRow):
             writer.abort()
@@ -467,7 +469,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             writer.abort()
             raise
         finally:
-            stream.close()
+            (stream if merged is None else merged).close()
         if writer.rows == 0 or (config.rows is not None and writer.rows < config.rows):
             needed = f"--rows is {config.rows}" if config.rows is not None else "a build needs at least one"
             filled = f"the source fills only {writer.rows} rows of {config.row_tokens} tokens"

@@ -27,15 +27,17 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import struct
 import sys
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from .encode import Encoded, EncoderConfig
+from .errors import BuildError
 
 # Bump when the segment format changes, or what an encoding depends on beyond the modules and
 # libraries below.
@@ -119,9 +121,11 @@ def store_key(source_sha256: list[str], encoder: EncoderConfig) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
+HEAD = struct.Struct("<qqqB")  # what a record's digest covers: index, tokens, meta, flags
+
+
 def _head(index: int, tokens: int, meta: int, flags: int) -> bytes:
-    """The part of a record its digest covers."""
-    return np.array([(index, tokens, meta, flags)], dtype="<i8,<i8,<i8,u1").tobytes()
+    return HEAD.pack(index, tokens, meta, flags)
 
 
 def warn(message: str) -> None:
@@ -306,36 +310,109 @@ class TokenStore:
             os.close(fd)
         self._files.clear()
 
-    def stream(
+    def plan(self, order: np.ndarray, check_every: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per source row, for a build of packing ``order``: whether it is taken from the
+        store, and whether it is read and encoded too (taken from the store but at a checked
+        position, without a passed check: encoded again to check it)."""
+        held = self.segment >= 0
+        check = np.zeros(len(held), bool)
+        if check_every:
+            check[order[::check_every]] = True
+            check &= held & ~self.passed
+        return held, check
+
+    def stream(self, order: np.ndarray, misses: Iterator[Encoded], check_every: int, again: Again) -> Stream:
+        """The conversations of packing ``order`` (``Stream``), taken from the store as ``plan``
+        says, the others from ``misses``."""
+        held, check = self.plan(order, check_every)
+        return Stream(self, order, held, check, misses, check_every, again)
+
+
+Again = Callable[[int, int], Encoded]  # (source row, position) -> the row read and encoded alone
+
+
+class StoreMismatch(BuildError):
+    """A stored conversation whose digest matches differs from the same conversation encoded
+    now: the key misses an input the encoding depends on."""
+
+
+class Stream:
+    """The conversations of a build in packing order: the rows ``held`` from the store, the
+    others from ``misses`` (which reads and encodes them, in order, and those of ``check``
+    too), each encoded one added to the store. A stored row whose bytes do not match is
+    encoded by ``again(index, position)``. A stored row at a checked position that has not
+    passed the check is given at once, and its check is settled as ``misses`` reaches it:
+    before the next row from ``misses``, or at ``finish``, which a build calls before it
+    writes its manifest (a failing check stops the build, as without the store)."""
+
+    def __init__(
         self,
+        store: TokenStore,
         order: np.ndarray,
-        hits: np.ndarray,
+        held: np.ndarray,
+        check: np.ndarray,
         misses: Iterator[Encoded],
         check_every: int,
-        again: Callable[[int, int], Encoded],
-    ) -> Generator[Encoded, None, None]:
-        """The conversations of packing ``order``: the rows of ``hits`` from the store, the
-        others from ``misses`` (which encodes them, in order), each added to the store; a
-        stored row whose bytes do not match is encoded by ``again(index, position)``."""
-        try:
-            for position, index in enumerate(order.tolist()):
-                if hits[index]:
-                    checked = bool(check_every) and position % check_every == 0
-                    item = self.lookup(index)
-                    if item is None or (checked and item.invalid is None and not item.checked):
-                        item = again(index, position)
-                        self.add(item)
-                    else:
-                        item = item._replace(checked=checked and item.invalid is None)
-                else:
-                    item = next(misses)
-                    assert item.source_index == index, (item.source_index, index)
-                    self.add(item)
-                yield item
-        finally:
-            close = getattr(misses, "close", None)
-            if close is not None:
-                close()
+        again: Again,
+    ):
+        self.store, self.order, self.held, self.check = store, order, held, check
+        self.misses, self.check_every, self.again = misses, check_every, again
+        self.pending: deque[Encoded] = deque()  # stored rows given, whose check is to come from misses
+        self.items = self._items()
+
+    def __iter__(self) -> Iterator[Encoded]:
+        return self.items
+
+    def _items(self) -> Generator[Encoded, None, None]:
+        store = self.store
+        for position, index in enumerate(self.order.tolist()):
+            checked = bool(self.check_every) and position % self.check_every == 0
+            item = store.lookup(index) if self.held[index] else None
+            unchecked = item is not None and checked and item.invalid is None and not item.checked
+            if self.held[index] and not self.check[index] and (item is None or unchecked):
+                item = self.again(index, position)  # (damaged, or not as planned: the misses do not hold it)
+                store.add(item)
+            elif item is None:
+                item = self._next_miss(index)
+            elif self.check[index] and item.invalid is None:
+                self.pending.append(item)
+                item = item._replace(checked=True)
+            else:
+                item = item._replace(checked=checked and item.invalid is None)
+            yield item
+        self.finish()
+
+    def _next_miss(self, index: int) -> Encoded:
+        self.finish()
+        item = next(self.misses)
+        assert item.source_index == index, (item.source_index, index)
+        self.store.add(item)
+        return item
+
+    def finish(self) -> None:
+        """Settle the checks of the stored rows given so far; raise the first failure
+        (``TemplateMismatch``, or ``StoreMismatch``)."""
+        while self.pending:
+            stored = self.pending.popleft()
+            item = next(self.misses)
+            assert item.source_index == stored.source_index, (item.source_index, stored.source_index)
+            same = (item.id, item.source_value, item.invalid) == (stored.id, stored.source_value, None)
+            if not (same and _equal(item.ids, stored.ids) and _equal(item.mask, stored.mask)):
+                raise StoreMismatch(
+                    f"source row {item.source_index}: the token store's copy differs from its encoding now; "
+                    f"remove {self.store.folder} and build again"
+                )
+            self.store.add(item)
+
+    def close(self) -> None:
+        self.items.close()
+        close = getattr(self.misses, "close", None)
+        if close is not None:
+            close()
+
+
+def _equal(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return a is not None and b is not None and np.array_equal(a, b)
 
 
 def _decode(index: int, tokens: int, payload: bytes, passed: bool) -> Encoded:
