@@ -72,6 +72,8 @@ RECORD = np.dtype(
         ("digest", "V32"),
     ]
 )
+RECORD_STRUCT = struct.Struct("<qqqqB32s")  # (the same, read one at a time)
+HEAD = struct.Struct("<qqqB")  # what a record's digest covers: index, tokens, meta, flags
 PASSED = 1
 SEGMENT_BYTES = 16 << 20  # a build writes a segment once it has this many bytes of conversations
 SEGMENT_CONVERSATIONS = 4096  # or this many conversations
@@ -119,13 +121,6 @@ def store_key(source_sha256: list[str], encoder: EncoderConfig) -> str:
         "bpe": encoder.bpe if encoder.family != "hf" else None,
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
-
-
-HEAD = struct.Struct("<qqqB")  # what a record's digest covers: index, tokens, meta, flags
-
-
-def _head(index: int, tokens: int, meta: int, flags: int) -> bytes:
-    return HEAD.pack(index, tokens, meta, flags)
 
 
 def warn(message: str) -> None:
@@ -241,15 +236,14 @@ class TokenStore:
             fd = self._fd(number)
             raw = os.pread(fd, RECORD.itemsize, HEADER_BYTES + int(self.slot[index]) * RECORD.itemsize)
             if len(raw) == RECORD.itemsize:
-                record = np.frombuffer(raw, RECORD)[0]
-                tokens, meta = int(record["tokens"]), int(record["meta"])
-                if int(record["index"]) == index and -1 <= tokens < 1 << 40 and 0 <= meta < 1 << 40:
+                offset, stored, tokens, meta, flags, digest = RECORD_STRUCT.unpack(raw)
+                if stored == index and -1 <= tokens < 1 << 40 and 0 <= meta < 1 << 40 and offset >= 0:
                     size = 5 * max(tokens, 0) + meta
-                    payload = os.pread(fd, size, int(record["offset"])) if record["offset"] >= 0 else b""
-                    head = _head(index, tokens, meta, int(record["flags"]))
-                    if len(payload) == size and hashlib.sha256(head + payload).digest() == record["digest"].tobytes():
+                    payload = os.pread(fd, size, offset)
+                    head = HEAD.pack(index, tokens, meta, flags)
+                    if len(payload) == size and hashlib.sha256(head + payload).digest() == digest:
                         self.taken += 1
-                        return _decode(index, tokens, payload, bool(record["flags"] & PASSED))
+                        return _decode(index, tokens, payload, bool(flags & PASSED))
         except (OSError, ValueError):
             pass
         self.damaged += 1
@@ -269,10 +263,9 @@ class TokenStore:
             tokens, flags = len(item.ids), PASSED if item.checked else 0
             ids = np.ascontiguousarray(item.ids, dtype="<i4").tobytes()
             body = ids + np.ascontiguousarray(item.mask, dtype=np.uint8).tobytes() + meta
-        head = _head(index, tokens, len(meta), flags)
-        record = np.zeros(1, RECORD)
-        record[0] = (self._pending, index, tokens, len(meta), flags, hashlib.sha256(head + body).digest())
-        self._records.append(record.tobytes())
+        head = HEAD.pack(index, tokens, len(meta), flags)
+        digest = hashlib.sha256(head + body).digest()
+        self._records.append(RECORD_STRUCT.pack(self._pending, index, tokens, len(meta), flags, digest))
         self._payloads.append(body)
         self._pending += len(body)
         self.segment[index] = -2  # (pending: not taken back by this build)
