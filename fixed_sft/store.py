@@ -149,14 +149,14 @@ class TokenStore:
     @classmethod
     def open(cls, root: Path, key: str, num_rows: int) -> TokenStore | None:
         """The entry ``key`` under ``root`` (created if need be); ``None``, with a warning,
-        where the folder cannot be made."""
+        where the folder cannot be made or listed."""
         folder = root / "tokens" / key
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            return cls(folder, num_rows)
         except OSError as error:
-            warn(f"token store off: cannot make {folder} ({error.strerror or error})")
+            warn(f"token store off: cannot use {folder} ({error.strerror or error})")
             return None
-        return cls(folder, num_rows)
 
     def _load(self) -> None:
         """Index the segments (oldest first: a later copy of a row replaces an earlier one,
@@ -358,7 +358,7 @@ class Stream:
 
     def _items(self) -> Generator[Encoded, None, None]:
         store = self.store
-        for position, index in enumerate(self.order.tolist()):
+        for position, index in _positions(self.order):
             checked = bool(self.check_every) and position % self.check_every == 0
             item = store.lookup(index) if self.held[index] else None
             unchecked = item is not None and checked and item.invalid is None and not item.checked
@@ -402,6 +402,12 @@ class Stream:
         close = getattr(self.misses, "close", None)
         if close is not None:
             close()
+
+
+def _positions(order: np.ndarray, block: int = 4096) -> Iterator[tuple[int, int]]:
+    """``(position, source row)`` of packing ``order``, as Python ints a block at a time."""
+    for start in range(0, len(order), block):
+        yield from enumerate(order[start : start + block].tolist(), start)
 
 
 def _equal(a: np.ndarray | None, b: np.ndarray | None) -> bool:

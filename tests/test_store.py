@@ -291,3 +291,27 @@ def test_a_killed_build_resumes_from_its_store(corpus, kimi_dir, tmp_path, token
     manifest = build(cfg, tmp_path / "resumed")
     assert len(encoded) == 1200 - 12
     assert manifest == _without_store(cfg, tmp_path / "plain")
+
+
+def test_a_store_that_cannot_be_made_is_turned_off_with_a_warning(corpus, kimi_dir, tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    manifest = build(config(corpus[0], kimi_dir, cache_dir=str(tmp_path / "file")), tmp_path / "a")
+    assert manifest["rows_sha256"] == GOLDEN_ROWS_SHA256
+    assert "warning: token store off: cannot use" in capsys.readouterr().err
+
+
+def test_a_store_that_cannot_be_written_is_turned_off_with_a_warning(
+    corpus, kimi_dir, tmp_path, token_store, monkeypatch, capsys
+):
+    rename = Path.rename
+
+    def full(self, target):
+        if self.name.startswith(".tmp-") and self.name.endswith(".seg"):  # (a segment of the store)
+            raise OSError(28, "No space left on device")
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", full)
+    manifest = build(config(corpus[0], kimi_dir), tmp_path / "a")
+    assert manifest["rows_sha256"] == GOLDEN_ROWS_SHA256
+    assert "warning: token store off: cannot write" in capsys.readouterr().err
+    assert not list(token_store.glob("tokens/*/*"))
