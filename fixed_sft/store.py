@@ -241,7 +241,7 @@ class TokenStore:
                     size = 5 * max(tokens, 0) + meta
                     payload = os.pread(fd, size, offset)
                     head = HEAD.pack(index, tokens, meta, flags)
-                    if len(payload) == size and hashlib.sha256(head + payload).digest() == digest:
+                    if len(payload) == size and _digest(head, payload) == digest:
                         self.taken += 1
                         return _decode(index, tokens, payload, bool(flags & PASSED))
         except (OSError, ValueError):
@@ -264,7 +264,7 @@ class TokenStore:
             ids = np.ascontiguousarray(item.ids, dtype="<i4").tobytes()
             body = ids + np.ascontiguousarray(item.mask, dtype=np.uint8).tobytes() + meta
         head = HEAD.pack(index, tokens, len(meta), flags)
-        digest = hashlib.sha256(head + body).digest()
+        digest = _digest(head, body)
         self._records.append(RECORD_STRUCT.pack(self._pending, index, tokens, len(meta), flags, digest))
         self._payloads.append(body)
         self._pending += len(body)
@@ -402,6 +402,13 @@ class Stream:
         close = getattr(self.misses, "close", None)
         if close is not None:
             close()
+
+
+def _digest(head: bytes, body: bytes) -> bytes:
+    """A record's digest: sha256 of its head, then of its bytes."""
+    digest = hashlib.sha256(head)
+    digest.update(body)
+    return digest.digest()
 
 
 def _positions(order: np.ndarray, block: int = 4096) -> Iterator[tuple[int, int]]:
