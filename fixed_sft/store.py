@@ -13,8 +13,10 @@ then renamed: readers see complete files only, and builds sharing a store never 
 same file. Each conversation in a segment carries the sha256 of its record and bytes; one
 that does not match (a flipped byte, a truncated file) is never used: the build encodes it
 again and adds it anew, and the newer copy is the one found next time. A conversation is
-stored as having passed the template check only where its build checked it; a build takes
-it from the store at a checked position only then, else encodes it again to check it.
+stored as having passed the template check only where its build checked it. At a checked
+position, a stored one that has not passed is given at once and also encoded again, which
+checks it; the check is settled before the build writes its manifest (``Stream``), and a
+failure stops the build as it would without the store.
 
 The store is an optimisation only: a build's rows are the same with it, without it
 (``--no-cache``) and whatever state it is in. A store that cannot be written is turned off
@@ -203,16 +205,6 @@ class TokenStore:
                 return np.frombuffer(f.read(count * RECORD.itemsize), RECORD)
         except OSError:
             return None
-
-    def hits(self, order: np.ndarray, check_every: int) -> np.ndarray:
-        """Per source row, whether a build of packing ``order`` takes it from the store: it is
-        held, and passed the template check where its position is checked (``check_every``)."""
-        hits = self.segment >= 0
-        if check_every:
-            checked = np.zeros(len(hits), bool)
-            checked[order[::check_every]] = True
-            hits &= self.passed | ~checked
-        return hits
 
     def _fd(self, number: int) -> int:
         fd = self._files.get(number)
