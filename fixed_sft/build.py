@@ -14,10 +14,11 @@ import math
 import os
 import subprocess
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -28,7 +29,7 @@ from tqdm import tqdm
 from . import __version__
 from .chat import MASK_TYPES as KIMI_MASK_TYPES
 from .chat import ChatEncoder
-from .encode import Encoded, EncoderConfig, Encoders
+from .encode import Chunk, Encoded, EncoderConfig, Encoders, encode_rows
 from .encoding import Encoder
 from .errors import BuildError, UsageError
 from .folder import transaction
@@ -61,9 +62,11 @@ from .source import (
     file_bytes,
     open_source,
     read_band,
+    read_rows,
     unreadable,
 )
 from .specs import BUILDS, HF, ResolvedTokenizer, build_spec, resolve_tokenizer
+from .store import TokenStore, default_dir, store_key
 from .tokenizer import bpe_version, default_bpe, fast_bpe_installed
 
 ORDER_RULE = "splitmix64-key-v1"
@@ -123,17 +126,27 @@ def code_version(boundaries: bool = False) -> dict:
 
 
 def _chunks(
-    source: Source, rank: np.ndarray, band_rows: Callable[[], int], chunk_rows: Callable[[], int]
-) -> Iterator[tuple[int, pa.Table]]:
+    source: Source,
+    rank: np.ndarray,
+    band_rows: Callable[[], int],
+    chunk_rows: Callable[[], int],
+    skip: np.ndarray | None = None,
+) -> Iterator[tuple[int | np.ndarray, pa.Table]]:
     """``(first position, rows)`` chunks in packing order, read a band at a time;
     ``band_rows`` sizes each band when it is reached, and ``chunk_rows`` each chunk when it
-    is cut (in bytes, a chunk holds at most ``CHUNK_BYTES``, or one row)."""
+    is cut (in bytes, a chunk holds at most ``CHUNK_BYTES``, or one row). With ``skip`` (the
+    source rows the token store gives), the rows it marks are not read, and each chunk
+    comes with its rows' positions instead."""
     lo = 0
     while lo < source.num_rows:
         hi = min(source.num_rows, lo + max(1, band_rows()))
         first = lo
-        for chunk in read_band(source, rank, lo, hi).chunks(chunk_rows, CHUNK_BYTES):
-            yield first, chunk
+        band = read_band(source, rank, lo, hi) if skip is None else read_band(source, rank, lo, hi, skip)
+        for chunk in band.chunks(chunk_rows, CHUNK_BYTES):
+            if skip is None:
+                yield first, chunk
+            else:
+                yield rank[chunk.column("index").to_numpy()], chunk
             first += chunk.num_rows
         lo = hi
 
@@ -339,10 +352,56 @@ def encoder_setup(config: BuildConfig, load: bool = False) -> EncoderSetup:
     return EncoderSetup(tokenizer, encoder_config, *encoder_config.separator(config.separator, kimi), loaded)
 
 
+class _Encoding:
+    """A build's ``Encoders``, started when first needed (``start``), inside ``stack``: with a
+    token store that gives the first conversations, only once one is not in it."""
+
+    def __init__(self, stack: ExitStack, config: EncoderConfig, workers: int, check_every: int):
+        self.stack, self.config, self.workers, self.check_every = stack, config, workers, check_every
+        self.encoders: Encoders | None = None
+        self.loaded: Encoder | None = None
+
+    def start(self) -> Encoders:
+        if self.encoders is None:
+            self.encoders = self.stack.enter_context(Encoders(self.config, self.workers, self.check_every))
+        return self.encoders
+
+    def encode(
+        self, chunks: Iterator[tuple[int | np.ndarray, pa.Table]], wanted: Callable[[], float]
+    ) -> Generator[Encoded, None, None]:
+        """``Encoders.encode``, the encoders started when the first conversation is asked for."""
+        yield from self.start().encode(chunks, wanted)
+
+    def one(self, source: Source, rank: np.ndarray, index: int, position: int) -> Encoded:
+        """Source row ``index`` at ``position``, read and encoded in this process (a row the
+        store held damaged)."""
+        if self.loaded is None:
+            self.loaded = self.config.load()
+        rows = next(read_rows(source, rank, np.array([index])).chunks(1))
+        return next(encode_rows(self.loaded, Chunk(rows, position, self.check_every)))
+
+
+def _open_store(config: BuildConfig, encoder: EncoderConfig, hashes: list[Future], rows: int) -> TokenStore | None:
+    """The token store's entry for this source and encoder (``None`` with ``--no-cache``, or
+    where a source file cannot be hashed: the build names that error when it ends)."""
+    if config.no_cache:
+        return None
+    try:
+        digests = [digest.result() for digest in hashes]
+    except OSError:
+        return None
+    root = Path(config.cache_dir) if config.cache_dir else default_dir()
+    return TokenStore.open(root, store_key(digests, encoder), rows)
+
+
 def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
     """Build ``config`` into the empty folder ``folder``, manifest last; return the manifest."""
     tokenizer, encoder_config, separator, separator_id, _ = encoder_setup(config)
-    with Encoders(encoder_config, config.workers, config.check_every) as encoders, _cancelling_pool() as hashing:
+    with ExitStack() as stack:
+        encoding = _Encoding(stack, encoder_config, config.workers, config.check_every)
+        if config.no_cache:
+            encoding.start()  # (at once, beside reading the source)
+        hashing = stack.enter_context(_cancelling_pool())
         source = open_source(config.source, config.source_revision, config.source_license, config.source_files)
         if config.source_rows is not None and source.num_rows != config.source_rows:
             raise_cache_damage(source.files, BuildError)  # a damaged cached file explains the count better
@@ -350,7 +409,16 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
                 f"source {source.name} has {source.num_rows} rows; {config.name} expects {config.source_rows}"
             )
         source_hashes = [hashing.submit(sha256_file, path) for path in source.files]
-        rank = positions(permutation(config.seed, source.num_rows))
+        order = permutation(config.seed, source.num_rows)
+        rank = positions(order)
+        store = _open_store(config, encoder_config, source_hashes, source.num_rows)
+        skip = None
+        if store is not None:
+            stack.callback(store.close)
+            held, check = store.plan(order, config.check_every)
+            skip = held & ~check if held.any() else None
+        if skip is None or not skip.all():
+            encoding.start()  # (conversations are to be encoded: at once, beside the reading)
         packer = Packer(config.row_tokens, separator_id)
         writer = RowWriter(folder / PARQUET_NAME, config.emit_boundaries)
         tally = _Tally(config.row_tokens)
@@ -384,7 +452,10 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             per_row = max(bytes_row, 1.0)
             return int(min(band_budget / per_row, wanted() + min(CHUNK_ROWS, CHUNK_BYTES / per_row)))
 
-        stream = encoders.encode(_chunks(source, rank, band_rows, chunk_rows), wanted)
+        stream = encoding.encode(_chunks(source, rank, band_rows, chunk_rows, skip), wanted)
+        merged = None
+        if store is not None:
+            merged = store.stream(order, stream, config.check_every, partial(encoding.one, source, rank))
         try:
             shown = None if progress else True  # (None: shown on a terminal only)
             every = source.num_rows if config.rows is None else None
@@ -392,8 +463,10 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
                 tqdm(total=every, unit="conv", disable=shown, desc="tokenize", position=0) as tokenized,
                 tqdm(total=config.rows, unit="row", disable=shown, desc=f"write {config.name}", position=1) as bar,
             ):
-                valid = _valid(stream, source, config.skip_invalid, tally)
+                valid = _valid(stream if merged is None else iter(merged), source, config.skip_invalid, tally)
                 _pack(valid, config.rows, packer, writer, tally, bar, tokenized, config.emit_boundaries)
+                if merged is not None:
+                    merged.finish()  # (the checks of stored conversations, before the rows count)
             writer.close()  # (inside: a signal while the last row group is written still waits for its thread)
         except (SourceError, InvalidSourceRow):
             writer.abort()
@@ -403,7 +476,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             writer.abort()
             raise
         finally:
-            stream.close()
+            (stream if merged is None else merged).close()
         if writer.rows == 0 or (config.rows is not None and writer.rows < config.rows):
             needed = f"--rows is {config.rows}" if config.rows is not None else "a build needs at least one"
             filled = f"the source fills only {writer.rows} rows of {config.row_tokens} tokens"

@@ -186,15 +186,18 @@ class Chunk(NamedTuple):
     """A chunk of the packing order: source rows as ``fixed_sft.source`` cuts them, the
     packing position of the first, and how often conversations are checked: the one at
     position ``p`` is also encoded through the rendered template when ``p`` is a multiple
-    of ``check_every`` (0: none)."""
+    of ``check_every`` (0: none). ``positions``: each row's position, where the rows are not
+    consecutive in the order (the others are taken from the token store)."""
 
     rows: pa.Table
     first_position: int
     check_every: int = 0
+    positions: np.ndarray | None = None
 
     def checked(self, offset: int) -> bool:
         """Whether the chunk's conversation ``offset`` is checked."""
-        return bool(self.check_every) and (self.first_position + offset) % self.check_every == 0
+        position = self.first_position + offset if self.positions is None else int(self.positions[offset])
+        return bool(self.check_every) and position % self.check_every == 0
 
 
 def encode_rows(encoder: Encoder, chunk: Chunk) -> Iterator[Encoded]:
@@ -381,6 +384,13 @@ def _release_after(chunk: pa.Table) -> None:
         pa.default_memory_pool().release_unused()  # (the system pool: malloc_trim, for all allocations)
 
 
+def _chunk(first: int | np.ndarray, rows: pa.Table, check_every: int) -> Chunk:
+    """The ``Chunk`` of ``rows`` at position ``first``, or at each of the positions ``first``."""
+    if isinstance(first, np.ndarray):
+        return Chunk(rows, int(first[0]) if len(first) else 0, check_every, first)
+    return Chunk(rows, first, check_every)
+
+
 WORKER_MODULES = [__name__, RENDERER_MODULE]  # what the fork server imports once, for every worker
 
 
@@ -409,13 +419,14 @@ class Encoders:
         self.engine.__exit__(kind, *exc)
 
     def encode(
-        self, chunks: Iterable[tuple[int, pa.Table]], wanted: Callable[[], float]
+        self, chunks: Iterable[tuple[int | np.ndarray, pa.Table]], wanted: Callable[[], float]
     ) -> Generator[Encoded, None, None]:
-        """Encoded conversations in the order of ``chunks``. Workers get the next chunk
+        """Encoded conversations in the order of ``chunks``: each the packing position of its
+        first row (the rest follow it), or of each row, and the rows. Workers get the next chunk
         only while the chunks in flight hold fewer than ``wanted()`` conversations (the
         caller's estimate of what it still needs) and, with it, at most
         ``IN_FLIGHT_BYTES`` of Arrow data (a larger chunk goes alone)."""
-        tasks = ((Chunk(rows, first_position, self.check_every),) for first_position, rows in chunks)
+        tasks = ((_chunk(first, rows, self.check_every),) for first, rows in chunks)
         if isinstance(self.engine, InProcess):
             for conversations in self.engine.map(_encode_here, tasks):
                 yield from conversations

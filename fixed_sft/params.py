@@ -261,6 +261,13 @@ class BuildConfig:
         range=LicenseId(),
         metavar="LICENSE",
     )
+    cache_dir: str | None = param(
+        None,
+        help="the token store's folder: conversations tokenized by earlier builds, reused (default: "
+        "$FIXED_SFT_CACHE, else $XDG_CACHE_HOME/fixed-sft, else ~/.cache/fixed-sft)",
+        metavar="DIR",
+    )
+    no_cache: bool = param(False, help="neither read nor write the token store (the rows are the same)")
     expected_tokenizer: str | None = param(None, flag=False)  # the spec a tokenizer folder must match
     source_rows: int | None = param(None, flag=False, spec=True, recorded="source.rows")  # the count, when known
 

@@ -102,6 +102,7 @@ def recorded_config(
             "expected_tokenizer": spec,
             "allow_unpinned_tokenizer": not used.pinned,
             "workers": workers,
+            "no_cache": True,  # (a rebuild proves the rows from the inputs alone)
         }
     )
     try:  # the manifest's values, named by their keys (the caller's --workers is the build's to check)

@@ -455,16 +455,20 @@ class Band:
             start = stop
 
 
-def read_band(source: Source, rank: np.ndarray, lo: int, hi: int) -> Band:
-    """The rows whose packing position ``rank[i]`` is in ``[lo, hi)``, read from the
-    files in parallel threads (pyarrow decodes without the GIL).
+def read_band(source: Source, rank: np.ndarray, lo: int, hi: int, skip: np.ndarray | None = None) -> Band:
+    """The rows whose packing position ``rank[i]`` is in ``[lo, hi)`` (but not those that
+    ``skip[i]`` marks), read from the files in parallel threads (pyarrow decodes without the GIL).
 
     Columns: ``messages`` and, where the file has them, ``id`` (as text), ``tools`` and a string
     ``source`` for Parquet sources, or ``line`` (the raw bytes) for JSONL sources; then ``bytes`` (the row's
     size), ``dropped`` (true for a row over ``MAX_CONVERSATION_BYTES``, whose data is
     dropped as it is read, so that no band holds it) and ``index`` (the global row
     index). ``records`` decodes them."""
-    return _read_selected(source, rank, lambda start, count: _within(rank[start : start + count], lo, hi))
+    if skip is None:
+        return _read_selected(source, rank, lambda start, count: _within(rank[start : start + count], lo, hi))
+    return _read_selected(
+        source, rank, lambda start, count: _within(rank[start : start + count], lo, hi) & ~skip[start : start + count]
+    )
 
 
 def _within(positions: np.ndarray, lo: int, hi: int) -> np.ndarray:

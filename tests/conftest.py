@@ -15,6 +15,24 @@ DEEPSEEK_DIR = ROOT.parent / "shared" / "tokenizers" / "deepseek-v4"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _module_token_store(tmp_path_factory):
+    """Builds made by a module's fixtures keep their token store in a folder of the module's
+    (never the user's cache)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FIXED_SFT_CACHE", str(tmp_path_factory.mktemp("token-store")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def token_store(tmp_path_factory, monkeypatch) -> Path:
+    """Each test's builds start from an empty token store of their own, shared by that test's
+    builds (and by the processes it starts); the folder."""
+    folder = tmp_path_factory.mktemp("token-store")
+    monkeypatch.setenv("FIXED_SFT_CACHE", str(folder))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def kimi_dir() -> Path:
     if not (KIMI_DIR / "tiktoken.model").is_file():

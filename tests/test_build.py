@@ -256,7 +256,9 @@ def test_bands_chunks_and_batches_do_not_change_output(fixture_build, corpus, ki
     bands = []
     read_band = build_module.read_band
     monkeypatch.setattr(
-        build_module, "read_band", lambda src, rank, lo, hi: bands.append((lo, hi)) or read_band(src, rank, lo, hi)
+        build_module,
+        "read_band",
+        lambda src, rank, lo, hi, *skip: bands.append((lo, hi)) or read_band(src, rank, lo, hi, *skip),
     )
     _, manifest = fixture_build
     assert build(config(corpus[0] / "parquet", kimi_dir), tmp_path / "b") == manifest
@@ -268,30 +270,33 @@ def test_a_band_of_large_rows_leaves_room_for_its_read_copies(fixture_build, cor
     """Where rows are large (here: over 0 bytes on average), a source of one file (JSONL)
     is read in bands of a third of ``LARGE_BAND_BYTES`` of rows (the rest is for the copies
     that sort them), three files of even sizes in bands of three fifths; rows under the
-    size get bands of ``BAND_BYTES`` counted the same way. The rows are the same."""
+    size get bands of ``BAND_BYTES`` counted the same way. The rows are the same. (Without the
+    token store, which would give the later builds the rows of the first.)"""
     from fixed_sft.source import bytes_per_row, open_source
 
     bands = []
     read_band = build_module.read_band
     monkeypatch.setattr(
-        build_module, "read_band", lambda src, rank, lo, hi: bands.append(hi - lo) or read_band(src, rank, lo, hi)
+        build_module,
+        "read_band",
+        lambda src, rank, lo, hi, *skip: bands.append(hi - lo) or read_band(src, rank, lo, hi, *skip),
     )
     one_file = corpus[0] / "rows.jsonl"
     per_row = bytes_per_row(open_source(str(one_file)))
     monkeypatch.setattr(build_module, "LARGE_BAND_BYTES", 3 * 5.5 * per_row)
     monkeypatch.setattr(build_module, "LARGE_ROW_BYTES", 0)
-    manifest = build(config(one_file, kimi_dir), tmp_path / "jsonl")
+    manifest = build(config(one_file, kimi_dir, no_cache=True), tmp_path / "jsonl")
     assert manifest["rows_sha256"] == fixture_build[1]["rows_sha256"]
     assert len(bands) > 3 and set(bands) == {5}
     bands.clear()
     per_row = bytes_per_row(open_source(str(corpus[0] / "parquet")))
     monkeypatch.setattr(build_module, "LARGE_BAND_BYTES", 5 / 3 * 6.5 * per_row)
-    assert build(config(corpus[0] / "parquet", kimi_dir), tmp_path / "parquet") == fixture_build[1]
+    assert build(config(corpus[0] / "parquet", kimi_dir, no_cache=True), tmp_path / "parquet") == fixture_build[1]
     assert len(bands) >= 3 and set(bands) <= {5, 6}
     bands.clear()
     monkeypatch.setattr(build_module, "LARGE_ROW_BYTES", per_row)
     monkeypatch.setattr(build_module, "BAND_BYTES", 5 / 3 * 6.5 * per_row)
-    assert build(config(corpus[0] / "parquet", kimi_dir), tmp_path / "small-rows") == fixture_build[1]
+    assert build(config(corpus[0] / "parquet", kimi_dir, no_cache=True), tmp_path / "small-rows") == fixture_build[1]
     assert len(bands) >= 3 and set(bands) == {6}
 
 
@@ -300,7 +305,9 @@ def test_a_small_build_reads_a_band_sized_to_its_rows(corpus, kimi_dir, tmp_path
     bands = []
     read_band = build_module.read_band
     monkeypatch.setattr(
-        build_module, "read_band", lambda src, rank, lo, hi: bands.append((lo, hi)) or read_band(src, rank, lo, hi)
+        build_module,
+        "read_band",
+        lambda src, rank, lo, hi, *skip: bands.append((lo, hi)) or read_band(src, rank, lo, hi, *skip),
     )
     manifest = build(config(corpus[0] / "parquet", kimi_dir, rows=3, row_tokens=256), tmp_path / "small")
     assert bands == [(0, bands[0][1])] and manifest["stats"]["conversations"] <= bands[0][1] <= 300 < 1200
@@ -314,7 +321,9 @@ def test_build_allocates_from_the_system_pool_and_restores_the_callers(corpus, k
     monkeypatch.setattr(
         build_module,
         "read_band",
-        lambda src, rank, lo, hi: pools.append(pa.default_memory_pool().backend_name) or read_band(src, rank, lo, hi),
+        lambda src, rank, lo, hi, *skip: (
+            pools.append(pa.default_memory_pool().backend_name) or read_band(src, rank, lo, hi, *skip)
+        ),
     )
     before = pa.default_memory_pool().backend_name
     assert before != "system"  # pyarrow's default: the test would prove nothing otherwise

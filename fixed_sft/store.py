@@ -1,0 +1,424 @@
+"""The token store: conversations' ids and masks from earlier builds, kept per source in the user's cache.
+
+An entry of the store is a folder named by its key: the sha256 of what decides a
+conversation's ids, mask, invalid reason and template check. That is the source files'
+sha256s (in order), the tokenizer files' sha256s, the template variables, the mask type,
+the tokenizer family and BPE, the versions of the libraries that encode, and the code's
+encoding version (``ENCODING_VERSION`` and the bytes of the modules that encode). A later
+build of the same source (another seed, row length or row count) takes from it what
+earlier builds encoded, and encodes only the rest.
+
+An entry holds segment files. Each is written whole by one build under a temporary name,
+then renamed: readers see complete files only, and builds sharing a store never write the
+same file. Each conversation in a segment carries the sha256 of its record and bytes; one
+that does not match (a flipped byte, a truncated file) is never used: the build encodes it
+again and adds it anew, and the newer copy is the one found next time. A conversation is
+stored as having passed the template check only where its build checked it. At a checked
+position, a stored one that has not passed is given at once and also encoded again, which
+checks it; the check is settled before the build writes its manifest (``Stream``), and a
+failure stops the build as it would without the store.
+
+The store is an optimisation only: a build's rows are the same with it, without it
+(``--no-cache``) and whatever state it is in. A store that cannot be written is turned off
+for the build, with a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import struct
+import sys
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from .encode import Encoded, EncoderConfig
+from .errors import BuildError
+
+# Bump when the segment format changes, or what an encoding depends on beyond the modules and
+# libraries below.
+ENCODING_VERSION = 1
+# the modules whose code decides a conversation's ids, mask, invalid reason or template check
+ENCODING_MODULES = (
+    "chat.py",
+    "conversation.py",
+    "encode.py",
+    "encoding.py",
+    "fields.py",
+    "hf_chat.py",
+    "source.py",
+    "store.py",
+    "tokenizer.py",
+    "tool_declarations.py",
+)
+LIBRARIES = ("gigatoken", "jinja2", "tiktoken", "tokenizers", "transformers")
+CACHE_VARIABLE = "FIXED_SFT_CACHE"
+MAGIC = b"FSFTTOK1"
+HEADER_BYTES = len(MAGIC) + 8  # the magic, then the number of records (uint64)
+# one record per conversation; ``tokens`` is -1 for an invalid one; ``flags`` bit 0: passed the
+# template check (or invalid: nothing to check); ``digest``: sha256 of the record before it
+# (``offset`` aside) and of its bytes
+RECORD = np.dtype(
+    [
+        ("offset", "<i8"),
+        ("index", "<i8"),
+        ("tokens", "<i8"),
+        ("meta", "<i8"),
+        ("flags", "u1"),
+        ("digest", "V32"),
+    ]
+)
+RECORD_STRUCT = struct.Struct("<qqqqB32s")  # (the same, read one at a time)
+HEAD = struct.Struct("<qqqB")  # what a record's digest covers: index, tokens, meta, flags
+PASSED = 1
+SEGMENT_BYTES = 16 << 20  # a build writes a segment once it has this many bytes of conversations
+SEGMENT_CONVERSATIONS = 4096  # or this many conversations
+OPEN_FILES = 64  # segment files a build keeps open at once
+STALE_SECONDS = 24 * 3600  # a temporary file this old is a killed build's: removed
+
+
+def default_dir() -> Path:
+    """The store's folder: ``$FIXED_SFT_CACHE``, else ``$XDG_CACHE_HOME/fixed-sft``, else
+    ``~/.cache/fixed-sft``."""
+    if os.environ.get(CACHE_VARIABLE):
+        return Path(os.environ[CACHE_VARIABLE])
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "fixed-sft"
+    return Path.home() / ".cache" / "fixed-sft"
+
+
+def encoding_version() -> str:
+    """The code's encoding version: ``ENCODING_VERSION``, the sha256 of the modules that
+    encode (names and bytes) and the versions of the libraries they encode with."""
+    package = Path(__file__).parent
+    digest = hashlib.sha256(str(ENCODING_VERSION).encode())
+    for name in ENCODING_MODULES:
+        digest.update(name.encode() + b"\0" + (package / name).read_bytes() + b"\0")
+    for library in LIBRARIES:
+        try:
+            version = importlib.metadata.version(library)
+        except importlib.metadata.PackageNotFoundError:
+            version = "-"
+        digest.update(f"{library}={version}\0".encode())
+    return digest.hexdigest()
+
+
+def store_key(source_sha256: list[str], encoder: EncoderConfig) -> str:
+    """The key of a source's entry for an encoder: sha256 over the inputs that decide its
+    encodings (module docstring); not the folders the files are read from."""
+    inputs = {
+        "encoding": encoding_version(),
+        "source": source_sha256,
+        "tokenizer": sorted(encoder.tokenizer_sha256.items()),
+        "template_kwargs": encoder.template_kwargs,
+        "loss_mask_type": encoder.loss_mask_type,
+        "family": encoder.family,
+        "trust_remote_code": encoder.trust_remote_code,
+        "bpe": encoder.bpe if encoder.family != "hf" else None,
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+class TokenStore:
+    """One entry of the store (``folder``), for a source of ``num_rows`` rows: which rows it
+    holds (read from the segments' records when it opens: hints, each checked when used),
+    ``lookup`` to take one, ``add`` to keep one (written a segment at a time, and at ``close``)."""
+
+    def __init__(self, folder: Path, num_rows: int):
+        self.folder = folder
+        self.segments: list[Path] = []
+        self.segment = np.full(num_rows, -1, np.int32)  # per source row: the segment holding it
+        self.slot = np.zeros(num_rows, np.int32)  # and its record there
+        self.passed = np.zeros(num_rows, bool)  # whether that record says it passed the check
+        self.writable = True
+        self.taken = self.added = self.damaged = 0
+        self._files: OrderedDict[int, int] = OrderedDict()
+        self._records: list[bytes] = []
+        self._payloads: list[bytes] = []
+        self._pending = 0
+        self._load()
+
+    @classmethod
+    def open(cls, root: Path, key: str, num_rows: int) -> TokenStore | None:
+        """The entry ``key`` under ``root`` (created if need be); ``None``, with a warning,
+        where the folder cannot be made or listed."""
+        folder = root / "tokens" / key
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            return cls(folder, num_rows)
+        except OSError as error:
+            warn(f"token store off: cannot use {folder} ({error.strerror or error})")
+            return None
+
+    def _load(self) -> None:
+        """Index the segments (oldest first: a later copy of a row replaces an earlier one,
+        unless only the earlier passed the check); remove stale temporary files."""
+        now = time.time()
+        for entry in sorted(os.scandir(self.folder), key=lambda e: e.name):
+            if entry.name.startswith(".tmp-"):
+                try:
+                    if now - entry.stat().st_mtime > STALE_SECONDS:
+                        os.unlink(entry.path)
+                except OSError:
+                    pass
+                continue
+            if not entry.name.endswith(".seg"):
+                continue
+            records = self._read_records(Path(entry.path))
+            if records is None:
+                continue
+            number = len(self.segments)
+            self.segments.append(Path(entry.path))
+            indices = records["index"]
+            passed = (records["flags"] & PASSED).astype(bool)
+            slots = np.arange(len(records), dtype=np.int32)
+            keep = (indices >= 0) & (indices < len(self.segment))
+            indices, passed, slots = indices[keep], passed[keep], slots[keep]
+            replace = passed | ~self.passed[indices] | (self.segment[indices] < 0)
+            indices, passed, slots = indices[replace], passed[replace], slots[replace]
+            self.segment[indices] = number
+            self.slot[indices] = slots
+            self.passed[indices] = passed
+
+    @staticmethod
+    def _read_records(path: Path) -> np.ndarray | None:
+        """A segment's records (those its file holds whole), or ``None`` for a file that is
+        not a segment."""
+        try:
+            with path.open("rb") as f:
+                header = f.read(HEADER_BYTES)
+                if len(header) < HEADER_BYTES or header[: len(MAGIC)] != MAGIC:
+                    return None
+                count = int.from_bytes(header[len(MAGIC) :], "little")
+                size = os.fstat(f.fileno()).st_size
+                count = min(count, (size - HEADER_BYTES) // RECORD.itemsize)
+                return np.frombuffer(f.read(count * RECORD.itemsize), RECORD)
+        except OSError:
+            return None
+
+    def _fd(self, number: int) -> int:
+        fd = self._files.get(number)
+        if fd is None:
+            fd = os.open(self.segments[number], os.O_RDONLY)
+            self._files[number] = fd
+            if len(self._files) > OPEN_FILES:
+                os.close(self._files.popitem(last=False)[1])
+        else:
+            self._files.move_to_end(number)
+        return fd
+
+    def lookup(self, index: int) -> Encoded | None:
+        """Source row ``index`` as stored, its digest checked (``checked``: it passed the
+        template check); ``None`` where it is not held, or its bytes do not match (it is then
+        forgotten)."""
+        number = int(self.segment[index])
+        if number < 0:
+            return None
+        try:
+            fd = self._fd(number)
+            raw = os.pread(fd, RECORD.itemsize, HEADER_BYTES + int(self.slot[index]) * RECORD.itemsize)
+            if len(raw) == RECORD.itemsize:
+                offset, stored, tokens, meta, flags, digest = RECORD_STRUCT.unpack(raw)
+                if stored == index and -1 <= tokens < 1 << 40 and 0 <= meta < 1 << 40 and offset >= 0:
+                    size = 5 * max(tokens, 0) + meta
+                    payload = os.pread(fd, size, offset)
+                    head = HEAD.pack(index, tokens, meta, flags)
+                    if len(payload) == size and _digest(head, payload) == digest:
+                        self.taken += 1
+                        return _decode(index, tokens, payload, bool(flags & PASSED))
+        except (OSError, ValueError):
+            pass
+        self.damaged += 1
+        self.segment[index] = -1
+        return None
+
+    def add(self, item: Encoded) -> None:
+        """Keep ``item`` (a conversation as a build encoded it) unless the store holds it
+        already (and passed its check, where ``item`` was checked)."""
+        index = item.source_index
+        if not self.writable or (self.segment[index] >= 0 and (self.passed[index] or not item.checked)):
+            return
+        meta = json.dumps([item.id, item.source_value, item.invalid]).encode()
+        if item.ids is None or item.mask is None:
+            tokens, flags, body = -1, PASSED, meta
+        else:
+            tokens, flags = len(item.ids), PASSED if item.checked else 0
+            ids = np.ascontiguousarray(item.ids, dtype="<i4").tobytes()
+            body = ids + np.ascontiguousarray(item.mask, dtype=np.uint8).tobytes() + meta
+        head = HEAD.pack(index, tokens, len(meta), flags)
+        digest = _digest(head, body)
+        self._records.append(RECORD_STRUCT.pack(self._pending, index, tokens, len(meta), flags, digest))
+        self._payloads.append(body)
+        self._pending += len(body)
+        self.segment[index] = -2  # (pending: not taken back by this build)
+        self.passed[index] = bool(flags)
+        if self._pending >= SEGMENT_BYTES or len(self._records) >= SEGMENT_CONVERSATIONS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the conversations added since the last flush as one segment."""
+        if not self._records or not self.writable:
+            return
+        records = np.frombuffer(b"".join(self._records), RECORD).copy()
+        start = HEADER_BYTES + len(records) * RECORD.itemsize
+        records["offset"] += start
+        name = f"{time.time_ns():020d}-{os.getpid()}-{os.urandom(4).hex()}.seg"
+        draft = self.folder / f".tmp-{name}"
+        try:
+            with draft.open("wb") as f:
+                f.write(MAGIC + len(records).to_bytes(8, "little"))
+                f.write(records.tobytes())
+                for payload in self._payloads:
+                    f.write(payload)
+            draft.rename(self.folder / name)
+            self.added += len(records)
+        except OSError as error:
+            warn(f"token store off: cannot write {draft} ({error.strerror or error})")
+            self.writable = False
+            draft.unlink(missing_ok=True)
+        self._records, self._payloads, self._pending = [], [], 0
+
+    def close(self) -> None:
+        """Write what is pending; close the segment files."""
+        self.flush()
+        for fd in self._files.values():
+            os.close(fd)
+        self._files.clear()
+
+    def plan(self, order: np.ndarray, check_every: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per source row, for a build of packing ``order``: whether it is taken from the
+        store, and whether it is read and encoded too (taken from the store but at a checked
+        position, without a passed check: encoded again to check it)."""
+        held = self.segment >= 0
+        check = np.zeros(len(held), bool)
+        if check_every:
+            check[order[::check_every]] = True
+            check &= held & ~self.passed
+        return held, check
+
+    def stream(self, order: np.ndarray, misses: Iterator[Encoded], check_every: int, again: Again) -> Stream:
+        """The conversations of packing ``order`` (``Stream``), taken from the store as ``plan``
+        says, the others from ``misses``."""
+        held, check = self.plan(order, check_every)
+        return Stream(self, order, held, check, misses, check_every, again)
+
+
+Again = Callable[[int, int], Encoded]  # (source row, position) -> the row read and encoded alone
+
+
+class StoreMismatch(BuildError):
+    """A stored conversation whose digest matches differs from the same conversation encoded
+    now: the key misses an input the encoding depends on."""
+
+
+class Stream:
+    """The conversations of a build in packing order: the rows ``held`` from the store, the
+    others from ``misses`` (which reads and encodes them, in order, and those of ``check``
+    too), each encoded one added to the store. A stored row whose bytes do not match is
+    encoded by ``again(index, position)``. A stored row at a checked position that has not
+    passed the check is given at once, and its check is settled as ``misses`` reaches it:
+    before the next row from ``misses``, or at ``finish``, which a build calls before it
+    writes its manifest (a failing check stops the build, as without the store)."""
+
+    def __init__(
+        self,
+        store: TokenStore,
+        order: np.ndarray,
+        held: np.ndarray,
+        check: np.ndarray,
+        misses: Iterator[Encoded],
+        check_every: int,
+        again: Again,
+    ):
+        self.store, self.order, self.held, self.check = store, order, held, check
+        self.misses, self.check_every, self.again = misses, check_every, again
+        self.pending: deque[Encoded] = deque()  # stored rows given, whose check is to come from misses
+        self.items = self._items()
+
+    def __iter__(self) -> Iterator[Encoded]:
+        return self.items
+
+    def _items(self) -> Generator[Encoded, None, None]:
+        store = self.store
+        for position, index in _positions(self.order):
+            checked = bool(self.check_every) and position % self.check_every == 0
+            item = store.lookup(index) if self.held[index] else None
+            unchecked = item is not None and checked and item.invalid is None and not item.checked
+            if self.held[index] and not self.check[index] and (item is None or unchecked):
+                item = self.again(index, position)  # (damaged, or not as planned: the misses do not hold it)
+                store.add(item)
+            elif item is None:
+                item = self._next_miss(index)
+            elif self.check[index] and item.invalid is None:
+                self.pending.append(item)
+                item = item._replace(checked=True)
+            else:
+                item = item._replace(checked=checked and item.invalid is None)
+            yield item
+        self.finish()
+
+    def _next_miss(self, index: int) -> Encoded:
+        self.finish()
+        item = next(self.misses)
+        assert item.source_index == index, (item.source_index, index)
+        self.store.add(item)
+        return item
+
+    def finish(self) -> None:
+        """Settle the checks of the stored rows given so far; raise the first failure
+        (``TemplateMismatch``, or ``StoreMismatch``)."""
+        while self.pending:
+            stored = self.pending.popleft()
+            item = next(self.misses)
+            assert item.source_index == stored.source_index, (item.source_index, stored.source_index)
+            same = (item.id, item.source_value, item.invalid) == (stored.id, stored.source_value, None)
+            if not (same and _equal(item.ids, stored.ids) and _equal(item.mask, stored.mask)):
+                raise StoreMismatch(
+                    f"source row {item.source_index}: the token store's copy differs from its encoding now; "
+                    f"remove {self.store.folder} and build again"
+                )
+            self.store.add(item)
+
+    def close(self) -> None:
+        self.items.close()
+        close = getattr(self.misses, "close", None)
+        if close is not None:
+            close()
+
+
+def _digest(head: bytes, body: bytes) -> bytes:
+    """A record's digest: sha256 of its head, then of its bytes."""
+    digest = hashlib.sha256(head)
+    digest.update(body)
+    return digest.digest()
+
+
+def _positions(order: np.ndarray, block: int = 4096) -> Iterator[tuple[int, int]]:
+    """``(position, source row)`` of packing ``order``, as Python ints a block at a time."""
+    for start in range(0, len(order), block):
+        yield from enumerate(order[start : start + block].tolist(), start)
+
+
+def _equal(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return a is not None and b is not None and np.array_equal(a, b)
+
+
+def _decode(index: int, tokens: int, payload: bytes, passed: bool) -> Encoded:
+    """A stored conversation's ``Encoded``, ``checked`` where it passed the template check."""
+    body = max(tokens, 0) * 5
+    row_id, value, invalid = json.loads(payload[body:])
+    if tokens < 0:
+        return Encoded(index, row_id, None, None, invalid)
+    ids = np.frombuffer(payload, "<i4", tokens).astype(np.int32, copy=False)
+    mask = np.frombuffer(payload, np.uint8, tokens, 4 * tokens)
+    return Encoded(index, row_id, ids, mask, None, passed, value)

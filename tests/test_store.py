@@ -1,0 +1,317 @@
+"""The token store: later builds reuse earlier encodings, with the same rows; each key part, damage and sharing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import synthetic
+from conftest import ROOT
+from test_build import GOLDEN_ROWS_SHA256
+
+import fixed_sft.encode
+from fixed_sft import store as store_module
+from fixed_sft.build import BuildConfig, build, encoder_setup
+from fixed_sft.chat import ChatEncoder, TemplateMismatch
+from fixed_sft.order import permutation
+from fixed_sft.store import TokenStore, default_dir, store_key
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The golden corpus of tests/test_build.py (1,200 conversations in 3 Parquet files) and its rows."""
+    folder = tmp_path_factory.mktemp("corpus")
+    rows = synthetic.conversations(1200, seed=5)
+    synthetic.write_parquet(rows, folder / "parquet", rows_per_file=400)
+    return folder / "parquet", rows
+
+
+def config(source, kimi_dir, **overrides) -> BuildConfig:
+    """tests/test_build.py's golden build (rows_sha256 ``GOLDEN_ROWS_SHA256``), with ``overrides``."""
+    values = dict(
+        name="fixture",
+        source=str(source),
+        tokenizer=str(kimi_dir),
+        rows=40,
+        row_tokens=1024,
+        seed=5,
+        workers=1,
+        check_every=8,
+        no_card=True,
+    )
+    values.update(overrides)
+    return BuildConfig(**values)
+
+
+@pytest.fixture
+def encoded(monkeypatch) -> list[int]:
+    """The source rows encoded in this process (one worker), in order."""
+    rows: list[int] = []
+    original = fixed_sft.encode.encode_rows
+
+    def counting(encoder, chunk):
+        for item in original(encoder, chunk):
+            rows.append(item.source_index)
+            yield item
+
+    monkeypatch.setattr(fixed_sft.encode, "encode_rows", counting)
+    monkeypatch.setattr("fixed_sft.build.encode_rows", counting)
+    return rows
+
+
+def _without_store(cfg: BuildConfig, out: Path) -> dict:
+    return build(dataclasses.replace(cfg, no_cache=True), out)
+
+
+def _segments(folder: Path) -> list[Path]:
+    return sorted(folder.glob("tokens/*/*.seg"))
+
+
+def test_the_default_folder_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("FIXED_SFT_CACHE", str(tmp_path / "a"))
+    assert default_dir() == tmp_path / "a"
+    monkeypatch.delenv("FIXED_SFT_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_dir() == tmp_path / "xdg" / "fixed-sft"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_dir() == tmp_path / "home" / ".cache" / "fixed-sft"
+
+
+def test_a_build_writes_its_conversations_to_the_store(corpus, kimi_dir, tmp_path, token_store, encoded):
+    manifest = build(config(corpus[0], kimi_dir), tmp_path / "a")
+    assert manifest["rows_sha256"] == GOLDEN_ROWS_SHA256
+    segments = _segments(token_store)
+    assert segments and all(not p.name.startswith(".") for p in segments)
+    assert not list(token_store.glob("tokens/*/.tmp-*"))
+    assert len(encoded) >= manifest["stats"]["conversations"]
+
+
+@pytest.mark.parametrize(
+    "later",
+    [{"seed": 6}, {"row_tokens": 512}, {"rows": 20}, {"seed": 7, "row_tokens": 700, "rows": 25}],
+    ids=["seed", "row-tokens", "rows", "all-three"],
+)
+def test_a_later_build_reuses_the_store_with_the_same_rows(corpus, kimi_dir, tmp_path, encoded, later):
+    """A build of the whole source fills the store; a later build (another seed, row length,
+    rows) encodes only the conversations it checks against the template, and its rows and
+    manifest are those of a build without the store."""
+    build(config(corpus[0], kimi_dir, rows=None), tmp_path / "all")
+    assert sorted(encoded) == list(range(1200))
+    encoded.clear()
+    cfg = config(corpus[0], kimi_dir, **later)
+    manifest = build(cfg, tmp_path / "later")
+    used = manifest["stats"]["conversations"]
+    checked = manifest["template_check"]["checked"]
+    assert checked > 0 and len(encoded) <= checked + 1 < used  # (the first build checked some of them)
+    assert manifest == _without_store(cfg, tmp_path / "plain")
+    assert (tmp_path / "later" / "train.parquet").read_bytes() == (tmp_path / "plain" / "train.parquet").read_bytes()
+    encoded.clear()
+    assert build(cfg, tmp_path / "again") == manifest  # its checks are stored now: nothing is encoded
+    assert encoded == []
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_rows_are_byte_identical_from_the_store_at_each_worker_count(corpus, kimi_dir, tmp_path, workers):
+    build(config(corpus[0], kimi_dir, rows=None, seed=1), tmp_path / "fill")
+    cfg = config(corpus[0], kimi_dir, workers=workers)
+    manifest = build(cfg, tmp_path / "stored")
+    assert manifest["rows_sha256"] == GOLDEN_ROWS_SHA256
+    assert manifest == _without_store(cfg, tmp_path / "plain")
+    assert (tmp_path / "stored" / "train.parquet").read_bytes() == (tmp_path / "plain" / "train.parquet").read_bytes()
+
+
+def test_no_cache_writes_nothing(corpus, kimi_dir, tmp_path, token_store):
+    manifest = build(config(corpus[0], kimi_dir, no_cache=True), tmp_path / "a")
+    assert manifest["rows_sha256"] == GOLDEN_ROWS_SHA256
+    assert list(token_store.iterdir()) == []
+
+
+def test_the_cli_takes_cache_dir_and_no_cache(corpus, kimi_dir, tmp_path, token_store):
+    from fixed_sft.cli import main
+
+    args = ["build", "--source", str(corpus[0]), "--tokenizer", str(kimi_dir), "--rows", "3", "--row-tokens", "256"]
+    args += ["--workers", "1", "--quiet", "--no-card"]
+    assert main([*args, "--out", str(tmp_path / "a"), "--cache-dir", str(tmp_path / "mine")]) == 0
+    assert _segments(tmp_path / "mine") and list(token_store.iterdir()) == []
+    assert main([*args, "--out", str(tmp_path / "b"), "--no-cache"]) == 0
+    assert list(token_store.iterdir()) == []
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert "cache_dir" not in json.dumps(manifest["params"]) and "no_cache" not in json.dumps(manifest["params"])
+
+
+def _key(kimi_dir: Path, **changes) -> str:
+    encoder = encoder_setup(BuildConfig(name="k", source="x", tokenizer=str(kimi_dir))).encoder
+    sources = changes.pop("source", ["a" * 64, "b" * 64])
+    return store_key(sources, dataclasses.replace(encoder, **changes))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"tokenizer_sha256": "other"},
+        {"template_kwargs": {"thinking": False}},
+        {"loss_mask_type": "assistant"},
+        {"source": ["a" * 64, "c" * 64]},
+        {"source": ["a" * 64]},
+        {"bpe": "other"},
+        {"version": 2},
+    ],
+    ids=["tokenizer-file", "template-kwargs", "mask-type", "source-file", "source-files", "bpe", "encoding-version"],
+)
+def test_each_key_part_changes_the_key(kimi_dir, monkeypatch, change):
+    before = _key(kimi_dir)
+    assert _key(kimi_dir) == before
+    if "version" in change:
+        monkeypatch.setattr(store_module, "ENCODING_VERSION", store_module.ENCODING_VERSION + 1)
+        change = {}
+    elif change.get("tokenizer_sha256"):
+        encoder = encoder_setup(BuildConfig(name="k", source="x", tokenizer=str(kimi_dir))).encoder
+        name = sorted(encoder.tokenizer_sha256)[0]
+        change = {"tokenizer_sha256": {**encoder.tokenizer_sha256, name: "0" * 64}}
+    assert _key(kimi_dir, **change) != before
+
+
+def test_the_modules_that_encode_are_in_the_key(kimi_dir, monkeypatch, tmp_path):
+    package = tmp_path / "fixed_sft"
+    package.mkdir()
+    for name in store_module.ENCODING_MODULES:
+        (package / name).write_bytes((Path(store_module.__file__).parent / name).read_bytes())
+    before = _key(kimi_dir)
+    (package / "chat.py").write_text((package / "chat.py").read_text() + "\n# changed\n")
+    monkeypatch.setattr(store_module, "__file__", str(package / "store.py"))
+    assert _key(kimi_dir) != before
+
+
+def test_other_template_kwargs_encode_again(corpus, kimi_dir, tmp_path, encoded):
+    build(config(corpus[0], kimi_dir), tmp_path / "a")
+    first = len(encoded)
+    encoded.clear()
+    cfg = config(corpus[0], kimi_dir, template_kwargs={"thinking": False, "preserve_thinking": False})
+    manifest = build(cfg, tmp_path / "b")
+    assert len(encoded) == first >= manifest["stats"]["conversations"]
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "header"])
+def test_a_damaged_entry_is_encoded_again_and_stored_anew(corpus, kimi_dir, tmp_path, token_store, encoded, damage):
+    cfg = config(corpus[0], kimi_dir)
+    golden = build(cfg, tmp_path / "a")
+    [segment] = _segments(token_store)
+    data = bytearray(segment.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x01  # a byte of some conversation's ids
+    elif damage == "truncate":
+        data = data[: len(data) * 2 // 3]
+    else:
+        data[0] ^= 0xFF  # the magic: not a segment
+    segment.write_bytes(bytes(data))
+    encoded.clear()
+    again = build(cfg, tmp_path / "b")
+    assert again == golden
+    assert (tmp_path / "b" / "train.parquet").read_bytes() == (tmp_path / "a" / "train.parquet").read_bytes()
+    assert encoded  # the damaged ones, encoded again
+    encoded.clear()
+    assert build(cfg, tmp_path / "c") == golden
+    assert encoded == []  # stored anew
+
+
+def test_a_failing_check_of_a_stored_conversation_stops_the_build(corpus, kimi_dir, tmp_path, monkeypatch):
+    """A stored conversation at a checked position that was not checked before is checked
+    now; a difference stops the build naming its row, as without the store."""
+    build(config(corpus[0], kimi_dir, rows=None, check_every=0), tmp_path / "fill")
+    first = int(permutation(5, len(corpus[1]))[0])  # position 0 is always checked
+
+    def differs(self, messages, ids, tools=None):
+        raise TemplateMismatch("fast-path ids differ from the rendered chat template")
+
+    monkeypatch.setattr(ChatEncoder, "check", differs)
+    with pytest.raises(TemplateMismatch, match=rf"source row {first} \(id {corpus[1][first]['id']}\): fast-path ids"):
+        build(config(corpus[0], kimi_dir), tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+
+
+def _store_is_consistent(folder: Path, rows: int) -> int:
+    """Every conversation the store's entries hold reads back with its digest; their count."""
+    held = 0
+    for entry in folder.glob("tokens/*"):
+        store = TokenStore(entry, rows)
+        for index in (store.segment >= 0).nonzero()[0].tolist():
+            assert store.lookup(index) is not None
+            held += 1
+        assert store.damaged == 0
+        store.close()
+    return held
+
+
+def test_two_builds_sharing_a_store_at_once(corpus, kimi_dir, tmp_path, token_store, monkeypatch):
+    """Two processes build into one store at the same time, written a few conversations a
+    segment: both build the golden rows, and the store they leave reads back whole."""
+    small = "import sys, fixed_sft.store as s, fixed_sft.cli as c; s.SEGMENT_CONVERSATIONS = 5; "
+    small += "sys.exit(c.main(sys.argv[1:]))"
+    command = [sys.executable, "-c", small, "build", "--source", str(corpus[0])]
+    command += ["--tokenizer", str(kimi_dir), "--rows", "40", "--row-tokens", "1024", "--seed", "5"]
+    command += ["--check-every", "8", "--workers", "1", "--quiet", "--no-card"]
+    runs = [
+        subprocess.Popen([*command, "--out", str(tmp_path / name)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        for name in ("one", "two")
+    ]
+    outputs = [run.communicate(timeout=300)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    for name in ("one", "two"):
+        assert json.loads((tmp_path / name / "manifest.json").read_text())["rows_sha256"] == GOLDEN_ROWS_SHA256
+    assert len(_segments(token_store)) > 2
+    assert _store_is_consistent(token_store, 1200) > 0
+    assert build(config(corpus[0], kimi_dir), tmp_path / "three")["rows_sha256"] == GOLDEN_ROWS_SHA256
+
+
+def test_a_killed_build_resumes_from_its_store(corpus, kimi_dir, tmp_path, token_store, encoded, monkeypatch):
+    """A build stopped part way (its last segment not written) leaves what it wrote; the next
+    build encodes only the rest, and its rows are those of an uninterrupted build."""
+    monkeypatch.setattr(store_module, "SEGMENT_CONVERSATIONS", 4)
+    cfg = config(corpus[0], kimi_dir, rows=None)
+    original = TokenStore.flush
+    flushes = []
+
+    def killed_after_three(self):
+        if len(flushes) == 3:
+            raise KeyboardInterrupt
+        flushes.append(1)
+        original(self)
+
+    monkeypatch.setattr(TokenStore, "flush", killed_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        build(cfg, tmp_path / "killed")
+    monkeypatch.setattr(TokenStore, "flush", original)
+    assert _store_is_consistent(token_store, 1200) == 12
+    encoded.clear()
+    manifest = build(cfg, tmp_path / "resumed")
+    assert len(encoded) == 1200 - 12
+    assert manifest == _without_store(cfg, tmp_path / "plain")
+
+
+def test_a_store_that_cannot_be_made_is_turned_off_with_a_warning(corpus, kimi_dir, tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    manifest = build(config(corpus[0], kimi_dir, cache_dir=str(tmp_path / "file")), tmp_path / "a")
+    assert manifest["rows_sha256"] == GOLDEN_ROWS_SHA256
+    assert "warning: token store off: cannot use" in capsys.readouterr().err
+
+
+def test_a_store_that_cannot_be_written_is_turned_off_with_a_warning(
+    corpus, kimi_dir, tmp_path, token_store, monkeypatch, capsys
+):
+    rename = Path.rename
+
+    def full(self, target):
+        if self.name.startswith(".tmp-") and self.name.endswith(".seg"):  # (a segment of the store)
+            raise OSError(28, "No space left on device")
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", full)
+    manifest = build(config(corpus[0], kimi_dir), tmp_path / "a")
+    assert manifest["rows_sha256"] == GOLDEN_ROWS_SHA256
+    assert "warning: token store off: cannot write" in capsys.readouterr().err
+    assert not list(token_store.glob("tokens/*/*"))
