@@ -49,17 +49,18 @@ class _Stop:
     code, rather than interrupt that unwinding (or the interpreter's shutdown) and leave
     it half done."""
 
+    said = False  # whether the exit's line is written, by any handler's command (one line, whichever)
+
     def __init__(self, over: bool = False):
         self.over = over
         self.first: int | None = None
-        self.said = False  # whether the exit's line is written
 
     def __call__(self, signum: int, frame: object) -> None:
         if not self.over and self.first is None:
             self.first = signum
             raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
         code, message = SIGNALS[self.first or signum]
-        exit_now(code, None if self.said else message)
+        exit_now(code, None if _Stop.said else message)
 
 
 def _owns_signals() -> bool:
@@ -455,14 +456,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # no "PyTorch was not found" notice
     if not argv or argv[0] not in (*COMMANDS, "-h", "--help"):
         argv.insert(0, "build")
-    stop = _Stop()
+    stop, _Stop.said = _Stop(), False
     previous = {signum: signal.signal(signum, stop) for signum in SIGNALS} if _owns_signals() else {}
     try:
         return _command(argv, stop)
     except (KeyboardInterrupt, Terminated) as stopped:
         code, message = SIGNALS[signal.SIGINT if isinstance(stopped, KeyboardInterrupt) else signal.SIGTERM]
+        _Stop.said = True  # (first: a signal from here on exits without a second line)
         print(message, file=sys.stderr)
-        stop.said = True
         return code
     except Exception as error:
         exit_code = _exit_code(error)
