@@ -352,7 +352,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         band_budget = band_bytes(BAND_BYTES, sizes)
         if bytes_row > LARGE_ROW_BYTES:
             band_budget = band_bytes(LARGE_BAND_BYTES, sizes)
-            map_large_allocations()  # (for the rest of this process: its large buffers are each a mapping)
+        map_large_allocations()  # (for the rest of this process: its large buffers are each a mapping)
 
         def wanted() -> float:
             """Conversations the rows still to fill need, plus a fifth: their tokens over
