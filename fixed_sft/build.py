@@ -427,7 +427,6 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         band_budget = band_bytes(BAND_BYTES, sizes)
         if bytes_row > LARGE_ROW_BYTES:
             band_budget = band_bytes(LARGE_BAND_BYTES, sizes)
-            map_large_allocations()  # (for the rest of this process: its large buffers are each a mapping)
 
         def wanted() -> float:
             """Conversations the rows still to fill need, plus a fifth: their tokens over
@@ -452,6 +451,11 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             per_row = max(bytes_row, 1.0)
             return int(min(band_budget / per_row, wanted() + min(CHUNK_ROWS, CHUNK_BYTES / per_row)))
 
+        # Large rows, or bands read while an earlier one is held (the first band's estimate over the
+        # budget): the build's large buffers are each a mapping from now on, in this process (at a
+        # cost in page faults: a one-band build keeps glibc's reuse of its freed blocks).
+        if bytes_row > LARGE_ROW_BYTES or min(source.num_rows, wanted()) * bytes_row > band_budget:
+            map_large_allocations()
         stream = encoding.encode(_chunks(source, rank, band_rows, chunk_rows, skip), wanted)
         merged = None
         if store is not None:

@@ -51,10 +51,12 @@ def map_large_allocations() -> None:
     as such blocks are freed, and then serves them from its heaps, where what a large
     conversation's texts, ids and rendering freed stays, fragmented, under the next one's.
     Set for the rest of the process (glibc's dynamic threshold is then off): in every
-    worker, and in a build's process when its source's rows are large: a
-    2-worker build of 4 MiB conversations peaked at 546 MiB in the build's process
-    without it and 355 MiB with it (benchmarks/README.md). Nothing where the C library is
-    not glibc."""
+    worker, and in a build's process when its source's rows are large (a 2-worker build of
+    4 MiB conversations peaked at 546 MiB in the build's process without it and 355 MiB
+    with it) or it reads more than one band, where the decode batches of a band read (up
+    to 16 MiB, freed as they go) otherwise stay in the heaps under the band's rows and the
+    band held before it (benchmarks/README.md). Each such block is then faulted in anew:
+    a build of one band keeps the default. Nothing where the C library is not glibc."""
     libc = ctypes.CDLL(None)
     if hasattr(libc, "gnu_get_libc_version"):
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)

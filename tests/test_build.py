@@ -300,6 +300,26 @@ def test_a_band_of_large_rows_leaves_room_for_its_read_copies(fixture_build, cor
     assert len(bands) >= 3 and set(bands) == {6}
 
 
+def test_a_build_of_several_bands_maps_its_large_allocations(fixture_build, corpus, kimi_dir, tmp_path, monkeypatch):
+    """The build's process maps its large allocations where it reads more than one band of
+    rows (it then holds a band while it reads the next), not where one band holds them."""
+    from fixed_sft.source import bytes_per_row, open_source
+
+    mapped, bands = [], []
+    monkeypatch.setattr(build_module, "map_large_allocations", lambda: mapped.append(True))
+    read_band = build_module.read_band
+    monkeypatch.setattr(
+        build_module, "read_band", lambda src, rank, lo, hi: bands.append(hi - lo) or read_band(src, rank, lo, hi)
+    )
+    source = corpus[0] / "parquet"
+    assert build(config(source, kimi_dir), tmp_path / "one-band") == fixture_build[1]
+    assert len(bands) == 1 and mapped == []
+    per_row = bytes_per_row(open_source(str(source)))
+    monkeypatch.setattr(build_module, "BAND_BYTES", 5 / 3 * 6.5 * per_row)
+    assert build(config(source, kimi_dir), tmp_path / "bands") == fixture_build[1]
+    assert len(bands) > 2 and mapped == [True]
+
+
 def test_a_small_build_reads_a_band_sized_to_its_rows(corpus, kimi_dir, tmp_path, monkeypatch):
     """A band holds what the rows still to fill need (plus a fifth), not the whole source."""
     bands = []

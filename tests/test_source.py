@@ -370,3 +370,31 @@ def test_a_band_leaves_room_for_the_copies_that_sort_its_largest_file():
     assert band_bytes(300, [250, 250, 250, 250]) == 200
     assert band_bytes(300, [750, 250]) == 120
     assert band_bytes(300, [0]) == band_bytes(300, []) == 100  # no bytes known: as one file
+
+
+def test_a_band_of_one_row_group_holds_a_batch_not_the_files_column_chunks(tmp_path, monkeypatch):
+    """Reading a file of one row group holds a batch at a time: its column chunks are read
+    in pieces as they are decoded, not pre-buffered (pyarrow's default reads every column
+    chunk of the row group into Arrow's pool before the first batch)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fixed_sft import source as source_module
+
+    rng = np.random.default_rng(1)
+    replies = [rng.bytes(2048).hex() for _ in range(8000)]  # hex of random bytes: compresses little
+    rows = [{"id": str(k), "messages": [{"role": "user", "content": r}]} for k, r in enumerate(replies)]
+    path = tmp_path / "one.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=len(rows))
+    meta = pq.ParquetFile(path).metadata
+    assert meta.num_row_groups == 1
+    compressed = sum(meta.row_group(0).column(c).total_compressed_size for c in range(meta.num_columns))
+    monkeypatch.setattr(source_module, "READ_BATCH_BYTES", 1 << 20)  # batches of about 250 rows
+    pool = pa.default_memory_pool()
+    before = pool.bytes_allocated()
+    batches = source_module._read_parquet(path, np.ones(len(rows), bool))
+    first, table = next(batches)
+    held = pool.bytes_allocated() - before
+    assert compressed > 30 << 20 and len(first) == table.num_rows < 300
+    assert held < compressed / 2, (held, compressed)
+    assert table.num_rows + sum(t.num_rows for _, t in batches) == len(rows)
