@@ -3,7 +3,8 @@
 An entry of the store is a folder named by its key: the sha256 of what decides a
 conversation's ids, mask, invalid reason and template check. That is the source files'
 sha256s (in order), the tokenizer files' sha256s, the template variables, the mask type,
-the tokenizer family and BPE, the versions of the libraries that encode, and the code's
+the tokenizer family and BPE, the pinned sha256 of the model's tool-declaration encoder
+where a spec pins one, the versions of the libraries that encode, and the code's
 encoding version (``ENCODING_VERSION`` and the bytes of the modules that encode). A later
 build of the same source (another seed, row length or row count) takes from it what
 earlier builds encoded, and encodes only the rest.
@@ -121,6 +122,8 @@ def store_key(source_sha256: list[str], encoder: EncoderConfig) -> str:
         "family": encoder.family,
         "trust_remote_code": encoder.trust_remote_code,
         "bpe": encoder.bpe if encoder.family != "hf" else None,
+        # the model's tool-declaration encoder, where a spec pins it: what the declarations were checked against
+        **({"declarations": encoder.declarations[1]} if encoder.declarations else {}),
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
