@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.compute as pc
 
+from . import inspect_rows
 from .errors import BuildError, UsageError
 from .fields import same, show
-from .inspect_rows import ROW_COLUMNS, _rows, _unreadable, decoder, open_build, visible
+from .inspect_rows import decoder, open_build, visible
 from .manifest import Manifest
-from .reader import Refused
 
 CONTEXT_TOKENS = 12  # tokens shown on each side of the first differing token
 
@@ -69,17 +68,7 @@ class Row:
 
 def read_row(folder: Path, manifest: Manifest, number: int) -> Row:
     """Row ``number`` of ``folder`` (``BuildError`` where the file does not hold it)."""
-    try:
-        with _rows(folder, manifest) as file:
-            if number >= file.rows:
-                raise BuildError(f"{folder} holds {file.rows} rows, not row {number}: run verify")
-            group = file.group_of(number, ROW_COLUMNS)
-    except (Refused, OSError, ValueError) as error:
-        raise _unreadable(folder, error) from None
-    row = group.column("metadata").slice(number - group.first, 1)
-    ids = pc.list_flatten(row.field("input_ids")).to_numpy(zero_copy_only=False)
-    mask = pc.list_flatten(row.field("loss_mask")).to_numpy(zero_copy_only=False)
-    return Row(ids, mask, row.field("segments").to_pylist()[0])
+    return Row(*inspect_rows.read_row(folder, manifest, number))
 
 
 def first_token(a: Row, b: Row) -> int:

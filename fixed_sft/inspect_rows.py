@@ -210,12 +210,9 @@ def decoder(manifest: Manifest, tokenizer: str | None) -> Callable[[list[int]], 
     return safe
 
 
-def row_view(folder: Path, number: int, tokenizer: str | None = None) -> RowView:
-    """Row ``number`` of build ``folder``, decoded (``UsageError`` for a row it lacks)."""
-    manifest = open_build(folder)
-    count = len(manifest.row_sha256)
-    if not 0 <= number < count:
-        raise UsageError(f"row {number} is out of range: {folder} has rows 0 to {count - 1}")
+def read_row(folder: Path, manifest: Manifest, number: int) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+    """Row ``number``'s ids, mask and segments, read from its row group (``BuildError``
+    where the file does not hold it)."""
     try:
         with _rows(folder, manifest) as file:
             if number >= file.rows:
@@ -226,7 +223,16 @@ def row_view(folder: Path, number: int, tokenizer: str | None = None) -> RowView
     row = group.column("metadata").slice(number - group.first, 1)
     ids = pc.list_flatten(row.field("input_ids")).to_numpy(zero_copy_only=False)
     mask = pc.list_flatten(row.field("loss_mask")).to_numpy(zero_copy_only=False)
-    segments = row.field("segments").to_pylist()[0]
+    return ids, mask, row.field("segments").to_pylist()[0]
+
+
+def row_view(folder: Path, number: int, tokenizer: str | None = None) -> RowView:
+    """Row ``number`` of build ``folder``, decoded (``UsageError`` for a row it lacks)."""
+    manifest = open_build(folder)
+    count = len(manifest.row_sha256)
+    if not 0 <= number < count:
+        raise UsageError(f"row {number} is out of range: {folder} has rows 0 to {count - 1}")
+    ids, mask, segments = read_row(folder, manifest, number)
     decode = decoder(manifest, tokenizer)
     pieces, at = [], 0
     for n, segment in enumerate(segments):
