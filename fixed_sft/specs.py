@@ -247,12 +247,7 @@ def resolve_tokenizer(
     else:
         raise SpecError(f"tokenizer {tokenizer!r} is not a spec name ({', '.join(specs)}), folder, or Hub repo id")
 
-    family = family_of(directory)
-    names = folder_files(directory, family, trust_remote_code)
-    missing = [name for name in names if not (directory / name).is_file()]
-    if missing:
-        raise SpecError(f"tokenizer folder {directory} lacks {', '.join(missing)}")
-    files = file_hashes(directory, names)
+    family, names, files = _folder(directory, trust_remote_code)
     raise_cache_damage([directory / name for name in names], SpecError, [files[name]["sha256"] for name in names])
     same_family = {name: other for name, other in specs.items() if other.get("family", KIMI) == family}
     if spec is None:
@@ -290,6 +285,17 @@ def resolve_tokenizer(
         mismatches=mismatches,
         family=family,
     )
+
+
+def _folder(directory: Path, trust_remote_code: bool) -> tuple[str, list[str], dict[str, dict]]:
+    """A tokenizer folder's family, the files it must hold, and their sizes and sha256s;
+    ``SpecError`` naming those it lacks."""
+    family = family_of(directory)
+    names = folder_files(directory, family, trust_remote_code)
+    missing = [name for name in names if not (directory / name).is_file()]
+    if missing:
+        raise SpecError(f"tokenizer folder {directory} lacks {', '.join(missing)}")
+    return family, names, file_hashes(directory, names)
 
 
 def _declarations_pin(spec: dict[str, Any]) -> str | None:
@@ -338,12 +344,7 @@ def pin_tokenizer(
         repo = repo or tokenizer
     else:
         raise UsageError(f"tokenizer {tokenizer!r} is neither a folder nor a Hub repo id")
-    family = family_of(directory)
-    names = folder_files(directory, family, trust_remote_code)
-    missing = [file for file in names if not (directory / file).is_file()]
-    if missing:
-        raise SpecError(f"tokenizer folder {directory} lacks {', '.join(missing)}")
-    files = file_hashes(directory, names)
+    family, names, files = _folder(directory, trust_remote_code)
     kwargs = (TEMPLATE_KWARGS if family == KIMI else {}) if template_kwargs is None else template_kwargs
     mask = loss_mask_type or (KIMI_MASK_TYPES if family == KIMI else HF_MASK_TYPES)[0]
     config = EncoderConfig(

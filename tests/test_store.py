@@ -31,20 +31,10 @@ def corpus(tmp_path_factory):
 
 
 def config(source, kimi_dir, **overrides) -> BuildConfig:
-    """tests/test_build.py's golden build (rows_sha256 ``GOLDEN_ROWS_SHA256``), with ``overrides``."""
-    values = dict(
-        name="fixture",
-        source=str(source),
-        tokenizer=str(kimi_dir),
-        rows=40,
-        row_tokens=1024,
-        seed=5,
-        workers=1,
-        check_every=8,
-        no_card=True,
-    )
-    values.update(overrides)
-    return BuildConfig(**values)
+    """tests/test_build.py's golden build (rows_sha256 ``GOLDEN_ROWS_SHA256``), without its card, with ``overrides``."""
+    from test_build import config as golden
+
+    return golden(source, kimi_dir, **{"no_card": True, **overrides})
 
 
 @pytest.fixture
