@@ -16,7 +16,7 @@ import subprocess
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -63,6 +63,7 @@ from .source import (
     open_source,
     read_band,
     read_rows,
+    stream_rows,
     unreadable,
 )
 from .specs import BUILDS, HF, ResolvedTokenizer, build_spec, resolve_tokenizer
@@ -78,8 +79,8 @@ ORDER_RULE = "splitmix64-key-v1"
 # then cut by bytes, and each conversation in flight is held several times over by its worker). A
 # band is read while the workers encode the chunks before it. BAND_BYTES keeps the default build
 # to one band (its first band: about 1.2 x 6,400 x 8,192 tokens x 4 bytes, 240 MiB, from 6 files
-# of even sizes: 288 MiB fit) and a whole build of one 300 MB file under 1 GiB with 2 workers
-# (benchmarks/README.md).
+# of even sizes: 288 MiB fit). A build of every row from a source of more than one band reads
+# no bands where the token store is on: it fills the store in one pass (``_fill``).
 CHUNK_ROWS = 128
 CHUNK_BYTES = 8 << 20
 BAND_BYTES = 384 << 20
@@ -149,6 +150,46 @@ def _chunks(
                 yield rank[chunk.column("index").to_numpy()], chunk
             first += chunk.num_rows
         lo = hi
+
+
+def _source_chunks(source: Source, rank: np.ndarray, skip: np.ndarray | None) -> Iterator[tuple[np.ndarray, pa.Table]]:
+    """The source's rows in source order (but those ``skip`` marks), as chunks of at most
+    ``CHUNK_ROWS`` rows and ``CHUNK_BYTES`` bytes of rows (or one row), each a compact copy,
+    with its rows' packing positions."""
+    for batch in stream_rows(source, skip):
+        sizes = np.where(batch.column("dropped").to_numpy(zero_copy_only=False), 0, batch.column("bytes").to_numpy())
+        ends = np.cumsum(sizes)
+        start = 0
+        while start < batch.num_rows:
+            before = ends[start - 1] if start else 0
+            fit = int(np.searchsorted(ends, before + CHUNK_BYTES, side="right"))  # rows [start, fit) fit
+            stop = min(batch.num_rows, start + CHUNK_ROWS, max(start + 1, fit))
+            chunk = batch.take(pa.array(np.arange(start, stop)))
+            yield rank[chunk.column("index").to_numpy()], chunk
+            start = stop
+        del batch
+
+
+def _fill(
+    store: TokenStore, encoding: _Encoding, source: Source, order: np.ndarray, skip_invalid: bool, tokenized: tqdm
+) -> None:
+    """Encode into ``store`` every source row it does not hold, reading the source once in
+    source order (``stream_rows``), each row checked where its packing position says: so
+    that a build of all rows then takes them from the store in packing order, rather than
+    read the source once per band. An invalid row stops it at once, unless ``skip_invalid``."""
+    held, check = store.plan(order, encoding.check_every)
+    skip = held & ~check
+    tokenized.update(int(np.count_nonzero(skip)))
+    if skip.all():
+        return
+    rank = positions(order)
+    with closing(encoding.encode(_source_chunks(source, rank, skip), lambda: math.inf)) as encoded:
+        for item in encoded:
+            store.add(item)
+            if item.invalid is not None and not skip_invalid:
+                raise _invalid_row(source, item, item.invalid)
+            tokenized.update()
+    store.refresh()
 
 
 def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
@@ -240,10 +281,14 @@ def _valid(stream: Iterator[Encoded], source: Source, skip_invalid: bool, tally:
         elif skip_invalid:
             tally.skipped_invalid.append({"index": item.source_index, "id": item.id, "reason": reason})
         else:
-            path, row = source.locate(item.source_index)
-            place = f"line {row + 1}" if path.suffix == ".jsonl" else f"row {row}"
-            where = f"{path}: {place} (source row {item.source_index}, id {item.id})"
-            raise InvalidSourceRow(f"{where}: {reason}")
+            raise _invalid_row(source, item, reason)
+
+
+def _invalid_row(source: Source, item: Encoded, reason: str) -> InvalidSourceRow:
+    """The error that names an invalid row's file and row, and says why."""
+    path, row = source.locate(item.source_index)
+    place = f"line {row + 1}" if path.suffix == ".jsonl" else f"row {row}"
+    return InvalidSourceRow(f"{path}: {place} (source row {item.source_index}, id {item.id}): {reason}")
 
 
 def _pack(
@@ -411,6 +456,11 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         source_hashes = [hashing.submit(sha256_file, path) for path in source.files]
         order = permutation(config.seed, source.num_rows)
         rank = positions(order)
+        sizes = file_bytes(source)
+        bytes_row = sum(sizes) / max(source.num_rows, 1)
+        band_budget = band_bytes(BAND_BYTES, sizes)
+        if bytes_row > LARGE_ROW_BYTES:
+            band_budget = band_bytes(LARGE_BAND_BYTES, sizes)
         store = _open_store(config, encoder_config, source_hashes, source.num_rows)
         skip = None
         if store is not None:
@@ -419,14 +469,12 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             skip = held & ~check if held.any() else None
         if skip is None or not skip.all():
             encoding.start()  # (conversations are to be encoded: at once, beside the reading)
+        # A build of every row from a source of more than one band fills the store first, in one
+        # pass over the source, then takes its conversations from it in packing order.
+        fill = store is not None and config.rows is None and source.num_rows * bytes_row > band_budget
         packer = Packer(config.row_tokens, separator_id)
         writer = RowWriter(folder / PARQUET_NAME, config.emit_boundaries)
         tally = _Tally(config.row_tokens)
-        sizes = file_bytes(source)
-        bytes_row = sum(sizes) / max(source.num_rows, 1)
-        band_budget = band_bytes(BAND_BYTES, sizes)
-        if bytes_row > LARGE_ROW_BYTES:
-            band_budget = band_bytes(LARGE_BAND_BYTES, sizes)
 
         def wanted() -> float:
             """Conversations the rows still to fill need, plus a fifth: their tokens over
@@ -454,12 +502,10 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         # Large rows, or bands read while an earlier one is held (the first band's estimate over the
         # budget): the build's large buffers are each a mapping from now on, in this process (at a
         # cost in page faults: a one-band build keeps glibc's reuse of its freed blocks).
-        if bytes_row > LARGE_ROW_BYTES or min(source.num_rows, wanted()) * bytes_row > band_budget:
+        if bytes_row > LARGE_ROW_BYTES or (not fill and min(source.num_rows, wanted()) * bytes_row > band_budget):
             map_large_allocations()
-        stream = encoding.encode(_chunks(source, rank, band_rows, chunk_rows, skip), wanted)
+        stream: Generator[Encoded, None, None] | None = None
         merged = None
-        if store is not None:
-            merged = store.stream(order, stream, config.check_every, partial(encoding.one, source, rank))
         try:
             shown = None if progress else True  # (None: shown on a terminal only)
             every = source.num_rows if config.rows is None else None
@@ -467,6 +513,15 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
                 tqdm(total=every, unit="conv", disable=shown, desc="tokenize", position=0) as tokenized,
                 tqdm(total=config.rows, unit="row", disable=shown, desc=f"write {config.name}", position=1) as bar,
             ):
+                if fill:
+                    assert store is not None
+                    _fill(store, encoding, source, order, config.skip_invalid, tokenized)
+                    held, check = store.plan(order, config.check_every)
+                    skip = held & ~check if held.any() else None
+                    tokenized = tqdm(disable=True)  # (counted as filled)
+                stream = encoding.encode(_chunks(source, rank, band_rows, chunk_rows, skip), wanted)
+                if store is not None:
+                    merged = store.stream(order, stream, config.check_every, partial(encoding.one, source, rank))
                 valid = _valid(stream if merged is None else iter(merged), source, config.skip_invalid, tally)
                 _pack(valid, config.rows, packer, writer, tally, bar, tokenized, config.emit_boundaries)
                 if merged is not None:
@@ -480,7 +535,10 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             writer.abort()
             raise
         finally:
-            (stream if merged is None else merged).close()
+            if merged is not None:
+                merged.close()
+            elif stream is not None:
+                stream.close()
         if writer.rows == 0 or (config.rows is not None and writer.rows < config.rows):
             needed = f"--rows is {config.rows}" if config.rows is not None else "a build needs at least one"
             filled = f"the source fills only {writer.rows} rows of {config.row_tokens} tokens"

@@ -635,12 +635,22 @@ def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[bytes | None, int]]:
 
 def _read_jsonl(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa.Table]]:
     """``(local indices, raw lines)`` of the wanted rows, with their sizes as a ``bytes``
-    column; a UTF-8 byte-order mark that starts the file is not part of its first line,
-    and a line over ``MAX_CONVERSATION_BYTES`` is read a piece at a time and ``dropped``
-    (kept empty).
-    The lines are gathered in one buffer that becomes the Arrow data as it is, not copied."""
-    local, offsets, sizes, dropped = [], [0], [], []
+    column, in batches of about ``READ_BATCH_BYTES``; a UTF-8 byte-order mark that starts the
+    file is not part of its first line, and a line over ``MAX_CONVERSATION_BYTES`` is read a
+    piece at a time and ``dropped`` (kept empty). A batch's lines are gathered in one buffer
+    that becomes the Arrow data as it is, not copied."""
+    local: list[int] = []
+    offsets, sizes, dropped = [0], list[int](), list[bool]()
     data = bytearray()
+    batches = 0
+
+    def batch() -> tuple[np.ndarray, pa.Table]:
+        lines = pa.Array.from_buffers(
+            pa.large_binary(), len(local), [None, pa.py_buffer(np.array(offsets, np.int64)), pa.py_buffer(data)]
+        )
+        sized = {"bytes": pa.array(sizes, pa.int64()), "dropped": pa.array(dropped, pa.bool_())}
+        return np.array(local, dtype=np.int64), pa.table({"line": lines, **sized})
+
     try:
         with path.open("rb") as f:
             if f.read(len(codecs.BOM_UTF8)) != codecs.BOM_UTF8:
@@ -655,15 +665,30 @@ def _read_jsonl(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa
                     offsets.append(len(data))
                     sizes.append(size)
                     dropped.append(line is None)
+                    if len(data) >= READ_BATCH_BYTES:
+                        yield batch()
+                        batches += 1
+                        local, offsets, sizes, dropped, data = [], [0], [], [], bytearray()
     except OSError as error:
         raise unreadable(path, error) from None
-    lines = pa.Array.from_buffers(
-        pa.large_binary(), len(local), [None, pa.py_buffer(np.array(offsets, np.int64)), pa.py_buffer(data)]
-    )
-    yield (
-        np.array(local, dtype=np.int64),
-        pa.table({"line": lines, "bytes": pa.array(sizes, pa.int64()), "dropped": pa.array(dropped, pa.bool_())}),
-    )
+    if local or not batches:
+        yield batch()
+
+
+def stream_rows(source: Source, skip: np.ndarray | None = None) -> Iterator[pa.Table]:
+    """Every row in source order (but those ``skip`` marks), one file after another, in
+    batches of at most ``READ_BATCH_BYTES`` (as read: ``messages`` may share buffers with
+    the rest of the batch), with the columns of ``read_band``: so that memory holds a batch,
+    whatever the source's size, and each source byte is decoded once."""
+    start = 0
+    for path, count in zip(source.files, source.row_counts):
+        inside = np.ones(count, bool) if skip is None else ~skip[start : start + count]
+        if inside.any():
+            reader = _read_parquet if path.suffix == ".parquet" else _read_jsonl
+            for local, table in reader(path, inside):
+                if table.num_rows:
+                    yield table.append_column("index", pa.array(local + start, pa.int64()))
+        start += count
 
 
 def too_large(size: int) -> str:

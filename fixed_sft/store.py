@@ -298,6 +298,16 @@ class TokenStore:
             os.close(fd)
         self._files.clear()
 
+    def refresh(self) -> None:
+        """Write what is pending, then index the segments again: the rows this build added
+        are then held as any other."""
+        self.close()
+        self.segments = []
+        self.segment.fill(-1)
+        self.slot.fill(0)
+        self.passed.fill(False)
+        self._load()
+
     def plan(self, order: np.ndarray, check_every: int) -> tuple[np.ndarray, np.ndarray]:
         """Per source row, for a build of packing ``order``: whether it is taken from the
         store, and whether it is read and encoded too (taken from the store but at a checked

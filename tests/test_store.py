@@ -305,3 +305,140 @@ def test_a_store_that_cannot_be_written_is_turned_off_with_a_warning(
     assert manifest["rows_sha256"] == GOLDEN_ROWS_SHA256
     assert "warning: token store off: cannot write" in capsys.readouterr().err
     assert not list(token_store.glob("tokens/*/*"))
+
+
+def _decoded(monkeypatch) -> list[int]:
+    """The rows of each Parquet batch decoded in this process (the build's reads)."""
+    import pyarrow.parquet as pq
+
+    batches: list[int] = []
+    original = pq.ParquetFile.iter_batches
+
+    def counting(self, *args, **kwargs):
+        for batch in original(self, *args, **kwargs):
+            batches.append(batch.num_rows)
+            yield batch
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", counting)
+    return batches
+
+
+def _bands_of(source: Path, monkeypatch, count: int) -> None:
+    """Make ``source`` about ``count`` bands of rows for a build."""
+    import fixed_sft.build as build_module
+    from fixed_sft.source import band_bytes, file_bytes, open_source
+
+    sizes = file_bytes(open_source(str(source)))
+    monkeypatch.setattr(build_module, "BAND_BYTES", sum(sizes) / count / band_bytes(1, sizes))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_build_of_every_row_over_several_bands_decodes_the_source_once(
+    corpus, kimi_dir, tmp_path, monkeypatch, workers
+):
+    """A ``--rows all`` build of a source of several bands encodes it into the store in one
+    pass (each row decoded once, and encoded once), then packs from the store: the rows of
+    the band-by-band build without the store, which decodes the source once per band. A
+    later build of another row length decodes nothing; one of another seed reads the rows
+    at its checked positions to check them, in one pass too."""
+    _bands_of(corpus[0], monkeypatch, 4)
+    cfg = config(corpus[0], kimi_dir, rows=None, workers=workers)
+    decoded = _decoded(monkeypatch)
+    plain = _without_store(cfg, tmp_path / "plain")
+    assert sum(decoded) >= 3 * 1200  # (read once per band)
+    decoded.clear()
+    assert build(cfg, tmp_path / "filled") == plain
+    assert sum(decoded) == 1200
+    decoded.clear()
+    assert build(dataclasses.replace(cfg, row_tokens=512), tmp_path / "again")["stats"]["conversations"] == 1200
+    assert sum(decoded) == 0
+    assert build(dataclasses.replace(cfg, seed=6), tmp_path / "seed")["stats"]["conversations"] == 1200
+    assert 0 < sum(decoded) <= 1200
+
+
+def test_a_store_filled_in_source_order_checks_the_rows_of_checked_positions(corpus, kimi_dir, tmp_path, monkeypatch):
+    """The pass that fills the store checks the rows at the build's checked positions (not
+    those of source order): the counts are those of the build without the store, and a row
+    stored unchecked at a checked position is encoded again to check it."""
+    _bands_of(corpus[0], monkeypatch, 3)
+    cfg = config(corpus[0], kimi_dir, rows=None)
+    checked: list[int] = []
+    original = ChatEncoder.check
+
+    def counting(self, *args, **kwargs):
+        checked.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChatEncoder, "check", counting)
+    first = build(cfg, tmp_path / "a")
+    assert first["template_check"]["checked"] == len(checked) == len(range(0, 1200, cfg.check_every))
+    checked.clear()
+    other = build(dataclasses.replace(cfg, seed=9), tmp_path / "b")
+    assert 0 < len(checked) < other["template_check"]["checked"]  # (some were checked by the first build)
+    assert other == _without_store(dataclasses.replace(cfg, seed=9), tmp_path / "b-plain")
+
+
+def test_an_invalid_row_stops_the_pass_that_fills_the_store(tmp_path, kimi_dir, monkeypatch):
+    """An invalid row stops the filling pass at once, naming it; with ``skip_invalid`` it is
+    recorded, as without the store. JSONL is read in batches of a few lines."""
+    import fixed_sft.source as source_module
+    from fixed_sft.build import InvalidSourceRow
+
+    rows = synthetic.conversations(300, seed=3)
+    rows[200]["messages"][0]["role"] = "robot"
+    source = synthetic.write_jsonl(rows, tmp_path / "rows.jsonl")
+    monkeypatch.setattr(source_module, "READ_BATCH_BYTES", 20_000)
+    _bands_of(source, monkeypatch, 3)
+    cfg = config(source, kimi_dir, rows=None, row_tokens=256)
+    with pytest.raises(InvalidSourceRow, match=r"rows.jsonl: line 201 \(source row 200"):
+        build(cfg, tmp_path / "stopped")
+    skipping = dataclasses.replace(cfg, skip_invalid=True)
+    manifest = build(skipping, tmp_path / "skipped")
+    assert manifest["skipped_invalid"][0]["index"] == 200
+    assert manifest == _without_store(skipping, tmp_path / "plain")
+
+
+def _build_then_sigkill(cfg: BuildConfig, out: Path, after: int) -> None:
+    """In a forked child: build ``cfg`` into ``out``, with segments of 8 conversations, and
+    SIGKILL this process halfway through writing the segment after ``after`` whole ones."""
+    import os
+    import signal
+
+    store_module.SEGMENT_CONVERSATIONS = 8
+    original = TokenStore.flush
+    written = []
+
+    def flush(self):
+        if len(written) == after:
+            (self.folder / ".tmp-killed.seg").write_bytes(store_module.MAGIC + b"\x08")  # (a part written)
+            os.kill(os.getpid(), signal.SIGKILL)
+        written.append(1)
+        original(self)
+
+    TokenStore.flush = flush
+    build(cfg, out)
+    os._exit(0)  # not killed
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_build_killed_with_sigkill_resumes_from_its_store(corpus, kimi_dir, tmp_path, token_store, workers):
+    """A build SIGKILLed while it writes the store leaves no output and its whole segments;
+    the next build takes those from the store, encodes the rest, and ends with the rows and
+    manifest of a build that was never stopped."""
+    import multiprocessing
+    import signal
+
+    from fixed_sft.store import STALE_SECONDS
+
+    cfg = config(corpus[0], kimi_dir, rows=None, workers=workers)
+    child = multiprocessing.get_context("fork").Process(target=_build_then_sigkill, args=(cfg, tmp_path / "out", 5))
+    child.start()
+    child.join(120)
+    assert child.exitcode == -signal.SIGKILL
+    assert not (tmp_path / "out").exists()
+    assert _store_is_consistent(token_store, 1200) == 5 * 8
+    assert len(list(token_store.glob("tokens/*/.tmp-*"))) == 1
+    resumed = build(cfg, tmp_path / "out")
+    assert resumed == _without_store(cfg, tmp_path / "plain")
+    store = TokenStore(next(token_store.glob("tokens/*")), 1200)
+    assert (store.segment >= 0).all() and STALE_SECONDS > 0
