@@ -4,6 +4,7 @@
 Usage::
 
     python benchmarks/bench_memory.py [--repeat K] [--cases NAME,...] [--workers 1,2] [--json OUT]
+        [--cgroup [--limit MIB]]
 
 The script writes its sources in a temporary folder (``--keep DIR`` keeps them), runs
 each build in a fresh interpreter (``fixed_sft.build.build(...)``, as the command line
@@ -20,6 +21,14 @@ multiprocessing's resource tracker) from /proc every ``SAMPLE_INTERVAL_S``:
 * **sum of peaks**: the sum of each process's own ``VmHWM`` (its peak RSS, which the
   kernel keeps, so no sampling misses it): at least the tree RSS, whenever the
   processes peaked.
+
+* **cgroup** (``--cgroup``, where the cgroup v1 memory hierarchy at
+  ``/sys/fs/cgroup/memory`` is writable, as root): each build runs in a memory cgroup of
+  its own, where the kernel counts every page once. ``cgroup anon`` is the peak of its
+  sampled anonymous memory (``total_rss`` of ``memory.stat``); ``cgroup peak`` the
+  kernel's own peak of its usage (``memory.max_usage_in_bytes``), which counts the page
+  cache of the files the build reads and writes too. With ``--limit MIB``, memory and
+  memory+swap are limited to MIB: a build that needs more is killed, and its case fails.
 
 (``getrusage(RUSAGE_CHILDREN)`` is not used: it gives the largest child's peak, not a
 sum, and Linux counts the RSS of the forking process, this script holding the sources,
@@ -67,6 +76,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -333,14 +343,58 @@ def _role(pid: int) -> str:
     return "build" if "--child" in text or "child" in text else text[:40]
 
 
+CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+
+
+class MemoryCgroup:
+    """A cgroup v1 memory group of its own for one build (``limit``: bytes of memory, and of
+    memory+swap, it may use; ``None``: no limit)."""
+
+    def __init__(self, name: str, limit: int | None):
+        self.path = CGROUP_ROOT / name
+        self.path.mkdir()
+        if limit is not None:
+            (self.path / "memory.limit_in_bytes").write_text(str(limit))
+            swap = self.path / "memory.memsw.limit_in_bytes"
+            if swap.exists():
+                swap.write_text(str(limit))
+
+    def add(self, pid: int) -> None:
+        """Move ``pid`` in (the processes it starts from then on are in it too)."""
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def anon(self) -> int:
+        for line in (self.path / "memory.stat").read_text().splitlines():
+            if line.startswith("total_rss "):
+                return int(line.split()[1])
+        return 0
+
+    def peak(self) -> int:
+        return int((self.path / "memory.max_usage_in_bytes").read_text())
+
+    def oom_kills(self) -> int:
+        for line in (self.path / "memory.oom_control").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+        return 0
+
+    def remove(self) -> None:
+        for _ in range(100):  # (until the kernel has let go of its last process)
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.05)
+
+
 class TreeSampler(threading.Thread):
     """Samples the process tree of ``pid`` until stopped: peaks of its summed RSS and
     PSS, each process's last seen ``VmHWM``, and the most processes seen at once."""
 
-    def __init__(self, pid: int):
+    def __init__(self, pid: int, cgroup: MemoryCgroup | None = None):
         super().__init__(daemon=True)
-        self.pid = pid
-        self.rss = self.pss = self.processes = 0
+        self.pid, self.cgroup = pid, cgroup
+        self.rss = self.pss = self.processes = self.anon = 0
         self.hwm: dict[int, int] = {}
         self.names: dict[int, str] = {}  # pid -> "pid: what it runs"
         self.done = threading.Event()
@@ -367,11 +421,16 @@ class TreeSampler(threading.Thread):
             self.rss = max(self.rss, rss)
             self.pss = max(self.pss, sum(map(_pss, pids)))
             self.processes = max(self.processes, len(pids))
+            if self.cgroup is not None:
+                self.anon = max(self.anon, self.cgroup.anon())
             self.done.wait(SAMPLE_INTERVAL_S)
 
 
-def run_build(case: Case, workers: int, tokenizer: Path, work: Path) -> dict[str, Any]:
-    """One build of ``case`` in a fresh interpreter, its process tree sampled."""
+def run_build(
+    case: Case, workers: int, tokenizer: Path, work: Path, cgroup: bool = False, limit: int | None = None
+) -> dict[str, Any]:
+    """One build of ``case`` in a fresh interpreter, its process tree sampled (with
+    ``cgroup``: in a memory cgroup of its own, limited to ``limit`` bytes)."""
     name = f"{case.name}-w{workers}-{time.monotonic_ns()}"
     config = dict(
         name=case.name,
@@ -387,6 +446,7 @@ def run_build(case: Case, workers: int, tokenizer: Path, work: Path) -> dict[str
     spec_path = work / f"{name}.spec.json"
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env["FIXED_SFT_CACHE"] = str(work / "store" / name)  # a first build: an empty token store of its own
     log = work / f"{name}.log"
     with log.open("wb") as stderr:
         proc = subprocess.Popen(
@@ -396,7 +456,10 @@ def run_build(case: Case, workers: int, tokenizer: Path, work: Path) -> dict[str
             env=env,
             cwd=str(ROOT),
         )
-        sampler = TreeSampler(proc.pid)
+        group = MemoryCgroup(f"fixed-sft-bench-{os.getpid()}-{proc.pid}", limit) if cgroup else None
+        if group is not None:
+            group.add(proc.pid)  # (before the interpreter has started any process of its own)
+        sampler = TreeSampler(proc.pid, group)
         sampler.start()
         try:
             code = proc.wait()
@@ -407,6 +470,11 @@ def run_build(case: Case, workers: int, tokenizer: Path, work: Path) -> dict[str
         finally:
             sampler.done.set()
             sampler.join()
+            shutil.rmtree(env["FIXED_SFT_CACHE"], ignore_errors=True)
+    measured: dict[str, Any] = {}
+    if group is not None:
+        measured = {"cgroup_anon": sampler.anon, "cgroup_peak": group.peak(), "oom_kills": group.oom_kills()}
+        group.remove()
     if code != 0 or not Path(spec["result"]).exists():
         sys.stderr.write(log.read_text(errors="replace")[-4000:])
         result = {"error": f"the build process exited {code}"}
@@ -421,6 +489,7 @@ def run_build(case: Case, workers: int, tokenizer: Path, work: Path) -> dict[str
         "sum_hwm": sum(sampler.hwm.values()),
         "hwm_by_process": {sampler.names.get(pid, str(pid)): hwm for pid, hwm in sampler.hwm.items()},
         "processes": sampler.processes,
+        **measured,
     }
 
 
@@ -456,6 +525,13 @@ def as_expected(case: Case, runs: list[dict[str, Any]]) -> bool:
     return all("error" not in r for r in runs) and len({r["rows_sha256"] for r in runs}) == 1
 
 
+def cgroup_figure(runs: list[dict[str, Any]]) -> str:
+    """``anon / peak`` of builds run in a cgroup (empty without ``--cgroup``)."""
+    if not all("cgroup_anon" in r for r in runs):
+        return ""
+    return f"{spread([r['cgroup_anon'] for r in runs], MIB)} / {spread([r['cgroup_peak'] for r in runs], MIB)}"
+
+
 def print_table(cases: dict[str, Case], runs: list[dict[str, Any]], workers: list[int]) -> None:
     headers = (
         "case",
@@ -464,6 +540,7 @@ def print_table(cases: dict[str, Case], runs: list[dict[str, Any]], workers: lis
         "x baseline",
         "tree PSS MiB",
         "sum of peaks MiB",
+        "cgroup anon / peak MiB",
         "wall s",
         "RSS < 1 GiB",
         "outcome",
@@ -490,6 +567,7 @@ def print_table(cases: dict[str, Case], runs: list[dict[str, Any]], workers: lis
                     ratio,
                     spread([r["tree_pss"] for r in mine], MIB),
                     spread([r["sum_hwm"] for r in mine], MIB),
+                    cgroup_figure(mine),
                     spread([r["wall_s"] for r in mine], 1, "{:.1f}"),
                     "yes" if max(rss) < TARGET_BYTES else "NO",
                     outcome(case, mine),
@@ -520,6 +598,8 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_TOKENIZER,
         help=f"Kimi-K2.6 tokenizer folder (default {DEFAULT_TOKENIZER})",
     )
+    parser.add_argument("--cgroup", action="store_true", help="run each build in a memory cgroup of its own (root)")
+    parser.add_argument("--limit", type=int, metavar="MIB", help="with --cgroup: limit each build's memory to MIB")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -529,6 +609,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(names) - set(CASES + EXTRA_CASES):
         parser.error(f"unknown case(s) {', '.join(sorted(unknown))}")
     workers = [int(w) for w in args.workers.split(",")]
+    if args.limit is not None and not args.cgroup:
+        parser.error("--limit needs --cgroup")
+    if args.cgroup and not os.access(CGROUP_ROOT, os.W_OK):
+        parser.error(f"--cgroup needs a writable cgroup v1 memory hierarchy at {CGROUP_ROOT}")
+    limit = args.limit * MIB if args.limit is not None else None
     if args.repeat < 1 or min(workers) < 1:
         parser.error("--repeat and --workers must be at least 1")
     if not (args.tokenizer / "tiktoken.model").is_file():
@@ -554,12 +639,13 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeat):
             for case in cases.values():
                 for count in workers:
-                    run = run_build(case, count, args.tokenizer, work)
+                    run = run_build(case, count, args.tokenizer, work, args.cgroup, limit)
                     runs.append(run)
                     print(
                         f"  {case.name} w{count} #{repeat + 1}: tree RSS {run['tree_rss'] / MIB:.0f} MiB, "
                         f"PSS {run['tree_pss'] / MIB:.0f} MiB, sum of peaks {run['sum_hwm'] / MIB:.0f} MiB, "
-                        f"{run['processes']} processes, {run['wall_s']:.1f} s"
+                        f"{run['processes']} processes, {run.get('wall_s', 0):.1f} s"
+                        + (f", cgroup anon {run['cgroup_anon'] / MIB:.0f} MiB" if "cgroup_anon" in run else "")
                         + (f"; {run['error']}" if "error" in run else ""),
                         flush=True,
                     )
