@@ -398,26 +398,28 @@ def test_an_invalid_row_stops_the_pass_that_fills_the_store(tmp_path, kimi_dir, 
     assert manifest == _without_store(skipping, tmp_path / "plain")
 
 
-def _build_then_sigkill(cfg: BuildConfig, out: Path, after: int) -> None:
-    """In a forked child: build ``cfg`` into ``out``, with segments of 8 conversations, and
-    SIGKILL this process halfway through writing the segment after ``after`` whole ones."""
-    import os
-    import signal
+# Run by a fresh interpreter: build the config (JSON, argv[1]) into argv[2], with segments of 8
+# conversations, and SIGKILL this process halfway through writing the segment after argv[3]
+# whole ones.
+SIGKILLED_BUILD = """
+import json, os, signal, sys
+from pathlib import Path
+from fixed_sft import store
+from fixed_sft.build import BuildConfig, build
 
-    store_module.SEGMENT_CONVERSATIONS = 8
-    original = TokenStore.flush
-    written = []
+store.SEGMENT_CONVERSATIONS = 8
+flush, written = store.TokenStore.flush, []
 
-    def flush(self):
-        if len(written) == after:
-            (self.folder / ".tmp-killed.seg").write_bytes(store_module.MAGIC + b"\x08")  # (a part written)
-            os.kill(os.getpid(), signal.SIGKILL)
-        written.append(1)
-        original(self)
+def killing_flush(self):
+    if len(written) == int(sys.argv[3]):
+        (self.folder / ".tmp-killed.seg").write_bytes(store.MAGIC + b"\\x08")  # (a part written)
+        os.kill(os.getpid(), signal.SIGKILL)
+    written.append(1)
+    flush(self)
 
-    TokenStore.flush = flush
-    build(cfg, out)
-    os._exit(0)  # not killed
+store.TokenStore.flush = killing_flush
+build(BuildConfig(**json.loads(sys.argv[1])), Path(sys.argv[2]))
+"""
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -425,16 +427,14 @@ def test_a_build_killed_with_sigkill_resumes_from_its_store(corpus, kimi_dir, tm
     """A build SIGKILLed while it writes the store leaves no output and its whole segments;
     the next build takes those from the store, encodes the rest, and ends with the rows and
     manifest of a build that was never stopped."""
-    import multiprocessing
     import signal
 
     from fixed_sft.store import STALE_SECONDS
 
     cfg = config(corpus[0], kimi_dir, rows=None, workers=workers)
-    child = multiprocessing.get_context("fork").Process(target=_build_then_sigkill, args=(cfg, tmp_path / "out", 5))
-    child.start()
-    child.join(120)
-    assert child.exitcode == -signal.SIGKILL
+    arguments = [json.dumps(dataclasses.asdict(cfg)), str(tmp_path / "out"), "5"]
+    child = subprocess.run([sys.executable, "-c", SIGKILLED_BUILD, *arguments], cwd=ROOT, timeout=120)
+    assert child.returncode == -signal.SIGKILL
     assert not (tmp_path / "out").exists()
     assert _store_is_consistent(token_store, 1200) == 5 * 8
     assert len(list(token_store.glob("tokens/*/.tmp-*"))) == 1
