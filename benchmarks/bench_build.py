@@ -59,7 +59,7 @@ Figures (targets from the project issue "Speed and memory"):
    projection from the synthetic corpus, not a measurement of the real one. The real
    Tulu 3 source is ~1.4 GB of Parquet, which the build reads once per band and
    hashes once; proxies for both are measured and scaled linearly to 1.4 GB: one
-   ``fixed_sft.source.read_band`` pass over the synthetic source keeping 6% of its
+   ``fixed_sft.bands.read_band`` pass over the synthetic source keeping 6% of its
    rows (the default build keeps ~50k of Tulu's 939k rows), and ``sha256_file`` over
    its files, each the fastest of 3 passes from a warm page cache (a cold disk read
    can only add to them). The total
@@ -598,8 +598,9 @@ def used_conversations(out: Path) -> list[int]:
 def read_proxy(source_dir: Path) -> dict[str, Any]:
     """The fastest of ``PROXY_PASSES`` ``read_band`` passes over ``source_dir`` keeping
     ``KEEP_FRACTION`` of its rows (warm page cache), scaled linearly to ``TULU_PARQUET_BYTES``."""
+    from fixed_sft.bands import read_band
     from fixed_sft.order import permutation, positions
-    from fixed_sft.source import open_source, read_band
+    from fixed_sft.source import open_source
 
     source = open_source(str(source_dir))
     rank = positions(permutation(ORDER_SEED, source.num_rows))

@@ -60,7 +60,7 @@ def child(variant: str, workers: int, tokenizer: Path) -> dict:
     count = len(messages)
     chunk = pa.table(
         {"messages": messages, "index": range(count), "bytes": [0] * count, "dropped": [False] * count}
-    )  # a chunk as fixed_sft.source cuts them
+    )  # a chunk as fixed_sft.bands cuts them
     start = time.perf_counter()
     if variant == "preload":
         environment = {encode.PRELOAD_VARIABLE: config.to_json(), encode.BUILDER_VARIABLE: str(os.getpid())}

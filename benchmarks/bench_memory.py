@@ -176,7 +176,7 @@ def write_parquet(rows: list[dict[str, Any]], path: Path, **options: Any) -> Pat
 
 
 def make_sources(work: Path, names: set[str]) -> dict[str, Case]:
-    from fixed_sft.source import MAX_CONVERSATION_BYTES
+    from fixed_sft.bands import MAX_CONVERSATION_BYTES
 
     cases = {}
     if "small" in names:

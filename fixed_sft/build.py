@@ -27,6 +27,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from . import __version__
+from .bands import band_bytes, file_bytes, read_band, read_rows, stream_rows
 from .chat import MASK_TYPES as KIMI_MASK_TYPES
 from .chat import ChatEncoder
 from .encode import Chunk, Encoded, EncoderConfig, Encoders, encode_rows
@@ -55,17 +56,7 @@ from .order import permutation, positions
 from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter, format_of, naming
 from .pack import Packer, Row
 from .params import RECORDED, BuildConfig, to_json
-from .source import (
-    Source,
-    SourceError,
-    band_bytes,
-    file_bytes,
-    open_source,
-    read_band,
-    read_rows,
-    stream_rows,
-    unreadable,
-)
+from .source import Source, SourceError, open_source, unreadable
 from .specs import BUILDS, HF, ResolvedTokenizer, build_spec, resolve_tokenizer
 from .store import TokenStore, default_dir, store_key
 from .tokenizer import bpe_version, default_bpe, fast_bpe_installed

@@ -62,7 +62,7 @@ class Conversation(NamedTuple):
 
 def conversation(record: object, schema: MessageSchema) -> Conversation:
     """The ``Conversation`` of a source record (a dict, or the ``InvalidRow`` that
-    ``fixed_sft.source.records`` made of it, raised here); ``InvalidRow`` naming the reason
+    ``fixed_sft.records.records`` made of it, raised here); ``InvalidRow`` naming the reason
     and, where it is known, the id when the record is not valid for ``schema`` (module
     docstring). The id's text is the string, or the integer in decimal."""
     if isinstance(record, InvalidRow):

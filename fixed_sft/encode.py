@@ -40,7 +40,7 @@ from .hashes import sha256_file
 from .hf_chat import HFChatEncoder, load_tokenizer
 from .hf_chat import separator as hf_separator
 from .memory import map_large_allocations
-from .source import records
+from .records import records
 from .tokenizer import KimiTokenizer, TokenizerError, default_bpe, eos_id, eos_token
 from .tool_declarations import ModelCheck, model_declarer
 
@@ -183,7 +183,7 @@ class EncoderConfig:
 
 
 class Chunk(NamedTuple):
-    """A chunk of the packing order: source rows as ``fixed_sft.source`` cuts them, the
+    """A chunk of the packing order: source rows as ``fixed_sft.bands`` cuts them, the
     packing position of the first, and how often conversations are checked: the one at
     position ``p`` is also encoded through the rendered template when ``p`` is a multiple
     of ``check_every`` (0: none). ``positions``: each row's position, where the rows are not
@@ -300,7 +300,7 @@ def encode_chunk(encoder: Encoder, chunk: Chunk) -> EncodedChunk:
 
 # Chunks in flight to the workers hold at most this much Arrow data together (or one chunk): two
 # chunks of CHUNK_BYTES (fixed_sft.build: a chunk holds at most that, or one row within
-# MAX_CONVERSATION_BYTES, fixed_sft.source), with room for their index columns. So at most two
+# MAX_CONVERSATION_BYTES, fixed_sft.bands), with room for their index columns. So at most two
 # conversations near the bound are encoded at once, whatever the number of workers.
 IN_FLIGHT_BYTES = 17 << 20
 RELEASE_CHUNK_BYTES = 4 << 20

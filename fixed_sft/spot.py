@@ -44,6 +44,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from .bands import read_rows
 from .build import (  # (the build's pool: its hashing is not waited for on Ctrl-C)
     BuildError,
     UsageError,
@@ -72,7 +73,7 @@ from .rebuild import (
     source_view,
     tokenizer_view,
 )
-from .source import SourceError, SourceUnreachable, open_source, read_rows
+from .source import SourceError, SourceUnreachable, open_source
 from .verify import described, read_manifest
 
 SAMPLE_SEED = 0  # the seed of ``sample:N``

@@ -47,12 +47,14 @@ from .errors import BuildError
 ENCODING_VERSION = 1
 # the modules whose code decides a conversation's ids, mask, invalid reason or template check
 ENCODING_MODULES = (
+    "bands.py",
     "chat.py",
     "conversation.py",
     "encode.py",
     "encoding.py",
     "fields.py",
     "hf_chat.py",
+    "records.py",
     "source.py",
     "store.py",
     "tokenizer.py",

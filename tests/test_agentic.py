@@ -224,7 +224,7 @@ def test_the_sampled_check_covers_tools(encoder):
 
 
 def _chunk(lines: list[dict]):
-    """A chunk of JSONL rows, as ``fixed_sft.source`` reads them."""
+    """A chunk of JSONL rows, as ``fixed_sft.bands`` reads them."""
     import pyarrow as pa
 
     raw = pa.array([json.dumps(line).encode() for line in lines], pa.large_binary())

@@ -248,11 +248,11 @@ def test_workers_check_the_same_positions_whatever_the_chunk_size(
 def test_bands_chunks_and_batches_do_not_change_output(fixture_build, corpus, kimi_dir, tmp_path, monkeypatch):
     """Many consecutive bands of a few rows, cut into chunks of 2 and read in batches of 7
     rows (smaller than a row group): the same build."""
-    import fixed_sft.source as source_module
+    import fixed_sft.bands as bands_module
 
     monkeypatch.setattr(build_module, "BAND_BYTES", 10_000)
     monkeypatch.setattr(build_module, "CHUNK_ROWS", 2)
-    monkeypatch.setattr(source_module, "READ_BATCH_ROWS", 7)
+    monkeypatch.setattr(bands_module, "READ_BATCH_ROWS", 7)
     bands = []
     read_band = build_module.read_band
     monkeypatch.setattr(
@@ -272,7 +272,8 @@ def test_a_band_of_large_rows_leaves_room_for_its_read_copies(fixture_build, cor
     that sort them), three files of even sizes in bands of three fifths; rows under the
     size get bands of ``BAND_BYTES`` counted the same way. The rows are the same. (Without the
     token store, which would give the later builds the rows of the first.)"""
-    from fixed_sft.source import bytes_per_row, open_source
+    from fixed_sft.bands import bytes_per_row
+    from fixed_sft.source import open_source
 
     bands = []
     read_band = build_module.read_band
@@ -303,7 +304,8 @@ def test_a_band_of_large_rows_leaves_room_for_its_read_copies(fixture_build, cor
 def test_a_build_of_several_bands_maps_its_large_allocations(fixture_build, corpus, kimi_dir, tmp_path, monkeypatch):
     """The build's process maps its large allocations where it reads more than one band of
     rows (it then holds a band while it reads the next), not where one band holds them."""
-    from fixed_sft.source import bytes_per_row, open_source
+    from fixed_sft.bands import bytes_per_row
+    from fixed_sft.source import open_source
 
     mapped, bands = [], []
     monkeypatch.setattr(build_module, "map_large_allocations", lambda: mapped.append(True))

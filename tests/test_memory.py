@@ -15,13 +15,17 @@ import pyarrow.parquet as pq
 import pytest
 import synthetic
 
+from fixed_sft import bands as bands_module
 from fixed_sft import build as build_module
 from fixed_sft import encode as encode_module
 from fixed_sft import source as source_module
+from fixed_sft.bands import read_band, value_bytes
 from fixed_sft.build import BuildConfig, InvalidSourceRow, build
+from fixed_sft.conversation import InvalidRow
 from fixed_sft.order import permutation
 from fixed_sft.pages import largest_page, page_sizes
-from fixed_sft.source import InvalidRow, SourceError, open_source, read_band, records, value_bytes
+from fixed_sft.records import records
+from fixed_sft.source import SourceError, open_source
 
 
 def _config(path, kimi_dir, **overrides) -> BuildConfig:
@@ -133,7 +137,7 @@ def test_a_band_lets_go_of_each_file_once_its_rows_are_in_chunks(tmp_path):
 
 
 def test_jsonl_lines_over_the_bound_are_dropped_as_they_are_read(tmp_path, monkeypatch):
-    monkeypatch.setattr(source_module, "MAX_CONVERSATION_BYTES", 200)
+    monkeypatch.setattr(bands_module, "MAX_CONVERSATION_BYTES", 200)
     good = json.dumps(_conversation(0, 50)).encode()
     at_bound = good[:-1] + b" " * (200 - len(good)) + b"}"
     path = tmp_path / "rows.jsonl"
@@ -169,7 +173,7 @@ def test_jsonl_lines_over_the_bound_are_dropped_as_they_are_read(tmp_path, monke
 
 
 def test_parquet_rows_over_the_bound_are_dropped_and_keep_their_id(tmp_path, monkeypatch):
-    monkeypatch.setattr(source_module, "MAX_CONVERSATION_BYTES", 2_000)
+    monkeypatch.setattr(bands_module, "MAX_CONVERSATION_BYTES", 2_000)
     rows = [_conversation(k, size) for k, size in enumerate([100, 5_000, 1_900, 300])]
     rows[3]["id"] = "i" * 5_000  # over the bound by its id: not kept
     synthetic.write_parquet(rows, tmp_path / "rows.parquet")
@@ -188,7 +192,7 @@ def test_a_conversation_over_the_bound_stops_the_build_naming_it(kimi_dir, tmp_p
     """Without --skip-invalid: the file, row, source row and id, and the bound. With it:
     recorded, and the build goes on with the same rows as when that row is invalid
     for another reason."""
-    monkeypatch.setattr(source_module, "MAX_CONVERSATION_BYTES", 20_000)
+    monkeypatch.setattr(bands_module, "MAX_CONVERSATION_BYTES", 20_000)
     rows = synthetic.conversations(40, seed=4)
     huge = int(permutation(3, 40)[0])  # packed first
     rows[huge] = _conversation(huge, 30_000)
@@ -216,7 +220,7 @@ def test_a_conversation_over_the_bound_stops_the_build_naming_it(kimi_dir, tmp_p
 def test_workers_refuse_the_rows_the_reader_dropped(kimi_dir, tmp_path, monkeypatch):
     """Which rows are over the bound is decided where they are read, and travels with
     the chunk: workers refuse the same rows, and the rows are the same."""
-    monkeypatch.setattr(source_module, "MAX_CONVERSATION_BYTES", 20_000)
+    monkeypatch.setattr(bands_module, "MAX_CONVERSATION_BYTES", 20_000)
     rows = synthetic.conversations(40, seed=4)
     big = [int(i) for i in permutation(3, 40)[:6:2]]
     for k in big:
@@ -413,24 +417,24 @@ def test_a_parquet_page_over_the_bound_stops_the_build_when_the_source_is_opened
 
 def test_a_source_of_large_pages_is_read_a_file_at_a_time(tmp_path, monkeypatch):
     threads = []
-    pool = source_module.ThreadPoolExecutor
-    monkeypatch.setattr(source_module, "ThreadPoolExecutor", lambda n: threads.append(n) or pool(n))
+    pool = bands_module.ThreadPoolExecutor
+    monkeypatch.setattr(bands_module, "ThreadPoolExecutor", lambda n: threads.append(n) or pool(n))
     rows = synthetic.conversations(40, seed=2)
     synthetic.write_parquet(rows, tmp_path / "src", rows_per_file=10)
     src = open_source(str(tmp_path / "src"))
     read_band(src, np.arange(40), 0, 40)
-    monkeypatch.setattr(source_module, "SHARED_PAGE_BYTES", src.page_bytes - 1)
+    monkeypatch.setattr(bands_module, "SHARED_PAGE_BYTES", src.page_bytes - 1)
     read_band(src, np.arange(40), 0, 40)
     assert threads == [2, 1]
 
 
 def test_parquet_batches_are_sized_by_bytes(tmp_path, monkeypatch):
     """A row group of 40 rows of about 60 KB, read in batches of about 200 KB: 3 rows."""
-    monkeypatch.setattr(source_module, "READ_BATCH_BYTES", 200_000)
+    monkeypatch.setattr(bands_module, "READ_BATCH_BYTES", 200_000)
     pq.write_table(
         synthetic._to_table([_conversation(k, 60_000) for k in range(40)]),
         tmp_path / "rows.parquet",
         write_batch_size=1,
     )
-    batches = [len(local) for local, _ in source_module._read_parquet(tmp_path / "rows.parquet", np.ones(40, bool))]
+    batches = [len(local) for local, _ in bands_module._read_parquet(tmp_path / "rows.parquet", np.ones(40, bool))]
     assert batches == [3] * 13 + [1]

@@ -13,11 +13,13 @@ import pytest
 import synthetic
 from conftest import cache_link
 
+from fixed_sft.bands import band_bytes, read_band
 from fixed_sft.chat import SCHEMA
-from fixed_sft.conversation import conversation
+from fixed_sft.conversation import InvalidRow, conversation
 from fixed_sft.hub import cache_damage
 from fixed_sft.order import positions
-from fixed_sft.source import InvalidRow, SourceError, band_bytes, open_source, read_band, records
+from fixed_sft.records import records
+from fixed_sft.source import SourceError, open_source
 
 
 def test_hub_download_is_pinned_and_cached(tmp_path, monkeypatch):
@@ -379,7 +381,7 @@ def test_a_band_of_one_row_group_holds_a_batch_not_the_files_column_chunks(tmp_p
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from fixed_sft import source as source_module
+    from fixed_sft import bands as bands_module
 
     rng = np.random.default_rng(1)
     replies = [rng.bytes(2048).hex() for _ in range(8000)]  # hex of random bytes: compresses little
@@ -389,10 +391,10 @@ def test_a_band_of_one_row_group_holds_a_batch_not_the_files_column_chunks(tmp_p
     meta = pq.ParquetFile(path).metadata
     assert meta.num_row_groups == 1
     compressed = sum(meta.row_group(0).column(c).total_compressed_size for c in range(meta.num_columns))
-    monkeypatch.setattr(source_module, "READ_BATCH_BYTES", 1 << 20)  # batches of about 250 rows
+    monkeypatch.setattr(bands_module, "READ_BATCH_BYTES", 1 << 20)  # batches of about 250 rows
     pool = pa.default_memory_pool()
     before = pool.bytes_allocated()
-    batches = source_module._read_parquet(path, np.ones(len(rows), bool))
+    batches = bands_module._read_parquet(path, np.ones(len(rows), bool))
     first, table = next(batches)
     held = pool.bytes_allocated() - before
     assert compressed > 30 << 20 and len(first) == table.num_rows < 300

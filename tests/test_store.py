@@ -326,7 +326,8 @@ def _decoded(monkeypatch) -> list[int]:
 def _bands_of(source: Path, monkeypatch, count: int) -> None:
     """Make ``source`` about ``count`` bands of rows for a build."""
     import fixed_sft.build as build_module
-    from fixed_sft.source import band_bytes, file_bytes, open_source
+    from fixed_sft.bands import band_bytes, file_bytes
+    from fixed_sft.source import open_source
 
     sizes = file_bytes(open_source(str(source)))
     monkeypatch.setattr(build_module, "BAND_BYTES", sum(sizes) / count / band_bytes(1, sizes))
@@ -381,13 +382,13 @@ def test_a_store_filled_in_source_order_checks_the_rows_of_checked_positions(cor
 def test_an_invalid_row_stops_the_pass_that_fills_the_store(tmp_path, kimi_dir, monkeypatch):
     """An invalid row stops the filling pass at once, naming it; with ``skip_invalid`` it is
     recorded, as without the store. JSONL is read in batches of a few lines."""
-    import fixed_sft.source as source_module
+    import fixed_sft.bands as bands_module
     from fixed_sft.build import InvalidSourceRow
 
     rows = synthetic.conversations(300, seed=3)
     rows[200]["messages"][0]["role"] = "robot"
     source = synthetic.write_jsonl(rows, tmp_path / "rows.jsonl")
-    monkeypatch.setattr(source_module, "READ_BATCH_BYTES", 20_000)
+    monkeypatch.setattr(bands_module, "READ_BATCH_BYTES", 20_000)
     _bands_of(source, monkeypatch, 3)
     cfg = config(source, kimi_dir, rows=None, row_tokens=256)
     with pytest.raises(InvalidSourceRow, match=r"rows.jsonl: line 201 \(source row 200"):

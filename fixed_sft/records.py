@@ -1,0 +1,82 @@
+"""A row as read -> its record: a dict, or the ``InvalidRow`` it is.
+
+A JSONL line is parsed as strict JSON (an object that repeats a key is refused); a
+Parquet row is taken as pyarrow gives it (a string that is not UTF-8 is refused). A row
+whose data was dropped as it was read (over ``fixed_sft.bands.MAX_CONVERSATION_BYTES``) is
+invalid, named by its id where it kept one.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+
+import numpy as np
+import pyarrow as pa
+
+from .bands import too_large
+from .conversation import InvalidRow
+from .fields import STRICT_JSON, DuplicateKey
+
+
+def records(chunk: pa.Table) -> list[tuple[int, dict | InvalidRow]]:
+    """``(row index, record)`` pairs of a chunk; a record is the row as a dict, or an
+    ``InvalidRow`` when the row cannot even be decoded or its data was dropped as it was
+    read (over ``MAX_CONVERSATION_BYTES``)."""
+    indices = chunk.column("index").to_pylist()
+    sizes = chunk.column("bytes").to_pylist()
+    dropped = chunk.column("dropped").to_pylist()
+    if "line" in chunk.column_names:
+        column = chunk.column("line")
+        lines = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # (one chunk: not copied)
+        # large_binary: int64 offsets into one data buffer
+        _, offsets, data = lines.buffers()
+        offsets = np.frombuffer(offsets, np.int64)[lines.offset : lines.offset + len(lines) + 1].tolist()
+        data = memoryview(data or b"")
+        decoded = [
+            InvalidRow(too_large(size)) if drop else _parse_json_line(data[a:b])
+            for size, drop, a, b in zip(sizes, dropped, offsets, offsets[1:])
+        ]
+        return list(zip(indices, decoded))
+    rows = chunk.drop_columns(["index", "bytes", "dropped"])
+    try:
+        decoded = rows.to_pylist()
+    except UnicodeDecodeError:  # a string that is not UTF-8: find the row(s)
+        decoded = [_parquet_row(rows.slice(k, 1)) for k in range(len(indices))]
+    for k, (size, drop) in enumerate(zip(sizes, dropped)):
+        if drop:
+            record = decoded[k]
+            row_id = record.get("id") if isinstance(record, dict) else None
+            decoded[k] = InvalidRow(too_large(size), None if row_id is None else str(row_id))
+    return list(zip(indices, decoded))
+
+
+def _parquet_row(row: pa.Table) -> dict | InvalidRow:
+    try:
+        return row.to_pylist()[0]
+    except UnicodeDecodeError as error:
+        try:
+            row_id = row.column("id")[0].as_py() if "id" in row.column_names else None
+        except UnicodeDecodeError:  # the id itself is the bad string
+            row_id = None
+        return InvalidRow(f"invalid UTF-8 at byte {error.start} of a string", row_id)
+
+
+def _parse_json_line(line: memoryview) -> dict | InvalidRow:
+    """A JSONL line's record, decoded straight from its Arrow bytes (a view: no Python
+    ``bytes`` copy of the line), or the ``InvalidRow`` it is: not UTF-8, not JSON, not an
+    object, or an object (at any depth) that repeats a key, which readers resolve
+    differently (Python's json keeps the last value, pyarrow's reader refuses the line)."""
+    try:
+        record = STRICT_JSON.decode(codecs.utf_8_decode(line, "strict", True)[0])  # (the hook adds ~7%)
+    except UnicodeDecodeError as error:
+        return InvalidRow(f"invalid UTF-8 at byte {error.start}")
+    except DuplicateKey as error:
+        return InvalidRow(f"the JSON repeats the key {error.key!r} in an object")
+    except json.JSONDecodeError as error:
+        return InvalidRow(f"not JSON ({error.msg} at char {error.pos})")
+    except ValueError as error:  # e.g. an integer past Python's digit limit
+        return InvalidRow(f"not readable JSON ({error})")
+    except RecursionError:
+        return InvalidRow("JSON nested too deeply to read")
+    return record if isinstance(record, dict) else InvalidRow("not a JSON object")
