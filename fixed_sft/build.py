@@ -65,7 +65,7 @@ ORDER_RULE = "splitmix64-key-v1"
 # A chunk (what one worker encodes at a time) holds at most CHUNK_ROWS rows and CHUNK_BYTES bytes
 # of rows (one row, however large, within MAX_CONVERSATION_BYTES), and no more rows than the
 # build still wants. A band (what one pass over the source keeps) holds as many rows as reading it
-# holds within BAND_BYTES, with the copies that sort them (fixed_sft.source.band_bytes), or within
+# holds within BAND_BYTES, with the copies that sort them (fixed_sft.bands.band_bytes), or within
 # LARGE_BAND_BYTES where the source's rows are large (over LARGE_ROW_BYTES on average: chunks are
 # then cut by bytes, and each conversation in flight is held several times over by its worker). A
 # band is read while the workers encode the chunks before it. BAND_BYTES keeps the default build
