@@ -25,6 +25,10 @@ compare its ids with the reference's as well. gigatoken keeps every pretoken it 
 seen in a cache, which grows with the distinct words of the source: once this process's
 resident memory has grown by ``FAST_BPE_CACHE_BYTES`` since it loaded, a fresh gigatoken
 of the same file (checked by its sha256, and on ``PARITY_TEXTS`` again) replaces it.
+
+``load_kimi`` gives the tokenizer of a folder once per process for the same files: it is
+keyed by the folder's path and the sha256 of each of ``FILES``, hashed anew at each call,
+so a file changed at the same path is read again; the last ``LOADED_TOKENIZERS`` are kept.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ import importlib.util
 import itertools
 import os
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Set
 from pathlib import Path
 from typing import Any, Literal
@@ -86,6 +92,7 @@ PARITY_TEXTS = (
 )
 FAST_BPE_CACHE_BYTES = 128 << 20  # resident memory a gigatoken's pretoken cache may add before it is renewed
 FAST_BPE_CHECK_CHARS = 4 << 20  # characters gigatoken encodes between two looks at the resident memory
+LOADED_TOKENIZERS = 4  # the tokenizers (folder, files and BPE) ``load_kimi`` keeps loaded
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
@@ -289,6 +296,15 @@ class KimiTokenizer:
             self.reference.bpe, self.reference.reference = "tiktoken", self.reference
             self._load_fast()
 
+    def _fast_twin(self) -> KimiTokenizer:
+        """This tiktoken tokenizer's gigatoken twin, sharing its ranks, names and template
+        (and this one as its ``reference``), checked on ``PARITY_TEXTS``."""
+        assert self.reference is self, "a twin of the reference"
+        fast = copy.copy(self)
+        fast.bpe, fast.reference = "gigatoken", self
+        fast._load_fast()
+        return fast
+
     def _load_fast(self) -> None:
         """Load gigatoken, check its ids against the reference's, and note the memory then."""
         self._fast = None  # (a previous one's cache is freed first)
@@ -397,3 +413,41 @@ class KimiTokenizer:
             return self.encoding.encode_to_numpy(part, allowed_special=allowed, disallowed_special=())
         except UnicodeEncodeError:  # surrogates: tiktoken's ``encode`` rule, which the model's tokenizer follows
             return self.encoding.encode_to_numpy(_mended(part), allowed_special=allowed, disallowed_special=())
+
+
+_loading = threading.Lock()
+_loaded: OrderedDict[tuple, KimiTokenizer] = OrderedDict()
+
+
+def _identity(directory: Path) -> tuple:
+    """What decides a folder's tokenizer: its path as given and from the root, and the
+    sha256 of each of ``FILES`` (``None`` for one that cannot be read)."""
+    digests = []
+    for name in FILES:
+        try:
+            digests.append(sha256_file(directory / name))
+        except OSError:
+            digests.append(None)
+    return (str(directory), os.path.abspath(directory), *digests)
+
+
+def load_kimi(directory: str | Path, bpe: str | None = None) -> KimiTokenizer:
+    """``KimiTokenizer(directory, bpe)``, loaded once per process for the same files (module
+    docstring) and shared by its callers: a gigatoken tokenizer's ``reference`` is the one
+    given for tiktoken, and a gigatoken tokenizer of files loaded with tiktoken shares their
+    ranks. One loaded while its files changed is not kept."""
+    directory, bpe = Path(directory), bpe or default_bpe()
+    with _loading:
+        identity = _identity(directory)
+        found = _loaded.get((identity, bpe))
+        if found is None:
+            reference = _loaded.get((identity, "tiktoken")) if bpe == "gigatoken" else None
+            found = reference._fast_twin() if reference is not None else KimiTokenizer(directory, bpe)
+            if _identity(directory) != identity or found._model_sha256 != identity[2]:
+                return found  # (read while a file changed: for this caller alone)
+            _loaded[identity, bpe] = found
+            _loaded[identity, "tiktoken"] = found.reference
+        _loaded.move_to_end((identity, bpe))
+        while len(_loaded) > LOADED_TOKENIZERS:
+            _loaded.popitem(last=False)
+        return found
