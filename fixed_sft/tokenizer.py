@@ -422,7 +422,7 @@ _loaded: OrderedDict[tuple, KimiTokenizer] = OrderedDict()
 def _identity(directory: Path) -> tuple:
     """What decides a folder's tokenizer: its path as given and from the root, and the
     sha256 of each of ``FILES`` (``None`` for one that cannot be read)."""
-    digests = []
+    digests: list[str | None] = []
     for name in FILES:
         try:
             digests.append(sha256_file(directory / name))
