@@ -29,6 +29,8 @@ of the same file (checked by its sha256, and on ``PARITY_TEXTS`` again) replaces
 ``load_kimi`` gives the tokenizer of a folder once per process for the same files: it is
 keyed by the folder's path and the sha256 of each of ``FILES``, hashed anew at each call,
 so a file changed at the same path is read again; the last ``LOADED_TOKENIZERS`` are kept.
+A BPE file's ranks and tiktoken encoding are likewise made once per process for the same
+bytes (its sha256), whatever folder holds it.
 """
 
 from __future__ import annotations
@@ -173,6 +175,35 @@ def _load_gigatoken(model: Path, specials: dict[str, int]) -> Any:
         ) from None
 
 
+_parsing = threading.Lock()
+_parsed: OrderedDict[tuple, Any] = OrderedDict()  # the last few BPE files' ranks and encodings
+
+
+def _kept(key: tuple, make: Any) -> Any:
+    """``make()``, kept for ``key`` among the last ``2 * LOADED_TOKENIZERS`` made."""
+    with _parsing:
+        found = _parsed.get(key)
+        if found is None:
+            found = _parsed[key] = make()
+        _parsed.move_to_end(key)
+        while len(_parsed) > 2 * LOADED_TOKENIZERS:
+            _parsed.popitem(last=False)
+        return found
+
+
+def _ranks(model: Path, sha256: str) -> dict[bytes, int]:
+    """The ranks of the tiktoken BPE file ``model`` whose bytes have ``sha256`` (tiktoken
+    checks them as it reads), read once per process for the same bytes."""
+    return _kept(("ranks", sha256), lambda: load_tiktoken_bpe(str(model), expected_hash=sha256))
+
+
+def _encoding(name: str, sha256: str, ranks: dict[bytes, int], specials: dict[str, int]) -> tiktoken.Encoding:
+    """tiktoken's ``Encoding`` of ``PATTERN``, ``ranks`` (those of the BPE file of ``sha256``)
+    and ``specials``, made once per process for the same."""
+    key = ("encoding", name, sha256, tuple(specials.items()))
+    return _kept(key, lambda: tiktoken.Encoding(name, pat_str=PATTERN, mergeable_ranks=ranks, special_tokens=specials))
+
+
 def _overlap(names: Iterable[str]) -> tuple[str, str] | None:
     """Two names one of which holds the other, or whose ends overlap (a proper suffix
     of one is a proper prefix of the other; both may be the same name, as ``<|x<|``);
@@ -262,16 +293,14 @@ class KimiTokenizer:
         try:
             # tiktoken caches a file's contents by its path: the hash makes it re-read a changed file
             self._model_sha256 = sha256_file(model)
-            ranks = load_tiktoken_bpe(str(model), expected_hash=self._model_sha256)
+            ranks = _ranks(model, self._model_sha256)
         except Exception as error:  # a damaged file fails in base64, int or split
             raise TokenizerError(f"{model}: not a tiktoken BPE file ({type(error).__name__}: {error})") from None
         config = _config(self.directory)
         named = _named(config)
         first = len(ranks)
         specials = {named.get(i, f"<|reserved_token_{i}|>"): i for i in range(first, first + NUM_SPECIAL)}
-        self.encoding = tiktoken.Encoding(
-            name=f"kimi:{self.directory.name}", pat_str=PATTERN, mergeable_ranks=ranks, special_tokens=specials
-        )
+        self.encoding = _encoding(f"kimi:{self.directory.name}", self._model_sha256, ranks, specials)
         self.added: dict[str, int] = {text: i for i, text in named.items()}
         if not all(first <= i < first + NUM_SPECIAL for i in named):
             raise TokenizerError(f"{self.directory}: an added token's id is outside {first}..{first + NUM_SPECIAL - 1}")
