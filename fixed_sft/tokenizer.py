@@ -318,6 +318,7 @@ class KimiTokenizer:
             raise TokenizerError(f"{self.directory / 'chat_template.jinja'}: cannot read it ({error})") from None
         self._fast: Any = None
         self._fast_chars = self._fast_base = 0  # characters since the last look at memory; memory once loaded
+        self.fast_loads = 0  # how many times the fast BPE has been loaded (renewed, after the first)
         self._specials = specials
         self.reference: KimiTokenizer = self
         if self.bpe == "gigatoken":
@@ -338,6 +339,7 @@ class KimiTokenizer:
         """Load gigatoken, check its ids against the reference's, and note the memory then."""
         self._fast = None  # (a previous one's cache is freed first)
         self._fast = _load_gigatoken(self.directory / "tiktoken.model", self._specials)
+        self.fast_loads += 1
         self._fast_chars = -(1 << 62)  # (the parity texts do not count)
         self._check_parity()
         self._fast_chars, self._fast_base = 0, _resident_bytes()
