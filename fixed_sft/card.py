@@ -245,11 +245,18 @@ def _png(figure: object) -> bytes:
     return buffer.getvalue()
 
 
+def _histogram(axes: object, values: np.ndarray, bins: np.ndarray) -> None:
+    """``axes.hist(values, bins)`` drawn as one filled outline: the same pixels, without a
+    patch per bin to lay out."""
+    counts, _ = np.histogram(values, bins)
+    axes.stairs(counts, bins, fill=True, color="#3b75af")  # type: ignore[attr-defined]
+
+
 def _supervised_plot(Figure: type, manifest: Manifest, figures: Figures) -> bytes:
     ratios = np.asarray(figures.row_supervised, dtype=np.float64) / manifest.params.row_tokens
     figure = Figure(figsize=(6.4, 3.6))
     axes = figure.add_subplot()
-    axes.hist(ratios, bins=np.linspace(0.0, 1.0, 51), color="#3b75af")
+    _histogram(axes, ratios, np.linspace(0.0, 1.0, 51))
     axes.axvline(manifest.stats.supervised_token_ratio, color="#c0392b", linestyle="--", label="all rows")
     axes.set(title="Supervised ratio per row", xlabel="supervised tokens / row tokens", ylabel="rows", xlim=(0, 1))
     axes.legend()
@@ -265,7 +272,7 @@ def _lengths_plot(Figure: type, figures: Figures) -> bytes:
     high = max(high, low + 1.0)
     figure = Figure(figsize=(6.4, 3.6))
     axes = figure.add_subplot()
-    axes.hist(logs, bins=np.linspace(low, high, 50), color="#3b75af")
+    _histogram(axes, logs, np.linspace(low, high, 50))
     powers = range(int(np.floor(low)), int(np.ceil(high)) + 1)
     axes.set_xticks(list(powers), [f"{10**p:,}" for p in powers])
     axes.set(title="Conversation length distribution", xlabel="tokens per conversation", ylabel="conversations")

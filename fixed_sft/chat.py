@@ -43,6 +43,7 @@ import functools
 import importlib
 import itertools
 import json
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -200,9 +201,16 @@ class ChatEncoder:
         # the template's rules for reasoning, on its variables as Jinja tests them
         self._preserve = self.template_kwargs.get("preserve_thinking", False)
         self._empty_think = self.template_kwargs.get("thinking", _UNSET) is False and self._preserve is False
+        key = _probe_key(tokenizer, self.template_kwargs) if model_check is None else None
+        probed = _probed.get(tokenizer, {}).get(key) if key is not None else None
+        if probed is not None:  # the same tokenizer and variables, probed already in this process
+            self._layouts, self._cannot_write_out = probed
+            return
         self._layouts = {role: self._read_layout(role) for role in PLAIN_ROLES}
         self._cannot_write_out = ""  # why messages cannot be written out, when the probes found that they cannot
         self._check_probes()
+        if key is not None:
+            _probed.setdefault(tokenizer, {})[key] = (self._layouts, self._cannot_write_out)
 
     def _read_layout(self, role: str) -> RoleLayout:
         try:
@@ -468,6 +476,22 @@ class ChatEncoder:
 
 
 _UNSET = object()
+# What the probes found per tokenizer (loaded once per process for its files: fixed_sft.tokenizer.load_kimi)
+# and template variables, for encoders without a model check: each role's layout, and why messages
+# cannot be written out.
+_probed: weakref.WeakKeyDictionary[KimiTokenizer, dict[tuple, tuple[dict[str, RoleLayout], str]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _probe_key(tokenizer: KimiTokenizer, template_kwargs: dict) -> tuple | None:
+    """What the probes' outcome depends on beyond the tokenizer's files: the template variables
+    (``None`` where they are not JSON) and which fast BPE is loaded now (a renewed one is probed again)."""
+    try:
+        variables = json.dumps(template_kwargs, sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+    return variables, tokenizer.fast_loads
 
 
 def _arguments(call: Message) -> str:

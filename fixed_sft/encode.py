@@ -41,7 +41,7 @@ from .hf_chat import HFChatEncoder, load_tokenizer
 from .hf_chat import separator as hf_separator
 from .memory import map_large_allocations
 from .records import records
-from .tokenizer import KimiTokenizer, TokenizerError, default_bpe, eos_id, eos_token
+from .tokenizer import KimiTokenizer, TokenizerError, default_bpe, eos_id, eos_token, load_kimi
 from .tool_declarations import ModelCheck, model_declarer
 
 
@@ -122,7 +122,8 @@ class EncoderConfig:
 
     def load(self) -> Encoder:
         """The encoder (the Kimi fast path, ``ChatEncoder``, or for a Hugging Face tokenizer
-        ``HFChatEncoder``); ``TokenizerError`` for a tokenizer file whose sha256 is no longer
+        ``HFChatEncoder``), its tokenizer loaded once per process for these files;
+        ``TokenizerError`` for a tokenizer file whose sha256 is no longer
         the recorded one once it has been read."""
         encoder: Encoder
         if self.family == "hf":
@@ -135,7 +136,7 @@ class EncoderConfig:
                 except (OSError, ValueError, SyntaxError) as error:
                     raise TokenizerError(f"the model's tool declarations cannot be checked: {error}") from None
             encoder = ChatEncoder(
-                KimiTokenizer(self.tokenizer_dir, self.bpe), self.loss_mask_type, self.template_kwargs, check
+                load_kimi(self.tokenizer_dir, self.bpe), self.loss_mask_type, self.template_kwargs, check
             )
         self._check_unchanged()
         return encoder
@@ -167,7 +168,7 @@ class EncoderConfig:
         if token is None:
             return eos_token(self.tokenizer_dir), eos_id(self.tokenizer_dir)
         try:
-            return token, (loaded or KimiTokenizer(self.tokenizer_dir, "tiktoken")).encoding.encode_single_token(token)
+            return token, (loaded or load_kimi(self.tokenizer_dir, "tiktoken")).encoding.encode_single_token(token)
         except KeyError:
             raise UsageError(f"--separator {token!r} is not a single token of the vocabulary") from None
 

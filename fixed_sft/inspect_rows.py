@@ -191,9 +191,9 @@ def decoder(manifest: Manifest, tokenizer: str | None) -> Callable[[list[int]], 
             return str(hf.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
     else:
-        from .tokenizer import KimiTokenizer
+        from .tokenizer import load_kimi
 
-        encoding = KimiTokenizer(found.directory).encoding
+        encoding = load_kimi(found.directory, "tiktoken").encoding
 
         def decode(ids: list[int]) -> str:
             return encoding.decode_bytes(ids).decode("utf-8", errors="replace")

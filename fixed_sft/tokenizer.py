@@ -25,6 +25,12 @@ compare its ids with the reference's as well. gigatoken keeps every pretoken it 
 seen in a cache, which grows with the distinct words of the source: once this process's
 resident memory has grown by ``FAST_BPE_CACHE_BYTES`` since it loaded, a fresh gigatoken
 of the same file (checked by its sha256, and on ``PARITY_TEXTS`` again) replaces it.
+
+``load_kimi`` gives the tokenizer of a folder once per process for the same files: it is
+keyed by the folder's path and the sha256 of each of ``FILES``, hashed anew at each call,
+so a file changed at the same path is read again; the last ``LOADED_TOKENIZERS`` are kept.
+A BPE file's ranks and tiktoken encoding are likewise made once per process for the same
+bytes (its sha256), whatever folder holds it.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ import importlib.util
 import itertools
 import os
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Set
 from pathlib import Path
 from typing import Any, Literal
@@ -86,6 +94,7 @@ PARITY_TEXTS = (
 )
 FAST_BPE_CACHE_BYTES = 128 << 20  # resident memory a gigatoken's pretoken cache may add before it is renewed
 FAST_BPE_CHECK_CHARS = 4 << 20  # characters gigatoken encodes between two looks at the resident memory
+LOADED_TOKENIZERS = 4  # the tokenizers (folder, files and BPE) ``load_kimi`` keeps loaded
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
@@ -164,6 +173,35 @@ def _load_gigatoken(model: Path, specials: dict[str, int]) -> Any:
         raise TokenizerError(
             f"{model}: gigatoken cannot load it ({type(error).__name__}: {error}); {FAST_BPE_OFF}"
         ) from None
+
+
+_parsing = threading.Lock()
+_parsed: OrderedDict[tuple, Any] = OrderedDict()  # the last few BPE files' ranks and encodings
+
+
+def _kept(key: tuple, make: Any) -> Any:
+    """``make()``, kept for ``key`` among the last ``2 * LOADED_TOKENIZERS`` made."""
+    with _parsing:
+        found = _parsed.get(key)
+        if found is None:
+            found = _parsed[key] = make()
+        _parsed.move_to_end(key)
+        while len(_parsed) > 2 * LOADED_TOKENIZERS:
+            _parsed.popitem(last=False)
+        return found
+
+
+def _ranks(model: Path, sha256: str) -> dict[bytes, int]:
+    """The ranks of the tiktoken BPE file ``model`` whose bytes have ``sha256`` (tiktoken
+    checks them as it reads), read once per process for the same bytes."""
+    return _kept(("ranks", sha256), lambda: load_tiktoken_bpe(str(model), expected_hash=sha256))
+
+
+def _encoding(name: str, sha256: str, ranks: dict[bytes, int], specials: dict[str, int]) -> tiktoken.Encoding:
+    """tiktoken's ``Encoding`` of ``PATTERN``, ``ranks`` (those of the BPE file of ``sha256``)
+    and ``specials``, made once per process for the same."""
+    key = ("encoding", name, sha256, tuple(specials.items()))
+    return _kept(key, lambda: tiktoken.Encoding(name, pat_str=PATTERN, mergeable_ranks=ranks, special_tokens=specials))
 
 
 def _overlap(names: Iterable[str]) -> tuple[str, str] | None:
@@ -255,16 +293,14 @@ class KimiTokenizer:
         try:
             # tiktoken caches a file's contents by its path: the hash makes it re-read a changed file
             self._model_sha256 = sha256_file(model)
-            ranks = load_tiktoken_bpe(str(model), expected_hash=self._model_sha256)
+            ranks = _ranks(model, self._model_sha256)
         except Exception as error:  # a damaged file fails in base64, int or split
             raise TokenizerError(f"{model}: not a tiktoken BPE file ({type(error).__name__}: {error})") from None
         config = _config(self.directory)
         named = _named(config)
         first = len(ranks)
         specials = {named.get(i, f"<|reserved_token_{i}|>"): i for i in range(first, first + NUM_SPECIAL)}
-        self.encoding = tiktoken.Encoding(
-            name=f"kimi:{self.directory.name}", pat_str=PATTERN, mergeable_ranks=ranks, special_tokens=specials
-        )
+        self.encoding = _encoding(f"kimi:{self.directory.name}", self._model_sha256, ranks, specials)
         self.added: dict[str, int] = {text: i for i, text in named.items()}
         if not all(first <= i < first + NUM_SPECIAL for i in named):
             raise TokenizerError(f"{self.directory}: an added token's id is outside {first}..{first + NUM_SPECIAL - 1}")
@@ -282,6 +318,7 @@ class KimiTokenizer:
             raise TokenizerError(f"{self.directory / 'chat_template.jinja'}: cannot read it ({error})") from None
         self._fast: Any = None
         self._fast_chars = self._fast_base = 0  # characters since the last look at memory; memory once loaded
+        self.fast_loads = 0  # how many times the fast BPE has been loaded (renewed, after the first)
         self._specials = specials
         self.reference: KimiTokenizer = self
         if self.bpe == "gigatoken":
@@ -289,10 +326,20 @@ class KimiTokenizer:
             self.reference.bpe, self.reference.reference = "tiktoken", self.reference
             self._load_fast()
 
+    def _fast_twin(self) -> KimiTokenizer:
+        """This tiktoken tokenizer's gigatoken twin, sharing its ranks, names and template
+        (and this one as its ``reference``), checked on ``PARITY_TEXTS``."""
+        assert self.reference is self, "a twin of the reference"
+        fast = copy.copy(self)
+        fast.bpe, fast.reference = "gigatoken", self
+        fast._load_fast()
+        return fast
+
     def _load_fast(self) -> None:
         """Load gigatoken, check its ids against the reference's, and note the memory then."""
         self._fast = None  # (a previous one's cache is freed first)
         self._fast = _load_gigatoken(self.directory / "tiktoken.model", self._specials)
+        self.fast_loads += 1
         self._fast_chars = -(1 << 62)  # (the parity texts do not count)
         self._check_parity()
         self._fast_chars, self._fast_base = 0, _resident_bytes()
@@ -397,3 +444,41 @@ class KimiTokenizer:
             return self.encoding.encode_to_numpy(part, allowed_special=allowed, disallowed_special=())
         except UnicodeEncodeError:  # surrogates: tiktoken's ``encode`` rule, which the model's tokenizer follows
             return self.encoding.encode_to_numpy(_mended(part), allowed_special=allowed, disallowed_special=())
+
+
+_loading = threading.Lock()
+_loaded: OrderedDict[tuple, KimiTokenizer] = OrderedDict()
+
+
+def _identity(directory: Path) -> tuple:
+    """What decides a folder's tokenizer: its path as given and from the root, and the
+    sha256 of each of ``FILES`` (``None`` for one that cannot be read)."""
+    digests: list[str | None] = []
+    for name in FILES:
+        try:
+            digests.append(sha256_file(directory / name))
+        except OSError:
+            digests.append(None)
+    return (str(directory), os.path.abspath(directory), *digests)
+
+
+def load_kimi(directory: str | Path, bpe: str | None = None) -> KimiTokenizer:
+    """``KimiTokenizer(directory, bpe)``, loaded once per process for the same files (module
+    docstring) and shared by its callers: a gigatoken tokenizer's ``reference`` is the one
+    given for tiktoken, and a gigatoken tokenizer of files loaded with tiktoken shares their
+    ranks. One loaded while its files changed is not kept."""
+    directory, bpe = Path(directory), bpe or default_bpe()
+    with _loading:
+        identity = _identity(directory)
+        found = _loaded.get((identity, bpe))
+        if found is None:
+            reference = _loaded.get((identity, "tiktoken")) if bpe == "gigatoken" else None
+            found = reference._fast_twin() if reference is not None else KimiTokenizer(directory, bpe)
+            if _identity(directory) != identity or found._model_sha256 != identity[2]:
+                return found  # (read while a file changed: for this caller alone)
+            _loaded[identity, bpe] = found
+            _loaded[identity, "tiktoken"] = found.reference
+        _loaded.move_to_end((identity, bpe))
+        while len(_loaded) > LOADED_TOKENIZERS:
+            _loaded.popitem(last=False)
+        return found

@@ -335,3 +335,23 @@ def test_check_compares_ids_as_arrays_never_as_lists(encoder, monkeypatch):
     for wrong in (ids[:-1], np.append(ids, ids[-1])):
         with pytest.raises(TemplateMismatch):
             encoder.check(messages, wrong.view(_NoList))
+
+
+def test_the_probes_run_once_per_tokenizer_and_template_variables(kimi_dir, monkeypatch):
+    """Encoders of one loaded tokenizer and the same template variables share what the
+    probes found; other variables, another tokenizer or a renewed fast BPE are probed again."""
+    import fixed_sft.chat as chat
+    from fixed_sft.tokenizer import KimiTokenizer
+
+    probed = []
+    check = chat.ChatEncoder._check_probes
+    monkeypatch.setattr(chat.ChatEncoder, "_check_probes", lambda self: (probed.append(1), check(self))[1])
+    tokenizer = KimiTokenizer(kimi_dir, "tiktoken")
+    first, second = ChatEncoder(tokenizer), ChatEncoder(tokenizer, template_kwargs=dict(chat.TEMPLATE_KWARGS))
+    assert len(probed) == 1 and second._layouts is first._layouts
+    ChatEncoder(tokenizer, template_kwargs={"thinking": False})
+    ChatEncoder(KimiTokenizer(kimi_dir, "tiktoken"))
+    assert len(probed) == 3
+    tokenizer.fast_loads += 1  # (as a renewal of its fast BPE counts)
+    ChatEncoder(tokenizer)
+    assert len(probed) == 4

@@ -74,6 +74,22 @@ def _build(source, tokenizer, out, *extra):
     assert main(args) == 0
 
 
+@pytest.fixture(scope="module")
+def three_rows(source, kimi_dir, tmp_path_factory):
+    """``_build`` of 3 rows of ``source``, made once for the module's tests that start from
+    it: each takes a copy (``_copy``), which it may change."""
+    out = tmp_path_factory.mktemp("three-rows") / "o"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path_factory.getbasetemp())  # (where the tests build from)
+        _build(source, kimi_dir, out, "--rows", "3")
+    return out
+
+
+def _copy(built, out):
+    """A copy of the build folder ``built`` at ``out``, byte for byte."""
+    shutil.copytree(built, out, symlinks=True)
+
+
 def _rebuild(folder, *extra):
     """(A pinned tokenizer would come from the Hub: test_cli's Hub cache test rebuilds that way.)"""
     return main(["verify", str(folder), "--rebuild", "--quiet", *extra])
@@ -100,14 +116,16 @@ def test_the_recorded_inputs_give_the_same_rows(source, kimi_dir, tmp_path, caps
     assert not list(tmp_path.glob("fixed-sft-rebuild-*"))  # the rebuild's folder is gone
 
 
-def test_the_folder_a_killed_rebuild_left_is_deleted_by_the_next(source, kimi_dir, tmp_path, capsys, monkeypatch):
+def test_the_folder_a_killed_rebuild_left_is_deleted_by_the_next(
+    three_rows, source, kimi_dir, tmp_path, capsys, monkeypatch
+):
     """A rebuild killed with SIGKILL leaves its folder; the next rebuild deletes it, but
     not the folder of a rebuild still running (which holds its lock)."""
     import fcntl
 
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    _copy(three_rows, tmp_path / "o")
     killed, running = (tmp_path / "tmp" / f"fixed-sft-rebuild-{name}" for name in ("killed", "running"))
     for folder in killed, running:
         (folder / ".rebuilt.tmp-1").mkdir(parents=True)
@@ -119,13 +137,15 @@ def test_the_folder_a_killed_rebuild_left_is_deleted_by_the_next(source, kimi_di
     assert [p.name for p in (tmp_path / "tmp").glob("fixed-sft-rebuild-*")] == [running.name]
 
 
-def test_a_killed_rebuilds_folder_is_deleted_only_if_it_holds_a_rebuilds_files(source, kimi_dir, tmp_path, monkeypatch):
+def test_a_killed_rebuilds_folder_is_deleted_only_if_it_holds_a_rebuilds_files(
+    three_rows, source, kimi_dir, tmp_path, monkeypatch
+):
     """A folder named as a rebuild's, with a ``.lock`` no process holds, that holds
     anything a rebuild does not write is left as it is, and so is one whose ``.lock`` is
     a symbolic link."""
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    _copy(three_rows, tmp_path / "o")
     kept = [tmp_path / "tmp" / f"fixed-sft-rebuild-{name}" for name in ("linked", "notes", "spark")]
     linked, notes, spark = kept
     killed = tmp_path / "tmp" / "fixed-sft-rebuild-killed"
@@ -164,10 +184,10 @@ def test_a_killed_rebuilds_folder_is_deleted_only_if_it_holds_a_rebuilds_files(s
         (lambda m: m["tokenizer"].update(mismatches=["made up"]), 'tokenizer: differs (mismatches: ["made up"] here'),
     ],
 )
-def test_a_manifest_that_misstates_the_build_is_caught(source, kimi_dir, tmp_path, capsys, change, says):
+def test_a_manifest_that_misstates_the_build_is_caught(three_rows, source, kimi_dir, tmp_path, capsys, change, says):
     """verify checks the rows against the manifest; only a rebuild shows that what the
     manifest says of their making is not so."""
-    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    _copy(three_rows, tmp_path / "o")
     _edit(tmp_path / "o", change)
     assert main(["verify", str(tmp_path / "o")]) == 0
     capsys.readouterr()
@@ -194,10 +214,10 @@ def test_the_reason_of_a_skipped_row_is_not_compared(kimi_dir, tmp_path, capsys)
     assert "gives the same rows and manifest" in out and "  skipped_invalid: same\n" in out
 
 
-def test_forged_provenance_is_caught(source, kimi_dir, tmp_path, capsys):
+def test_forged_provenance_is_caught(three_rows, source, kimi_dir, tmp_path, capsys):
     """Rows whose segments name another source row (wherever they named one, so the
     counts of conversations still hold), with the file's hash re-recorded."""
-    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    _copy(three_rows, tmp_path / "o")
     parquet = tmp_path / "o" / "train.parquet"
     table = pq.read_table(parquet)
     rows = table.to_pylist()
@@ -217,9 +237,9 @@ def test_forged_provenance_is_caught(source, kimi_dir, tmp_path, capsys):
     assert "parquet: differs (" in out and "encoded otherwise" not in out
 
 
-def test_parquet_key_value_metadata_is_provenance(source, kimi_dir, tmp_path, capsys):
+def test_parquet_key_value_metadata_is_provenance(three_rows, source, kimi_dir, tmp_path, capsys):
     """The file's own metadata may say where the rows came from, too."""
-    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    _copy(three_rows, tmp_path / "o")
     parquet = tmp_path / "o" / "train.parquet"
     table = pq.read_table(parquet)
     pq.write_table(table.replace_schema_metadata({b"about": b"seed 1"}), parquet)
@@ -230,10 +250,10 @@ def test_parquet_key_value_metadata_is_provenance(source, kimi_dir, tmp_path, ca
 
 
 @pytest.mark.parametrize("field", ["metadata", "segments"])
-def test_field_metadata_in_the_arrow_schema_is_provenance(source, kimi_dir, tmp_path, capsys, field):
+def test_field_metadata_in_the_arrow_schema_is_provenance(three_rows, source, kimi_dir, tmp_path, capsys, field):
     """A field of the Arrow schema the file stores (``ARROW:schema``) may carry key-value
     metadata too, at any depth."""
-    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    _copy(three_rows, tmp_path / "o")
     parquet = tmp_path / "o" / "train.parquet"
     table = pq.read_table(parquet)
     metadata = table.schema.field("metadata")
@@ -354,8 +374,10 @@ def test_the_recorded_source_files_are_read_again(kimi_dir, tmp_path, capsys):
         ),
     ],
 )
-def test_a_manifest_of_another_shape_fails_verify_before_any_rebuild(source, kimi_dir, tmp_path, capsys, change, says):
-    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+def test_a_manifest_of_another_shape_fails_verify_before_any_rebuild(
+    three_rows, source, kimi_dir, tmp_path, capsys, change, says
+):
+    _copy(three_rows, tmp_path / "o")
     _edit(tmp_path / "o", change)
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
@@ -375,8 +397,8 @@ def test_a_manifest_of_another_shape_fails_verify_before_any_rebuild(source, kim
         ),
     ],
 )
-def test_a_manifest_this_builder_cannot_rebuild(source, kimi_dir, tmp_path, capsys, change, says):
-    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+def test_a_manifest_this_builder_cannot_rebuild(three_rows, source, kimi_dir, tmp_path, capsys, change, says):
+    _copy(three_rows, tmp_path / "o")
     _edit(tmp_path / "o", change)
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
@@ -384,16 +406,16 @@ def test_a_manifest_this_builder_cannot_rebuild(source, kimi_dir, tmp_path, caps
     assert f"manifest.json: cannot rebuild: {says}" in err and len(err.strip().splitlines()) == 1
 
 
-def test_a_damaged_folder_is_not_rebuilt(source, kimi_dir, tmp_path, capsys):
-    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+def test_a_damaged_folder_is_not_rebuilt(three_rows, source, kimi_dir, tmp_path, capsys):
+    _copy(three_rows, tmp_path / "o")
     _edit(tmp_path / "o", lambda m: m.update(rows_sha256="0" * 64))
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
     assert "MISMATCH" in capsys.readouterr().out
 
 
-def test_empty_input_flags_are_refused(source, kimi_dir, tmp_path, capsys):
-    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+def test_empty_input_flags_are_refused(three_rows, source, kimi_dir, tmp_path, capsys):
+    _copy(three_rows, tmp_path / "o")
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--source", "", "--workers", "1") == 2
     assert "must not be empty" in capsys.readouterr().err
@@ -405,8 +427,8 @@ def test_rebuild_flags_need_rebuild(tmp_path, capsys, flags):
     assert "add --rebuild" in capsys.readouterr().err
 
 
-def test_an_unreachable_hub_source_says_how_to_pass_a_copy(source, kimi_dir, tmp_path, capsys, monkeypatch):
-    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+def test_an_unreachable_hub_source_says_how_to_pass_a_copy(three_rows, source, kimi_dir, tmp_path, capsys, monkeypatch):
+    _copy(three_rows, tmp_path / "o")
     _edit(tmp_path / "o", lambda m: m["source"].update(name="owner/dataset", revision="0" * 40))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # read by huggingface_hub at each call
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf"))
@@ -416,11 +438,11 @@ def test_an_unreachable_hub_source_says_how_to_pass_a_copy(source, kimi_dir, tmp
     assert f"cannot get dataset owner/dataset@{'0' * 40}" in err and err.strip().endswith("pass --source PATH")
 
 
-def test_an_invalid_row_in_a_given_source_says_the_source_is_another(source, kimi_dir, tmp_path, capsys):
+def test_an_invalid_row_in_a_given_source_says_the_source_is_another(three_rows, source, kimi_dir, tmp_path, capsys):
     """The recorded build read its rows without stopping: a row of the given source that
     stops the rebuild shows that source is another, and ``--skip-invalid`` (a build's
     flag) is not offered."""
-    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    _copy(three_rows, tmp_path / "o")
     rows = synthetic.read_jsonl(source)
     metadata = pq.read_table(tmp_path / "o" / "train.parquet").column("metadata").to_pylist()
     index = metadata[0]["segments"][0]["source_index"]  # a row the build read
@@ -447,17 +469,17 @@ def test_an_invalid_row_in_a_given_source_says_the_source_is_another(source, kim
     assert capsys.readouterr().err.strip().endswith("so its source or its code (code_sha256) was another")
 
 
-def test_a_manifest_without_code_sha256_verifies_and_rebuilds(source, kimi_dir, tmp_path, capsys):
+def test_a_manifest_without_code_sha256_verifies_and_rebuilds(three_rows, source, kimi_dir, tmp_path, capsys):
     """The first builds did not record it; it is compared for information only."""
-    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    _copy(three_rows, tmp_path / "o")
     _edit(tmp_path / "o", lambda m: m["code_version"].pop("code_sha256"))
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 0
     assert "  code_sha256: differs (for information) (missing here, " in capsys.readouterr().out
 
 
-def test_a_rebuild_reads_no_manifest_larger_than_a_build_writes(source, kimi_dir, tmp_path):
-    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+def test_a_rebuild_reads_no_manifest_larger_than_a_build_writes(three_rows, source, kimi_dir, tmp_path):
+    _copy(three_rows, tmp_path / "o")
     with (tmp_path / "o" / "manifest.json").open("r+b") as f:
         f.truncate(3 << 30)
     with pytest.raises(BuildError, match=r"manifest.json: cannot read it \(3221225472 bytes, more than the "):
@@ -515,8 +537,8 @@ def test_a_recorded_source_outside_the_current_folder_is_read_only_when_named(
     assert _rebuild(tmp_path / "o", "--source", str(source), "--tokenizer", str(kimi_dir), "--workers", "1") == 0
 
 
-def test_a_recorded_source_with_a_nul_is_named_not_an_internal_error(source, kimi_dir, tmp_path, capsys):
-    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+def test_a_recorded_source_with_a_nul_is_named_not_an_internal_error(three_rows, source, kimi_dir, tmp_path, capsys):
+    _copy(three_rows, tmp_path / "o")
     _edit(tmp_path / "o", lambda m: m["source"].update(name="rows\u0000.jsonl"))
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 2
@@ -539,10 +561,10 @@ def test_a_recorded_tokenizer_folder_outside_the_current_folder_is_read_only_whe
     )
 
 
-def test_a_long_segment_id_is_shown_cut(source, kimi_dir, tmp_path):
+def test_a_long_segment_id_is_shown_cut(three_rows, source, kimi_dir, tmp_path):
     from fixed_sft.rebuild import _provenance, difference
 
-    _build(source, kimi_dir, tmp_path / "o", "--rows", "3")
+    _copy(three_rows, tmp_path / "o")
     shutil.copytree(tmp_path / "o", tmp_path / "p")
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
     parquet = tmp_path / "p" / "train.parquet"

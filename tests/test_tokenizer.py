@@ -191,6 +191,36 @@ def test_a_changed_tiktoken_model_at_the_same_path_is_read_again(kimi_dir, tmp_p
     assert KimiTokenizer(folder).encode("hello there") == KimiTokenizer(kimi_dir).encode("hello there")
 
 
+def test_a_folder_is_loaded_once_per_process_until_its_files_change(kimi_dir, tmp_path):
+    """``load_kimi`` shares one tokenizer per folder and files, and reads a file changed at
+    the same path again: never a stale tokenizer."""
+    import json
+    import shutil
+
+    from fixed_sft.tokenizer import TokenizerError, load_kimi
+
+    folder = tmp_path / "tok"
+    shutil.copytree(kimi_dir, folder)
+    first = load_kimi(folder, "gigatoken")
+    assert load_kimi(folder, "gigatoken") is first
+    assert load_kimi(folder, "tiktoken") is first.reference
+    assert load_kimi(kimi_dir, "gigatoken") is not first  # (another folder)
+    model, good = folder / "tiktoken.model", (folder / "tiktoken.model").read_bytes()
+    model.write_bytes(b"garbage line\n")
+    with pytest.raises(TokenizerError, match="not a tiktoken BPE file"):
+        load_kimi(folder, "gigatoken")
+    model.write_bytes(good)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["eos_token"] = "<|im_end|>"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    changed = load_kimi(folder, "gigatoken")
+    assert changed is not first and changed.eos_id == changed.added["<|im_end|>"] != first.eos_id
+    (folder / "chat_template.jinja").write_text("{{ messages }}")
+    assert load_kimi(folder, "tiktoken").chat_template == "{{ messages }}"
+    assert load_kimi(folder, "gigatoken").reference is load_kimi(folder, "tiktoken")  # (its ranks shared)
+    assert load_kimi(folder, "gigatoken").encode("hello there") == first.encode("hello there")
+
+
 def _edited_config(kimi_dir, folder, edit):
     import json
 
