@@ -447,8 +447,7 @@ def _signal_build(
     (Ctrl-C to the whole process group, as a terminal does; SIGTERM to the build alone).
     Return what happened; a build still running ``STOP_WITHIN_S`` seconds after the last
     signal is stopped (first with SIGABRT, which makes it print every thread's stack)."""
-    out, tmpdir = base / "out", base / "tmp"
-    tmpdir.mkdir(parents=True)
+    out, tmpdir = base / "out", short_tmpdir()
     args = command(source, tokenizer, out) + ["--allow-unpinned-tokenizer"]
     args[args.index("--rows") + 1], args[args.index("--workers") + 1] = rows, str(workers)
     process = subprocess.Popen(
@@ -495,8 +494,23 @@ def _signal_build(
         "out": out,
         "processes_left": sorted(left),
         "tmp_left": leftovers(out, "tmp"),
-        "tmpdir_left": sorted(p.name for p in tmpdir.glob("pymp-*")),
+        "tmpdir_left": _removed(tmpdir),
     }
+
+
+def short_tmpdir() -> Path:
+    """A TMPDIR for a build, directly in the system's temporary folder: the fork server's
+    socket is made in it, and a socket's path must stay under 108 bytes."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="fsft-"))
+
+
+def _removed(tmpdir: Path) -> list[str]:
+    """The ``pymp-*`` folders left in ``tmpdir``, which is then removed."""
+    left = sorted(p.name for p in tmpdir.glob("pymp-*"))
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    return left
 
 
 def _stop_problems(result: dict, allowed: set[str]) -> list[str]:
@@ -634,8 +648,7 @@ def test_a_build_removes_the_multiprocessing_folder_a_killed_build_left(source, 
     """A 2-worker build killed with SIGKILL cannot remove its ``pymp-*`` folder in TMPDIR
     (where its fork server's socket is); the next 2-worker build removes it, and only
     such folders: not another program's, nor a running build's."""
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
+    tmpdir = short_tmpdir()
     (tmpdir / "pymp-another-program").mkdir()
     env = {**os.environ, "TMPDIR": str(tmpdir)}
     args = command(long_source, kimi_dir, tmp_path / "killed")
@@ -662,10 +675,10 @@ def test_a_build_removes_the_multiprocessing_folder_a_killed_build_left(source, 
     later[later.index("--workers") + 1] = "2"
     done = subprocess.run(later, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
-    left = sorted(p.name for p in tmpdir.glob("pymp-*"))
     assert alive.poll() is None
     os.killpg(alive.pid, signal.SIGKILL)
     alive.communicate()
+    left = _removed(tmpdir)
     assert len(left) == 2 and "pymp-another-program" in left, left  # and the running build's
 
 
