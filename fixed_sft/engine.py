@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -36,6 +37,7 @@ from typing import Any, Protocol, TypeVar
 from .exits import remove_on_exit
 
 R = TypeVar("R")
+START_HOLD_S = 0.05  # how long each worker started on entering is held by its start-up task
 Task = tuple[Any, ...]
 
 
@@ -124,10 +126,11 @@ class ProcessPool:
         return self
 
     def _start_workers(self) -> None:
-        """The pool starts one worker per task submitted while none is idle: submit one that
-        does nothing per core."""
+        """The pool starts one worker per task submitted while none is idle: submit one per
+        core that holds its worker for ``START_HOLD_S`` (a worker that had already done its
+        task would be idle, and take the next one instead of a new worker starting)."""
         for _ in range(min(self.workers, os.cpu_count() or 1)):
-            self._pool.submit(int)
+            self._pool.submit(time.sleep, START_HOLD_S)
 
     def _start_up(self) -> Future:
         assert self._started is not None, "map runs inside the engine's with-block"

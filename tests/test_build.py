@@ -8,6 +8,7 @@ import json
 import os
 import re
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -513,7 +514,9 @@ def test_workers_start_one_per_core_and_more_only_for_waiting_chunks(corpus, kim
     spawn, submit = ProcessPoolExecutor._spawn_process, ProcessPoolExecutor.submit
     monkeypatch.setattr(ProcessPoolExecutor, "_spawn_process", lambda self: started.append(1) or spawn(self))
     monkeypatch.setattr(
-        ProcessPoolExecutor, "submit", lambda self, fn, *a: (fn is not int and chunks.append(1)) or submit(self, fn, *a)
+        ProcessPoolExecutor,
+        "submit",
+        lambda self, fn, *a: (fn is not time.sleep and chunks.append(1)) or submit(self, fn, *a),
     )
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     manifest = build(config(corpus[0] / "parquet", kimi_dir, rows=1, row_tokens=64, workers=16), tmp_path / "w")
