@@ -134,6 +134,64 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
+class SegmentWriter:
+    """Writes conversations into an entry's ``folder`` as segments: each written whole under
+    a temporary name, then renamed, once it holds ``SEGMENT_BYTES`` or
+    ``SEGMENT_CONVERSATIONS`` (and at ``flush``). Any number of writers, in any processes,
+    may write into one entry: their files never share a name. A segment that cannot be
+    written turns the writer off (``writable``), with a warning."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.writable = True
+        self.added = 0
+        self._records: list[bytes] = []
+        self._payloads: list[bytes] = []
+        self._pending = 0
+
+    def add(self, item: Encoded) -> int:
+        """Keep ``item``; the check flags it is stored with (``PASSED`` where it passed the template check)."""
+        index = item.source_index
+        meta = json.dumps([item.id, item.source_value, item.invalid]).encode()
+        if item.ids is None or item.mask is None:
+            tokens, flags, body = -1, PASSED, meta
+        else:
+            tokens, flags = len(item.ids), PASSED if item.checked else 0
+            ids = np.ascontiguousarray(item.ids, dtype="<i4").tobytes()
+            body = ids + np.ascontiguousarray(item.mask, dtype=np.uint8).tobytes() + meta
+        head = HEAD.pack(index, tokens, len(meta), flags)
+        digest = _digest(head, body)
+        self._records.append(RECORD_STRUCT.pack(self._pending, index, tokens, len(meta), flags, digest))
+        self._payloads.append(body)
+        self._pending += len(body)
+        if self._pending >= SEGMENT_BYTES or len(self._records) >= SEGMENT_CONVERSATIONS:
+            self.flush()
+        return flags
+
+    def flush(self) -> None:
+        """Write the conversations added since the last flush as one segment."""
+        if not self._records or not self.writable:
+            return
+        records = np.frombuffer(b"".join(self._records), RECORD).copy()
+        start = HEADER_BYTES + len(records) * RECORD.itemsize
+        records["offset"] += start
+        name = f"{time.time_ns():020d}-{os.getpid()}-{os.urandom(4).hex()}.seg"
+        draft = self.folder / f".tmp-{name}"
+        try:
+            with draft.open("wb") as f:
+                f.write(MAGIC + len(records).to_bytes(8, "little"))
+                f.write(records.tobytes())
+                for payload in self._payloads:
+                    f.write(payload)
+            draft.rename(self.folder / name)
+            self.added += len(records)
+        except OSError as error:
+            warn(f"token store off: cannot write {draft} ({error.strerror or error})")
+            self.writable = False
+            draft.unlink(missing_ok=True)
+        self._records, self._payloads, self._pending = [], [], 0
+
+
 class TokenStore:
     """One entry of the store (``folder``), for a source of ``num_rows`` rows: which rows it
     holds (read from the segments' records when it opens: hints, each checked when used),
@@ -145,13 +203,18 @@ class TokenStore:
         self.segment = np.full(num_rows, -1, np.int32)  # per source row: the segment holding it
         self.slot = np.zeros(num_rows, np.int32)  # and its record there
         self.passed = np.zeros(num_rows, bool)  # whether that record says it passed the check
-        self.writable = True
-        self.taken = self.added = self.damaged = 0
+        self.writer = SegmentWriter(folder)
+        self.taken = self.damaged = 0
         self._files: OrderedDict[int, int] = OrderedDict()
-        self._records: list[bytes] = []
-        self._payloads: list[bytes] = []
-        self._pending = 0
         self._load()
+
+    @property
+    def writable(self) -> bool:
+        return self.writer.writable
+
+    @property
+    def added(self) -> int:
+        return self.writer.added
 
     @classmethod
     def open(cls, root: Path, key: str, num_rows: int) -> TokenStore | None:
@@ -253,45 +316,13 @@ class TokenStore:
         index = item.source_index
         if not self.writable or (self.segment[index] >= 0 and (self.passed[index] or not item.checked)):
             return
-        meta = json.dumps([item.id, item.source_value, item.invalid]).encode()
-        if item.ids is None or item.mask is None:
-            tokens, flags, body = -1, PASSED, meta
-        else:
-            tokens, flags = len(item.ids), PASSED if item.checked else 0
-            ids = np.ascontiguousarray(item.ids, dtype="<i4").tobytes()
-            body = ids + np.ascontiguousarray(item.mask, dtype=np.uint8).tobytes() + meta
-        head = HEAD.pack(index, tokens, len(meta), flags)
-        digest = _digest(head, body)
-        self._records.append(RECORD_STRUCT.pack(self._pending, index, tokens, len(meta), flags, digest))
-        self._payloads.append(body)
-        self._pending += len(body)
+        flags = self.writer.add(item)
         self.segment[index] = -2  # (pending: not taken back by this build)
         self.passed[index] = bool(flags)
-        if self._pending >= SEGMENT_BYTES or len(self._records) >= SEGMENT_CONVERSATIONS:
-            self.flush()
 
     def flush(self) -> None:
         """Write the conversations added since the last flush as one segment."""
-        if not self._records or not self.writable:
-            return
-        records = np.frombuffer(b"".join(self._records), RECORD).copy()
-        start = HEADER_BYTES + len(records) * RECORD.itemsize
-        records["offset"] += start
-        name = f"{time.time_ns():020d}-{os.getpid()}-{os.urandom(4).hex()}.seg"
-        draft = self.folder / f".tmp-{name}"
-        try:
-            with draft.open("wb") as f:
-                f.write(MAGIC + len(records).to_bytes(8, "little"))
-                f.write(records.tobytes())
-                for payload in self._payloads:
-                    f.write(payload)
-            draft.rename(self.folder / name)
-            self.added += len(records)
-        except OSError as error:
-            warn(f"token store off: cannot write {draft} ({error.strerror or error})")
-            self.writable = False
-            draft.unlink(missing_ok=True)
-        self._records, self._payloads, self._pending = [], [], 0
+        self.writer.flush()
 
     def close(self) -> None:
         """Write what is pending; close the segment files."""

@@ -18,7 +18,7 @@ from fixed_sft import store as store_module
 from fixed_sft.build import BuildConfig, build, encoder_setup
 from fixed_sft.chat import ChatEncoder, TemplateMismatch
 from fixed_sft.order import permutation
-from fixed_sft.store import TokenStore, default_dir, store_key
+from fixed_sft.store import SegmentWriter, TokenStore, default_dir, store_key
 
 
 @pytest.fixture(scope="module")
@@ -263,7 +263,7 @@ def test_a_killed_build_resumes_from_its_store(corpus, kimi_dir, tmp_path, token
     build encodes only the rest, and its rows are those of an uninterrupted build."""
     monkeypatch.setattr(store_module, "SEGMENT_CONVERSATIONS", 4)
     cfg = config(corpus[0], kimi_dir, rows=None)
-    original = TokenStore.flush
+    original = SegmentWriter.flush
     flushes = []
 
     def killed_after_three(self):
@@ -272,10 +272,10 @@ def test_a_killed_build_resumes_from_its_store(corpus, kimi_dir, tmp_path, token
         flushes.append(1)
         original(self)
 
-    monkeypatch.setattr(TokenStore, "flush", killed_after_three)
+    monkeypatch.setattr(SegmentWriter, "flush", killed_after_three)
     with pytest.raises(KeyboardInterrupt):
         build(cfg, tmp_path / "killed")
-    monkeypatch.setattr(TokenStore, "flush", original)
+    monkeypatch.setattr(SegmentWriter, "flush", original)
     assert _store_is_consistent(token_store, 1200) == 12
     encoded.clear()
     manifest = build(cfg, tmp_path / "resumed")
@@ -409,7 +409,7 @@ from fixed_sft import store
 from fixed_sft.build import BuildConfig, build
 
 store.SEGMENT_CONVERSATIONS = 8
-flush, written = store.TokenStore.flush, []
+flush, written = store.SegmentWriter.flush, []
 
 def killing_flush(self):
     if len(written) == int(sys.argv[3]):
@@ -418,7 +418,7 @@ def killing_flush(self):
     written.append(1)
     flush(self)
 
-store.TokenStore.flush = killing_flush
+store.SegmentWriter.flush = killing_flush
 build(BuildConfig(**json.loads(sys.argv[1])), Path(sys.argv[2]))
 """
 
