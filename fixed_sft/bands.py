@@ -1,4 +1,4 @@
-"""A source's rows, read as Arrow data: a band of the packing order, chosen rows, or every row in order.
+"""A source's rows, read as Arrow data: a band of the packing order, chosen rows, or one file's rows.
 
 Rows are read in *bands*: one pass over the files keeps just the rows whose packing
 position falls in ``[lo, hi)`` (as Arrow data), so memory holds one band, not the source.
@@ -383,20 +383,25 @@ def _read_jsonl(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa
         yield batch()
 
 
-def stream_rows(source: Source, skip: np.ndarray | None = None) -> Iterator[pa.Table]:
-    """Every row in source order (but those ``skip`` marks), one file after another, in
-    batches of at most ``READ_BATCH_BYTES`` (as read: ``messages`` may share buffers with
-    the rest of the batch), with the columns of ``read_band``: so that memory holds a batch,
-    whatever the source's size, and each source byte is decoded once."""
-    start = 0
-    for path, count in zip(source.files, source.row_counts):
-        inside = np.ones(count, bool) if skip is None else ~skip[start : start + count]
-        if inside.any():
-            reader = _read_parquet if path.suffix == ".parquet" else _read_jsonl
-            for local, table in reader(path, inside):
-                if table.num_rows:
-                    yield table.append_column("index", pa.array(local + start, pa.int64()))
-        start += count
+def read_file_rows(path: Path, start: int, inside: np.ndarray) -> Iterator[pa.Table]:
+    """The rows of one source file that ``inside`` marks (its first row is source row
+    ``start``), in batches of at most ``READ_BATCH_BYTES``, with the columns of ``read_band``:
+    memory holds a batch, whatever the file's size."""
+    reader = _read_parquet if path.suffix == ".parquet" else _read_jsonl
+    for local, table in reader(path, inside):
+        if table.num_rows:
+            yield table.append_column("index", pa.array(local + start, pa.int64()))
+
+
+def row_groups(path: Path, rows: int) -> list[int]:
+    """Where the row groups of a source file of ``rows`` rows end (a JSONL file: one group)."""
+    if path.suffix != ".parquet":
+        return [rows]
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except (pa.ArrowException, OSError) as error:
+        raise SourceError(f"{path}: cannot read Parquet ({error})") from None
+    return np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)], dtype=np.int64).tolist()
 
 
 def too_large(size: int) -> str:

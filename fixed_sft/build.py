@@ -27,12 +27,13 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from . import __version__
-from .bands import band_bytes, file_bytes, read_band, read_rows, stream_rows
+from .bands import band_bytes, file_bytes, read_band, read_rows
 from .chat import MASK_TYPES as KIMI_MASK_TYPES
 from .chat import ChatEncoder
 from .encode import Chunk, Encoded, EncoderConfig, Encoders, encode_rows
 from .encoding import Encoder
 from .errors import BuildError, UsageError
+from .fill import fill, fill_tasks
 from .folder import transaction
 from .hashes import row_digest, rows_digest, sha256_file
 from .hf_chat import MASK_TYPES as HF_MASK_TYPES
@@ -143,43 +144,26 @@ def _chunks(
         lo = hi
 
 
-def _source_chunks(source: Source, rank: np.ndarray, skip: np.ndarray | None) -> Iterator[tuple[np.ndarray, pa.Table]]:
-    """The source's rows in source order (but those ``skip`` marks), as chunks of at most
-    ``CHUNK_ROWS`` rows and ``CHUNK_BYTES`` bytes of rows (or one row), each a compact copy,
-    with its rows' packing positions."""
-    for batch in stream_rows(source, skip):
-        sizes = np.where(batch.column("dropped").to_numpy(zero_copy_only=False), 0, batch.column("bytes").to_numpy())
-        ends = np.cumsum(sizes)
-        start = 0
-        while start < batch.num_rows:
-            before = ends[start - 1] if start else 0
-            fit = int(np.searchsorted(ends, before + CHUNK_BYTES, side="right"))  # rows [start, fit) fit
-            stop = min(batch.num_rows, start + CHUNK_ROWS, max(start + 1, fit))
-            chunk = batch.take(pa.array(np.arange(start, stop)))
-            yield rank[chunk.column("index").to_numpy()], chunk
-            start = stop
-        del batch
-
-
 def _fill(
     store: TokenStore, encoding: _Encoding, source: Source, order: np.ndarray, skip_invalid: bool, tokenized: tqdm
 ) -> None:
-    """Encode into ``store`` every source row it does not hold, reading the source once in
-    source order (``stream_rows``), each row checked where its packing position says: so
-    that a build of all rows then takes them from the store in packing order, rather than
-    read the source once per band. An invalid row stops it at once, unless ``skip_invalid``."""
+    """Encode into ``store`` every source row it does not hold, in one pass over the source
+    where the conversations are encoded (``fixed_sft.fill``), each row checked where its
+    packing position says: so that a build of all rows then takes them from the store in
+    packing order, rather than read the source once per band. An invalid row stops it, at
+    the end of its row group, unless ``skip_invalid``."""
     held, check = store.plan(order, encoding.check_every)
-    skip = held & ~check
-    tokenized.update(int(np.count_nonzero(skip)))
-    if skip.all():
+    wanted = ~(held & ~check)
+    tokenized.update(int(np.count_nonzero(~wanted)))
+    if not wanted.any():
         return
-    rank = positions(order)
-    with closing(encoding.encode(_source_chunks(source, rank, skip), lambda: math.inf)) as encoded:
-        for item in encoded:
-            store.add(item)
-            if item.invalid is not None and not skip_invalid:
-                raise _invalid_row(source, item, item.invalid)
-            tokenized.update()
+    tasks = fill_tasks(source, positions(order), wanted, encoding.check_every, store.folder)
+    with closing(encoding.start().run(fill, tasks)) as done:
+        for filled in done:
+            if filled.invalid and not skip_invalid:
+                index, row_id, reason = filled.invalid[0]
+                raise _invalid_row(source, Encoded(index, row_id, None, None, reason), reason)
+            tokenized.update(filled.conversations)
     store.refresh()
 
 

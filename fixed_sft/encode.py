@@ -26,7 +26,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -43,6 +43,9 @@ from .memory import map_large_allocations
 from .records import records
 from .tokenizer import KimiTokenizer, TokenizerError, default_bpe, eos_id, eos_token, load_kimi
 from .tool_declarations import ModelCheck, model_declarer
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class Encoded(NamedTuple):
@@ -418,6 +421,10 @@ class Encoders:
 
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         self.engine.__exit__(kind, *exc)
+
+    def run(self, fn: Callable[[Encoder, T], R], tasks: Iterable[T]) -> Generator[R, None, None]:
+        """``fn(encoder, task)`` for each task, where the conversations are encoded; in order."""
+        yield from self.engine.map(fn, ((task,) for task in tasks))
 
     def encode(
         self, chunks: Iterable[tuple[int | np.ndarray, pa.Table]], wanted: Callable[[], float]

@@ -53,6 +53,7 @@ ENCODING_MODULES = (
     "encode.py",
     "encoding.py",
     "fields.py",
+    "fill.py",
     "hf_chat.py",
     "records.py",
     "source.py",

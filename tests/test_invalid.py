@@ -634,3 +634,40 @@ def test_skip_invalid_records_each_message_key_the_encoder_would_drop(kimi_dir, 
     assert (
         manifest["rows_sha256"] == build(_config(plain, kimi_dir, skip_invalid=True), tmp_path / "plain")["rows_sha256"]
     )
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_template_failure_in_the_pass_that_fills_the_store_stops_the_build(
+    kimi_dir, tmp_path, monkeypatch, token_store, workers
+):
+    """A ``--rows all`` build of several bands fills the token store first; a checked
+    conversation the template refuses is not stored, and stops the build, naming it, when
+    the build reaches it in packing order."""
+    import fixed_sft.build as build_module
+    from fixed_sft.chat import TemplateMismatch
+    from fixed_sft.order import permutation
+
+    folder = tmp_path / "tok"
+    shutil.copytree(kimi_dir, folder)
+    template = folder / "chat_template.jinja"
+    guard = "{%- for m in messages if m['content'] == 'BOOM' -%}{{ raise_exception('boom') }}{%- endfor -%}"
+    template.write_text(guard + template.read_text())
+    bad = int(permutation(7, 300)[150])
+    rows = [
+        {
+            "id": f"row-{i}",
+            "messages": [{"role": "user", "content": "BOOM" if i == bad else f"hi {i}"}, GOOD["messages"][1]],
+        }
+        for i in range(300)
+    ]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    monkeypatch.setattr(build_module, "BAND_BYTES", (tmp_path / "rows.jsonl").stat().st_size)  # (3 bands)
+    config = _config(tmp_path / "rows.jsonl", folder, check_every=2, workers=workers, allow_unpinned_tokenizer=True)
+    with pytest.raises(TemplateMismatch, match=rf"source row {bad} \(id row-{bad}\): the chat template refuses"):
+        build(config, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    from fixed_sft.store import TokenStore
+
+    (entry,) = token_store.glob("tokens/*")
+    held = TokenStore(entry, 300).segment >= 0
+    assert not held[bad] and held.sum() >= 300 - 128  # (all but the refused one and the rest of its chunk)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import synthetic
 from conftest import ROOT
@@ -338,23 +339,33 @@ def test_a_build_of_every_row_over_several_bands_decodes_the_source_once(
     corpus, kimi_dir, tmp_path, monkeypatch, workers
 ):
     """A ``--rows all`` build of a source of several bands encodes it into the store in one
-    pass (each row decoded once, and encoded once), then packs from the store: the rows of
-    the band-by-band build without the store, which decodes the source once per band. A
-    later build of another row length decodes nothing; one of another seed reads the rows
-    at its checked positions to check them, in one pass too."""
+    pass (each row read by one task, of its row group, and encoded once; with 2 workers,
+    none in the build's process), then packs from the store: the rows of the band-by-band
+    build without the store, which decodes the source once per band. A later build of
+    another row length decodes nothing; one of another seed reads the rows at its checked
+    positions to check them, in one pass too."""
+    import fixed_sft.build as build_module
+
     _bands_of(corpus[0], monkeypatch, 4)
     cfg = config(corpus[0], kimi_dir, rows=None, workers=workers)
     decoded = _decoded(monkeypatch)
     plain = _without_store(cfg, tmp_path / "plain")
     assert sum(decoded) >= 3 * 1200  # (read once per band)
     decoded.clear()
+    tasks = []
+    fill_tasks = build_module.fill_tasks
+    monkeypatch.setattr(build_module, "fill_tasks", lambda *args: (tasks.append(t) or t for t in fill_tasks(*args)))
     assert build(cfg, tmp_path / "filled") == plain
-    assert sum(decoded) == 1200
+    rows = np.concatenate([task.start + task.local for task in tasks])
+    assert sorted(rows.tolist()) == list(range(1200))  # each row in one task
+    groups = [(task.path, task.start + task.local[0]) for task in tasks]
+    assert len(tasks) == len(set(groups)) == 3  # (a row group per file here)
+    assert sum(decoded) == (1200 if workers == 1 else 0)
     decoded.clear()
     assert build(dataclasses.replace(cfg, row_tokens=512), tmp_path / "again")["stats"]["conversations"] == 1200
     assert sum(decoded) == 0
     assert build(dataclasses.replace(cfg, seed=6), tmp_path / "seed")["stats"]["conversations"] == 1200
-    assert 0 < sum(decoded) <= 1200
+    assert sum(decoded) <= 1200 and (workers == 2 or sum(decoded) > 0)
 
 
 def test_a_store_filled_in_source_order_checks_the_rows_of_checked_positions(corpus, kimi_dir, tmp_path, monkeypatch):
@@ -443,3 +454,28 @@ def test_a_build_killed_with_sigkill_resumes_from_its_store(corpus, kimi_dir, tm
     assert resumed == _without_store(cfg, tmp_path / "plain")
     store = TokenStore(next(token_store.glob("tokens/*")), 1200)
     assert (store.segment >= 0).all() and STALE_SECONDS > 0
+
+
+def test_fill_tasks_cut_by_row_group(tmp_path):
+    """A task holds the wanted rows of one row group, in source order; all of them, once."""
+    import pyarrow.parquet as pq
+
+    from fixed_sft.fill import fill_tasks
+    from fixed_sft.source import open_source
+
+    table = pq.read_table(synthetic.write_parquet(synthetic.conversations(230, seed=2), tmp_path / "a.parquet")[0])
+    (tmp_path / "src").mkdir()
+    pq.write_table(table, tmp_path / "src" / "a.parquet", row_group_size=50)
+    pq.write_table(table.slice(0, 30), tmp_path / "src" / "b.parquet", row_group_size=7)
+    source = open_source(str(tmp_path / "src"))
+    wanted = np.random.default_rng(1).random(260) < 0.6
+    rank = np.random.default_rng(2).permutation(260)
+    tasks = list(fill_tasks(source, rank, wanted, 4, tmp_path / "store"))
+    rows = np.concatenate([task.start + task.local for task in tasks])
+    assert rows.tolist() == np.flatnonzero(wanted).tolist()
+    for task in tasks:
+        assert task.rows == (230 if task.path.endswith("a.parquet") else 30)
+        group = 50 if task.path.endswith("a.parquet") else 7
+        assert len(set((task.local // group).tolist())) == 1
+        assert task.positions.tolist() == rank[task.start + task.local].tolist()
+    assert len(tasks) == 5 + 5

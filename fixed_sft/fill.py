@@ -1,0 +1,96 @@
+"""Filling the token store where the conversations are encoded: a task reads a row group, encodes it, stores it.
+
+A build that takes every row of a source larger than a band fills the store first, in one
+pass over the source. Its tasks are cut by row group (a JSONL file is one task): each reads
+the rows the store lacks from its group, a batch at a time, encodes them (the one at a
+packing position that is a multiple of ``check_every`` also through the template) and
+writes them as segments of its own. The build's process only hands out tasks, so the pass
+runs in as many workers as there are row groups.
+
+A conversation whose template check fails is not stored, nor are the rest of its chunk: the
+build reaches them later, in packing order, and stops there as it would without the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from .bands import read_file_rows, row_groups
+from .encode import Chunk, encode_rows
+from .encoding import Encoder, TemplateMismatch
+from .source import Source
+from .store import SegmentWriter
+
+CHUNK_ROWS = 128  # conversations encoded at a time in a task (as a build's chunks)
+
+
+class FillTask(NamedTuple):
+    """Source rows ``start + local`` of file ``path`` (of ``rows`` rows), all in one row
+    group, at packing ``positions``; stored into the entry ``folder``."""
+
+    path: str
+    start: int
+    rows: int
+    local: np.ndarray
+    positions: np.ndarray
+    check_every: int
+    folder: str
+
+
+class Filled(NamedTuple):
+    """What a task stored: its conversations, their tokens, and its invalid rows as
+    ``(source row, id, reason)``."""
+
+    conversations: int
+    tokens: int
+    invalid: list[tuple[int, str | None, str]]
+
+
+def fill_tasks(
+    source: Source, rank: np.ndarray, wanted: np.ndarray, check_every: int, folder: Path
+) -> Iterator[FillTask]:
+    """The tasks that store the source rows ``wanted`` marks, in source order: one per row
+    group holding one."""
+    start = 0
+    for path, count in zip(source.files, source.row_counts):
+        local = np.flatnonzero(wanted[start : start + count])
+        if len(local):
+            ends = np.asarray(row_groups(path, count))
+            groups = np.searchsorted(ends, local, side="right")  # each row's row group
+            cuts = np.flatnonzero(np.diff(groups)) + 1
+            for part in np.split(local, cuts):
+                positions = rank[start + part]
+                yield FillTask(str(path), start, count, part, positions, check_every, str(folder))
+        start += count
+
+
+def fill(encoder: Encoder, task: FillTask) -> Filled:
+    """Read, encode and store a task's rows (module docstring)."""
+    inside = np.zeros(task.rows, bool)
+    inside[task.local] = True
+    position = np.full(task.rows, -1, np.int64)
+    position[task.local] = task.positions
+    writer = SegmentWriter(Path(task.folder))
+    conversations = tokens = 0
+    invalid: list[tuple[int, str | None, str]] = []
+    for batch in read_file_rows(Path(task.path), task.start, inside):
+        for first in range(0, batch.num_rows, CHUNK_ROWS):
+            rows = batch.slice(first, CHUNK_ROWS)
+            positions = position[rows.column("index").to_numpy() - task.start]
+            try:
+                for item in encode_rows(encoder, Chunk(rows, int(positions[0]), task.check_every, positions)):
+                    writer.add(item)
+                    conversations += 1
+                    if item.ids is None:
+                        invalid.append((item.source_index, item.id, item.invalid or ""))
+                    else:
+                        tokens += len(item.ids)
+            except TemplateMismatch:
+                continue  # (reached in packing order, where it stops the build)
+        del batch
+    writer.flush()
+    return Filled(conversations, tokens, invalid)
