@@ -14,6 +14,12 @@ process), median and range of ``--repeats``; then each size's time over N's. Lin
 script exits 1.
 
     python benchmarks/bench_linear.py [--conversations 4000] [--band-mib 4] [--repeats 3] [--json OUT]
+        [--sizes 1,2,4] [--workers 1] [--modes store,bands] [--corpus tulu|short] [--row-group-rows R]
+
+``--workers 1,16`` builds each case at each worker count (the fill pass runs a task per
+Parquet row group, so a source needs many row groups to keep many workers busy:
+``--row-group-rows``); ``--corpus short`` makes short dialogs (2 to 4 turns of up to 300
+characters) instead of Tulu-like conversations.
 """
 
 from __future__ import annotations
@@ -21,11 +27,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
@@ -53,60 +62,92 @@ print(json.dumps({"seconds": time.perf_counter() - start, "decoded": sum(decoded
 """
 
 
+def _short(row: dict, k: int) -> dict:
+    """A short dialog from a synthetic row: 2 to 4 of its first messages, each cut to 300 characters."""
+    turns = 2 + k % 3
+    messages = [{**m, "content": m["content"][:300]} for m in row["messages"][:turns]]
+    if messages[-1]["role"] != "assistant" and len(messages) > 1:
+        messages = messages[:-1]
+    return {**row, "messages": messages}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=4000, metavar="N")
     parser.add_argument("--band-mib", type=float, default=4.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sizes", default="1,2,4", help="multiples of N to build (default 1,2,4)")
+    parser.add_argument("--workers", default="1", help="comma-separated worker counts (default 1)")
+    parser.add_argument("--modes", default="store,bands", help="store, bands or both (default both)")
+    parser.add_argument("--corpus", choices=("tulu", "short"), default="tulu")
+    parser.add_argument("--row-group-rows", type=int, default=1000, metavar="R", help="Parquet row group size")
     parser.add_argument("--tokenizer", type=Path, default=ROOT.parent / "shared" / "tokenizers" / "kimi-k2.6")
     parser.add_argument("--json", type=Path, help="write the plan and every build's figures here")
     args = parser.parse_args()
 
     import synthetic
 
-    sizes = [args.conversations, 2 * args.conversations, 4 * args.conversations]
+    sizes = [int(k) * args.conversations for k in args.sizes.split(",")]
+    worker_counts = [int(w) for w in args.workers.split(",")]
+    modes = args.modes.split(",")
     runs: list[dict] = []
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         rows = synthetic.conversations(sizes[-1], seed=3)
+        if args.corpus == "short":
+            rows = [_short(row, k) for k, row in enumerate(rows)]
         for size in sizes:
-            synthetic.write_parquet(rows[:size], folder / f"source-{size}", rows_per_file=size // 4)
+            synthetic.write_parquet(rows[:size], folder / f"source-{size}", rows_per_file=max(1, size // 4))
+            for path in sorted((folder / f"source-{size}").glob("*.parquet")):
+                pq.write_table(pq.read_table(path), path, row_group_size=args.row_group_rows)
         for repeat in range(args.repeats):
             for size in sizes:
-                for mode in ("store", "bands"):
-                    name = f"{mode}-{size}-{repeat}"
-                    config = dict(
-                        name="linear",
-                        source=str(folder / f"source-{size}"),
-                        tokenizer=str(args.tokenizer),
-                        rows=None,
-                        row_tokens=4096,
-                        seed=1,
-                        workers=1,
-                        no_card=True,
-                        no_cache=mode == "bands",
-                        cache_dir=str(folder / f"store-{name}"),
-                    )
-                    command = [sys.executable, "-c", CHILD, json.dumps(config), str(folder / name)]
-                    done = subprocess.run(
-                        [*command, str(args.band_mib * (1 << 20))], check=True, capture_output=True, text=True, cwd=ROOT
-                    )
-                    runs.append({"mode": mode, "size": size, **json.loads(done.stdout.splitlines()[-1])})
-                    print(f"  {name}: {runs[-1]['seconds']:.2f} s, {runs[-1]['decoded']:,} rows decoded", flush=True)
+                for workers in worker_counts:
+                    for mode in modes:
+                        name = f"{mode}-{size}-w{workers}-{repeat}"
+                        config = dict(
+                            name="linear",
+                            source=str(folder / f"source-{size}"),
+                            tokenizer=str(args.tokenizer),
+                            rows=None,
+                            row_tokens=4096,
+                            seed=1,
+                            workers=workers,
+                            no_card=True,
+                            no_cache=mode == "bands",
+                            cache_dir=str(folder / f"store-{name}"),
+                        )
+                        command = [sys.executable, "-c", CHILD, json.dumps(config), str(folder / name)]
+                        done = subprocess.run(
+                            [*command, str(args.band_mib * (1 << 20))],
+                            check=True,
+                            capture_output=True,
+                            text=True,
+                            cwd=ROOT,
+                        )
+                        result = json.loads(done.stdout.splitlines()[-1])
+                        runs.append({"mode": mode, "size": size, "workers": workers, **result})
+                        print(f"  {name}: {result['seconds']:.2f} s, {result['decoded']:,} rows decoded", flush=True)
+                        shutil.rmtree(folder / name, ignore_errors=True)
+                        shutil.rmtree(folder / f"store-{name}", ignore_errors=True)
 
-    def of(mode: str, size: int, key: str) -> list[float]:
-        return [r[key] for r in runs if r["mode"] == mode and r["size"] == size]
+    def of(mode: str, size: int, workers: int, key: str) -> list[float]:
+        return [r[key] for r in runs if (r["mode"], r["size"], r["workers"]) == (mode, size, workers)]
 
-    print(f"--rows all builds, bands of {args.band_mib} MiB, 1 worker, median (range) of {args.repeats}")
-    for mode in ("store", "bands"):
-        base = statistics.median(of(mode, sizes[0], "seconds"))
-        for size in sizes:
-            seconds = of(mode, size, "seconds")
-            median = statistics.median(seconds)
-            print(
-                f"{mode:>6} {size:>7,} conversations: {median:6.2f} s ({min(seconds):.2f}-{max(seconds):.2f}), "
-                f"{median / base:.2f}x N's time; decoded {statistics.median(of(mode, size, 'decoded')):,.0f} rows"
-            )
+    print(f"--rows all builds, bands of {args.band_mib} MiB, {args.corpus} corpus, median (range) of {args.repeats}")
+    for mode in modes:
+        for workers in worker_counts:
+            base = statistics.median(of(mode, sizes[0], workers, "seconds"))
+            for size in sizes:
+                seconds = of(mode, size, workers, "seconds")
+                median = statistics.median(seconds)
+                scaling = statistics.median(of(mode, size, worker_counts[0], "seconds")) / median
+                print(
+                    f"{mode:>6} {size:>7,} conversations, {workers:>2} workers: {median:6.2f} s "
+                    f"({min(seconds):.2f}-{max(seconds):.2f}), {median / base:.2f}x N's time, "
+                    f"{scaling:.2f}x {worker_counts[0]} worker(s); decoded in the build's process "
+                    f"{statistics.median(of(mode, size, workers, 'decoded')):,.0f} rows"
+                )
     same = all(len({r["sha"] for r in runs if r["size"] == size}) == 1 for size in sizes)
     print("rows the same with the store and with bands: " + ("yes" if same else "NO"))
     if args.json:
