@@ -27,13 +27,13 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from . import __version__
-from .bands import band_bytes, file_bytes, read_band, read_rows
+from .bands import Band, band_bytes, file_bytes, read_band, read_file_rows, read_rows
 from .chat import MASK_TYPES as KIMI_MASK_TYPES
 from .chat import ChatEncoder
 from .encode import Chunk, Encoded, EncoderConfig, Encoders, encode_rows
 from .encoding import Encoder
 from .errors import BuildError, UsageError
-from .fill import fill, fill_tasks
+from .fill import Filled, fill, fill_tasks
 from .folder import transaction
 from .hashes import row_digest, rows_digest, sha256_file
 from .hf_chat import MASK_TYPES as HF_MASK_TYPES
@@ -147,24 +147,53 @@ def _chunks(
 def _fill(
     store: TokenStore, encoding: _Encoding, source: Source, order: np.ndarray, skip_invalid: bool, tokenized: tqdm
 ) -> None:
-    """Encode into ``store`` every source row it does not hold, in one pass over the source
-    where the conversations are encoded (``fixed_sft.fill``), each row checked where its
-    packing position says: so that a build of all rows then takes them from the store in
-    packing order, rather than read the source once per band. An invalid row stops it, at
-    the end of its row group, unless ``skip_invalid``."""
+    """Encode into ``store`` every source row it does not hold, in one pass over the source,
+    each row checked where its packing position says: so that a build of all rows then
+    takes them from the store in packing order, rather than read the source once per band.
+    The pass runs where the conversations are encoded, a task per row group
+    (``fixed_sft.fill``); where the source has fewer row groups than workers, this process
+    reads it and the workers encode its chunks (``_streamed``). An invalid row stops it
+    unless ``skip_invalid``."""
     held, check = store.plan(order, encoding.check_every)
     wanted = ~(held & ~check)
     tokenized.update(int(np.count_nonzero(~wanted)))
     if not wanted.any():
         return
-    tasks = fill_tasks(source, positions(order), wanted, encoding.check_every, store.folder)
-    with closing(encoding.start().run(fill, tasks)) as done:
+    rank = positions(order)
+    tasks = list(fill_tasks(source, rank, wanted, encoding.check_every, store.folder))
+    if len(tasks) < encoding.workers:
+        done: Generator[Filled, None, None] = _streamed(store, encoding, source, rank, wanted)
+    else:
+        done = encoding.start().run(fill, tasks)
+    with closing(done):
         for filled in done:
             if filled.invalid and not skip_invalid:
                 index, row_id, reason = filled.invalid[0]
                 raise _invalid_row(source, Encoded(index, row_id, None, None, reason), reason)
             tokenized.update(filled.conversations)
     store.refresh()
+
+
+def _streamed(
+    store: TokenStore, encoding: _Encoding, source: Source, rank: np.ndarray, wanted: np.ndarray
+) -> Generator[Filled, None, None]:
+    """The rows ``wanted`` marks, read here in source order, encoded by the workers a chunk
+    (``CHUNK_ROWS``, at most ``CHUNK_BYTES``) at a time, stored here: a ``Filled`` each."""
+
+    def chunks() -> Iterator[tuple[np.ndarray, pa.Table]]:
+        start = 0
+        for path, count in zip(source.files, source.row_counts):
+            for batch in read_file_rows(path, start, wanted[start : start + count]):
+                for rows in Band([batch], [np.arange(batch.num_rows)]).chunks(CHUNK_ROWS, CHUNK_BYTES):
+                    yield rank[rows.column("index").to_numpy()], rows
+            start += count
+
+    for item in encoding.encode(chunks(), lambda: math.inf):
+        store.add(item)
+        if item.invalid is not None:
+            yield Filled(1, 0, [(item.source_index, item.id, item.invalid)])
+        else:
+            yield Filled(1, len(item.ids) if item.ids is not None else 0, [])
 
 
 def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
