@@ -160,7 +160,7 @@ def _fill(
     if not wanted.any():
         return
     rank = positions(order)
-    tasks = list(fill_tasks(source, rank, wanted, encoding.check_every, store.folder))
+    tasks = list(fill_tasks(source, rank, wanted, encoding.check_every, (CHUNK_ROWS, CHUNK_BYTES), store.folder))
     if len(tasks) < encoding.workers:
         done: Generator[Filled, None, None] = _streamed(store, encoding, source, rank, wanted)
     else:

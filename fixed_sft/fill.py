@@ -19,18 +19,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .bands import read_file_rows, row_groups
+from .bands import Band, read_file_rows, row_groups
 from .encode import Chunk, encode_rows
 from .encoding import Encoder, TemplateMismatch
 from .source import Source
 from .store import SegmentWriter
 
-CHUNK_ROWS = 128  # conversations encoded at a time in a task (as a build's chunks)
-
 
 class FillTask(NamedTuple):
     """Source rows ``start + local`` of file ``path`` (of ``rows`` rows), all in one row
-    group, at packing ``positions``; stored into the entry ``folder``."""
+    group, at packing ``positions``; encoded in chunks of at most ``chunk_rows`` rows and
+    ``chunk_bytes`` bytes (or one row), as a build's; stored into the entry ``folder``."""
 
     path: str
     start: int
@@ -38,6 +37,8 @@ class FillTask(NamedTuple):
     local: np.ndarray
     positions: np.ndarray
     check_every: int
+    chunk_rows: int
+    chunk_bytes: int
     folder: str
 
 
@@ -51,10 +52,10 @@ class Filled(NamedTuple):
 
 
 def fill_tasks(
-    source: Source, rank: np.ndarray, wanted: np.ndarray, check_every: int, folder: Path
+    source: Source, rank: np.ndarray, wanted: np.ndarray, check_every: int, chunks: tuple[int, int], folder: Path
 ) -> Iterator[FillTask]:
     """The tasks that store the source rows ``wanted`` marks, in source order: one per row
-    group holding one."""
+    group holding one; ``chunks``: their ``chunk_rows`` and ``chunk_bytes``."""
     start = 0
     for path, count in zip(source.files, source.row_counts):
         local = np.flatnonzero(wanted[start : start + count])
@@ -64,7 +65,7 @@ def fill_tasks(
             cuts = np.flatnonzero(np.diff(groups)) + 1
             for part in np.split(local, cuts):
                 positions = rank[start + part]
-                yield FillTask(str(path), start, count, part, positions, check_every, str(folder))
+                yield FillTask(str(path), start, count, part, positions, check_every, *chunks, str(folder))
         start += count
 
 
@@ -78,8 +79,7 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
     conversations = tokens = 0
     invalid: list[tuple[int, str | None, str]] = []
     for batch in read_file_rows(Path(task.path), task.start, inside):
-        for first in range(0, batch.num_rows, CHUNK_ROWS):
-            rows = batch.slice(first, CHUNK_ROWS)
+        for rows in Band([batch], [np.arange(batch.num_rows)]).chunks(task.chunk_rows, task.chunk_bytes):
             positions = position[rows.column("index").to_numpy() - task.start]
             try:
                 for item in encode_rows(encoder, Chunk(rows, int(positions[0]), task.check_every, positions)):

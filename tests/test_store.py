@@ -471,7 +471,7 @@ def test_fill_tasks_cut_by_row_group(tmp_path):
     source = open_source(str(tmp_path / "src"))
     wanted = np.random.default_rng(1).random(260) < 0.6
     rank = np.random.default_rng(2).permutation(260)
-    tasks = list(fill_tasks(source, rank, wanted, 4, tmp_path / "store"))
+    tasks = list(fill_tasks(source, rank, wanted, 4, (128, 1 << 20), tmp_path / "store"))
     rows = np.concatenate([task.start + task.local for task in tasks])
     assert rows.tolist() == np.flatnonzero(wanted).tolist()
     for task in tasks:
