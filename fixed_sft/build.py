@@ -145,13 +145,21 @@ def _chunks(
 
 
 def _fill(
-    store: TokenStore, encoding: _Encoding, source: Source, order: np.ndarray, skip_invalid: bool, tokenized: tqdm
+    store: TokenStore,
+    encoding: _Encoding,
+    source: Source,
+    order: np.ndarray,
+    skip_invalid: bool,
+    large_rows: bool,
+    tokenized: tqdm,
 ) -> None:
     """Encode into ``store`` every source row it does not hold, in one pass over the source,
     each row checked where its packing position says: so that a build of all rows then
     takes them from the store in packing order, rather than read the source once per band.
     The pass runs where the conversations are encoded, a task per row group
-    (``fixed_sft.fill``); where the source has fewer row groups than workers, this process
+    (``fixed_sft.fill``). Where the source has fewer row groups than workers, or its rows
+    are large (``large_rows``: a worker reading its own would hold a batch of them while it
+    encodes, and the conversations in flight would grow with the workers), this process
     reads it and the workers encode its chunks (``_streamed``). An invalid row stops it
     unless ``skip_invalid``."""
     held, check = store.plan(order, encoding.check_every)
@@ -161,7 +169,7 @@ def _fill(
         return
     rank = positions(order)
     tasks = list(fill_tasks(source, rank, wanted, encoding.check_every, (CHUNK_ROWS, CHUNK_BYTES), store.folder))
-    if len(tasks) < encoding.workers:
+    if large_rows or len(tasks) < encoding.workers:
         done: Generator[Filled, None, None] = _streamed(store, encoding, source, rank, wanted)
     else:
         done = encoding.start().run(fill, tasks)
@@ -519,7 +527,8 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             ):
                 if fill:
                     assert store is not None
-                    _fill(store, encoding, source, order, config.skip_invalid, tokenized)
+                    large_rows = encoding.workers > 1 and bytes_row > LARGE_ROW_BYTES
+                    _fill(store, encoding, source, order, config.skip_invalid, large_rows, tokenized)
                     held, check = store.plan(order, config.check_every)
                     skip = held & ~check if held.any() else None
                     tokenized = tqdm(disable=True)  # (counted as filled)

@@ -334,20 +334,24 @@ def _bands_of(source: Path, monkeypatch, count: int) -> None:
     monkeypatch.setattr(build_module, "BAND_BYTES", sum(sizes) / count / band_bytes(1, sizes))
 
 
-@pytest.mark.parametrize("workers", [1, 2, 4])
+@pytest.mark.parametrize("workers, large", [(1, False), (2, False), (4, False), (2, True)])
 def test_a_build_of_every_row_over_several_bands_decodes_the_source_once(
-    corpus, kimi_dir, tmp_path, monkeypatch, workers
+    corpus, kimi_dir, tmp_path, monkeypatch, workers, large
 ):
     """A ``--rows all`` build of a source of several bands encodes it into the store in one
     pass (each row read by one task, of its row group, and encoded once; with 2 workers,
-    none in the build's process; with more workers than the 3 row groups, the build's
-    process reads them, once, for the workers to encode), then packs from the store: the rows of the band-by-band
+    none in the build's process; with more workers than the 3 row groups, or rows counted
+    as large, the build's process reads them, once, for the workers to encode), then packs
+    from the store: the rows of the band-by-band
     build without the store, which decodes the source once per band. A later build of
     another row length decodes nothing; one of another seed reads the rows at its checked
     positions to check them, in one pass too."""
     import fixed_sft.build as build_module
 
     _bands_of(corpus[0], monkeypatch, 4)
+    if large:
+        monkeypatch.setattr(build_module, "LARGE_ROW_BYTES", 0)
+        monkeypatch.setattr(build_module, "LARGE_BAND_BYTES", build_module.BAND_BYTES)
     cfg = config(corpus[0], kimi_dir, rows=None, workers=workers)
     decoded = _decoded(monkeypatch)
     plain = _without_store(cfg, tmp_path / "plain")
@@ -361,12 +365,12 @@ def test_a_build_of_every_row_over_several_bands_decodes_the_source_once(
     assert sorted(rows.tolist()) == list(range(1200))  # each row in one task
     groups = [(task.path, task.start + task.local[0]) for task in tasks]
     assert len(tasks) == len(set(groups)) == 3  # (a row group per file here)
-    assert sum(decoded) == (0 if workers == 2 else 1200)
+    assert sum(decoded) == (0 if (workers, large) == (2, False) else 1200)
     decoded.clear()
     assert build(dataclasses.replace(cfg, row_tokens=512), tmp_path / "again")["stats"]["conversations"] == 1200
     assert sum(decoded) == 0
     assert build(dataclasses.replace(cfg, seed=6), tmp_path / "seed")["stats"]["conversations"] == 1200
-    assert sum(decoded) <= 1200 and (workers == 2 or sum(decoded) > 0)  # (checked ones, read again)
+    assert sum(decoded) <= 1200 and ((workers, large) == (2, False) or sum(decoded) > 0)  # (checked ones, read again)
 
 
 def test_a_store_filled_in_source_order_checks_the_rows_of_checked_positions(corpus, kimi_dir, tmp_path, monkeypatch):
