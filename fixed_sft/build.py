@@ -31,9 +31,9 @@ from .bands import Band, band_bytes, file_bytes, read_band, read_file_rows, read
 from .chat import MASK_TYPES as KIMI_MASK_TYPES
 from .chat import ChatEncoder
 from .encode import Chunk, Encoded, EncoderConfig, Encoders, encode_rows
-from .encoding import Encoder
+from .encoding import Encoder, TemplateMismatch
 from .errors import BuildError, UsageError
-from .fill import Filled, fill, fill_tasks
+from .fill import fill, fill_tasks
 from .folder import transaction
 from .hashes import row_digest, rows_digest, sha256_file
 from .hf_chat import MASK_TYPES as HF_MASK_TYPES
@@ -145,13 +145,7 @@ def _chunks(
 
 
 def _fill(
-    store: TokenStore,
-    encoding: _Encoding,
-    source: Source,
-    order: np.ndarray,
-    skip_invalid: bool,
-    large_rows: bool,
-    tokenized: tqdm,
+    store: TokenStore, encoding: _Encoding, source: Source, order: np.ndarray, large_rows: bool, tokenized: tqdm
 ) -> None:
     """Encode into ``store`` every source row it does not hold, in one pass over the source,
     each row checked where its packing position says: so that a build of all rows then
@@ -160,8 +154,9 @@ def _fill(
     (``fixed_sft.fill``). Where the source has fewer row groups than workers, or its rows
     are large (``large_rows``: a worker reading its own would hold a batch of them while it
     encodes, and the conversations in flight would grow with the workers), this process
-    reads it and the workers encode its chunks (``_streamed``). An invalid row stops it
-    unless ``skip_invalid``."""
+    reads it and the workers encode its chunks (``_streamed``). Invalid rows are stored as
+    such, and a conversation whose check fails is not: the build stops at the first of
+    either in packing order, as without the store."""
     held, check = store.plan(order, encoding.check_every)
     wanted = ~(held & ~check)
     tokenized.update(int(np.count_nonzero(~wanted)))
@@ -170,23 +165,23 @@ def _fill(
     rank = positions(order)
     tasks = list(fill_tasks(source, rank, wanted, encoding.check_every, (CHUNK_ROWS, CHUNK_BYTES), store.folder))
     if large_rows or len(tasks) < encoding.workers:
-        done: Generator[Filled, None, None] = _streamed(store, encoding, source, rank, wanted)
+        _streamed(store, encoding, source, rank, wanted, tokenized)
     else:
-        done = encoding.start().run(fill, tasks)
-    with closing(done):
-        for filled in done:
-            if filled.invalid and not skip_invalid:
-                index, row_id, reason = filled.invalid[0]
-                raise _invalid_row(source, Encoded(index, row_id, None, None, reason), reason)
-            tokenized.update(filled.conversations)
+        with closing(encoding.start().run(fill, tasks)) as done:
+            for filled in done:
+                tokenized.update(filled.conversations)
+                if not filled.writable:  # (the rest is read by bands)
+                    store.turn_off(f"cannot write segments in {store.folder}")
+                    break
     store.refresh()
 
 
 def _streamed(
-    store: TokenStore, encoding: _Encoding, source: Source, rank: np.ndarray, wanted: np.ndarray
-) -> Generator[Filled, None, None]:
+    store: TokenStore, encoding: _Encoding, source: Source, rank: np.ndarray, wanted: np.ndarray, tokenized: tqdm
+) -> None:
     """The rows ``wanted`` marks, read here in source order, encoded by the workers a chunk
-    (``CHUNK_ROWS``, at most ``CHUNK_BYTES``) at a time, stored here: a ``Filled`` each."""
+    (``CHUNK_ROWS``, at most ``CHUNK_BYTES``) at a time, and stored, until one fails its
+    template check (reached later in packing order, where it stops the build)."""
 
     def chunks() -> Iterator[tuple[np.ndarray, pa.Table]]:
         start = 0
@@ -196,12 +191,15 @@ def _streamed(
                     yield rank[rows.column("index").to_numpy()], rows
             start += count
 
-    for item in encoding.encode(chunks(), lambda: math.inf):
-        store.add(item)
-        if item.invalid is not None:
-            yield Filled(1, 0, [(item.source_index, item.id, item.invalid)])
-        else:
-            yield Filled(1, len(item.ids) if item.ids is not None else 0, [])
+    try:
+        with closing(encoding.encode(chunks(), lambda: math.inf)) as encoded:
+            for item in encoded:
+                store.add(item)
+                tokenized.update()
+                if not store.writable:
+                    return
+    except TemplateMismatch:
+        return
 
 
 def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
@@ -528,7 +526,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
                 if fill:
                     assert store is not None
                     large_rows = encoding.workers > 1 and bytes_row > LARGE_ROW_BYTES
-                    _fill(store, encoding, source, order, config.skip_invalid, large_rows, tokenized)
+                    _fill(store, encoding, source, order, large_rows, tokenized)
                     held, check = store.plan(order, config.check_every)
                     skip = held & ~check if held.any() else None
                     tokenized = tqdm(disable=True)  # (counted as filled)

@@ -43,12 +43,11 @@ class FillTask(NamedTuple):
 
 
 class Filled(NamedTuple):
-    """What a task stored: its conversations, their tokens, and its invalid rows as
-    ``(source row, id, reason)``."""
+    """What a task did: the conversations it encoded, and whether it could write them
+    (``SegmentWriter.writable``)."""
 
     conversations: int
-    tokens: int
-    invalid: list[tuple[int, str | None, str]]
+    writable: bool
 
 
 def fill_tasks(
@@ -75,9 +74,8 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
     inside[task.local] = True
     position = np.full(task.rows, -1, np.int64)
     position[task.local] = task.positions
-    writer = SegmentWriter(Path(task.folder))
-    conversations = tokens = 0
-    invalid: list[tuple[int, str | None, str]] = []
+    writer = SegmentWriter(Path(task.folder), quiet=True)  # (the build's process says it once)
+    conversations = 0
     for batch in read_file_rows(Path(task.path), task.start, inside):
         for rows in Band([batch], [np.arange(batch.num_rows)]).chunks(task.chunk_rows, task.chunk_bytes):
             positions = position[rows.column("index").to_numpy() - task.start]
@@ -85,12 +83,10 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
                 for item in encode_rows(encoder, Chunk(rows, int(positions[0]), task.check_every, positions)):
                     writer.add(item)
                     conversations += 1
-                    if item.ids is None:
-                        invalid.append((item.source_index, item.id, item.invalid or ""))
-                    else:
-                        tokens += len(item.ids)
             except TemplateMismatch:
                 continue  # (reached in packing order, where it stops the build)
+            if not writer.writable:
+                return Filled(conversations, False)
         del batch
     writer.flush()
-    return Filled(conversations, tokens, invalid)
+    return Filled(conversations, writer.writable)

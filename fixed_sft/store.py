@@ -142,8 +142,9 @@ class SegmentWriter:
     may write into one entry: their files never share a name. A segment that cannot be
     written turns the writer off (``writable``), with a warning."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, quiet: bool = False):
         self.folder = folder
+        self.quiet = quiet  # (no warning: the caller gives it)
         self.writable = True
         self.added = 0
         self._records: list[bytes] = []
@@ -187,7 +188,8 @@ class SegmentWriter:
             draft.rename(self.folder / name)
             self.added += len(records)
         except OSError as error:
-            warn(f"token store off: cannot write {draft} ({error.strerror or error})")
+            if not self.quiet:
+                warn(f"token store off: cannot write {draft} ({error.strerror or error})")
             self.writable = False
             draft.unlink(missing_ok=True)
         self._records, self._payloads, self._pending = [], [], 0
@@ -216,6 +218,12 @@ class TokenStore:
     @property
     def added(self) -> int:
         return self.writer.added
+
+    def turn_off(self, why: str) -> None:
+        """Write no more for this build, with a warning saying ``why``."""
+        if self.writable:
+            warn(f"token store off: {why}")
+            self.writer.writable = False
 
     @classmethod
     def open(cls, root: Path, key: str, num_rows: int) -> TokenStore | None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import synthetic
 
-from fixed_sft.build import BuildConfig, BuildError, build
+from fixed_sft.build import BuildConfig, BuildError, InvalidSourceRow, build
 from fixed_sft.specs import SpecError
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
@@ -671,3 +672,54 @@ def test_a_template_failure_in_the_pass_that_fills_the_store_stops_the_build(
     (entry,) = token_store.glob("tokens/*")
     held = TokenStore(entry, 300).segment >= 0
     assert not held[bad] and held.sum() >= 300 - 128  # (all but the refused one and the rest of its chunk)
+
+
+def _boom_tokenizer(kimi_dir: Path, tmp_path: Path) -> Path:
+    """A copy of the Kimi tokenizer whose template refuses a message of content ``BOOM``."""
+    folder = tmp_path / "tok"
+    shutil.copytree(kimi_dir, folder)
+    template = folder / "chat_template.jinja"
+    guard = "{%- for m in messages if m['content'] == 'BOOM' -%}{{ raise_exception('boom') }}{%- endfor -%}"
+    template.write_text(guard + template.read_text())
+    return folder
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("kinds", [("invalid", "invalid"), ("refused", "refused"), ("refused", "invalid")])
+def test_a_build_that_fills_the_store_stops_at_the_first_failure_in_packing_order(
+    kimi_dir, tmp_path, monkeypatch, workers, kinds
+):
+    """Two failing rows (an invalid one, or one the template refuses at a checked position):
+    ``a`` at packing position 10, ``b`` later in packing order but earlier in the source. A
+    ``--rows all`` build that fills the store in source order stops at ``a``, with the
+    error of a build without the store."""
+    import dataclasses
+    import re
+
+    import fixed_sft.build as build_module
+    from fixed_sft.chat import TemplateMismatch
+    from fixed_sft.order import permutation
+
+    order = permutation(7, 300).tolist()
+    a = order[10]
+    b = order[next(p for p in range(12, 300, 2) if order[p] < a)]
+    rows = [
+        {"id": f"row-{i}", "messages": [{"role": "user", "content": f"hi {i}"}, GOOD["messages"][1]]}
+        for i in range(300)
+    ]
+    for row, kind in ((rows[a], kinds[0]), (rows[b], kinds[1])):
+        row["messages"][0] = (
+            {"role": "robot", "content": "hi"} if kind == "invalid" else {"role": "user", "content": "BOOM"}
+        )
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    monkeypatch.setattr(build_module, "BAND_BYTES", source.stat().st_size)  # (3 bands)
+    config = _config(
+        source, _boom_tokenizer(kimi_dir, tmp_path), check_every=2, workers=workers, allow_unpinned_tokenizer=True
+    )
+    with pytest.raises((InvalidSourceRow, TemplateMismatch)) as plain:
+        build(dataclasses.replace(config, no_cache=True), tmp_path / "plain")
+    assert re.search(rf"source row {a}\b", str(plain.value))
+    with pytest.raises((InvalidSourceRow, TemplateMismatch)) as stored:
+        build(config, tmp_path / "stored")
+    assert (type(stored.value), str(stored.value)) == (type(plain.value), str(plain.value))

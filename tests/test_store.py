@@ -395,9 +395,10 @@ def test_a_store_filled_in_source_order_checks_the_rows_of_checked_positions(cor
     assert other == _without_store(dataclasses.replace(cfg, seed=9), tmp_path / "b-plain")
 
 
-def test_an_invalid_row_stops_the_pass_that_fills_the_store(tmp_path, kimi_dir, monkeypatch):
-    """An invalid row stops the filling pass at once, naming it; with ``skip_invalid`` it is
-    recorded, as without the store. JSONL is read in batches of a few lines."""
+def test_an_invalid_row_in_the_pass_that_fills_the_store_stops_the_build(tmp_path, kimi_dir, monkeypatch):
+    """An invalid row is stored as such by the filling pass, and stops the build, naming it;
+    with ``skip_invalid`` it is recorded, as without the store. JSONL is read in batches of
+    a few lines."""
     import fixed_sft.bands as bands_module
     from fixed_sft.build import InvalidSourceRow
 
@@ -484,3 +485,20 @@ def test_fill_tasks_cut_by_row_group(tmp_path):
         assert len(set((task.local // group).tolist())) == 1
         assert task.positions.tolist() == rank[task.start + task.local].tolist()
     assert len(tasks) == 5 + 5
+
+
+def test_a_store_that_cannot_be_written_during_the_fill_warns_once(corpus, kimi_dir, tmp_path, monkeypatch, capfd):
+    """Segments that cannot be written stop the filling pass, with one warning; the build
+    reads the rest by bands, and its rows are those of a build without the store."""
+    rename = Path.rename
+
+    def full(self, target):
+        if self.name.startswith(".tmp-") and self.name.endswith(".seg"):  # (a segment of the store)
+            raise OSError(28, "No space left on device")
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", full)
+    _bands_of(corpus[0], monkeypatch, 4)
+    cfg = config(corpus[0], kimi_dir, rows=None)
+    assert build(cfg, tmp_path / "a") == _without_store(cfg, tmp_path / "b")
+    assert capfd.readouterr().err.count("warning: token store off") == 1
