@@ -291,9 +291,8 @@ def test_a_store_that_cannot_be_made_is_turned_off_with_a_warning(corpus, kimi_d
     assert "warning: token store off: cannot use" in capsys.readouterr().err
 
 
-def test_a_store_that_cannot_be_written_is_turned_off_with_a_warning(
-    corpus, kimi_dir, tmp_path, token_store, monkeypatch, capsys
-):
+def _disk_full_for_segments(monkeypatch) -> None:
+    """Make every segment of the store fail to be written (as on a full disk)."""
     rename = Path.rename
 
     def full(self, target):
@@ -302,6 +301,12 @@ def test_a_store_that_cannot_be_written_is_turned_off_with_a_warning(
         return rename(self, target)
 
     monkeypatch.setattr(Path, "rename", full)
+
+
+def test_a_store_that_cannot_be_written_is_turned_off_with_a_warning(
+    corpus, kimi_dir, tmp_path, token_store, monkeypatch, capsys
+):
+    _disk_full_for_segments(monkeypatch)
     manifest = build(config(corpus[0], kimi_dir), tmp_path / "a")
     assert manifest["rows_sha256"] == GOLDEN_ROWS_SHA256
     assert "warning: token store off: cannot write" in capsys.readouterr().err
@@ -490,14 +495,7 @@ def test_fill_tasks_cut_by_row_group(tmp_path):
 def test_a_store_that_cannot_be_written_during_the_fill_warns_once(corpus, kimi_dir, tmp_path, monkeypatch, capfd):
     """Segments that cannot be written stop the filling pass, with one warning; the build
     reads the rest by bands, and its rows are those of a build without the store."""
-    rename = Path.rename
-
-    def full(self, target):
-        if self.name.startswith(".tmp-") and self.name.endswith(".seg"):  # (a segment of the store)
-            raise OSError(28, "No space left on device")
-        return rename(self, target)
-
-    monkeypatch.setattr(Path, "rename", full)
+    _disk_full_for_segments(monkeypatch)
     _bands_of(corpus[0], monkeypatch, 4)
     cfg = config(corpus[0], kimi_dir, rows=None)
     assert build(cfg, tmp_path / "a") == _without_store(cfg, tmp_path / "b")
