@@ -55,11 +55,11 @@ written by ``pyarrow.parquet.write_table``.
 * ``many-max``: 48 such conversations at the bound, JSONL; 2,000 rows, which take about
   ten of them.
 * ``normal-all`` (only when named): 80,000 synthetic conversations in one Parquet file
-  (over one 256 MB band of rows), built whole: the band and its sorting copies, of
-  normal rows.
-* ``4mb-all`` (only when named): the ``4mb`` source built whole (``rows`` all), so
-  that bands, not one conversation, set the memory: 10 conversations a band (rows of
-  over 64 KiB: a band and its read copies within ``fixed_sft.build.LARGE_BAND_BYTES``).
+  (more than one band of rows), built whole: the build fills the token store in one pass
+  over the source (with ``--no-cache``: a band at a time, with its sorting copies).
+* ``4mb-all`` (only when named): the ``4mb`` source built whole (``rows`` all): the pass
+  that fills the store holds its conversations in flight, 19 row groups of 8 (rows of
+  over 64 KiB: read by the build's process, the bytes in flight bounded).
 * ``100mb`` and ``100mb-parquet``: one 100 MiB conversation packed first among 300
   synthetic ones, JSONL and Parquet, with ``skip_invalid``; 4 rows. In JSONL the row is
   refused (over the bound) and recorded, and the build goes on; in Parquet its page is
