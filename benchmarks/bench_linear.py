@@ -76,6 +76,7 @@ def main() -> int:
     parser.add_argument("--conversations", type=int, default=4000, metavar="N")
     parser.add_argument("--band-mib", type=float, default=4.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rows", type=int, help="rows of 4,096 tokens to build (default: all)")
     parser.add_argument("--sizes", default="1,2,4", help="multiples of N to build (default 1,2,4)")
     parser.add_argument("--workers", default="1", help="comma-separated worker counts (default 1)")
     parser.add_argument("--modes", default="store,bands", help="store, bands or both (default both)")
@@ -109,7 +110,7 @@ def main() -> int:
                             name="linear",
                             source=str(folder / f"source-{size}"),
                             tokenizer=str(args.tokenizer),
-                            rows=None,
+                            rows=args.rows,
                             row_tokens=4096,
                             seed=1,
                             workers=workers,
@@ -134,7 +135,8 @@ def main() -> int:
     def of(mode: str, size: int, workers: int, key: str) -> list[float]:
         return [r[key] for r in runs if (r["mode"], r["size"], r["workers"]) == (mode, size, workers)]
 
-    print(f"--rows all builds, bands of {args.band_mib} MiB, {args.corpus} corpus, median (range) of {args.repeats}")
+    rows = args.rows or "all"
+    print(f"--rows {rows} builds, bands of {args.band_mib} MiB, {args.corpus} corpus, median (range) of {args.repeats}")
     for mode in modes:
         for workers in worker_counts:
             base = statistics.median(of(mode, sizes[0], workers, "seconds"))
