@@ -78,7 +78,6 @@ CHUNK_BYTES = 8 << 20
 BAND_BYTES = 384 << 20
 LARGE_BAND_BYTES = 128 << 20
 LARGE_ROW_BYTES = CHUNK_BYTES // CHUNK_ROWS
-PREFILL_WORKERS = 4  # from this many workers, a build of some rows fills the store first (``_prefill``)
 MAX_SOURCE_VALUES = 1000  # the most ``source`` values a source mix lists (the manifest stays small)
 
 
@@ -146,13 +145,7 @@ def _chunks(
 
 
 def _fill(
-    store: TokenStore,
-    encoding: _Encoding,
-    source: Source,
-    order: np.ndarray,
-    large_rows: bool,
-    tokenized: tqdm,
-    upto: int | None = None,
+    store: TokenStore, encoding: _Encoding, source: Source, order: np.ndarray, large_rows: bool, tokenized: tqdm
 ) -> None:
     """Encode into ``store`` every source row it does not hold, in one pass over the source,
     each row checked where its packing position says: so that a build of all rows then
@@ -163,17 +156,13 @@ def _fill(
     encodes, and the conversations in flight would grow with the workers), this process
     reads it and the workers encode its chunks (``_streamed``). Invalid rows are stored as
     such, and a conversation whose check fails is not: the build stops at the first of
-    either in packing order, as without the store. With ``upto``, only the rows at the
-    positions before it."""
+    either in packing order, as without the store."""
     held, check = store.plan(order, encoding.check_every)
     wanted = ~(held & ~check)
-    rank = positions(order)
-    if upto is not None:
-        wanted &= rank < upto
-    else:
-        tokenized.update(int(np.count_nonzero(~wanted)))
+    tokenized.update(int(np.count_nonzero(~wanted)))
     if not wanted.any():
         return
+    rank = positions(order)
     tasks = list(fill_tasks(source, rank, wanted, encoding.check_every, (CHUNK_ROWS, CHUNK_BYTES), store.folder))
     if large_rows or len(tasks) < encoding.workers:
         _streamed(store, encoding, source, rank, wanted, tokenized)
@@ -185,29 +174,6 @@ def _fill(
                     store.turn_off(f"cannot write segments in {store.folder}")
                     break
     store.refresh()
-
-
-def _prefill(
-    store: TokenStore,
-    encoding: _Encoding,
-    source: Source,
-    order: np.ndarray,
-    large_rows: bool,
-    tokens: int,
-    bytes_row: float,
-) -> None:
-    """``_fill`` the store with the conversations at the first positions of the order, until
-    they hold a tenth more than ``tokens`` (with their ``[EOS]``), or the source ends: first
-    as many as a token per 4 source bytes fills, then as many again as the tokens so far
-    say (the rest, if any, is read by bands)."""
-    upto = min(source.num_rows, math.ceil(1.2 * tokens / max(bytes_row / 4, 1.0)))
-    while True:
-        _fill(store, encoding, source, order, large_rows, tqdm(disable=True), upto)
-        held = store.tokens[order[:upto]]
-        filled = int(np.sum(held[held >= 0] + 1))
-        if filled >= 1.1 * tokens or upto == source.num_rows or not store.writable:
-            return
-        upto = min(source.num_rows, math.ceil(upto * 1.2 * tokens / max(filled, 1)))
 
 
 def _streamed(
@@ -516,9 +482,6 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         # A build of every row from a source of more than one band fills the store first, in one
         # pass over the source, then takes its conversations from it in packing order.
         fill = store is not None and config.rows is None and source.num_rows * bytes_row > band_budget
-        # With many workers, a build of some rows fills the store first too, with the rows they need:
-        # the workers read the source, not the build's process.
-        prefill = store is not None and config.rows is not None and config.workers >= PREFILL_WORKERS
         packer = Packer(config.row_tokens, separator_id)
         writer = RowWriter(folder / PARQUET_NAME, config.emit_boundaries)
         tally = _Tally(config.row_tokens)
@@ -560,18 +523,13 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
                 tqdm(total=every, unit="conv", disable=shown, desc="tokenize", position=0) as tokenized,
                 tqdm(total=config.rows, unit="row", disable=shown, desc=f"write {config.name}", position=1) as bar,
             ):
-                large_rows = encoding.workers > 1 and bytes_row > LARGE_ROW_BYTES
                 if fill:
                     assert store is not None
+                    large_rows = encoding.workers > 1 and bytes_row > LARGE_ROW_BYTES
                     _fill(store, encoding, source, order, large_rows, tokenized)
                     held, check = store.plan(order, config.check_every)
                     skip = held & ~check if held.any() else None
                     tokenized = tqdm(disable=True)  # (counted as filled)
-                elif prefill:
-                    assert store is not None and config.rows is not None
-                    _prefill(store, encoding, source, order, large_rows, config.rows * config.row_tokens, bytes_row)
-                    held, check = store.plan(order, config.check_every)
-                    skip = held & ~check if held.any() else None
                 stream = encoding.encode(_chunks(source, rank, band_rows, chunk_rows, skip), wanted)
                 if store is not None:
                     merged = store.stream(order, stream, config.check_every, partial(encoding.one, source, rank))

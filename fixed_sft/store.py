@@ -206,7 +206,6 @@ class TokenStore:
         self.segment = np.full(num_rows, -1, np.int32)  # per source row: the segment holding it
         self.slot = np.zeros(num_rows, np.int32)  # and its record there
         self.passed = np.zeros(num_rows, bool)  # whether that record says it passed the check
-        self.tokens = np.full(num_rows, -1, np.int64)  # and its tokens (-1: invalid, or not held)
         self.writer = SegmentWriter(folder)
         self.taken = self.damaged = 0
         self._files: OrderedDict[int, int] = OrderedDict()
@@ -267,7 +266,6 @@ class TokenStore:
             self.segment[indices] = number
             self.slot[indices] = slots
             self.passed[indices] = passed
-            self.tokens[indices] = np.maximum(records["tokens"][slots], -1)
 
     @staticmethod
     def _read_records(path: Path) -> np.ndarray | None:
@@ -350,7 +348,6 @@ class TokenStore:
         self.segment.fill(-1)
         self.slot.fill(0)
         self.passed.fill(False)
-        self.tokens.fill(-1)
         self._load()
 
     def plan(self, order: np.ndarray, check_every: int) -> tuple[np.ndarray, np.ndarray]:

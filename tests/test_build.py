@@ -489,8 +489,7 @@ def test_lazy_build_encodes_only_needed_conversations(corpus, kimi_dir, tmp_path
 
 def test_workers_get_little_more_than_the_rows_need(corpus, kimi_dir, tmp_path, monkeypatch):
     """Workers get a chunk only while those in flight hold fewer conversations than the
-    rows still need (plus a fifth), not always 2 x workers chunks. (Without the token store,
-    which 4 workers would fill first.)"""
+    rows still need (plus a fifth), not always 2 x workers chunks."""
     monkeypatch.setattr(build_module, "CHUNK_ROWS", 4)
     read = []
     chunks = build_module._chunks
@@ -501,7 +500,7 @@ def test_workers_get_little_more_than_the_rows_need(corpus, kimi_dir, tmp_path, 
             yield first_position, chunk
 
     monkeypatch.setattr(build_module, "_chunks", counting)
-    manifest = build(config(corpus[0] / "parquet", kimi_dir, rows=200, workers=4, no_cache=True), tmp_path / "w")
+    manifest = build(config(corpus[0] / "parquet", kimi_dir, rows=200, workers=4), tmp_path / "w")
     used = manifest["stats"]["conversations"]
     assert used <= sum(read) <= used + 3 * 4  # 2 x 4 chunks of 4 in flight would reach 28 past
 

@@ -500,22 +500,3 @@ def test_a_store_that_cannot_be_written_during_the_fill_warns_once(corpus, kimi_
     cfg = config(corpus[0], kimi_dir, rows=None)
     assert build(cfg, tmp_path / "a") == _without_store(cfg, tmp_path / "b")
     assert capfd.readouterr().err.count("warning: token store off") == 1
-
-
-def test_a_build_of_some_rows_with_many_workers_fills_the_store_first(corpus, kimi_dir, tmp_path, monkeypatch):
-    """From ``PREFILL_WORKERS`` workers, a build of some rows has its workers read and encode
-    the conversations its rows need into the store (the first positions of the order, more
-    until their tokens are enough), then packs from it: the rows of the golden build, none
-    of the source read in the build's process."""
-    import fixed_sft.build as build_module
-
-    monkeypatch.setattr(build_module, "PREFILL_WORKERS", 2)
-    tasks = []
-    fill_tasks = build_module.fill_tasks
-    monkeypatch.setattr(build_module, "fill_tasks", lambda *args: (tasks.append(t) or t for t in fill_tasks(*args)))
-    decoded = _decoded(monkeypatch)
-    cfg = config(corpus[0], kimi_dir, workers=2)
-    manifest = build(cfg, tmp_path / "a")
-    assert manifest["rows_sha256"] == GOLDEN_ROWS_SHA256
-    assert tasks and sum(decoded) == 0 and sum(map(len, (task.local for task in tasks))) < 1200
-    assert manifest == _without_store(dataclasses.replace(cfg, workers=1), tmp_path / "b")
