@@ -730,3 +730,55 @@ def test_abort_closes_the_parquet_writer_only_once_its_write_has_ended(tmp_path,
         writer.abort()
     timer.join()
     assert events == ["written", "closed"]
+
+
+# Runs a build as the command line does, with bands of 1 MiB: a --rows all build of a source over
+# that fills the token store first.
+FILLING_BUILD = """
+import sys
+import fixed_sft.build as build_module
+from fixed_sft.cli import run
+
+build_module.BAND_BYTES = 1 << 20
+sys.argv = ["generate_fixed_sft.py", *sys.argv[1:]]
+run()
+"""
+
+
+@pytest.fixture(scope="module")
+def row_group_source(tmp_path_factory) -> Path:
+    """3,000 conversations in Parquet row groups of 100: many tasks for the pass that fills the store."""
+    import pyarrow.parquet as pq
+
+    folder = tmp_path_factory.mktemp("groups")
+    (path,) = synthetic.write_parquet(synthetic.conversations(3000, seed=4), folder / "rows.parquet")
+    pq.write_table(pq.read_table(path), path, row_group_size=100)
+    return path
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_workers_fill_the_store_stops_the_build(sig, row_group_source, kimi_dir, tmp_path, token_store):
+    """Ctrl-C or SIGTERM once the workers' tasks have written segments into the store: the
+    build exits 130 or 143 with one line, its workers with it, and leaves no output."""
+    args = command(row_group_source, kimi_dir, tmp_path / "out")
+    args[args.index("--rows") + 1], args[args.index("--workers") + 1] = "all", "2"
+    process = subprocess.Popen(
+        [sys.executable, "-c", FILLING_BUILD, *args[2:]],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+    )
+    deadline = time.monotonic() + 60
+    while not list(token_store.glob("tokens/*/*.seg")) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert process.poll() is None, process.communicate()[1]  # (still filling)
+    os.killpg(process.pid, sig) if sig == signal.SIGINT else process.send_signal(sig)
+    _, stderr = process.communicate(timeout=STOP_WITHIN_S)
+    expected = (130, "interrupted") if sig == signal.SIGINT else (143, "terminated")
+    assert (process.returncode, stderr.strip().splitlines()[-1]) == expected, stderr
+    assert "Traceback" not in stderr, stderr
+    assert not (tmp_path / "out").exists()
+    assert not _wait_until_gone(process.pid), "worker processes outlived the build"
