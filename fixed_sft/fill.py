@@ -7,8 +7,9 @@ packing position that is a multiple of ``check_every`` also through the template
 writes them as segments of its own. The build's process only hands out tasks, so the pass
 runs in as many workers as there are row groups.
 
-A conversation whose template check fails is not stored, nor are the rest of its chunk: the
-build reaches them later, in packing order, and stops there as it would without the store.
+An invalid row is stored as such. A conversation whose template check fails is not stored,
+nor is the rest of its chunk: the build reaches them later, in packing order, and stops at
+the first failure there, as it would without the store.
 """
 
 from __future__ import annotations
