@@ -365,6 +365,27 @@ def _wait_until_gone(session: int, within_s: float = 10) -> set[int]:
     return left
 
 
+def _in_session(args: list[str]) -> subprocess.Popen:
+    """Start ``args`` in a session of its own (``_session_processes`` finds its workers), every
+    thread's stack printed should it crash."""
+    return subprocess.Popen(
+        args,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+    )
+
+
+def _assert_stopped_by(sig: int, code: int, stderr: str) -> None:
+    """Ctrl-C exits 130, SIGTERM 143, each with one line and no traceback."""
+    expected = (130, "interrupted") if sig == signal.SIGINT else (143, "terminated")
+    assert (code, stderr.strip().splitlines()[-1]) == expected, stderr
+    assert "Traceback" not in stderr, stderr
+
+
 @pytest.fixture(scope="module")
 def long_source(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("long") / "long.jsonl"
@@ -381,15 +402,7 @@ def test_a_signal_stops_workers_without_a_traceback(sig, long_source, kimi_dir, 
     for delay in (0.3, 1.6):
         args = command(long_source, kimi_dir, tmp_path / f"out-{delay}")
         args[args.index("--rows") + 1], args[args.index("--workers") + 1] = "all", "2"
-        process = subprocess.Popen(
-            args,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
-        )
+        process = _in_session(args)
         deadline = time.monotonic() + 60  # (a crash would show every thread's stack in the message below)
         while not (tmp_path / f".out-{delay}.lock").exists() and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -402,9 +415,7 @@ def test_a_signal_stops_workers_without_a_traceback(sig, long_source, kimi_dir, 
         if sig == signal.SIGKILL:
             assert process.returncode == -signal.SIGKILL
         else:
-            expected = (130, "interrupted") if sig == signal.SIGINT else (143, "terminated")
-            assert (process.returncode, stderr.strip().splitlines()[-1]) == expected, stderr
-            assert "Traceback" not in stderr, stderr
+            _assert_stopped_by(sig, process.returncode, stderr)
         assert not (tmp_path / f"out-{delay}").exists()
         assert not _wait_until_gone(process.pid), "worker processes outlived the build"
 
@@ -762,23 +773,13 @@ def test_a_signal_while_workers_fill_the_store_stops_the_build(sig, row_group_so
     build exits 130 or 143 with one line, its workers with it, and leaves no output."""
     args = command(row_group_source, kimi_dir, tmp_path / "out")
     args[args.index("--rows") + 1], args[args.index("--workers") + 1] = "all", "2"
-    process = subprocess.Popen(
-        [sys.executable, "-c", FILLING_BUILD, *args[2:]],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
-    )
+    process = _in_session([sys.executable, "-c", FILLING_BUILD, *args[2:]])
     deadline = time.monotonic() + 60
     while not list(token_store.glob("tokens/*/*.seg")) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert process.poll() is None, process.communicate()[1]  # (still filling)
     os.killpg(process.pid, sig) if sig == signal.SIGINT else process.send_signal(sig)
     _, stderr = process.communicate(timeout=STOP_WITHIN_S)
-    expected = (130, "interrupted") if sig == signal.SIGINT else (143, "terminated")
-    assert (process.returncode, stderr.strip().splitlines()[-1]) == expected, stderr
-    assert "Traceback" not in stderr, stderr
+    _assert_stopped_by(sig, process.returncode, stderr)
     assert not (tmp_path / "out").exists()
     assert not _wait_until_gone(process.pid), "worker processes outlived the build"
