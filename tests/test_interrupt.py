@@ -365,9 +365,9 @@ def _wait_until_gone(session: int, within_s: float = 10) -> set[int]:
     return left
 
 
-def _in_session(args: list[str]) -> subprocess.Popen:
-    """Start ``args`` in a session of its own (``_session_processes`` finds its workers), every
-    thread's stack printed should it crash."""
+def _in_session(args: list[str], **environment: str) -> subprocess.Popen:
+    """Start ``args`` in a session of its own (``_session_processes`` finds its workers), with
+    ``environment`` added, every thread's stack printed should it crash."""
     return subprocess.Popen(
         args,
         cwd=ROOT,
@@ -375,7 +375,7 @@ def _in_session(args: list[str]) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+        env={**os.environ, "PYTHONFAULTHANDLER": "1", **environment},
     )
 
 
@@ -610,15 +610,7 @@ def _ctrl_c_after_built(
     args[args.index("--workers") + 1] = str(workers)
     if slow_shutdown:
         args[1:2] = ["-c", SLOW_SHUTDOWN]
-    process = subprocess.Popen(
-        args,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    process = _in_session(args, PYTHONUNBUFFERED="1")
     built = process.stdout.readline()
     time.sleep(delay)
     try:
