@@ -461,15 +461,7 @@ def _signal_build(
     out, tmpdir = base / "out", short_tmpdir()
     args = command(source, tokenizer, out) + ["--allow-unpinned-tokenizer"]
     args[args.index("--rows") + 1], args[args.index("--workers") + 1] = rows, str(workers)
-    process = subprocess.Popen(
-        args,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "TMPDIR": str(tmpdir), "PYTHONFAULTHANDLER": "1"},
-    )
+    process = _in_session(args, TMPDIR=str(tmpdir))
     deadline = time.monotonic() + 60
     while not (base / ".out.lock").exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
