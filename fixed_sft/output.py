@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -144,12 +144,14 @@ class RowWriter:
         """Stop writing after an error: the file is left incomplete (the build discards it).
         A row group being written is written to its end first: closing the writer under
         its thread crashes the process (seen as SIGSEGV when a signal stopped a build), so
-        a signal while waiting for it is raised only once it has ended."""
+        the thread is joined, whatever ``_writing`` recorded (a signal may land between the
+        submit and its assignment), and a signal while joining is raised only once it has ended."""
         self._thread.shutdown(wait=False, cancel_futures=True)
         interrupted: BaseException | None = None
-        while self._writing is not None and not self._writing.done():
+        while True:
             try:
-                wait([self._writing])
+                self._thread.shutdown(wait=True)
+                break
             except BaseException as error:  # (a signal's exception: the write must still end first)
                 interrupted = interrupted or error
         try:

@@ -677,9 +677,12 @@ def test_a_build_removes_the_multiprocessing_folder_a_killed_build_left(source, 
     assert len(left) == 2 and "pymp-another-program" in left, left  # and the running build's
 
 
-def test_abort_closes_the_parquet_writer_only_once_its_write_has_ended(tmp_path, monkeypatch):
+@pytest.mark.parametrize("moment", ["interrupted", "unrecorded"])
+def test_abort_closes_the_parquet_writer_only_once_its_write_has_ended(tmp_path, monkeypatch, moment):
     """Closing the Parquet writer while its thread writes a row group crashes the process:
-    ``abort`` waits for that write, even when a signal's exception interrupts the wait."""
+    ``abort`` waits for that write, even when a signal's exception interrupts the wait
+    (``interrupted``), or landed after the write was submitted but before it was recorded
+    (``unrecorded``)."""
     import threading
 
     import numpy as np
@@ -709,20 +712,22 @@ def test_abort_closes_the_parquet_writer_only_once_its_write_has_ended(tmp_path,
     assert writing.wait(5)
     timer = threading.Timer(0.2, release.set)
     timer.start()
-    waits = iter([KeyboardInterrupt()])  # the first wait is interrupted, as by a signal
-
-    def interrupted_wait(futures, *args, **kwargs):
-        error = next(waits, None)
-        if error is not None:
-            raise error
-        return real_wait(futures, *args, **kwargs)
-
-    import fixed_sft.output as output
-
-    real_wait = output.wait
-    monkeypatch.setattr(output, "wait", interrupted_wait)
-    with pytest.raises(KeyboardInterrupt):
+    if moment == "unrecorded":
+        writer._writing = None
         writer.abort()
+    else:
+        joins = iter([KeyboardInterrupt()])  # the first join is interrupted, as by a signal
+        real_join = threading.Thread.join
+
+        def interrupted_join(self, *args, **kwargs):
+            error = next(joins, None) if self.name.startswith("parquet") else None
+            if error is not None:
+                raise error
+            return real_join(self, *args, **kwargs)
+
+        monkeypatch.setattr(threading.Thread, "join", interrupted_join)
+        with pytest.raises(KeyboardInterrupt):
+            writer.abort()
     timer.join()
     assert events == ["written", "closed"]
 
