@@ -78,58 +78,83 @@ def naming(path: Path) -> Iterator[None]:
         raise WriteFailed(f"cannot write {path}: {reason}") from None
 
 
+def rows_per_group(row_tokens: int) -> int:
+    """Rows in a row group: ``ROWS_PER_GROUP``, fewer where that would hold over ``GROUP_VALUES`` tokens."""
+    return min(ROWS_PER_GROUP, max(1, GROUP_VALUES // row_tokens))
+
+
+def parquet_writer(path: Path, boundaries: bool) -> pq.ParquetWriter:
+    """A writer of a build's Parquet file (or of one row group of it: ``write_part``)."""
+    with naming(path):
+        return pq.ParquetWriter(
+            path,
+            schema(boundaries),
+            compression="zstd",
+            use_dictionary=DICTIONARY_COLUMNS,
+            write_statistics=False,
+            write_batch_size=WRITE_BATCH_VALUES,
+        )
+
+
+def rows_table(rows: list[Row], first: int, boundaries: bool) -> pa.Table:
+    """One row group: ``rows``, numbered from ``first`` (the ``row`` column)."""
+    table_schema = schema(boundaries)
+    width = len(rows[0].ids)
+    offsets = pa.array(np.arange(len(rows) + 1, dtype=np.int32) * width)
+    ids = pa.ListArray.from_arrays(offsets, pa.array(np.concatenate([r.ids for r in rows]), pa.int32()))
+    mask = pa.ListArray.from_arrays(offsets, pa.array(np.concatenate([r.mask for r in rows]), pa.uint8()))
+    messages = pa.array([PROMPT] * len(rows), table_schema.field("messages").type)
+    numbers = pa.array(np.arange(first, first + len(rows), dtype=np.int64))
+    segments = pa.array(
+        [[{"source_index": s.index, "id": s.id, "start": s.start, "end": s.end} for s in row.segments] for row in rows],
+        pa.list_(SEGMENT),
+    )
+    fields = [ids, mask, numbers, segments]
+    if boundaries:
+        bounds = [row.cu_seqlens for row in rows]
+        starts = np.concatenate([[0], np.cumsum([len(b) for b in bounds])]).astype(np.int32)
+        fields.append(pa.ListArray.from_arrays(pa.array(starts), pa.array(np.concatenate(bounds), pa.int32())))
+    metadata = pa.StructArray.from_arrays(fields, fields=list(table_schema.field("metadata").type))
+    return pa.Table.from_arrays([messages, metadata], schema=table_schema)
+
+
+def write_part(path: Path, rows: list[Row], first: int, boundaries: bool) -> None:
+    """``rows`` (numbered from ``first``) as a Parquet file of one row group, written as
+    ``RowWriter`` writes that row group: ``fixed_sft.stitch`` joins such files into the
+    file ``RowWriter`` would have written."""
+    writer = parquet_writer(path, boundaries)
+    with naming(path):
+        try:
+            writer.write_table(rows_table(rows, first, boundaries))
+        finally:
+            writer.close()
+
+
 class RowWriter:
-    """Appends rows to one Parquet file, a row group at a time. Row groups are
-    compressed and written by a background thread (pyarrow releases the GIL), at most
-    one behind the caller. With ``boundaries``, each row's ``metadata.cu_seqlens`` is written too."""
+    """Appends rows to one Parquet file, a row group (``rows_per_group``) at a time. Row
+    groups are compressed and written by a background thread (pyarrow releases the GIL),
+    at most one behind the caller. With ``boundaries``, each row's ``metadata.cu_seqlens``
+    is written too."""
 
     def __init__(self, path: Path, boundaries: bool = False):
         self.path = path
-        self.schema = schema(boundaries)
-        with naming(path):
-            self._writer = pq.ParquetWriter(
-                path,
-                self.schema,
-                compression="zstd",
-                use_dictionary=DICTIONARY_COLUMNS,
-                write_statistics=False,
-                write_batch_size=WRITE_BATCH_VALUES,
-            )
-        self._pending: list[tuple[int, Row]] = []
+        self.boundaries = boundaries
+        self._writer = parquet_writer(path, boundaries)
+        self._pending: list[Row] = []
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="parquet")
         self._writing: Future | None = None
         self.rows = 0
 
     def write(self, row: Row) -> None:
-        self._pending.append((self.rows, row))
+        self._pending.append(row)
         self.rows += 1
-        if len(self._pending) >= min(ROWS_PER_GROUP, max(1, GROUP_VALUES // len(row.ids))):
+        if len(self._pending) >= rows_per_group(len(row.ids)):
             self._flush()
 
     def _flush(self) -> None:
         if not self._pending:
             return
-        rows = [row for _, row in self._pending]
-        width = len(rows[0].ids)
-        offsets = pa.array(np.arange(len(rows) + 1, dtype=np.int32) * width)
-        ids = pa.ListArray.from_arrays(offsets, pa.array(np.concatenate([r.ids for r in rows]), pa.int32()))
-        mask = pa.ListArray.from_arrays(offsets, pa.array(np.concatenate([r.mask for r in rows]), pa.uint8()))
-        messages = pa.array([PROMPT] * len(rows), self.schema.field("messages").type)
-        numbers = pa.array([n for n, _ in self._pending], pa.int64())
-        segments = pa.array(
-            [
-                [{"source_index": s.index, "id": s.id, "start": s.start, "end": s.end} for s in row.segments]
-                for row in rows
-            ],
-            pa.list_(SEGMENT),
-        )
-        fields = [ids, mask, numbers, segments]
-        if self.schema is BOUNDARIES_SCHEMA:
-            bounds = [row.cu_seqlens for row in rows]
-            starts = np.concatenate([[0], np.cumsum([len(b) for b in bounds])]).astype(np.int32)
-            fields.append(pa.ListArray.from_arrays(pa.array(starts), pa.array(np.concatenate(bounds), pa.int32())))
-        metadata = pa.StructArray.from_arrays(fields, fields=list(self.schema.field("metadata").type))
-        table = pa.Table.from_arrays([messages, metadata], schema=self.schema)
+        table = rows_table(self._pending, self.rows - len(self._pending), self.boundaries)
         self._wait()
         self._writing = self._thread.submit(self._writer.write_table, table)
         self._pending = []

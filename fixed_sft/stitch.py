@@ -1,0 +1,128 @@
+"""Parquet files of whole row groups -> one Parquet file, joined by their bytes.
+
+A Parquet file is ``PAR1``, its column chunks, then its footer (a Thrift ``FileMetaData``),
+the footer's length and ``PAR1``. Pages hold no file offsets; the footer does (each column
+chunk's page offsets, each row group's ``file_offset`` and ``ordinal``). Joining parts
+copies each part's column chunks after the last, shifts their offsets by where they land,
+and writes the first part's footer with every part's row groups and the total row count.
+Parts written by one ``pyarrow`` writer with the same settings and schema, one row group
+each, so join into the bytes that writer gives when it writes the row groups into one
+file (``tests/test_stitch.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import BinaryIO
+
+from . import thrift
+from .thrift import Fields
+
+MAGIC = b"PAR1"
+# FileMetaData: 3 num_rows, 4 row_groups. RowGroup: 1 columns, 5 file_offset, 7 ordinal.
+# ColumnChunk: 3 meta_data, 4 offset_index_offset, 6 column_index_offset (2, file_offset, is
+# written as 0 by pyarrow and left so). ColumnMetaData: 9 data_page_offset, 10
+# index_page_offset, 11 dictionary_page_offset, 14 bloom_filter_offset.
+CHUNK_OFFSETS = {4, 6}
+COLUMN_OFFSETS = {9, 10, 11, 14}
+MAX_FOOTER = 64 << 20
+
+
+def footer(path: Path) -> tuple[Fields, int]:
+    """A Parquet file's ``FileMetaData`` and where it starts."""
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - 8))
+        tail = f.read(8)
+        length = int.from_bytes(tail[:4], "little")
+        if size < 12 or tail[4:] != MAGIC or not 0 < length <= min(MAX_FOOTER, size - 12):
+            raise ValueError(f"{path}: not a Parquet file")
+        start = size - 8 - length
+        f.seek(start)
+        return thrift.Reader(f.read(length)).struct(), start
+
+
+def _shifted(fields: Fields, offsets: set[int], delta: int) -> Fields:
+    return [(field, kind, value + delta if field in offsets else value) for field, kind, value in fields]
+
+
+def _row_group(fields: Fields, delta: int, ordinal: int) -> Fields:
+    """A row group's metadata moved ``delta`` bytes later in the file, as row group ``ordinal``."""
+    moved: Fields = []
+    for field, kind, value in fields:
+        if field == 1:  # its column chunks
+            element, chunks = value
+            value = (
+                element,
+                [
+                    [
+                        (f, k, _shifted(v, COLUMN_OFFSETS, delta) if f == 3 else v + delta if f in CHUNK_OFFSETS else v)
+                        for f, k, v in chunk
+                    ]
+                    for chunk in chunks
+                ],
+            )
+        elif field == 5:
+            value += delta
+        elif field == 7:
+            value = ordinal
+        moved.append((field, kind, value))
+    return moved
+
+
+def _copy(source: BinaryIO, target: BinaryIO, most: int) -> int:
+    """Copy up to ``most`` bytes from ``source``'s position to ``target``'s (in the kernel where it can)."""
+    if hasattr(os, "copy_file_range"):
+        return os.copy_file_range(source.fileno(), target.fileno(), most)
+    data = source.read(min(most, 1 << 20))
+    os.write(target.fileno(), data)
+    return len(data)
+
+
+class Stitcher:
+    """Appends Parquet parts to ``path`` in order (``append``); ``close`` writes the footer."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = path.open("wb")
+        self._file.write(MAGIC)
+        self._first: Fields | None = None
+        self._groups: list[Fields] = []
+        self._rows = 0
+
+    def append(self, part: Path) -> None:
+        """Copy ``part``'s column chunks to the end of the file and keep its row groups."""
+        meta, start = footer(part)
+        delta = self._file.tell() - len(MAGIC)
+        for group in thrift.get(meta, 4, (thrift.STRUCT, []))[1]:
+            self._groups.append(_row_group(group, delta, len(self._groups)))
+        self._rows += thrift.get(meta, 3, 0)
+        self._first = self._first or meta
+        self._file.flush()
+        with part.open("rb") as f:
+            f.seek(len(MAGIC))
+            left = start - len(MAGIC)
+            while left > 0:
+                copied = _copy(f, self._file, left)
+                if copied == 0:
+                    raise ValueError(f"{part}: ended early")
+                left -= copied
+        self._file.seek(0, os.SEEK_END)
+
+    def close(self) -> None:
+        """Write the joined footer, and flush the file to disk (at least one part was appended)."""
+        assert self._first is not None
+        meta = [
+            (field, kind, self._rows if field == 3 else (thrift.STRUCT, self._groups) if field == 4 else value)
+            for field, kind, value in self._first
+        ]
+        data = thrift.write_struct(meta)
+        self._file.write(data + len(data).to_bytes(4, "little") + MAGIC)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+
+    def abort(self) -> None:
+        """Close the file, incomplete (the build discards it)."""
+        self._file.close()

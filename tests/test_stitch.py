@@ -1,0 +1,58 @@
+"""Parquet parts of one row group each, joined by their bytes, are the file ``RowWriter`` writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from fixed_sft.output import RowWriter, rows_per_group, write_part
+from fixed_sft.pack import Row, Segment
+from fixed_sft.stitch import Stitcher, footer
+
+
+def _rows(count: int, width: int, seed: int) -> list[Row]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n in range(count):
+        cut = int(rng.integers(1, width))
+        segments = (Segment(2 * n, f"id-{n}", 5, 5 + cut), Segment(2 * n + 1, None, 0, width - cut))
+        ids = rng.integers(0, 160_000, width).astype(np.int32)
+        rows.append(Row(ids, (rng.random(width) < 0.6).astype(np.uint8), segments))
+    return rows
+
+
+def _stitched(tmp_path: Path, rows: list[Row], boundaries: bool) -> bytes:
+    group = rows_per_group(len(rows[0].ids))
+    stitcher = Stitcher(tmp_path / "stitched.parquet")
+    for first in range(0, len(rows), group):
+        part = tmp_path / f"part-{first}.parquet"
+        write_part(part, rows[first : first + group], first, boundaries)
+        stitcher.append(part)
+    stitcher.close()
+    return (tmp_path / "stitched.parquet").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("count", "width", "boundaries"),
+    [(300, 64, False), (300, 64, True), (1, 8, False), (128, 16, False), (5, 70_000, True)],
+)
+def test_parts_join_into_the_writers_file(tmp_path: Path, count: int, width: int, boundaries: bool) -> None:
+    rows = _rows(count, width, seed=count + width)
+    writer = RowWriter(tmp_path / "written.parquet", boundaries)
+    for row in rows:
+        writer.write(row)
+    writer.close()
+    written = (tmp_path / "written.parquet").read_bytes()
+    assert _stitched(tmp_path, rows, boundaries) == written
+    table = pq.read_table(tmp_path / "stitched.parquet")
+    assert table.column("metadata").combine_chunks().field("row").to_pylist() == list(range(count))
+    assert pq.ParquetFile(tmp_path / "stitched.parquet").num_row_groups == -(-count // rows_per_group(width))
+
+
+def test_a_part_that_is_not_parquet_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "part.parquet").write_bytes(b"PAR1 not a footer PAR1")
+    with pytest.raises(ValueError, match="not a Parquet file"):
+        footer(tmp_path / "part.parquet")
