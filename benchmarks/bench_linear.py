@@ -8,9 +8,11 @@ is several bands; a real source is several bands of 384 MiB):
 * ``store``: with an empty token store, which the build fills in one pass over the source;
 * ``bands``: ``--no-cache``, which reads the source once per band.
 
-For each, the seconds and the source rows decoded (Parquet batches counted in the build's
-process), median and range of ``--repeats``; then each size's time over N's. Linear cost:
-4N takes about 4x N's time, and decodes 4N rows. Both must give the same rows, else the
+For each, the seconds (and where they went: filling the store, packing one conversation
+at a time, the parallel packing's index and write passes, the rest) and the source rows
+decoded (Parquet batches counted in the build's process), median and range of
+``--repeats``; then each size's time over N's. Linear cost: 4N takes about 4x N's time,
+and decodes 4N rows. Both must give the same rows, else the
 script exits 1.
 
     python benchmarks/bench_linear.py [--conversations 4000] [--band-mib 4] [--repeats 3] [--json OUT]
@@ -56,9 +58,33 @@ def counting(self, *args, **kwargs):
 
 pq.ParquetFile.iter_batches = counting
 build_module.BAND_BYTES = float(sys.argv[3])
+phases = {}
+
+def timed(module, name):
+    real = getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        begin = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            phases[name] = phases.get(name, 0.0) + time.perf_counter() - begin
+
+    setattr(module, name, wrapper)
+
+import fixed_sft.parallel as parallel_module
+for module, name in (
+    (build_module, "_fill"),
+    (parallel_module, "_index"),
+    (parallel_module, "_write"),
+    (build_module, "_pack"),
+):
+    timed(module, name)
 start = time.perf_counter()
 manifest = build_module.build(build_module.BuildConfig(**json.loads(sys.argv[1])), Path(sys.argv[2]))
-print(json.dumps({"seconds": time.perf_counter() - start, "decoded": sum(decoded), "sha": manifest["rows_sha256"]}))
+seconds = time.perf_counter() - start
+phases["other"] = seconds - sum(phases.values())
+print(json.dumps({"seconds": seconds, "decoded": sum(decoded), "sha": manifest["rows_sha256"], "phases": phases}))
 """
 
 
@@ -128,7 +154,11 @@ def main() -> int:
                         )
                         result = json.loads(done.stdout.splitlines()[-1])
                         runs.append({"mode": mode, "size": size, "workers": workers, **result})
-                        print(f"  {name}: {result['seconds']:.2f} s, {result['decoded']:,} rows decoded", flush=True)
+                        phases = ", ".join(f"{k.strip('_')} {v:.2f}" for k, v in result["phases"].items())
+                        print(
+                            f"  {name}: {result['seconds']:.2f} s ({phases}), {result['decoded']:,} rows decoded",
+                            flush=True,
+                        )
                         shutil.rmtree(folder / name, ignore_errors=True)
                         shutil.rmtree(folder / f"store-{name}", ignore_errors=True)
 

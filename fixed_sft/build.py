@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from . import __version__
+from . import __version__, parallel
 from .bands import Band, band_bytes, file_bytes, read_band, read_file_rows, read_rows
 from .chat import MASK_TYPES as KIMI_MASK_TYPES
 from .chat import ChatEncoder
@@ -250,6 +250,12 @@ class _Tally:
         last = row.segments[-1].index
         self.units = {last: self.units[last]}
 
+    def take(self, packed: parallel.Packed) -> None:
+        """Count what ``fixed_sft.parallel`` packed."""
+        for name in parallel.TALLIED:
+            setattr(self, name, getattr(packed, name))
+        self.supervised = sum(packed.row_supervised)
+
     def source_mix(self) -> list[SourceShare] | None:
         """The manifest's ``source_mix``: per ``source`` value (``None`` last), or ``None``
         when no kept conversation's source row has one, or they have more than
@@ -291,14 +297,14 @@ def _valid(stream: Iterator[Encoded], source: Source, skip_invalid: bool, tally:
         elif skip_invalid:
             tally.skipped_invalid.append({"index": item.source_index, "id": item.id, "reason": reason})
         else:
-            raise _invalid_row(source, item, reason)
+            raise _invalid_row(source, item.source_index, item.id, reason)
 
 
-def _invalid_row(source: Source, item: Encoded, reason: str) -> InvalidSourceRow:
-    """The error that names an invalid row's file and row, and says why."""
-    path, row = source.locate(item.source_index)
+def _invalid_row(source: Source, index: int, row_id: str | None, reason: str) -> InvalidSourceRow:
+    """The error that names an invalid row's file and row (source row ``index``), and says why."""
+    path, row = source.locate(index)
     place = f"line {row + 1}" if path.suffix == ".jsonl" else f"row {row}"
-    return InvalidSourceRow(f"{path}: {place} (source row {item.source_index}, id {item.id}): {reason}")
+    return InvalidSourceRow(f"{path}: {place} (source row {index}, id {row_id}): {reason}")
 
 
 def _pack(
@@ -339,6 +345,47 @@ def _pack(
                 tally.tail_tokens = len(ids) + 1 - row.segments[-1].end
                 return
     tally.tail_tokens = packer.filled
+
+
+def _pack_stored(
+    config: BuildConfig,
+    store: TokenStore,
+    order: np.ndarray,
+    held: np.ndarray,
+    setup: tuple[int, _Encoding],
+    source: Source,
+    folder: Path,
+    bar: tqdm,
+) -> parallel.Packed | None:
+    """Pack from the store, in the workers (``fixed_sft.parallel``), where it holds (``held``)
+    the conversations the rows need; ``None`` where it does not, or holds one damaged (the
+    build then packs one conversation at a time). An invalid conversation that stops the
+    build raises its error here."""
+    separator_id, encoding = setup
+    if encoding.workers == 1 or parallel.reachable(store, order, held, config.row_tokens) < (config.rows or math.inf):
+        return None
+
+    out = folder / PARQUET_NAME
+    try:
+        packed, stop = parallel.pack(
+            store,
+            order,
+            held,
+            config.rows,
+            config.skip_invalid,
+            config.check_every,
+            (config.row_tokens, separator_id, config.emit_boundaries),
+            encoding.start().run,
+            encoding.workers,
+            out,
+            bar.update,
+        )
+    except parallel.Unheld:
+        out.unlink(missing_ok=True)
+        return None
+    if stop is not None:
+        raise _invalid_row(source, stop.source_index, stop.id, stop.reason)
+    return packed
 
 
 @contextmanager
@@ -454,8 +501,8 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
     tokenizer, encoder_config, separator, separator_id, _ = encoder_setup(config)
     with ExitStack() as stack:
         encoding = _Encoding(stack, encoder_config, config.workers, config.check_every)
-        if config.no_cache:
-            encoding.start()  # (at once, beside reading the source)
+        if config.no_cache or config.workers > 1:
+            encoding.start()  # (at once, beside reading the source: several workers also pack the stored rows)
         hashing = stack.enter_context(_cancelling_pool())
         source = open_source(config.source, config.source_revision, config.source_license, config.source_files)
         if config.source_rows is not None and source.num_rows != config.source_rows:
@@ -483,7 +530,6 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         # pass over the source, then takes its conversations from it in packing order.
         fill = store is not None and config.rows is None and source.num_rows * bytes_row > band_budget
         packer = Packer(config.row_tokens, separator_id)
-        writer = RowWriter(folder / PARQUET_NAME, config.emit_boundaries)
         tally = _Tally(config.row_tokens)
 
         def wanted() -> float:
@@ -492,7 +538,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             without a row count, all."""
             if config.rows is None:
                 return math.inf
-            tokens_left = (config.rows - writer.rows) * config.row_tokens - packer.filled
+            tokens_left = (config.rows - len(tally.digests)) * config.row_tokens - packer.filled
             encoded = tally.conversations_encoded
             per_conversation = tally.tokens_encoded / encoded if encoded else bytes_row / 4
             return 1.2 * tokens_left / max(per_conversation, 1.0)
@@ -509,16 +555,35 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             per_row = max(bytes_row, 1.0)
             return int(min(band_budget / per_row, wanted() + min(CHUNK_ROWS, CHUNK_BYTES / per_row)))
 
+        def streamed(skip: np.ndarray | None, tokenized: tqdm, bar: tqdm) -> int:
+            """Pack one conversation at a time, in packing order: those ``skip`` marks from the
+            store, the others read and encoded; the rows written."""
+            writer = RowWriter(folder / PARQUET_NAME, config.emit_boundaries)
+            stream = encoding.encode(_chunks(source, rank, band_rows, chunk_rows, skip), wanted)
+            merged = None
+            try:
+                if store is not None:
+                    merged = store.stream(order, stream, config.check_every, partial(encoding.one, source, rank))
+                valid = _valid(stream if merged is None else iter(merged), source, config.skip_invalid, tally)
+                _pack(valid, config.rows, packer, writer, tally, bar, tokenized, config.emit_boundaries)
+                if merged is not None:
+                    merged.finish()  # (the checks of stored conversations, before the rows count)
+                writer.close()  # (here: a signal while the last row group is written still waits for its thread)
+            except BaseException:
+                writer.abort()
+                raise
+            finally:
+                (stream if merged is None else merged).close()
+            return writer.rows
+
         # Large rows, or bands read while an earlier one is held (the first band's estimate over the
         # budget): the build's large buffers are each a mapping from now on, in this process (at a
         # cost in page faults: a one-band build keeps glibc's reuse of its freed blocks).
         if bytes_row > LARGE_ROW_BYTES or (not fill and min(source.num_rows, wanted()) * bytes_row > band_budget):
             map_large_allocations()
-        stream: Generator[Encoded, None, None] | None = None
-        merged = None
+        shown = None if progress else True  # (None: shown on a terminal only)
+        every = source.num_rows if config.rows is None else None
         try:
-            shown = None if progress else True  # (None: shown on a terminal only)
-            every = source.num_rows if config.rows is None else None
             with (
                 tqdm(total=every, unit="conv", disable=shown, desc="tokenize", position=0) as tokenized,
                 tqdm(total=config.rows, unit="row", disable=shown, desc=f"write {config.name}", position=1) as bar,
@@ -530,29 +595,21 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
                     held, check = store.plan(order, config.check_every)
                     skip = held & ~check if held.any() else None
                     tokenized = tqdm(disable=True)  # (counted as filled)
-                stream = encoding.encode(_chunks(source, rank, band_rows, chunk_rows, skip), wanted)
-                if store is not None:
-                    merged = store.stream(order, stream, config.check_every, partial(encoding.one, source, rank))
-                valid = _valid(stream if merged is None else iter(merged), source, config.skip_invalid, tally)
-                _pack(valid, config.rows, packer, writer, tally, bar, tokenized, config.emit_boundaries)
-                if merged is not None:
-                    merged.finish()  # (the checks of stored conversations, before the rows count)
-            writer.close()  # (inside: a signal while the last row group is written still waits for its thread)
+                packed = None
+                if store is not None and skip is not None:
+                    packed = _pack_stored(config, store, order, skip, (separator_id, encoding), source, folder, bar)
+                if packed is None:
+                    written = streamed(skip, tokenized, bar)
+                else:
+                    tally.take(packed)
+                    tokenized.update(packed.conversations_encoded)
+                    written = packed.rows
         except (SourceError, InvalidSourceRow):
-            writer.abort()
             raise_cache_damage(source.files, BuildError)  # a damaged cached file explains the error better
             raise
-        except BaseException:
-            writer.abort()
-            raise
-        finally:
-            if merged is not None:
-                merged.close()
-            elif stream is not None:
-                stream.close()
-        if writer.rows == 0 or (config.rows is not None and writer.rows < config.rows):
+        if written == 0 or (config.rows is not None and written < config.rows):
             needed = f"--rows is {config.rows}" if config.rows is not None else "a build needs at least one"
-            filled = f"the source fills only {writer.rows} rows of {config.row_tokens} tokens"
+            filled = f"the source fills only {written} rows of {config.row_tokens} tokens"
             raise BuildError(f"{filled} with supervised tokens; {needed}")
         source_files = recorded_files(source, source_hashes)
     bpe_used = bpe_version(encoder_config.bpe) if tokenizer.family != HF else None

@@ -75,12 +75,11 @@ class Runs:
     end: np.ndarray
 
     @classmethod
-    def of(cls, starts: np.ndarray, begins: list[np.ndarray], ends: list[np.ndarray]) -> Runs:
-        """The stream's runs, from each unit's own (``runs``) and where each unit starts."""
-        if not begins:
-            return cls(np.zeros(0, np.int64), np.zeros(0, np.int64))
-        shift = np.repeat(starts[: len(begins)], [len(b) for b in begins])
-        return cls(np.concatenate(begins).astype(np.int64) + shift, np.concatenate(ends).astype(np.int64) + shift)
+    def of(cls, starts: np.ndarray, counts: np.ndarray, begins: np.ndarray, ends: np.ndarray) -> Runs:
+        """The stream's runs, from each unit's own (``runs``: ``counts`` per unit, their
+        ``begins`` and ``ends`` within it, in unit order) and where each unit ``starts``."""
+        shift = np.repeat(starts, counts)
+        return cls(begins.astype(np.int64) + shift, ends.astype(np.int64) + shift)
 
     def before(self, x: np.ndarray) -> np.ndarray:
         """Supervised tokens before each stream position in ``x``."""
@@ -102,5 +101,9 @@ def runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     >>> [r.tolist() for r in runs(np.array([0, 1, 1, 0, 1], np.uint8))]
     [[1, 4], [3, 5]]
     """
-    step = np.diff((np.asarray(mask) != 0).astype(np.int8), prepend=0, append=0)
-    return np.flatnonzero(step == 1).astype(np.int32), np.flatnonzero(step == -1).astype(np.int32)
+    supervised = np.asarray(mask) != 0
+    if not len(supervised):
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    change = np.flatnonzero(supervised[1:] != supervised[:-1]).astype(np.int32) + 1
+    edges = np.concatenate([[0] if supervised[0] else [], change, [len(supervised)] if supervised[-1] else []])
+    return edges[0::2].astype(np.int32), edges[1::2].astype(np.int32)

@@ -34,7 +34,7 @@ import struct
 import sys
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -195,6 +195,50 @@ class SegmentWriter:
         self._records, self._payloads, self._pending = [], [], 0
 
 
+class SegmentReader:
+    """Reads stored conversations from the segment files ``paths`` (a list that may grow),
+    each checked against its record's digest; keeps ``OPEN_FILES`` of them open at most."""
+
+    def __init__(self, paths: Sequence[Path | str]):
+        self.paths = paths
+        self._files: OrderedDict[int, int] = OrderedDict()
+
+    def _fd(self, number: int) -> int:
+        fd = self._files.get(number)
+        if fd is None:
+            fd = os.open(self.paths[number], os.O_RDONLY)
+            self._files[number] = fd
+            if len(self._files) > OPEN_FILES:
+                os.close(self._files.popitem(last=False)[1])
+        else:
+            self._files.move_to_end(number)
+        return fd
+
+    def read(self, number: int, slot: int, index: int) -> Encoded | None:
+        """Source row ``index``, held by record ``slot`` of segment ``number`` (``checked``:
+        it passed the template check); ``None`` where the record is not there or its bytes
+        do not match."""
+        try:
+            fd = self._fd(number)
+            raw = os.pread(fd, RECORD.itemsize, HEADER_BYTES + slot * RECORD.itemsize)
+            if len(raw) == RECORD.itemsize:
+                offset, stored, tokens, meta, flags, digest = RECORD_STRUCT.unpack(raw)
+                if stored == index and -1 <= tokens < 1 << 40 and 0 <= meta < 1 << 40 and offset >= 0:
+                    size = 5 * max(tokens, 0) + meta
+                    payload = os.pread(fd, size, offset)
+                    head = HEAD.pack(index, tokens, meta, flags)
+                    if len(payload) == size and _digest(head, payload) == digest:
+                        return _decode(index, tokens, payload, bool(flags & PASSED))
+        except (OSError, ValueError):
+            pass
+        return None
+
+    def close(self) -> None:
+        for fd in self._files.values():
+            os.close(fd)
+        self._files.clear()
+
+
 class TokenStore:
     """One entry of the store (``folder``), for a source of ``num_rows`` rows: which rows it
     holds (read from the segments' records when it opens: hints, each checked when used),
@@ -206,9 +250,10 @@ class TokenStore:
         self.segment = np.full(num_rows, -1, np.int32)  # per source row: the segment holding it
         self.slot = np.zeros(num_rows, np.int32)  # and its record there
         self.passed = np.zeros(num_rows, bool)  # whether that record says it passed the check
+        self.tokens = np.zeros(num_rows, np.int64)  # and the tokens that record says it has (-1: invalid)
         self.writer = SegmentWriter(folder)
         self.taken = self.damaged = 0
-        self._files: OrderedDict[int, int] = OrderedDict()
+        self._reader = SegmentReader(self.segments)
         self._load()
 
     @property
@@ -256,16 +301,17 @@ class TokenStore:
                 continue
             number = len(self.segments)
             self.segments.append(Path(entry.path))
-            indices = records["index"]
+            indices, tokens = records["index"], records["tokens"]
             passed = (records["flags"] & PASSED).astype(bool)
             slots = np.arange(len(records), dtype=np.int32)
             keep = (indices >= 0) & (indices < len(self.segment))
-            indices, passed, slots = indices[keep], passed[keep], slots[keep]
+            indices, tokens, passed, slots = indices[keep], tokens[keep], passed[keep], slots[keep]
             replace = passed | ~self.passed[indices] | (self.segment[indices] < 0)
-            indices, passed, slots = indices[replace], passed[replace], slots[replace]
+            indices, tokens, passed, slots = indices[replace], tokens[replace], passed[replace], slots[replace]
             self.segment[indices] = number
             self.slot[indices] = slots
             self.passed[indices] = passed
+            self.tokens[indices] = tokens
 
     @staticmethod
     def _read_records(path: Path) -> np.ndarray | None:
@@ -283,17 +329,6 @@ class TokenStore:
         except OSError:
             return None
 
-    def _fd(self, number: int) -> int:
-        fd = self._files.get(number)
-        if fd is None:
-            fd = os.open(self.segments[number], os.O_RDONLY)
-            self._files[number] = fd
-            if len(self._files) > OPEN_FILES:
-                os.close(self._files.popitem(last=False)[1])
-        else:
-            self._files.move_to_end(number)
-        return fd
-
     def lookup(self, index: int) -> Encoded | None:
         """Source row ``index`` as stored, its digest checked (``checked``: it passed the
         template check); ``None`` where it is not held, or its bytes do not match (it is then
@@ -301,23 +336,13 @@ class TokenStore:
         number = int(self.segment[index])
         if number < 0:
             return None
-        try:
-            fd = self._fd(number)
-            raw = os.pread(fd, RECORD.itemsize, HEADER_BYTES + int(self.slot[index]) * RECORD.itemsize)
-            if len(raw) == RECORD.itemsize:
-                offset, stored, tokens, meta, flags, digest = RECORD_STRUCT.unpack(raw)
-                if stored == index and -1 <= tokens < 1 << 40 and 0 <= meta < 1 << 40 and offset >= 0:
-                    size = 5 * max(tokens, 0) + meta
-                    payload = os.pread(fd, size, offset)
-                    head = HEAD.pack(index, tokens, meta, flags)
-                    if len(payload) == size and _digest(head, payload) == digest:
-                        self.taken += 1
-                        return _decode(index, tokens, payload, bool(flags & PASSED))
-        except (OSError, ValueError):
-            pass
-        self.damaged += 1
-        self.segment[index] = -1
-        return None
+        item = self._reader.read(number, int(self.slot[index]), index)
+        if item is None:
+            self.damaged += 1
+            self.segment[index] = -1
+        else:
+            self.taken += 1
+        return item
 
     def add(self, item: Encoded) -> None:
         """Keep ``item`` (a conversation as a build encoded it) unless the store holds it
@@ -336,18 +361,17 @@ class TokenStore:
     def close(self) -> None:
         """Write what is pending; close the segment files."""
         self.flush()
-        for fd in self._files.values():
-            os.close(fd)
-        self._files.clear()
+        self._reader.close()
 
     def refresh(self) -> None:
         """Write what is pending, then index the segments again: the rows this build added
         are then held as any other."""
         self.close()
-        self.segments = []
+        self.segments.clear()
         self.segment.fill(-1)
         self.slot.fill(0)
         self.passed.fill(False)
+        self.tokens.fill(0)
         self._load()
 
     def plan(self, order: np.ndarray, check_every: int) -> tuple[np.ndarray, np.ndarray]:

@@ -26,7 +26,10 @@ def test_cuts_are_the_packers_rows(lengths: list[int], row_tokens: int, seed: in
     assert cuts.rows == len(rows)
     assert cuts.starts[-1] - cuts.rows * row_tokens == packer.filled  # the tail
     found = [runs(np.append(mask, 0)) for mask in masks]  # (each unit: its mask, then its [EOS])
-    stream_runs = Runs.of(cuts.starts, [b for b, _ in found], [e for _, e in found])
+    counts = np.array([len(b) for b, _ in found])
+    stream_runs = Runs.of(
+        cuts.starts[:-1], counts, np.concatenate([b for b, _ in found]), np.concatenate([e for _, e in found])
+    )
     begins = np.arange(cuts.rows) * row_tokens
     supervised = stream_runs.before(begins + row_tokens) - stream_runs.before(begins)
     first_token = stream_runs.at(begins)

@@ -1,0 +1,483 @@
+"""Rows of the conversations the token store holds: cut from prefix sums, assembled and written in the workers.
+
+A build whose conversations are all in the store (a later build of a source, or one that
+filled the store first) packs in two passes, each a task per block, run in the workers:
+
+1. ``index``: a block of packing positions, read from the store, each conversation's
+   digest checked: its tokens, id, ``source`` value, invalid reason and supervised runs.
+   This process then keeps the valid conversations (an invalid one, or one whose id an
+   earlier one used, stops the build or is recorded and left out, as ``build._valid``
+   does), cuts rows from the prefix sums of their sizes (``fixed_sft.cuts``), and keeps
+   those with a supervised token after token 0, up to the rows asked for.
+2. ``write``: a row group of kept rows, read again from the store, assembled as
+   ``fixed_sft.pack`` assembles them, hashed, and written as a Parquet file of its own;
+   this process joins the files in order (``fixed_sft.stitch``).
+
+The rows, the Parquet file and the manifest are those of packing one conversation at a
+time (``tests/test_parallel.py``), for any number of workers. A conversation whose digest
+does not match, or a position the store does not hold, ends this path (``Unheld``): the
+build then packs one conversation at a time, which encodes what the store lacks.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .cuts import Cuts, Runs, runs
+from .hashes import row_digest
+from .output import rows_per_group, write_part
+from .pack import Row, Segment
+from .stitch import Stitcher
+from .store import SegmentReader, TokenStore
+
+BLOCK = 4096  # packing positions per index task
+ZERO = np.zeros(1, np.uint8)
+Run = Callable[[Callable[[Any, Any], Any], Iterable[Any]], Iterator[Any]]  # maps fn(state, task) over tasks, in order
+
+
+class Unheld(Exception):
+    """The store does not hold a conversation this path needs, or holds it damaged."""
+
+
+class Stored(NamedTuple):
+    """Where conversations are in the store: ``paths`` of segments, and per conversation
+    its segment (an index into ``paths``), record and source row."""
+
+    paths: tuple[str, ...]
+    numbers: np.ndarray
+    slots: np.ndarray
+    indices: np.ndarray
+
+    @classmethod
+    def of(cls, store: TokenStore, indices: np.ndarray) -> Stored:
+        numbers = store.segment[indices]
+        if len(numbers) and numbers.min() < 0:
+            raise Unheld(f"source row {int(indices[np.argmin(numbers)])}: not in the token store")
+        used, local = np.unique(numbers, return_inverse=True)
+        return cls(tuple(str(store.segments[n]) for n in used), local, store.slot[indices], indices)
+
+    def read(self) -> Iterator[tuple[int, Any]]:
+        """``(source row, Encoded)`` of each conversation; ``Unheld`` where one does not match its digest."""
+        reader = SegmentReader(self.paths)
+        try:
+            for number, slot, index in zip(self.numbers.tolist(), self.slots.tolist(), self.indices.tolist()):
+                item = reader.read(number, slot, index)
+                if item is None:
+                    raise Unheld(f"source row {index}: damaged in the token store")
+                yield index, item
+        finally:
+            reader.close()
+
+
+class Indexed(NamedTuple):
+    """A block's conversations: tokens (-1: invalid), ids, ``source`` values and invalid
+    reasons, and their supervised runs (``counts`` per conversation; begins and ends
+    within it, its ``[EOS]`` after its tokens)."""
+
+    tokens: np.ndarray
+    ids: list[str | None]
+    values: list[str | None]
+    invalid: list[str | None]
+    counts: np.ndarray
+    begins: np.ndarray
+    ends: np.ndarray
+
+
+def index(_: object, task: Stored) -> Indexed:
+    """Read a block of conversations from the store (module docstring, pass 1)."""
+    tokens: list[int] = []
+    ids, values, invalid = [], [], []
+    masks: list[np.ndarray] = []
+    for _, item in task.read():
+        ids.append(item.id)
+        values.append(item.source_value)
+        invalid.append(item.invalid)
+        tokens.append(-1 if item.mask is None else len(item.mask))
+        if item.mask is not None:
+            masks.extend((item.mask, ZERO))  # (its [EOS], unsupervised, ends its last run)
+    sizes = np.maximum(np.array(tokens, np.int64), -1) + 1  # (an invalid one: none)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    flat = np.concatenate(masks) if masks else ZERO
+    begins, ends = runs(flat)
+    unit = np.searchsorted(starts, begins, side="right") - 1
+    return Indexed(
+        np.array(tokens, np.int64),
+        ids,
+        values,
+        invalid,
+        np.bincount(unit, minlength=len(tokens)),
+        (begins - starts[unit]).astype(np.int32),
+        (ends - starts[unit]).astype(np.int32),
+    )
+
+
+class WriteTask(NamedTuple):
+    """A row group: rows numbered from ``first_row``, each units ``first..last`` of
+    ``units`` (the task's conversations, in stream order) from token ``head`` of the first
+    to token ``tail`` (exclusive) of the last; ``trainable`` what the index said of each."""
+
+    units: Stored
+    ids: list[str | None]
+    first: np.ndarray
+    head: np.ndarray
+    last: np.ndarray
+    tail: np.ndarray
+    trainable: np.ndarray
+    first_row: int
+    row_tokens: int
+    eos_id: int
+    boundaries: bool
+    part: str
+
+
+def write(_: object, task: WriteTask) -> list[bytes]:
+    """Assemble, hash and write a row group (module docstring, pass 2); its rows' digests."""
+    units = [(index, item.ids, item.mask) for index, item in task.units.read()]
+    rows, digests = [], []
+    for r in range(len(task.first)):
+        first, last = int(task.first[r]), int(task.last[r])
+        ids = np.empty(task.row_tokens, np.int32)
+        mask = np.empty(task.row_tokens, np.uint8)
+        segments, filled = [], 0
+        for unit in range(first, last + 1):
+            index, unit_ids, unit_mask = units[unit]
+            start = int(task.head[r]) if unit == first else 0
+            end = int(task.tail[r]) if unit == last else len(unit_ids) + 1
+            body = min(end, len(unit_ids))
+            ids[filled : filled + body - start] = unit_ids[start:body]
+            mask[filled : filled + body - start] = unit_mask[start:body]
+            if end > len(unit_ids):  # (its [EOS])
+                ids[filled + body - start] = task.eos_id
+                mask[filled + body - start] = 0
+            filled += end - start
+            segments.append(Segment(index, task.ids[unit], start, end))
+        row = Row(ids, mask, tuple(segments))
+        if filled != task.row_tokens or row.trainable != task.trainable[r]:
+            raise Unheld(f"row {task.first_row + r}: the token store's conversations differ from their index")
+        rows.append(row)
+        digests.append(row_digest(row.ids, row.mask, row.cu_seqlens if task.boundaries else None))
+    write_part(Path(task.part), rows, task.first_row, task.boundaries)
+    return digests
+
+
+@dataclass
+class Packed:
+    """What ``pack`` found: the rows kept (their digests, supervised and trainable tokens)
+    and the stream, in the terms of ``build._Tally``."""
+
+    rows: int = 0
+    digests: list[bytes] = field(default_factory=list)
+    row_supervised: list[int] = field(default_factory=list)
+    trainable: int = 0
+    rows_skipped: int = 0
+    tail_tokens: int = 0
+    conversations_encoded: int = 0
+    tokens_encoded: int = 0
+    template_checked: int = 0
+    rows_per_conversation: Counter = field(default_factory=Counter)
+    conversation_tokens: list[int] = field(default_factory=list)
+    mix: dict[str | None, list[int]] = field(default_factory=dict)
+    skipped_invalid: list[dict] = field(default_factory=list)
+
+
+TALLIED = tuple(name for name in Packed.__dataclass_fields__ if name != "rows")  # (what ``build._Tally`` takes)
+
+
+class Invalid(NamedTuple):
+    """The first invalid conversation in packing order that stops the build."""
+
+    source_index: int
+    id: str | None
+    reason: str
+
+
+class _Stream:
+    """The conversations indexed so far, in packing order, and the valid ones among them."""
+
+    def __init__(self) -> None:
+        self.indices: list[np.ndarray] = []
+        self.tokens: list[np.ndarray] = []
+        self.counts: list[np.ndarray] = []
+        self.begins: list[np.ndarray] = []
+        self.ends: list[np.ndarray] = []
+        self.ids: list[str | None] = []
+        self.codes: list[int] = []  # per conversation: its ``source`` value's number
+        self.values: dict[str | None, int] = {}
+        self.valid: list[bool] = []
+        self.bad: list[tuple[int, Invalid]] = []  # (position, why) of each conversation left out
+        self.seen: dict[str, int] = {}
+
+    def add(self, indices: np.ndarray, block: Indexed) -> None:
+        """Take a block's conversations: an invalid one, or one whose id an earlier valid
+        one used, is left out (``bad``)."""
+        for index, tokens, row_id, value, invalid in zip(
+            indices.tolist(), block.tokens.tolist(), block.ids, block.values, block.invalid
+        ):
+            reason = invalid if tokens < 0 else None
+            if reason is None and row_id is not None and row_id in self.seen:
+                reason = f"duplicate id (first used by source row {self.seen[row_id]})"
+            if reason is None:
+                if row_id is not None:
+                    self.seen[row_id] = index
+            else:
+                self.bad.append((len(self.valid), Invalid(index, row_id, reason)))
+            self.valid.append(reason is None)
+            self.ids.append(row_id)
+            self.codes.append(self.values.setdefault(value, len(self.values)))
+        self.indices.append(indices)
+        self.tokens.append(block.tokens)
+        self.counts.append(block.counts)
+        self.begins.append(block.begins)
+        self.ends.append(block.ends)
+
+
+@dataclass
+class _Rows:
+    """The rows of the stream's valid conversations: their cuts, which are kept, and up to
+    where the stream is packed (``fed``: units; ``considered``: rows)."""
+
+    units: np.ndarray  # positions of the valid conversations
+    sizes: np.ndarray
+    cuts: Cuts
+    supervised: np.ndarray
+    trainable: np.ndarray
+    considered: int
+    kept: np.ndarray  # bool per considered row
+    stopped: bool  # whether the rows wanted are full (the packer stops at the last)
+
+    @property
+    def fed(self) -> int:
+        """Units the packer takes: to the end of the last row wanted, else all."""
+        return int(self.cuts.last[self.considered - 1]) + 1 if self.stopped else len(self.units)
+
+
+def _rows(stream: _Stream, row_tokens: int, wanted: int | None) -> _Rows:
+    """Cut the valid conversations so far into rows; consider rows up to the ``wanted``-th kept one."""
+    valid = np.array(stream.valid, bool)
+    units = np.flatnonzero(valid)
+    tokens = np.concatenate(stream.tokens) if stream.tokens else np.zeros(0, np.int64)
+    sizes = tokens[units] + 1
+    cuts = Cuts.of(sizes, row_tokens)
+    counts = np.concatenate(stream.counts) if stream.counts else np.zeros(0, np.int64)
+    keep_runs = np.repeat(valid, counts)
+    begins = np.concatenate(stream.begins)[keep_runs] if stream.begins else np.zeros(0, np.int64)
+    ends = np.concatenate(stream.ends)[keep_runs] if stream.ends else np.zeros(0, np.int64)
+    unit_runs = Runs.of(cuts.starts[:-1], counts[units], begins, ends)
+    begin = np.arange(cuts.rows, dtype=np.int64) * row_tokens
+    supervised = unit_runs.before(begin + row_tokens) - unit_runs.before(begin)
+    trainable = supervised - unit_runs.at(begin)
+    kept = trainable > 0
+    considered, stopped = cuts.rows, False
+    if wanted is not None and np.count_nonzero(kept) >= wanted:
+        considered, stopped = int(np.flatnonzero(kept)[wanted - 1]) + 1, True
+    return _Rows(units, sizes, cuts, supervised, trainable, considered, kept[:considered], stopped)
+
+
+def reachable(store: TokenStore, order: np.ndarray, held: np.ndarray, row_tokens: int) -> float:
+    """At most how many rows the conversations of ``order`` fill before the first the store
+    does not give (``held``); every row where it gives all (``inf``)."""
+    where = np.flatnonzero(~held[order])
+    if not len(where):
+        return np.inf
+    return int((np.maximum(store.tokens[order[: where[0]]], 0) + 1).sum() // row_tokens)
+
+
+def pack(
+    store: TokenStore,
+    order: np.ndarray,
+    held: np.ndarray,
+    wanted: int | None,
+    skip_invalid: bool,
+    check_every: int,
+    shape: tuple[int, int, bool],
+    run: Run,
+    workers: int,
+    out: Path,
+    progress: Callable[[int], None],
+) -> tuple[Packed, Invalid | None]:
+    """Pack the conversations of ``order`` from ``store`` into ``out`` (a Parquet file), up
+    to ``wanted`` kept rows (``None``: all); ``held`` marks the source rows the store gives.
+    ``shape``: row tokens, the separator's id and whether rows carry their boundaries;
+    ``run`` maps a task function over tasks where conversations are encoded; ``progress``
+    is told of each row group written. Returns what was packed, and the invalid
+    conversation that stops the build (without ``skip_invalid``), if any, in which case
+    nothing is written; ``Unheld`` where the store lacks a conversation."""
+    row_tokens, eos_id, boundaries = shape
+    stream, rows, stop = _index(store, order, held, wanted, skip_invalid, row_tokens, run, workers)
+    if stop is not None:
+        return Packed(), stop
+    packed = _tally(stream, rows, check_every)
+    if not packed.rows or (wanted is not None and packed.rows < wanted):
+        return packed, None  # (the build says there are too few)
+    packed.digests = _write(store, order, stream, rows, (row_tokens, eos_id, boundaries), run, out, progress)
+    return packed, None
+
+
+def _index(
+    store: TokenStore,
+    order: np.ndarray,
+    held: np.ndarray,
+    wanted: int | None,
+    skip_invalid: bool,
+    row_tokens: int,
+    run: Run,
+    workers: int,
+) -> tuple[_Stream, _Rows, Invalid | None]:
+    """Index the stream a block at a time, until the ``wanted``-th kept row (or its end),
+    or, without ``skip_invalid``, an invalid conversation before it."""
+    where = np.flatnonzero(~held[order])
+    reach = int(where[0]) if len(where) else len(order)  # (positions the store gives)
+    if wanted is None and reach < len(order):
+        raise Unheld(f"source row {int(order[reach])}: not in the token store")
+    estimate = np.cumsum(np.maximum(store.tokens[order[:reach]], 0) + 1) // row_tokens  # (rows at most)
+    block = max(256, min(BLOCK, -(-reach // (4 * workers))))  # (4 a worker, to even out their ends)
+
+    def tasks() -> Iterator[Stored]:
+        for start in range(0, reach, block):
+            yield Stored.of(store, order[start : min(start + block, reach)])
+
+    stream = _Stream()
+    results = run(index, tasks())
+    try:
+        for indexed in results:
+            start = len(stream.valid)
+            stream.add(order[start : start + len(indexed.tokens)], indexed)
+            if stream.bad and not skip_invalid:
+                position, why = stream.bad[0]
+                rows = _rows(_prefix(stream, position), row_tokens, wanted)
+                return stream, rows, None if rows.stopped else why  # (no error where the rows are full before it)
+            if wanted is not None and estimate[len(stream.valid) - 1] >= wanted:
+                rows = _rows(stream, row_tokens, wanted)
+                if rows.stopped:
+                    return stream, rows, None
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
+    rows = _rows(stream, row_tokens, wanted)
+    if reach < len(order) and not rows.stopped:
+        raise Unheld(f"source row {int(order[reach])}: not in the token store")
+    return stream, rows, None
+
+
+def _prefix(stream: _Stream, position: int) -> _Stream:
+    """The stream before ``position`` (every conversation there valid)."""
+    prefix = _Stream()
+    prefix.valid = stream.valid[:position]
+    tokens = np.concatenate(stream.tokens)[:position]
+    counts = np.concatenate(stream.counts)[:position]
+    runs_before = int(counts.sum())
+    prefix.tokens, prefix.counts = [tokens], [counts]
+    prefix.begins = [np.concatenate(stream.begins)[:runs_before]]
+    prefix.ends = [np.concatenate(stream.ends)[:runs_before]]
+    return prefix
+
+
+def _tally(stream: _Stream, rows: _Rows, check_every: int) -> Packed:
+    """What the manifest and the card say of the packed stream (as ``build._Tally`` counts it)."""
+    packed = Packed()
+    cuts, considered, kept, fed = rows.cuts, rows.considered, rows.kept, rows.fed
+    packed.rows = int(np.count_nonzero(kept))
+    packed.rows_skipped = considered - packed.rows
+    packed.row_supervised = rows.supervised[:considered][kept].tolist()
+    packed.trainable = int(rows.trainable[:considered][kept].sum())
+    if rows.stopped:  # (the packer stops in the last row's last conversation)
+        packed.tail_tokens = int(rows.sizes[fed - 1] - cuts.tail[considered - 1])
+    else:  # (every row cut: the stream ends in its tail)
+        packed.tail_tokens = int(cuts.starts[-1] - cuts.rows * cuts.row_tokens)
+    packed.conversations_encoded = fed
+    packed.tokens_encoded = int(rows.sizes[:fed].sum())
+    positions = rows.units[:fed]
+    packed.template_checked = int(np.count_nonzero(positions % check_every == 0)) if check_every else 0
+    every_kept = np.zeros(cuts.rows, bool)
+    every_kept[:considered] = kept
+    in_rows = np.zeros(len(rows.units) + 1, np.int64)  # kept rows holding each unit
+    np.add.at(in_rows, cuts.first[:considered][kept], 1)
+    np.add.at(in_rows, cuts.last[:considered][kept] + 1, -1)
+    in_rows = np.cumsum(in_rows)[: len(rows.units)]
+    held = np.flatnonzero(in_rows)
+    indices = np.concatenate(stream.indices)
+    packed.rows_per_conversation = Counter(dict(zip(indices[rows.units[held]].tolist(), in_rows[held].tolist())))
+    packed.conversation_tokens = (rows.sizes[held] - 1).tolist()
+    codes = np.array(stream.codes, np.int64)[rows.units]
+    conversations = np.bincount(codes[held], minlength=len(stream.values))
+    tokens = np.bincount(codes, weights=cuts.kept_tokens(every_kept), minlength=len(stream.values))
+    for value, code in stream.values.items():
+        if conversations[code] or tokens[code]:
+            packed.mix[value] = [int(conversations[code]), int(tokens[code])]
+    last = int(rows.units[fed - 1]) if fed else -1
+    packed.skipped_invalid = [
+        {"index": why.source_index, "id": why.id, "reason": why.reason}
+        for position, why in stream.bad
+        if not rows.stopped or position < last
+    ]
+    return packed
+
+
+def _write(
+    store: TokenStore,
+    order: np.ndarray,
+    stream: _Stream,
+    rows: _Rows,
+    shape: tuple[int, int, bool],
+    run: Run,
+    out: Path,
+    progress: Callable[[int], None],
+) -> list[bytes]:
+    """Write the kept rows a row group at a time (module docstring, pass 2); their digests."""
+    row_tokens, eos_id, boundaries = shape
+    cuts = rows.cuts
+    kept = np.flatnonzero(rows.kept)
+    group = rows_per_group(row_tokens)
+    parts = out.parent / f".{out.name}.parts"
+    parts.mkdir()
+    sources = order[rows.units]
+
+    def tasks() -> Iterator[WriteTask]:
+        for number, start in enumerate(range(0, len(kept), group)):
+            chosen = kept[start : start + group]
+            first, last = cuts.first[chosen], cuts.last[chosen]
+            spans = [np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist())]
+            units = np.unique(np.concatenate(spans))
+            yield WriteTask(
+                Stored.of(store, sources[units]),
+                [stream.ids[p] for p in rows.units[units].tolist()],
+                np.searchsorted(units, first),
+                cuts.head[chosen],
+                np.searchsorted(units, last),
+                cuts.tail[chosen],
+                rows.trainable[chosen],
+                start,
+                row_tokens,
+                eos_id,
+                boundaries,
+                str(parts / f"{number:08d}.parquet"),
+            )
+
+    stitcher = Stitcher(out)
+    digests: list[bytes] = []
+    results = run(write, tasks())
+    try:
+        for number, written in enumerate(results):
+            part = parts / f"{number:08d}.parquet"
+            stitcher.append(part)
+            part.unlink()
+            digests.extend(written)
+            progress(len(written))
+        stitcher.close()
+    except BaseException:
+        stitcher.abort()
+        raise
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
+        shutil.rmtree(parts, ignore_errors=True)
+    return digests
