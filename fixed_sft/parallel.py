@@ -124,7 +124,6 @@ class WriteTask(NamedTuple):
     to token ``tail`` (exclusive) of the last; ``trainable`` what the index said of each."""
 
     units: Stored
-    ids: list[str | None]
     first: np.ndarray
     head: np.ndarray
     last: np.ndarray
@@ -139,7 +138,7 @@ class WriteTask(NamedTuple):
 
 def write(_: object, task: WriteTask) -> list[bytes]:
     """Assemble, hash and write a row group (module docstring, pass 2); its rows' digests."""
-    units = [(index, item.ids, item.mask) for index, item in task.units.read()]
+    units = [(index, item.id, item.ids, item.mask) for index, item in task.units.read()]
     rows, digests = [], []
     for r in range(len(task.first)):
         first, last = int(task.first[r]), int(task.last[r])
@@ -147,7 +146,7 @@ def write(_: object, task: WriteTask) -> list[bytes]:
         mask = np.empty(task.row_tokens, np.uint8)
         segments, filled = [], 0
         for unit in range(first, last + 1):
-            index, unit_ids, unit_mask = units[unit]
+            index, row_id, unit_ids, unit_mask = units[unit]
             start = int(task.head[r]) if unit == first else 0
             end = int(task.tail[r]) if unit == last else len(unit_ids) + 1
             body = min(end, len(unit_ids))
@@ -157,7 +156,7 @@ def write(_: object, task: WriteTask) -> list[bytes]:
                 ids[filled + body - start] = task.eos_id
                 mask[filled + body - start] = 0
             filled += end - start
-            segments.append(Segment(index, task.ids[unit], start, end))
+            segments.append(Segment(index, row_id, start, end))
         row = Row(ids, mask, tuple(segments))
         if filled != task.row_tokens or row.trainable != task.trainable[r]:
             raise Unheld(f"row {task.first_row + r}: the token store's conversations differ from their index")
@@ -207,7 +206,6 @@ class _Stream:
         self.counts: list[np.ndarray] = []
         self.begins: list[np.ndarray] = []
         self.ends: list[np.ndarray] = []
-        self.ids: list[str | None] = []
         self.codes: list[int] = []  # per conversation: its ``source`` value's number
         self.values: dict[str | None, int] = {}
         self.valid: list[bool] = []
@@ -229,7 +227,6 @@ class _Stream:
             else:
                 self.bad.append((len(self.valid), Invalid(index, row_id, reason)))
             self.valid.append(reason is None)
-            self.ids.append(row_id)
             self.codes.append(self.values.setdefault(value, len(self.values)))
         self.indices.append(indices)
         self.tokens.append(block.tokens)
@@ -316,7 +313,7 @@ def pack(
     packed = _tally(stream, rows, check_every)
     if not packed.rows or (wanted is not None and packed.rows < wanted):
         return packed, None  # (the build says there are too few)
-    packed.digests = _write(store, order, stream, rows, (row_tokens, eos_id, boundaries), run, out, progress)
+    packed.digests = _write(store, order, rows, (row_tokens, eos_id, boundaries), run, out, progress)
     return packed, None
 
 
@@ -424,7 +421,6 @@ def _tally(stream: _Stream, rows: _Rows, check_every: int) -> Packed:
 def _write(
     store: TokenStore,
     order: np.ndarray,
-    stream: _Stream,
     rows: _Rows,
     shape: tuple[int, int, bool],
     run: Run,
@@ -448,7 +444,6 @@ def _write(
             units = np.unique(np.concatenate(spans))
             yield WriteTask(
                 Stored.of(store, sources[units]),
-                [stream.ids[p] for p in rows.units[units].tolist()],
                 np.searchsorted(units, first),
                 cuts.head[chosen],
                 np.searchsorted(units, last),
