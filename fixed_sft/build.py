@@ -78,6 +78,10 @@ CHUNK_BYTES = 8 << 20
 BAND_BYTES = 384 << 20
 LARGE_BAND_BYTES = 128 << 20
 LARGE_ROW_BYTES = CHUNK_BYTES // CHUNK_ROWS
+# Packing from the store in the workers (fixed_sft.parallel) reads each conversation twice, so it
+# pays from this many workers; fewer pack one conversation at a time (benchmarks/README.md: with
+# 2 workers on 2 cores a later build took 4.72 s against 3.31 s with 1).
+PARALLEL_PACKING_WORKERS = 4
 MAX_SOURCE_VALUES = 1000  # the most ``source`` values a source mix lists (the manifest stays small)
 
 
@@ -145,7 +149,13 @@ def _chunks(
 
 
 def _fill(
-    store: TokenStore, encoding: _Encoding, source: Source, order: np.ndarray, large_rows: bool, tokenized: tqdm
+    store: TokenStore,
+    encoding: _Encoding,
+    source: Source,
+    order: np.ndarray,
+    large_rows: bool,
+    tokenized: tqdm,
+    reach: int | None = None,
 ) -> None:
     """Encode into ``store`` every source row it does not hold, in one pass over the source,
     each row checked where its packing position says: so that a build of all rows then
@@ -156,9 +166,12 @@ def _fill(
     encodes, and the conversations in flight would grow with the workers), this process
     reads it and the workers encode its chunks (``_streamed``). Invalid rows are stored as
     such, and a conversation whose check fails is not: the build stops at the first of
-    either in packing order, as without the store."""
+    either in packing order, as without the store. With ``reach``, only the rows at packing
+    positions before it."""
     held, check = store.plan(order, encoding.check_every)
     wanted = ~(held & ~check)
+    if reach is not None:
+        wanted[order[reach:]] = False
     tokenized.update(int(np.count_nonzero(~wanted)))
     if not wanted.any():
         return
@@ -357,12 +370,14 @@ def _pack_stored(
     folder: Path,
     bar: tqdm,
 ) -> parallel.Packed | None:
-    """Pack from the store, in the workers (``fixed_sft.parallel``), where it holds (``held``)
-    the conversations the rows need; ``None`` where it does not, or holds one damaged (the
-    build then packs one conversation at a time). An invalid conversation that stops the
-    build raises its error here."""
+    """Pack from the store, in the workers (``fixed_sft.parallel``), where there are at least
+    ``PARALLEL_PACKING_WORKERS`` and the store holds (``held``) the conversations the rows
+    need; ``None`` where not, or where it holds one damaged (the build then packs one
+    conversation at a time). An invalid conversation that stops the build raises its error here."""
     separator_id, encoding = setup
-    if encoding.workers == 1 or parallel.reachable(store, order, held, config.row_tokens) < (config.rows or math.inf):
+    if encoding.workers < PARALLEL_PACKING_WORKERS:
+        return None
+    if parallel.reachable(store, order, held, config.row_tokens) < (config.rows or math.inf):
         return None
 
     out = folder / PARQUET_NAME
@@ -501,8 +516,8 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
     tokenizer, encoder_config, separator, separator_id, _ = encoder_setup(config)
     with ExitStack() as stack:
         encoding = _Encoding(stack, encoder_config, config.workers, config.check_every)
-        if config.no_cache or config.workers > 1:
-            encoding.start()  # (at once, beside reading the source: several workers also pack the stored rows)
+        if config.no_cache or config.workers >= PARALLEL_PACKING_WORKERS:
+            encoding.start()  # (at once, beside reading the source: so many workers also pack stored rows)
         hashing = stack.enter_context(_cancelling_pool())
         source = open_source(config.source, config.source_revision, config.source_license, config.source_files)
         if config.source_rows is not None and source.num_rows != config.source_rows:
@@ -526,9 +541,16 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             skip = held & ~check if held.any() else None
         if skip is None or not skip.all():
             encoding.start()  # (conversations are to be encoded: at once, beside the reading)
-        # A build of every row from a source of more than one band fills the store first, in one
-        # pass over the source, then takes its conversations from it in packing order.
-        fill = store is not None and config.rows is None and source.num_rows * bytes_row > band_budget
+        # A build of every row from a source of more than one band, or with workers enough to pack,
+        # fills the store first, in one pass over the source, then takes its conversations from it
+        # in packing order. With a row count, workers enough to pack settle the template checks of
+        # stored conversations so (another seed), where the store holds the rows' conversations.
+        packing = config.workers >= PARALLEL_PACKING_WORKERS
+        fill = store is not None and config.rows is None and (source.num_rows * bytes_row > band_budget or packing)
+        reach = None
+        if store is not None and config.rows is not None and packing and skip is not None and not skip.all():
+            reach = parallel.checks_reach(store, order, skip, config.row_tokens, config.rows)
+            fill = reach is not None
         packer = Packer(config.row_tokens, separator_id)
         tally = _Tally(config.row_tokens)
 
@@ -591,7 +613,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
                 if fill:
                     assert store is not None
                     large_rows = encoding.workers > 1 and bytes_row > LARGE_ROW_BYTES
-                    _fill(store, encoding, source, order, large_rows, tokenized)
+                    _fill(store, encoding, source, order, large_rows, tokenized, reach)
                     held, check = store.plan(order, config.check_every)
                     skip = held & ~check if held.any() else None
                     tokenized = tqdm(disable=True)  # (counted as filled)

@@ -286,6 +286,18 @@ def reachable(store: TokenStore, order: np.ndarray, held: np.ndarray, row_tokens
     return int((np.maximum(store.tokens[order[: where[0]]], 0) + 1).sum() // row_tokens)
 
 
+def checks_reach(store: TokenStore, order: np.ndarray, given: np.ndarray, row_tokens: int, rows: int) -> int | None:
+    """Where the template checks of ``rows`` rows from the store end: the packing positions
+    whose stored tokens fill the rows with a fifth more (or the source's end), where the
+    store holds them all and some are to be checked (not ``given``); else ``None``."""
+    held = store.segment[order] >= 0
+    tokens = np.cumsum(np.maximum(store.tokens[order], 0) + 1)
+    reach = min(len(order), int(np.searchsorted(tokens, 1.2 * rows * row_tokens)) + 1)
+    if not held[:reach].all() or given[order[:reach]].all():
+        return None
+    return reach
+
+
 def pack(
     store: TokenStore,
     order: np.ndarray,

@@ -1,5 +1,6 @@
 """Rows packed from the token store by the workers (fixed_sft.parallel) are the rows packed one
-conversation at a time: the same Parquet bytes, manifest and card, for 2 and 3 workers."""
+conversation at a time: the same Parquet bytes, manifest and card, for 2 and 3 workers; a
+damaged stored conversation falls back to packing one at a time."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from pathlib import Path
 import pytest
 import synthetic
 
+import fixed_sft.build
 import fixed_sft.parallel
 from fixed_sft.build import BuildConfig, BuildError, build
 from fixed_sft.order import permutation
+from fixed_sft.store import TokenStore
 
 N = 600
 LATE = N - 3  # a packing position near the end of the stream
@@ -35,7 +38,9 @@ def corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def packed(monkeypatch) -> list[str]:
-    """How each build's packing from the store ended: "packed", or "unheld" where it fell back."""
+    """How each build's packing from the store ended: "packed", or "unheld" where it fell
+    back; packing from the store from 2 workers on (builds pack so from 4, where it pays)."""
+    monkeypatch.setattr(fixed_sft.build, "PARALLEL_PACKING_WORKERS", 2)
     outcomes: list[str] = []
     real = fixed_sft.parallel.pack
 
@@ -90,18 +95,19 @@ def test_rows_packed_by_the_workers_are_those_of_one_at_a_time(
     assert one["stats"]["invalid_rows_skipped"] >= 3  # (positions 1, 4 and 6 come before every case's end)
     if cfg.row_tokens == 64:
         assert one["stats"]["rows_skipped"] > 0 and one["stats"]["rows"] > 128
-    for workers in (2, 3):
+    counts = (2, 3) if case == "all rows" else (2,)  # (the cuts of any worker count are the same)
+    for workers in counts:
         manifest = build(dataclasses.replace(cfg, workers=workers), tmp_path / f"w{workers}")
         assert manifest == one
         assert _files(tmp_path / f"w{workers}") == _files(tmp_path / "one")
-    assert packed == ["packed", "packed"]
+    assert packed == ["packed"] * len(counts)
 
 
 def test_some_rows_record_the_invalid_rows_before_their_end(corpus, kimi_dir, tmp_path, token_store, packed) -> None:
     cfg = _config(corpus, kimi_dir, rows=60, row_tokens=2048, no_card=True)
     whole = build(dataclasses.replace(cfg, rows=None), tmp_path / "whole")
     some = build(dataclasses.replace(cfg, workers=2), tmp_path / "some")
-    assert packed == ["packed", "packed"] or packed == ["packed"]
+    assert packed == ["packed"]
     assert some == build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
     late = int(permutation(7, N)[LATE])
     assert late in {row["index"] for row in whole["skipped_invalid"]}
@@ -133,3 +139,20 @@ def test_a_damaged_stored_conversation_is_encoded_again(corpus, kimi_dir, tmp_pa
     assert packed == ["unheld"]
     build(dataclasses.replace(cfg, workers=2), tmp_path / "repaired")
     assert packed == ["unheld", "packed"]
+
+
+@pytest.mark.parametrize("rows", [None, 30])
+def test_another_seed_checks_its_positions_then_packs_from_the_store(
+    rows, corpus, kimi_dir, tmp_path, token_store, packed
+) -> None:
+    cfg = _config(corpus, kimi_dir, no_card=True, row_tokens=1024)
+    build(cfg, tmp_path / "filled")  # (every conversation stored, checked at seed 7's positions)
+    before = set(token_store.glob("tokens/*/*.seg"))
+    other = dataclasses.replace(cfg, seed=8, rows=rows)
+    expected = build(dataclasses.replace(other, no_cache=True), tmp_path / "one")
+    assert build(dataclasses.replace(other, workers=2), tmp_path / "w2") == expected
+    assert packed == ["packed"]
+    assert _files(tmp_path / "w2") == _files(tmp_path / "one")
+    # only the conversations at seed 8's checked positions were encoded (and stored checked)
+    added = sum(len(TokenStore._read_records(p)) for p in set(token_store.glob("tokens/*/*.seg")) - before)
+    assert 0 < added <= (N // 3 + 1 if rows is None else 30)
