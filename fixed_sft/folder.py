@@ -23,17 +23,20 @@ from filelock import FileLock, Timeout
 
 from .errors import BuildError, UsageError
 from .exits import removed_on_exit
-from .output import CARD_FILES, FORMATS, MANIFEST_NAME, PARQUET_NAME
+from .output import CARD_FILES, FORMATS, MANIFEST_NAME, PARQUET_NAME, PARTS_NAME
 from .source import non_unicode
 
 # what a build, and a build's temporary folder, may hold: the rows, the manifest, and the
 # dataset card with its plots (fixed_sft.card; none with --no-card)
 BUILD_FILES = (PARQUET_NAME, MANIFEST_NAME, *CARD_FILES)
+# and, while the workers write the rows (fixed_sft.parallel), a folder of Parquet parts
+PART_FILE = re.compile(r"\d{8}\.parquet")
 
 
-def not_build_files(folder: Path) -> str | None:
+def not_build_files(folder: Path, parts: bool = False) -> str | None:
     """``None`` when ``folder`` is a folder (not a link) holding only regular files (not
-    links, not folders) of the names the format gives; else what it is or holds instead."""
+    links, not folders) of the names the format gives, and with ``parts`` (a build's
+    temporary folder) its folder of Parquet parts; else what it is or holds instead."""
     try:
         if folder.is_symlink():
             return "it is a symbolic link"
@@ -43,6 +46,11 @@ def not_build_files(folder: Path) -> str | None:
     except OSError as error:
         return f"it cannot be listed ({error.strerror or error})"
     for entry in entries:
+        if parts and entry.name == PARTS_NAME and entry.is_dir(follow_symlinks=False):
+            inside = [e for e in os.scandir(entry.path) if not (PART_FILE.fullmatch(e.name) and _regular(e))]
+            if inside:
+                return f"its {PARTS_NAME} holds {inside[0].name}"
+            continue
         if entry.name not in BUILD_FILES:
             return f"it holds {entry.name}"
         if not entry.is_file(follow_symlinks=False):
@@ -105,10 +113,20 @@ def check_target(out: Path, source: str) -> None:
         raise UsageError(f"output {out} is inside the source folder {source}; choose another --out")
 
 
+def _regular(entry: os.DirEntry) -> bool:
+    return entry.is_file(follow_symlinks=False)
+
+
 def remove_build_folder(folder: Path) -> None:
     """Delete what a build wrote in ``folder``: its regular files of the names the format
-    gives, then the folder once empty. Anything else (put there by someone else) stays,
-    and so does the folder; a folder already gone is no error."""
+    gives and its Parquet parts, then the folder once empty. Anything else (put there by
+    someone else) stays, and so does the folder; a folder already gone is no error."""
+    with suppress(OSError):
+        for entry in os.scandir(folder / PARTS_NAME):
+            if PART_FILE.fullmatch(entry.name) and _regular(entry):
+                os.unlink(entry.path)
+    with suppress(OSError):
+        (folder / PARTS_NAME).rmdir()
     for name in BUILD_FILES:
         with suppress(OSError):
             if stat.S_ISREG((folder / name).lstat().st_mode):
@@ -199,7 +217,7 @@ def _recover(out: Path) -> None:
     # (glob finds nothing, rather than failing, in a folder that cannot be listed)
     leftovers = sorted(p for p in out.parent.glob(glob.escape(f".{out.name}.") + "*") if own.fullmatch(p.name))
     for leftover in leftovers:
-        if (why := not_build_files(leftover)) is not None:
+        if (why := not_build_files(leftover, parts=True)) is not None:
             raise UsageError(
                 f"{leftover}, named as a killed build's temporary folder, is not one ({why}); "
                 "move it away and build again"
@@ -285,4 +303,4 @@ def _a_rebuilds(entry: os.DirEntry) -> bool:
     file), or the build or one of its temporary folders, holding only a build's files."""
     if entry.name in _SCRATCH_LOCKS:
         return entry.is_file(follow_symlinks=False)
-    return _SCRATCH_BUILDS.fullmatch(entry.name) is not None and not_build_files(Path(entry.path)) is None
+    return _SCRATCH_BUILDS.fullmatch(entry.name) is not None and not_build_files(Path(entry.path), parts=True) is None

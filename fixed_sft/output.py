@@ -20,6 +20,7 @@ FORMAT = "fixed-sft/2"  # the format of the folder: its Parquet schema and manif
 BOUNDARIES_FORMAT = "fixed-sft/3"  # the same with each row's boundaries (``--emit-boundaries``)
 FORMATS = ("fixed-sft/1", FORMAT, BOUNDARIES_FORMAT)  # the formats of folders a new build may replace
 PARQUET_NAME = "train.parquet"
+PARTS_NAME = f".{PARQUET_NAME}.parts"  # in a build's temporary folder: its rows' Parquet parts (fixed_sft.parallel)
 MANIFEST_NAME = "manifest.json"
 CARD_NAME = "README.md"  # the dataset card (fixed_sft.card), and its plots
 PLOT_NAMES = ("supervised_ratio.png", "conversation_tokens.png", "source_mix.png")

@@ -14,9 +14,13 @@ filled the store first) packs in two passes, each a task per block, run in the w
    this process joins the files in order (``fixed_sft.stitch``).
 
 The rows, the Parquet file and the manifest are those of packing one conversation at a
-time (``tests/test_parallel.py``), for any number of workers. A conversation whose digest
-does not match, or a position the store does not hold, ends this path (``Unheld``): the
-build then packs one conversation at a time, which encodes what the store lacks.
+time (``tests/test_parallel.py``), for any number of workers (a build packs so from
+``build.PARALLEL_PACKING_WORKERS``). The parts are written into the build's temporary
+folder (``output.PARTS_NAME``), which ``fixed_sft.folder`` removes with it where a build
+stops. In the index pass, a conversation whose digest does not match, or a position the
+store does not hold, ends this path (``Unheld``): the build then packs one conversation
+at a time, which encodes what the store lacks. In the write pass every conversation has
+matched already: one that no longer does stops the build (``StoreChanged``).
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .cuts import Cuts, Runs, runs
+from .errors import BuildError
 from .hashes import row_digest
-from .output import rows_per_group, write_part
+from .output import PARTS_NAME, naming, rows_per_group, write_part
 from .pack import Row, Segment
 from .stitch import Stitcher
 from .store import SegmentReader, TokenStore
@@ -44,6 +49,10 @@ Run = Callable[[Callable[[Any, Any], Any], Iterable[Any]], Iterator[Any]]  # map
 
 class Unheld(Exception):
     """The store does not hold a conversation this path needs, or holds it damaged."""
+
+
+class StoreChanged(BuildError):
+    """A stored conversation read well by the index pass no longer does when its row is written."""
 
 
 class Stored(NamedTuple):
@@ -444,7 +453,7 @@ def _write(
     cuts = rows.cuts
     kept = np.flatnonzero(rows.kept)
     group = rows_per_group(row_tokens)
-    parts = out.parent / f".{out.name}.parts"
+    parts = out.parent / PARTS_NAME  # (removed with the folder where a build stops: fixed_sft.folder)
     parts.mkdir()
     sources = order[rows.units]
 
@@ -468,17 +477,23 @@ def _write(
                 str(parts / f"{number:08d}.parquet"),
             )
 
-    stitcher = Stitcher(out)
+    with naming(out):
+        stitcher = Stitcher(out)
     digests: list[bytes] = []
     results = run(write, tasks())
     try:
         for number, written in enumerate(results):
             part = parts / f"{number:08d}.parquet"
-            stitcher.append(part)
+            with naming(out):
+                stitcher.append(part)
             part.unlink()
             digests.extend(written)
             progress(len(written))
-        stitcher.close()
+        with naming(out):
+            stitcher.close()
+    except Unheld as error:
+        stitcher.abort()
+        raise StoreChanged(f"{error}: the token store changed during the build; build again") from None
     except BaseException:
         stitcher.abort()
         raise

@@ -12,6 +12,7 @@ file (``tests/test_stitch.py``).
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import BinaryIO
@@ -21,12 +22,13 @@ from .thrift import Fields
 
 MAGIC = b"PAR1"
 # FileMetaData: 3 num_rows, 4 row_groups. RowGroup: 1 columns, 5 file_offset, 7 ordinal.
-# ColumnChunk: 3 meta_data, 4 offset_index_offset, 6 column_index_offset (2, file_offset, is
-# written as 0 by pyarrow and left so). ColumnMetaData: 9 data_page_offset, 10
-# index_page_offset, 11 dictionary_page_offset, 14 bloom_filter_offset.
-CHUNK_OFFSETS = {4, 6}
+# ColumnChunk: 2 file_offset (deprecated: recent pyarrow writes 0, which stays 0; older wrote an
+# offset), 3 meta_data, 4 offset_index_offset, 6 column_index_offset. ColumnMetaData: 9
+# data_page_offset, 10 index_page_offset, 11 dictionary_page_offset, 14 bloom_filter_offset.
+CHUNK_OFFSETS = {2, 4, 6}
 COLUMN_OFFSETS = {9, 10, 11, 14}
 MAX_FOOTER = 64 << 20
+COPY_UNSUPPORTED = {errno.ENOSYS, errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF}
 
 
 def footer(path: Path) -> tuple[Fields, int]:
@@ -44,7 +46,8 @@ def footer(path: Path) -> tuple[Fields, int]:
 
 
 def _shifted(fields: Fields, offsets: set[int], delta: int) -> Fields:
-    return [(field, kind, value + delta if field in offsets else value) for field, kind, value in fields]
+    """``fields`` with the nonzero offsets among ``offsets`` moved ``delta`` bytes later."""
+    return [(field, kind, value + delta if field in offsets and value else value) for field, kind, value in fields]
 
 
 def _row_group(fields: Fields, delta: int, ordinal: int) -> Fields:
@@ -57,8 +60,8 @@ def _row_group(fields: Fields, delta: int, ordinal: int) -> Fields:
                 element,
                 [
                     [
-                        (f, k, _shifted(v, COLUMN_OFFSETS, delta) if f == 3 else v + delta if f in CHUNK_OFFSETS else v)
-                        for f, k, v in chunk
+                        (f, k, _shifted(v, COLUMN_OFFSETS, delta) if f == 3 else v)
+                        for f, k, v in _shifted(chunk, CHUNK_OFFSETS, delta)
                     ]
                     for chunk in chunks
                 ],
@@ -71,13 +74,24 @@ def _row_group(fields: Fields, delta: int, ordinal: int) -> Fields:
     return moved
 
 
-def _copy(source: BinaryIO, target: BinaryIO, most: int) -> int:
-    """Copy up to ``most`` bytes from ``source``'s position to ``target``'s (in the kernel where it can)."""
-    if hasattr(os, "copy_file_range"):
-        return os.copy_file_range(source.fileno(), target.fileno(), most)
-    data = source.read(min(most, 1 << 20))
-    os.write(target.fileno(), data)
-    return len(data)
+def _copy(source: BinaryIO, target: BinaryIO, size: int) -> None:
+    """Copy ``size`` bytes from ``source``'s position to ``target``'s: in the kernel where
+    the file system can, else through this process."""
+    try:
+        while size > 0:
+            copied = os.copy_file_range(source.fileno(), target.fileno(), size)
+            if copied == 0:
+                break
+            size -= copied
+    except (AttributeError, OSError) as error:  # (no copy_file_range, or not between these files)
+        if isinstance(error, OSError) and error.errno not in COPY_UNSUPPORTED:
+            raise
+    while size > 0:
+        data = source.read(min(size, 1 << 20))
+        if not data:
+            raise ValueError(f"{source.name}: ended early")
+        target.write(data)
+        size -= len(data)
 
 
 class Stitcher:
@@ -102,12 +116,8 @@ class Stitcher:
         self._file.flush()
         with part.open("rb") as f:
             f.seek(len(MAGIC))
-            left = start - len(MAGIC)
-            while left > 0:
-                copied = _copy(f, self._file, left)
-                if copied == 0:
-                    raise ValueError(f"{part}: ended early")
-                left -= copied
+            _copy(f, self._file, start - len(MAGIC))
+        self._file.flush()
         self._file.seek(0, os.SEEK_END)
 
     def close(self) -> None:

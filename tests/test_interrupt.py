@@ -307,6 +307,26 @@ def test_recover_never_publishes_a_killed_builds_temporary_folder(tmp_path):
     assert not (tmp_path / "out").exists() and leftovers(tmp_path / "out", "tmp") == []
 
 
+def test_recover_deletes_a_killed_builds_parquet_parts(tmp_path):
+    """A build killed while its workers wrote the rows leaves their Parquet parts in its
+    temporary folder: the next build deletes them with it; anything else there stops it."""
+    from fixed_sft.errors import UsageError
+    from fixed_sft.folder import _recover
+    from fixed_sft.output import PARTS_NAME
+
+    tmp = tmp_path / ".out.tmp-123"
+    (tmp / PARTS_NAME).mkdir(parents=True)
+    (tmp / "train.parquet").write_bytes(b"PAR1")
+    (tmp / PARTS_NAME / "00000007.parquet").write_bytes(b"PAR1")
+    _recover(tmp_path / "out")
+    assert not tmp.exists()
+    (tmp / PARTS_NAME).mkdir(parents=True)
+    (tmp / PARTS_NAME / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match=f"its {PARTS_NAME} holds notes.txt"):
+        _recover(tmp_path / "out")
+    assert (tmp / PARTS_NAME / "notes.txt").exists()
+
+
 def test_recover_does_not_put_back_a_half_removed_old_folder(tmp_path):
     from fixed_sft.folder import _recover
 

@@ -56,3 +56,19 @@ def test_a_part_that_is_not_parquet_is_refused(tmp_path: Path) -> None:
     (tmp_path / "part.parquet").write_bytes(b"PAR1 not a footer PAR1")
     with pytest.raises(ValueError, match="not a Parquet file"):
         footer(tmp_path / "part.parquet")
+
+
+def test_parts_join_where_the_kernel_cannot_copy(tmp_path: Path, monkeypatch) -> None:
+    import errno
+    import os
+
+    def unsupported(*args):
+        raise OSError(errno.EXDEV, "cross-device")
+
+    rows = _rows(300, 64, seed=1)
+    writer = RowWriter(tmp_path / "written.parquet")
+    for row in rows:
+        writer.write(row)
+    writer.close()
+    monkeypatch.setattr(os, "copy_file_range", unsupported)
+    assert _stitched(tmp_path, rows, False) == (tmp_path / "written.parquet").read_bytes()
