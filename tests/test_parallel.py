@@ -16,23 +16,23 @@ from fixed_sft.build import BuildConfig, BuildError, build
 from fixed_sft.order import permutation
 from fixed_sft.store import TokenStore
 
-N = 600
+N = 300
 LATE = N - 3  # a packing position near the end of the stream
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    """600 conversations in 3 Parquet files; in packing order of seed 7, a few invalid (no
-    messages: at positions 1, 4, 200 and ``LATE``), and two whose id an earlier one has (at
-    positions 6 and 300)."""
+    """300 conversations in 3 Parquet files; in packing order of seed 7, a few invalid (no
+    messages: at positions 1, 4, 150 and ``LATE``), and two whose id an earlier one has (at
+    positions 6 and 250)."""
     rows = synthetic.conversations(N, seed=11)
     order = permutation(7, N)
-    for position in (1, 4, 200, LATE):
+    for position in (1, 4, 150, LATE):
         rows[order[position]]["messages"] = []
-    for position, earlier in ((6, 2), (300, 10)):
+    for position, earlier in ((6, 2), (250, 10)):
         rows[order[position]]["id"] = rows[order[earlier]]["id"]
     folder = tmp_path_factory.mktemp("parallel") / "source"
-    synthetic.write_parquet(rows, folder, rows_per_file=200)
+    synthetic.write_parquet(rows, folder, rows_per_file=100)
     return folder
 
 
