@@ -19,7 +19,6 @@ process is gone.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import threading
@@ -325,24 +324,13 @@ def preload(text: str | None, builder: int | None = None) -> tuple[str, Encoder]
     loaded = threading.Event()
     watcher = threading.Thread(target=_exit_unless_child_of, args=(builder or os.getppid(), loaded), daemon=True)
     watcher.start()
-    renderer = threading.Thread(target=_import_renderer, daemon=True)  # (slow to import: beside the loading)
-    renderer.start()
     try:
         return text, EncoderConfig.from_json(text).load()
     except Exception:  # an error here would end the fork server, and every worker start with it
         return None
     finally:
-        renderer.join()
         loaded.set()
         watcher.join()  # (the fork server forks its workers from a single thread)
-
-
-def _import_renderer() -> None:
-    """Import the template renderer (which the fork server imports next in any case)."""
-    try:
-        importlib.import_module(RENDERER_MODULE)
-    except Exception:  # (the fork server's own import of it reports the error)
-        pass
 
 
 def _exit_unless_child_of(builder: int, loaded: threading.Event) -> None:
