@@ -472,6 +472,7 @@ def _signal_build(
     delay: float,
     gap: float,
     rows: str = "all",
+    extra: tuple[str, ...] = (),
 ) -> dict:
     """Start a build in a session of its own (its own TMPDIR under ``base``); ``delay``
     seconds after it takes its lock, send ``sig`` ``times`` times, ``gap`` seconds apart
@@ -479,7 +480,7 @@ def _signal_build(
     Return what happened; a build still running ``STOP_WITHIN_S`` seconds after the last
     signal is stopped (first with SIGABRT, which makes it print every thread's stack)."""
     out, tmpdir = base / "out", short_tmpdir()
-    args = command(source, tokenizer, out) + ["--allow-unpinned-tokenizer"]
+    args = command(source, tokenizer, out) + ["--allow-unpinned-tokenizer", *extra]
     args[args.index("--rows") + 1], args[args.index("--workers") + 1] = rows, str(workers)
     process = _in_session(args, TMPDIR=str(tmpdir))
     deadline = time.monotonic() + 60
@@ -584,6 +585,36 @@ def test_repeated_signals_stop_a_two_worker_build_within_seconds(sig, long_sourc
             )
         )
     _report(results, set())  # (the whole source is far from built by then)
+
+
+def test_a_signal_while_workers_pack_from_the_store_stops_the_build(source, kimi_dir, tmp_path, token_store):
+    """A later build whose 4 workers pack its rows from the store (index, write the Parquet
+    parts, join them) stopped by Ctrl-C or SIGTERM at moments spread over its run exits as
+    any build does, leaving no output, no temporary folder and no parts; one the signal
+    came too late for is complete."""
+    args = command(source, kimi_dir, tmp_path / "filled")
+    args[args.index("--rows") + 1] = "all"
+    subprocess.run(args, check=True, cwd=ROOT, capture_output=True)  # (fills the store)
+    args[args.index("--workers") + 1] = "4"
+    later = ("--row-tokens", "256")
+    timed = _in_session(
+        [*args[: args.index("--out") + 1], str(tmp_path / "timed"), *args[args.index("--out") + 2 :], *later]
+    )
+    while not (tmp_path / ".timed.lock").exists() and timed.poll() is None:
+        time.sleep(0.005)
+    locked = time.monotonic()
+    assert timed.wait(60) == 0, timed.communicate()
+    run_s = time.monotonic() - locked
+    expected = {rows_sha256(tmp_path / "timed")}
+    moments = [(sig, 1, run_s * part, 0.0) for sig, part in ((signal.SIGINT, 0.7), (signal.SIGTERM, 0.88))]
+    results = [_signal_build(tmp_path / str(k), source, kimi_dir, 4, *m, extra=later) for k, m in enumerate(moments)]
+    print("\n".join(str({k: v for k, v in r.items() if k not in ("stderr", "out")}) for r in results))
+    for result in results:
+        if result["code"] == 0:  # (done before the signal)
+            assert assert_absent_or_complete(result["out"], expected) == "complete" and not result["tmp_left"]
+        else:
+            assert not _stop_problems(result, expected), _stop_problems(result, expected)
+    assert any(result["code"] != 0 for result in results)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
