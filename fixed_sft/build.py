@@ -13,7 +13,6 @@ import json
 import math
 import os
 import subprocess
-from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, closing, contextmanager
@@ -224,28 +223,15 @@ def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
 
 
 @dataclass
-class _Tally:
-    """What the manifest says about the stream: rows kept and skipped, their hashes,
-    and the conversations they hold."""
+class _Tally(parallel.Packed):
+    """What the manifest says about the stream (``parallel.Packed``), counted one
+    conversation at a time: with the ids seen so far and the units of the row being filled."""
 
-    row_tokens: int
-    digests: list[bytes] = field(default_factory=list)
-    rows_per_conversation: Counter = field(default_factory=Counter)
-    skipped_invalid: list[dict] = field(default_factory=list)
+    row_tokens: int = 0
     seen_ids: dict[str, int] = field(default_factory=dict)
-    supervised: int = 0
-    trainable: int = 0
-    rows_skipped: int = 0
-    conversations_encoded: int = 0
-    tokens_encoded: int = 0
-    template_checked: int = 0
-    tail_tokens: int = 0
     # for the source mix and the card: the units in the row being filled (source row ->
-    # ids without the separator, ``source`` value), and per kept row or conversation
+    # ids without the separator, ``source`` value)
     units: dict[int, tuple[int, str | None]] = field(default_factory=dict)
-    row_supervised: list[int] = field(default_factory=list)
-    conversation_tokens: list[int] = field(default_factory=list)
-    mix: dict[str | None, list[int]] = field(default_factory=dict)  # source value -> [conversations, tokens]
 
     def settle(self, row: Row, kept: bool) -> None:
         """Count a finished row for the card (before ``rows_per_conversation`` has it): its
@@ -265,9 +251,8 @@ class _Tally:
 
     def take(self, packed: parallel.Packed) -> None:
         """Count what ``fixed_sft.parallel`` packed."""
-        for name in parallel.TALLIED:
+        for name in parallel.Packed.__dataclass_fields__:
             setattr(self, name, getattr(packed, name))
-        self.supervised = sum(packed.row_supervised)
 
     def source_mix(self) -> list[SourceShare] | None:
         """The manifest's ``source_mix``: per ``source`` value (``None`` last), or ``None``
@@ -552,7 +537,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             reach = parallel.checks_reach(store, order, skip, config.row_tokens, config.rows)
             fill = reach is not None
         packer = Packer(config.row_tokens, separator_id)
-        tally = _Tally(config.row_tokens)
+        tally = _Tally(row_tokens=config.row_tokens)
 
         def wanted() -> float:
             """Conversations the rows still to fill need, plus a fifth: their tokens over

@@ -177,12 +177,14 @@ def write(_: object, task: WriteTask) -> list[bytes]:
 
 @dataclass
 class Packed:
-    """What ``pack`` found: the rows kept (their digests, supervised and trainable tokens)
-    and the stream, in the terms of ``build._Tally``."""
+    """What packing counts, for the manifest and the card: the rows kept (their digests,
+    supervised and trainable tokens), the rows skipped, and the conversations the stream
+    took and the rows hold (``build._Tally`` counts the same one conversation at a time)."""
 
     rows: int = 0
     digests: list[bytes] = field(default_factory=list)
     row_supervised: list[int] = field(default_factory=list)
+    supervised: int = 0
     trainable: int = 0
     rows_skipped: int = 0
     tail_tokens: int = 0
@@ -193,9 +195,6 @@ class Packed:
     conversation_tokens: list[int] = field(default_factory=list)
     mix: dict[str | None, list[int]] = field(default_factory=dict)
     skipped_invalid: list[dict] = field(default_factory=list)
-
-
-TALLIED = tuple(name for name in Packed.__dataclass_fields__ if name != "rows")  # (what ``build._Tally`` takes)
 
 
 class Invalid(NamedTuple):
@@ -405,6 +404,7 @@ def _tally(stream: _Stream, rows: _Rows, check_every: int) -> Packed:
     packed.rows = int(np.count_nonzero(kept))
     packed.rows_skipped = considered - packed.rows
     packed.row_supervised = rows.supervised[:considered][kept].tolist()
+    packed.supervised = sum(packed.row_supervised)
     packed.trainable = int(rows.trainable[:considered][kept].sum())
     if rows.stopped:  # (the packer stops in the last row's last conversation)
         packed.tail_tokens = int(rows.sizes[fed - 1] - cuts.tail[considered - 1])
