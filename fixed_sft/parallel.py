@@ -42,7 +42,8 @@ from .pack import Row, Segment
 from .stitch import Stitcher
 from .store import SegmentReader, TokenStore
 
-BLOCK = 4096  # packing positions per index task
+BLOCK = 4096  # packing positions per index task: at most this many
+MIN_BLOCK = 256  # and at least this many (or the rest)
 ZERO = np.zeros(1, np.uint8)
 Run = Callable[[Callable[[Any, Any], Any], Iterable[Any]], Iterator[Any]]  # maps fn(state, task) over tasks, in order
 
@@ -354,7 +355,7 @@ def _index(
     if wanted is None and reach < len(order):
         raise Unheld(f"source row {int(order[reach])}: not in the token store")
     estimate = np.cumsum(np.maximum(store.tokens[order[:reach]], 0) + 1) // row_tokens  # (rows at most)
-    block = max(256, min(BLOCK, -(-reach // (4 * workers))))  # (4 a worker, to even out their ends)
+    block = max(MIN_BLOCK, min(BLOCK, -(-reach // (4 * workers))))  # (4 a worker, to even out their ends)
 
     def tasks() -> Iterator[Stored]:
         for start in range(0, reach, block):

@@ -5,16 +5,24 @@ damaged stored conversation falls back to packing one at a time."""
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import synthetic
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tqdm import tqdm
 
-import fixed_sft.build
+import fixed_sft.build as build_module
 import fixed_sft.parallel
 from fixed_sft.build import BuildConfig, BuildError, build
+from fixed_sft.encode import Encoded
 from fixed_sft.order import permutation
-from fixed_sft.store import TokenStore
+from fixed_sft.output import RowWriter
+from fixed_sft.pack import Packer
+from fixed_sft.store import SegmentWriter, TokenStore
 
 N = 300
 LATE = N - 3  # a packing position near the end of the stream
@@ -40,7 +48,7 @@ def corpus(tmp_path_factory) -> Path:
 def packed(monkeypatch) -> list[str]:
     """How each build's packing from the store ended: "packed", or "unheld" where it fell
     back; packing from the store from 2 workers on (builds pack so from 4, where it pays)."""
-    monkeypatch.setattr(fixed_sft.build, "PARALLEL_PACKING_WORKERS", 2)
+    monkeypatch.setattr(build_module, "PARALLEL_PACKING_WORKERS", 2)
     outcomes: list[str] = []
     real = fixed_sft.parallel.pack
 
@@ -156,3 +164,92 @@ def test_another_seed_checks_its_positions_then_packs_from_the_store(
     # only the conversations at seed 8's checked positions were encoded (and stored checked)
     added = sum(len(TokenStore._read_records(p)) for p in set(token_store.glob("tokens/*/*.seg")) - before)
     assert 0 < added <= (N // 3 + 1 if rows is None else 30)
+
+
+def _one_at_a_time(items, order, wanted, skip, check_every, shape, out):
+    """``build``'s own packing of ``items`` (as encoded) in ``order``: its tally and rows,
+    or the invalid row's problem."""
+    row_tokens, eos, boundaries = shape
+    tally = build_module._Tally(row_tokens=row_tokens)
+    writer = RowWriter(out, boundaries)
+    stream = (
+        items[i]._replace(checked=bool(check_every) and p % check_every == 0 and items[i].invalid is None)
+        for p, i in enumerate(order.tolist())
+    )
+
+    class Source:
+        def locate(self, index):
+            return Path("source.parquet"), index
+
+    try:
+        valid = build_module._valid(stream, Source(), skip, tally)
+        build_module._pack(
+            valid, wanted, Packer(row_tokens, eos), writer, tally, tqdm(disable=True), tqdm(disable=True), boundaries
+        )
+    except build_module.InvalidSourceRow as error:
+        writer.abort()
+        return error.problem, None
+    writer.close()
+    return tally, len(tally.digests)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
+    """On random streams (invalid rows, repeated ids, empty and unsupervised conversations,
+    rows of 1 token up), packing from a real store entry in blocks of 3 gives the tally,
+    statistics and Parquet bytes of packing one conversation at a time, or the same error."""
+    n = data.draw(st.integers(1, 40))
+    pool = [f"id{k}" for k in range(max(1, n // 3))]
+    items = []
+    for i in range(n):
+        row_id = data.draw(st.sampled_from([*pool, None, f"own{i}"]))
+        value = data.draw(st.sampled_from([None, "a", "b"]))
+        if data.draw(st.integers(0, 9)) == 0:
+            items.append(Encoded(i, row_id, None, None, "not a conversation", True, value))
+            continue
+        mask = np.array(data.draw(st.lists(st.integers(0, 1), max_size=30)), np.uint8)
+        items.append(Encoded(i, row_id, np.arange(len(mask), dtype=np.int32) + 5, mask, None, True, value))
+    order = np.array(data.draw(st.permutations(range(n))), np.int64)
+    wanted = data.draw(st.sampled_from([None, 1, 2, 5, 12]))
+    skip = data.draw(st.booleans())
+    check_every = data.draw(st.sampled_from([0, 1, 3]))
+    shape = (data.draw(st.sampled_from([1, 2, 3, 7, 16])), 1, data.draw(st.booleans()))
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        (folder / "entry").mkdir()
+        writer = SegmentWriter(folder / "entry")
+        for item in items:
+            writer.add(item)
+        writer.flush()
+        store = TokenStore(folder / "entry", n)
+        (folder / "one").mkdir()
+        (folder / "packed").mkdir()
+        one = folder / "one" / "train.parquet"
+        expected, rows = _one_at_a_time(items, order, wanted, skip, check_every, shape, one)
+        in_process = lambda fn, tasks: (fn(None, task) for task in tasks)  # noqa: E731
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fixed_sft.parallel, "BLOCK", 3)
+            patch.setattr(fixed_sft.parallel, "MIN_BLOCK", 3)
+            packed, stop = fixed_sft.parallel.pack(
+                store, order, np.ones(n, bool), wanted, skip, check_every, shape, in_process, 1,
+                folder / "packed" / "train.parquet", lambda rows: None,
+            )  # fmt: skip
+        if stop is not None:
+            assert (
+                isinstance(expected, str)
+                and f"(source row {stop.source_index}, id {stop.id}): {stop.reason}" in expected
+            )
+            return
+        assert not isinstance(expected, str), expected
+        assert packed.rows == rows
+        if not rows or (wanted is not None and rows < wanted):
+            return  # (the build says there are too few)
+        got = build_module._Tally(row_tokens=shape[0])
+        got.take(packed)
+        for name in fixed_sft.parallel.Packed.__dataclass_fields__:
+            if name != "rows":
+                assert getattr(got, name) == getattr(expected, name), name
+        assert (got.stats(), got.source_mix()) == (expected.stats(), expected.source_mix())
+        assert (folder / "packed" / "train.parquet").read_bytes() == one.read_bytes()
+        assert sorted(p.name for p in (folder / "packed").iterdir()) == ["train.parquet"]
