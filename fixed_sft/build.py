@@ -366,23 +366,29 @@ def _pack_stored(
         return None
 
     out = folder / PARQUET_NAME
-    try:
-        packed, stop = parallel.pack(
-            store,
-            order,
-            held,
-            config.rows,
-            config.skip_invalid,
-            config.check_every,
-            (config.row_tokens, separator_id, config.emit_boundaries),
-            encoding.start().run,
-            encoding.workers,
-            out,
-            bar.update,
-        )
-    except parallel.Unheld:
-        out.unlink(missing_ok=True)
-        return None
+    with ExitStack() as stack:
+        run: parallel.Run
+        if encoding.encoders is not None:  # (started to encode: the same workers pack)
+            run = encoding.encoders.run
+        else:
+            run = parallel.runner(stack.enter_context(parallel.pool(encoding.workers)))
+        try:
+            packed, stop = parallel.pack(
+                store,
+                order,
+                held,
+                config.rows,
+                config.skip_invalid,
+                config.check_every,
+                (config.row_tokens, separator_id, config.emit_boundaries),
+                run,
+                encoding.workers,
+                out,
+                bar.update,
+            )
+        except parallel.Unheld:
+            out.unlink(missing_ok=True)
+            return None
     if stop is not None:
         raise _invalid_row(source, stop.source_index, stop.id, stop.reason)
     return packed
@@ -501,8 +507,8 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
     tokenizer, encoder_config, separator, separator_id, _ = encoder_setup(config)
     with ExitStack() as stack:
         encoding = _Encoding(stack, encoder_config, config.workers, config.check_every)
-        if config.no_cache or config.workers >= PARALLEL_PACKING_WORKERS:
-            encoding.start()  # (at once, beside reading the source: so many workers also pack stored rows)
+        if config.no_cache:
+            encoding.start()  # (at once, beside reading the source)
         hashing = stack.enter_context(_cancelling_pool())
         source = open_source(config.source, config.source_revision, config.source_license, config.source_files)
         if config.source_rows is not None and source.num_rows != config.source_rows:
