@@ -253,3 +253,34 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
         assert (got.stats(), got.source_mix()) == (expected.stats(), expected.source_mix())
         assert (folder / "packed" / "train.parquet").read_bytes() == one.read_bytes()
         assert sorted(p.name for p in (folder / "packed").iterdir()) == ["train.parquet"]
+
+
+def test_a_conversation_damaged_between_the_passes_stops_the_build(tmp_path) -> None:
+    """The index pass checked every conversation: one whose bytes change before its row is
+    written stops the build (nothing falls back to rows already cut), and no part is left."""
+    items = [
+        Encoded(i, f"c{i}", np.arange(20, dtype=np.int32), np.ones(20, np.uint8), None, True, None) for i in range(30)
+    ]
+    (tmp_path / "entry").mkdir()
+    writer = SegmentWriter(tmp_path / "entry")
+    for item in items:
+        writer.add(item)
+    writer.flush()
+    store = TokenStore(tmp_path / "entry", len(items))
+    (segment,) = store.segments
+
+    def run(fn, tasks):
+        if fn is fixed_sft.parallel.write:  # (after the index pass: flip a byte of the last conversation)
+            data = bytearray(segment.read_bytes())
+            data[-30] ^= 0xFF
+            segment.write_bytes(bytes(data))
+        return (fn(None, task) for task in tasks)
+
+    (tmp_path / "out").mkdir()
+    order = np.arange(len(items))
+    with pytest.raises(fixed_sft.parallel.StoreChanged, match="the token store changed during the build"):
+        fixed_sft.parallel.pack(
+            store, order, np.ones(len(items), bool), None, False, 0, (16, 1, False), run, 1,
+            tmp_path / "out" / "train.parquet", lambda rows: None,
+        )  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["train.parquet"]  # (the build removes it)
