@@ -232,15 +232,6 @@ def forkserver_context(modules: list[str], environment: dict[str, str]) -> BaseC
     return context
 
 
-def spawn_context() -> BaseContext:
-    """The context that spawns fresh interpreters: for workers that need no state the fork
-    server would preload. multiprocessing's resource tracker is started first, as for the
-    fork server (``_start_resource_tracker``)."""
-    with _starting:
-        _start_resource_tracker()
-    return get_context("spawn")
-
-
 TRACKER_WARNINGS = "ignore::UserWarning:multiprocessing.resource_tracker"
 
 

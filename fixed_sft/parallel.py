@@ -35,7 +35,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .cuts import Cuts, Runs, runs
-from .engine import ProcessPool, spawn_context
 from .errors import BuildError
 from .hashes import row_digest
 from .output import PARTS_NAME, naming, rows_per_group, write_part
@@ -47,23 +46,6 @@ BLOCK = 4096  # packing positions per index task: at most this many
 MIN_BLOCK = 256  # and at least this many (or the rest)
 ZERO = np.zeros(1, np.uint8)
 Run = Callable[[Callable[[Any, Any], Any], Iterable[Any]], Iterator[Any]]  # maps fn(state, task) over tasks, in order
-
-
-def stateless() -> None:
-    """A worker's state for these passes: none (they read the store, and encode nothing)."""
-    return None
-
-
-def pool(workers: int) -> ProcessPool:
-    """Processes for the passes where nothing is to be encoded (a later build): spawned,
-    each importing what the passes use, rather than forked from a server that loads an
-    encoder first (seconds on a machine where transformers is slow to import)."""
-    return ProcessPool(workers, stateless, spawn_context())
-
-
-def runner(engine: ProcessPool) -> Run:
-    """``run`` (``pack``) over ``engine``."""
-    return lambda fn, tasks: engine.map(fn, ((task,) for task in tasks))
 
 
 class Unheld(Exception):

@@ -588,33 +588,37 @@ def test_repeated_signals_stop_a_two_worker_build_within_seconds(sig, long_sourc
 
 
 def test_a_signal_while_workers_pack_from_the_store_stops_the_build(source, kimi_dir, tmp_path, token_store):
-    """A later build whose 4 workers pack its rows from the store (index, write the Parquet
-    parts, join them) stopped by Ctrl-C or SIGTERM at moments spread over its run exits as
-    any build does, leaving no output, no temporary folder and no parts; one the signal
-    came too late for is complete."""
+    """A later build at another seed, whose 4 workers check its positions' conversations
+    and then pack its rows from the store, stopped by Ctrl-C or SIGTERM once they write its
+    Parquet parts, exits as any build does: no output, no temporary folder, no parts, no
+    workers left. (One the signal came too late for is complete.)"""
+    from fixed_sft.output import PARTS_NAME
+
     args = command(source, kimi_dir, tmp_path / "filled")
     args[args.index("--rows") + 1] = "all"
     subprocess.run(args, check=True, cwd=ROOT, capture_output=True)  # (fills the store)
     args[args.index("--workers") + 1] = "4"
-    later = ("--row-tokens", "256")
-    timed = _in_session(
-        [*args[: args.index("--out") + 1], str(tmp_path / "timed"), *args[args.index("--out") + 2 :], *later]
-    )
-    while not (tmp_path / ".timed.lock").exists() and timed.poll() is None:
-        time.sleep(0.005)
-    locked = time.monotonic()
-    assert timed.wait(60) == 0, timed.communicate()
-    run_s = time.monotonic() - locked
-    expected = {rows_sha256(tmp_path / "timed")}
-    moments = [(sig, 1, run_s * part, 0.0) for sig, part in ((signal.SIGINT, 0.7), (signal.SIGTERM, 0.88))]
-    results = [_signal_build(tmp_path / str(k), source, kimi_dir, 4, *m, extra=later) for k, m in enumerate(moments)]
-    print("\n".join(str({k: v for k, v in r.items() if k not in ("stderr", "out")}) for r in results))
-    for result in results:
-        if result["code"] == 0:  # (done before the signal)
-            assert assert_absent_or_complete(result["out"], expected) == "complete" and not result["tmp_left"]
+    args += ["--row-tokens", "256", "--seed", "9"]  # (another seed: checked, then packed from the store)
+    stopped = 0
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        out, tmpdir = tmp_path / signal.Signals(sig).name / "out", short_tmpdir()
+        out.parent.mkdir()
+        args[args.index("--out") + 1] = str(out)
+        process = _in_session(args, TMPDIR=str(tmpdir))
+        deadline = time.monotonic() + 60
+        while not list(out.parent.glob(f".out.tmp-*/{PARTS_NAME}")) and process.poll() is None:
+            assert time.monotonic() < deadline, "the workers never wrote a part"
+            time.sleep(0.002)
+        os.killpg(process.pid, sig) if sig == signal.SIGINT else process.send_signal(sig)
+        _, stderr = process.communicate(timeout=STOP_WITHIN_S)
+        assert not _wait_until_gone(process.pid) and not leftovers(out, "tmp") and not _removed(tmpdir)
+        if process.returncode == 0:  # (done as the signal came)
+            assert assert_absent_or_complete(out, {rows_sha256(out)}) == "complete"
         else:
-            assert not _stop_problems(result, expected), _stop_problems(result, expected)
-    assert any(result["code"] != 0 for result in results)
+            _assert_stopped_by(sig, process.returncode, stderr)
+            assert not out.exists()
+            stopped += 1
+    assert stopped
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -93,27 +93,47 @@ CASES = {
 }
 
 
+def _prefill(cfg: BuildConfig, out: Path) -> None:
+    """Store every conversation of ``cfg``'s source, checked at another seed's positions: so
+    that a build of ``cfg`` with workers encodes (the checks its positions need), and then
+    packs in the same workers. (A build that encodes nothing packs one at a time.)"""
+    build(dataclasses.replace(cfg, rows=None, seed=cfg.seed + 100, workers=1, no_card=True), out)
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_rows_packed_by_the_workers_are_those_of_one_at_a_time(
     case, corpus, kimi_dir, tmp_path, token_store, packed
 ) -> None:
+    """Rows packed in the workers after they filled the store (all rows), or after they
+    encoded the checks of another seed's positions (some rows)."""
     cfg = _config(corpus, kimi_dir, **CASES[case])
-    one = build(cfg, tmp_path / "one")  # (one worker: one conversation at a time, and fills the store)
-    assert packed == []
+    one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")  # (one conversation at a time)
     assert one["stats"]["invalid_rows_skipped"] >= 3  # (positions 1, 4 and 6 come before every case's end)
     if cfg.row_tokens == 64:
         assert one["stats"]["rows_skipped"] > 0 and one["stats"]["rows"] > 128
     counts = (2, 3) if case == "all rows" else (2,)  # (the cuts of any worker count are the same)
     for workers in counts:
-        manifest = build(dataclasses.replace(cfg, workers=workers), tmp_path / f"w{workers}")
+        store = dataclasses.replace(cfg, cache_dir=str(tmp_path / f"store-{workers}"))
+        if cfg.rows is not None:
+            _prefill(store, tmp_path / f"filled-{workers}")
+        manifest = build(dataclasses.replace(store, workers=workers), tmp_path / f"w{workers}")
         assert manifest == one
         assert _files(tmp_path / f"w{workers}") == _files(tmp_path / "one")
     assert packed == ["packed"] * len(counts)
 
 
+def test_a_build_that_encodes_nothing_packs_one_at_a_time(corpus, kimi_dir, tmp_path, token_store, packed) -> None:
+    cfg = _config(corpus, kimi_dir, no_card=True)
+    one = build(cfg, tmp_path / "one")
+    assert build(dataclasses.replace(cfg, workers=2, row_tokens=512), tmp_path / "later")["stats"]["rows"]
+    assert packed == []
+    assert build(dataclasses.replace(cfg, workers=2), tmp_path / "w2") == one
+
+
 def test_some_rows_record_the_invalid_rows_before_their_end(corpus, kimi_dir, tmp_path, token_store, packed) -> None:
     cfg = _config(corpus, kimi_dir, rows=60, row_tokens=2048, no_card=True)
-    whole = build(dataclasses.replace(cfg, rows=None), tmp_path / "whole")
+    whole = build(dataclasses.replace(cfg, rows=None, no_cache=True), tmp_path / "whole")
+    _prefill(cfg, tmp_path / "filled")
     some = build(dataclasses.replace(cfg, workers=2), tmp_path / "some")
     assert packed == ["packed"]
     assert some == build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
@@ -123,12 +143,12 @@ def test_some_rows_record_the_invalid_rows_before_their_end(corpus, kimi_dir, tm
 
 
 def test_an_invalid_row_stops_the_build_as_one_at_a_time(corpus, kimi_dir, tmp_path, token_store, packed) -> None:
-    cfg = _config(corpus, kimi_dir, no_card=True)
-    build(cfg, tmp_path / "filled")  # (skips the invalid rows, and stores them)
+    cfg = _config(corpus, kimi_dir, no_card=True, skip_invalid=False)
+    _prefill(dataclasses.replace(cfg, skip_invalid=True), tmp_path / "filled")  # (stores the invalid rows too)
     errors = []
     for workers in (1, 2):
         with pytest.raises(BuildError) as error:
-            build(dataclasses.replace(cfg, skip_invalid=False, workers=workers), tmp_path / f"w{workers}")
+            build(dataclasses.replace(cfg, workers=workers), tmp_path / f"w{workers}")
         errors.append(str(error.value))
         assert not (tmp_path / f"w{workers}").exists()
     assert errors[0] == errors[1] and "'messages' is empty" in errors[0]
@@ -137,16 +157,14 @@ def test_an_invalid_row_stops_the_build_as_one_at_a_time(corpus, kimi_dir, tmp_p
 
 def test_a_damaged_stored_conversation_is_encoded_again(corpus, kimi_dir, tmp_path, token_store, packed) -> None:
     cfg = _config(corpus, kimi_dir, no_card=True)
-    one = build(cfg, tmp_path / "one")
+    _prefill(cfg, tmp_path / "filled")
     segment = max(token_store.glob("tokens/*/*.seg"), key=lambda p: p.stat().st_size)
     data = bytearray(segment.read_bytes())
     data[-100] ^= 0xFF  # (a byte of the last conversation's ids or mask)
     segment.write_bytes(bytes(data))
     again = build(dataclasses.replace(cfg, workers=2), tmp_path / "again")
-    assert again == one
+    assert again == build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
     assert packed == ["unheld"]
-    build(dataclasses.replace(cfg, workers=2), tmp_path / "repaired")
-    assert packed == ["unheld", "packed"]
 
 
 @pytest.mark.parametrize("rows", [None, 30])
