@@ -165,8 +165,9 @@ def _fill(
     encodes, and the conversations in flight would grow with the workers), this process
     reads it and the workers encode its chunks (``_streamed``). Invalid rows are stored as
     such, and a conversation whose check fails is not: the build stops at the first of
-    either in packing order, as without the store. With ``reach``, only the rows at packing
-    positions before it."""
+    either in packing order, as without the store. A stored conversation encoded again to
+    check it must be its stored copy (``StoreMismatch``). With ``reach``, only the rows at
+    packing positions before it."""
     held, check = store.plan(order, encoding.check_every)
     wanted = ~(held & ~check)
     if reach is not None:
@@ -174,6 +175,8 @@ def _fill(
     tokenized.update(int(np.count_nonzero(~wanted)))
     if not wanted.any():
         return
+    again = order[(check & wanted)[order]]  # (held, encoded again to check them: in packing order)
+    before = (list(store.segments), store.segment[again], store.slot[again])
     rank = positions(order)
     tasks = list(fill_tasks(source, rank, wanted, encoding.check_every, (CHUNK_ROWS, CHUNK_BYTES), store.folder))
     if large_rows or len(tasks) < encoding.workers:
@@ -186,6 +189,7 @@ def _fill(
                     store.turn_off(f"cannot write segments in {store.folder}")
                     break
     store.refresh()
+    store.compare(again, before)  # (a copy unlike its encoding now stops the build, as without the fill)
 
 
 def _streamed(
@@ -355,13 +359,13 @@ def _pack_stored(
     folder: Path,
     bar: tqdm,
 ) -> parallel.Packed | None:
-    """Pack from the store, in the workers (``fixed_sft.parallel``), where there are at least
-    ``PARALLEL_PACKING_WORKERS``, started as the build encodes (a build that encodes nothing
-    starts none: on the 16-core machine a later build of 40,000 conversations took 5.58 s
-    so, against 4.19 s packing one at a time), and the store holds (``held``) the
-    conversations the rows need; ``None`` where not, or where it holds one damaged (the build
-    then packs one conversation at a time). An invalid conversation that stops the build
-    raises its error here."""
+    """Pack from the store in the workers (``fixed_sft.parallel``), where the store gives
+    (``held``) the conversations the rows need and the build has started at least
+    ``PARALLEL_PACKING_WORKERS`` workers to encode. Else, or where the store holds one of
+    them damaged, ``None``: the build packs one conversation at a time. (A build that
+    encodes nothing starts no workers: on the 16-core machine, a later build of 40,000
+    conversations took 5.58 s in them, against 4.19 s one at a time.) An invalid
+    conversation that stops the build raises its error here."""
     separator_id, encoding = setup
     if encoding.workers < PARALLEL_PACKING_WORKERS or encoding.encoders is None:
         return None  # (too few to pay; or none started, as nothing is encoded: their start costs more)

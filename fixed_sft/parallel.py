@@ -1,7 +1,8 @@
 """Rows of the conversations the token store holds: cut from prefix sums, assembled and written in the workers.
 
-A build whose conversations are all in the store (a later build of a source, or one that
-filled the store first) packs in two passes, each a task per block, run in the workers:
+A build whose conversations are all in the store, and which has started its workers to
+encode (to fill the store, or to check another seed's positions), packs in two passes,
+each a task per block, run in those workers:
 
 1. ``index``: a block of packing positions, read from the store, each conversation's
    digest checked: its tokens, id, ``source`` value, invalid reason and supervised runs.
@@ -105,14 +106,14 @@ def index(_: object, task: Stored) -> Indexed:
     tokens: list[int] = []
     ids, values, invalid = [], [], []
     masks: list[np.ndarray] = []
-    for _, item in task.read():
+    for _index, item in task.read():
         ids.append(item.id)
         values.append(item.source_value)
         invalid.append(item.invalid)
         tokens.append(-1 if item.mask is None else len(item.mask))
         if item.mask is not None:
             masks.extend((item.mask, ZERO))  # (its [EOS], unsupervised, ends its last run)
-    sizes = np.maximum(np.array(tokens, np.int64), -1) + 1  # (an invalid one: none)
+    sizes = np.array(tokens, np.int64) + 1  # (with its [EOS]; an invalid one: none)
     starts = np.concatenate([[0], np.cumsum(sizes)])
     flat = np.concatenate(masks) if masks else ZERO
     begins, ends = runs(flat)
@@ -169,7 +170,7 @@ def write(_: object, task: WriteTask) -> list[bytes]:
             segments.append(Segment(index, row_id, start, end))
         row = Row(ids, mask, tuple(segments))
         if filled != task.row_tokens or row.trainable != task.trainable[r]:
-            raise Unheld(f"row {task.first_row + r}: the token store's conversations differ from their index")
+            raise StoreChanged(f"row {task.first_row + r}: the token store's conversations differ from their index")
         rows.append(row)
         digests.append(row_digest(row.ids, row.mask, row.cu_seqlens if task.boundaries else None))
     write_part(Path(task.part), rows, task.first_row, task.boundaries)
@@ -286,10 +287,11 @@ def _rows(stream: _Stream, row_tokens: int, wanted: int | None) -> _Rows:
     return _Rows(units, sizes, cuts, supervised, trainable, considered, kept[:considered], stopped)
 
 
-def reachable(store: TokenStore, order: np.ndarray, held: np.ndarray, row_tokens: int) -> float:
+def reachable(store: TokenStore, order: np.ndarray, given: np.ndarray, row_tokens: int) -> float:
     """At most how many rows the conversations of ``order`` fill before the first the store
-    does not give (``held``); every row where it gives all (``inf``)."""
-    where = np.flatnonzero(~held[order])
+    does not give (``given``: held, and checked where their position is); every row where
+    it gives all (``inf``)."""
+    where = np.flatnonzero(~given[order])
     if not len(where):
         return np.inf
     return int((np.maximum(store.tokens[order[: where[0]]], 0) + 1).sum() // row_tokens)
@@ -310,7 +312,7 @@ def checks_reach(store: TokenStore, order: np.ndarray, given: np.ndarray, row_to
 def pack(
     store: TokenStore,
     order: np.ndarray,
-    held: np.ndarray,
+    given: np.ndarray,
     wanted: int | None,
     skip_invalid: bool,
     check_every: int,
@@ -321,27 +323,26 @@ def pack(
     progress: Callable[[int], None],
 ) -> tuple[Packed, Invalid | None]:
     """Pack the conversations of ``order`` from ``store`` into ``out`` (a Parquet file), up
-    to ``wanted`` kept rows (``None``: all); ``held`` marks the source rows the store gives.
+    to ``wanted`` kept rows (``None``: all); ``given`` marks the source rows the store gives.
     ``shape``: row tokens, the separator's id and whether rows carry their boundaries;
     ``run`` maps a task function over tasks where conversations are encoded; ``progress``
     is told of each row group written. Returns what was packed, and the invalid
     conversation that stops the build (without ``skip_invalid``), if any, in which case
     nothing is written; ``Unheld`` where the store lacks a conversation."""
-    row_tokens, eos_id, boundaries = shape
-    stream, rows, stop = _index(store, order, held, wanted, skip_invalid, row_tokens, run, workers)
+    stream, rows, stop = _index(store, order, given, wanted, skip_invalid, shape[0], run, workers)
     if stop is not None:
         return Packed(), stop
     packed = _tally(stream, rows, check_every)
     if not packed.rows or (wanted is not None and packed.rows < wanted):
         return packed, None  # (the build says there are too few)
-    packed.digests = _write(store, order, rows, (row_tokens, eos_id, boundaries), run, out, progress)
+    packed.digests = _write(store, order, rows, shape, run, out, progress)
     return packed, None
 
 
 def _index(
     store: TokenStore,
     order: np.ndarray,
-    held: np.ndarray,
+    given: np.ndarray,
     wanted: int | None,
     skip_invalid: bool,
     row_tokens: int,
@@ -350,7 +351,7 @@ def _index(
 ) -> tuple[_Stream, _Rows, Invalid | None]:
     """Index the stream a block at a time, until the ``wanted``-th kept row (or its end),
     or, without ``skip_invalid``, an invalid conversation before it."""
-    where = np.flatnonzero(~held[order])
+    where = np.flatnonzero(~given[order])
     reach = int(where[0]) if len(where) else len(order)  # (positions the store gives)
     if wanted is None and reach < len(order):
         raise Unheld(f"source row {int(order[reach])}: not in the token store")
@@ -421,12 +422,12 @@ def _tally(stream: _Stream, rows: _Rows, check_every: int) -> Packed:
     np.add.at(in_rows, cuts.first[:considered][kept], 1)
     np.add.at(in_rows, cuts.last[:considered][kept] + 1, -1)
     in_rows = np.cumsum(in_rows)[: len(rows.units)]
-    held = np.flatnonzero(in_rows)
+    in_kept = np.flatnonzero(in_rows)  # (units in kept rows)
     indices = np.concatenate(stream.indices)
-    packed.rows_per_conversation = Counter(dict(zip(indices[rows.units[held]].tolist(), in_rows[held].tolist())))
-    packed.conversation_tokens = (rows.sizes[held] - 1).tolist()
+    packed.rows_per_conversation = Counter(dict(zip(indices[rows.units[in_kept]].tolist(), in_rows[in_kept].tolist())))
+    packed.conversation_tokens = (rows.sizes[in_kept] - 1).tolist()
     codes = np.array(stream.codes, np.int64)[rows.units]
-    conversations = np.bincount(codes[held], minlength=len(stream.values))
+    conversations = np.bincount(codes[in_kept], minlength=len(stream.values))
     tokens = np.bincount(codes, weights=cuts.kept_tokens(every_kept), minlength=len(stream.values))
     for value, code in stream.values.items():
         if conversations[code] or tokens[code]:

@@ -374,6 +374,25 @@ class TokenStore:
         self.tokens.fill(0)
         self._load()
 
+    def compare(self, indices: np.ndarray, before: tuple[list[Path], np.ndarray, np.ndarray]) -> None:
+        """Raise ``StoreMismatch`` for the first of source rows ``indices`` whose copy held
+        before (``before``: the segment files, and per row its segment and record there)
+        differs from the one held now, which was encoded again (to check it); rows held
+        damaged, or not held now (their check failed), are passed over."""
+        paths, segments, slots = before
+        old = SegmentReader(paths)
+        try:
+            for index, number, slot in zip(indices.tolist(), segments.tolist(), slots.tolist()):
+                stored = old.read(number, slot, index) if self.segment[index] >= 0 else None
+                item = self.lookup(index) if stored is not None else None
+                if stored is not None and item is not None and not _same(stored, item):
+                    raise StoreMismatch(
+                        f"source row {index}: the token store's copy differs from its encoding now; "
+                        f"remove {self.folder} and build again"
+                    )
+        finally:
+            old.close()
+
     def plan(self, order: np.ndarray, check_every: int) -> tuple[np.ndarray, np.ndarray]:
         """Per source row, for a build of packing ``order``: whether it is taken from the
         store, and whether it is read and encoded too (taken from the store but at a checked
@@ -460,8 +479,7 @@ class Stream:
             stored = self.pending.popleft()
             item = next(self.misses)
             assert item.source_index == stored.source_index, (item.source_index, stored.source_index)
-            same = (item.id, item.source_value, item.invalid) == (stored.id, stored.source_value, None)
-            if not (same and _equal(item.ids, stored.ids) and _equal(item.mask, stored.mask)):
+            if not _same(stored, item):
                 raise StoreMismatch(
                     f"source row {item.source_index}: the token store's copy differs from its encoding now; "
                     f"remove {self.store.folder} and build again"
@@ -486,6 +504,12 @@ def _positions(order: np.ndarray, block: int = 4096) -> Iterator[tuple[int, int]
     """``(position, source row)`` of packing ``order``, as Python ints a block at a time."""
     for start in range(0, len(order), block):
         yield from enumerate(order[start : start + block].tolist(), start)
+
+
+def _same(stored: Encoded, item: Encoded) -> bool:
+    """Whether a stored conversation is ``item``, its encoding now."""
+    same = (item.id, item.source_value, item.invalid) == (stored.id, stored.source_value, stored.invalid)
+    return same and (item.invalid is not None or (_equal(item.ids, stored.ids) and _equal(item.mask, stored.mask)))
 
 
 def _equal(a: np.ndarray | None, b: np.ndarray | None) -> bool:

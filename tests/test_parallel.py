@@ -5,6 +5,7 @@ damaged stored conversation falls back to packing one at a time."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -302,3 +303,33 @@ def test_a_conversation_damaged_between_the_passes_stops_the_build(tmp_path) -> 
             tmp_path / "out" / "train.parquet", lambda rows: None,
         )  # fmt: skip
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["train.parquet"]  # (the build removes it)
+
+
+def test_a_stale_stored_copy_stops_the_build_as_one_at_a_time(corpus, kimi_dir, tmp_path, token_store, packed) -> None:
+    """A stored conversation encoded again to check it (at another seed's positions) must be
+    its stored copy: one whose digest matches but whose ids differ (a key that misses an
+    input) stops the build, whether the workers check it or the build does one at a time."""
+    cfg = _config(corpus, kimi_dir, no_card=True)
+    build(cfg, tmp_path / "filled")
+    (entry,) = (token_store / "tokens").iterdir()
+    stored = TokenStore(entry, N)
+    items = [stored.lookup(index) for index in range(N)]
+    stored.close()
+    for segment in entry.glob("*.seg"):
+        segment.unlink()
+    writer = SegmentWriter(entry)
+    for item in items:
+        if item.ids is not None:
+            item = item._replace(ids=item.ids + 1)  # (stale, with digests that match)
+        writer.add(item)
+    writer.flush()
+    snapshot = tmp_path / "snapshot"
+    shutil.copytree(entry, snapshot)
+    errors = []
+    for workers in (1, 2):
+        shutil.rmtree(entry)
+        shutil.copytree(snapshot, entry)
+        with pytest.raises(BuildError, match="the token store's copy differs from its encoding now") as error:
+            build(dataclasses.replace(cfg, seed=8, workers=workers), tmp_path / f"w{workers}")
+        errors.append(str(error.value))
+    assert errors[0] == errors[1]
