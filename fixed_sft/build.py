@@ -289,12 +289,8 @@ def _valid(stream: Iterator[Encoded], source: Source, skip_invalid: bool, tally:
     used, stops the build naming its file and row, or with ``skip_invalid`` is recorded
     in ``tally`` and left out."""
     for item in stream:
-        reason = item.invalid
-        if reason is None and item.id is not None and item.id in tally.seen_ids:
-            reason = f"duplicate id (first used by source row {tally.seen_ids[item.id]})"
+        reason = parallel.left_out(item.source_index, item.id, item.invalid, tally.seen_ids)
         if reason is None:
-            if item.id is not None:
-                tally.seen_ids[item.id] = item.source_index
             yield item
         elif skip_invalid:
             tally.skipped_invalid.append({"index": item.source_index, "id": item.id, "reason": reason})

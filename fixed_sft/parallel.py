@@ -207,6 +207,24 @@ class Invalid(NamedTuple):
     reason: str
 
 
+def left_out(index: int, row_id: str | None, invalid: str | None, seen: dict[str, int]) -> str | None:
+    """Why source row ``index`` is left out of the stream: it is ``invalid``, or an earlier
+    conversation kept used its id (``seen``: id -> source row); else ``None``, and its id is
+    now used.
+
+    >>> seen = {}
+    >>> left_out(3, "a", None, seen), left_out(5, "a", None, seen), left_out(6, None, "bad", seen)
+    (None, 'duplicate id (first used by source row 3)', 'bad')
+    """
+    if invalid is not None:
+        return invalid
+    if row_id is not None:
+        if row_id in seen:
+            return f"duplicate id (first used by source row {seen[row_id]})"
+        seen[row_id] = index
+    return None
+
+
 class _Stream:
     """The conversations indexed so far, in packing order, and the valid ones among them."""
 
@@ -228,13 +246,8 @@ class _Stream:
         for index, tokens, row_id, value, invalid in zip(
             indices.tolist(), block.tokens.tolist(), block.ids, block.values, block.invalid
         ):
-            reason = invalid if tokens < 0 else None
-            if reason is None and row_id is not None and row_id in self.seen:
-                reason = f"duplicate id (first used by source row {self.seen[row_id]})"
-            if reason is None:
-                if row_id is not None:
-                    self.seen[row_id] = index
-            else:
+            reason = left_out(index, row_id, invalid if tokens < 0 else None, self.seen)
+            if reason is not None:
                 self.bad.append((len(self.valid), Invalid(index, row_id, reason)))
             self.valid.append(reason is None)
             self.codes.append(self.values.setdefault(value, len(self.values)))

@@ -335,3 +335,10 @@ def test_a_stale_stored_copy_stops_the_build_as_one_at_a_time(corpus, kimi_dir, 
             build(dataclasses.replace(cfg, seed=8, workers=workers), tmp_path / f"w{workers}")
         errors.append(str(error.value))
     assert errors[0] == errors[1]
+
+
+def test_the_rule_of_what_is_left_out_as_a_doctest() -> None:
+    import doctest
+
+    result = doctest.testmod(fixed_sft.parallel)
+    assert result.attempted >= 1 and result.failed == 0
