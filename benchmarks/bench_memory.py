@@ -363,20 +363,21 @@ class MemoryCgroup:
         """Move ``pid`` in (the processes it starts from then on are in it too)."""
         (self.path / "cgroup.procs").write_text(str(pid))
 
-    def anon(self) -> int:
-        for line in (self.path / "memory.stat").read_text().splitlines():
-            if line.startswith("total_rss "):
+    def _count(self, name: str, key: str) -> int:
+        """The value of ``key`` in the cgroup's file ``name`` (``KEY VALUE`` lines), or 0."""
+        for line in (self.path / name).read_text().splitlines():
+            if line.startswith(f"{key} "):
                 return int(line.split()[1])
         return 0
+
+    def anon(self) -> int:
+        return self._count("memory.stat", "total_rss")
 
     def peak(self) -> int:
         return int((self.path / "memory.max_usage_in_bytes").read_text())
 
     def oom_kills(self) -> int:
-        for line in (self.path / "memory.oom_control").read_text().splitlines():
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
-        return 0
+        return self._count("memory.oom_control", "oom_kill")
 
     def remove(self) -> None:
         for _ in range(100):  # (until the kernel has let go of its last process)
