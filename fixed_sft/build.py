@@ -370,16 +370,16 @@ def _pack_stored(
 
     out = folder / PARQUET_NAME
     try:
+        run = encoding.start().run
         packed, stop = parallel.pack(
             store,
             order,
-            held,
+            parallel.stored(store, order, held, config.rows, config.row_tokens, run, encoding.workers),
             config.rows,
             config.skip_invalid,
             config.check_every,
             (config.row_tokens, separator_id, config.emit_boundaries),
-            encoding.start().run,
-            encoding.workers,
+            run,
             out,
             bar.update,
         )

@@ -36,6 +36,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .cuts import Cuts, Runs, runs
+from .encode import Encoded
+from .encoding import TemplateMismatch
 from .errors import BuildError
 from .hashes import row_digest
 from .output import PARTS_NAME, naming, rows_per_group, write_part
@@ -101,32 +103,46 @@ class Indexed(NamedTuple):
     ends: np.ndarray
 
 
-def index(_: object, task: Stored) -> Indexed:
+    @classmethod
+    def of(cls, items: Iterable[Encoded]) -> Indexed:
+        """The index of conversations in stream order (each followed by its ``[EOS]``)."""
+        tokens: list[int] = []
+        ids, values, invalid = [], [], []
+        masks: list[np.ndarray] = []
+        for item in items:
+            ids.append(item.id)
+            values.append(item.source_value)
+            invalid.append(item.invalid)
+            tokens.append(-1 if item.mask is None else len(item.mask))
+            if item.mask is not None:
+                masks.extend((item.mask, ZERO))  # (its [EOS], unsupervised, ends its last run)
+        sizes = np.array(tokens, np.int64) + 1  # (with its [EOS]; an invalid one: none)
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        flat = np.concatenate(masks) if masks else ZERO
+        begins, ends = runs(flat)
+        unit = np.searchsorted(starts, begins, side="right") - 1
+        return cls(
+            np.array(tokens, np.int64),
+            ids,
+            values,
+            invalid,
+            np.bincount(unit, minlength=len(tokens)),
+            (begins - starts[unit]).astype(np.int32),
+            (ends - starts[unit]).astype(np.int32),
+        )
+
+
+class Block(NamedTuple):
+    """A block of the stream, indexed; ``mismatch``: the template check that failed at the
+    conversation after it (the block of an encode task stops there), if any."""
+
+    indexed: Indexed
+    mismatch: TemplateMismatch | None = None
+
+
+def index(_: object, task: Stored) -> Block:
     """Read a block of conversations from the store (module docstring, pass 1)."""
-    tokens: list[int] = []
-    ids, values, invalid = [], [], []
-    masks: list[np.ndarray] = []
-    for _index, item in task.read():
-        ids.append(item.id)
-        values.append(item.source_value)
-        invalid.append(item.invalid)
-        tokens.append(-1 if item.mask is None else len(item.mask))
-        if item.mask is not None:
-            masks.extend((item.mask, ZERO))  # (its [EOS], unsupervised, ends its last run)
-    sizes = np.array(tokens, np.int64) + 1  # (with its [EOS]; an invalid one: none)
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    flat = np.concatenate(masks) if masks else ZERO
-    begins, ends = runs(flat)
-    unit = np.searchsorted(starts, begins, side="right") - 1
-    return Indexed(
-        np.array(tokens, np.int64),
-        ids,
-        values,
-        invalid,
-        np.bincount(unit, minlength=len(tokens)),
-        (begins - starts[unit]).astype(np.int32),
-        (ends - starts[unit]).astype(np.int32),
-    )
+    return Block(Indexed.of(item for _, item in task.read()))
 
 
 class WriteTask(NamedTuple):
@@ -325,24 +341,25 @@ def checks_reach(store: TokenStore, order: np.ndarray, given: np.ndarray, row_to
 def pack(
     store: TokenStore,
     order: np.ndarray,
-    given: np.ndarray,
+    blocks: Iterator[Block],
     wanted: int | None,
     skip_invalid: bool,
     check_every: int,
     shape: tuple[int, int, bool],
     run: Run,
-    workers: int,
     out: Path,
     progress: Callable[[int], None],
 ) -> tuple[Packed, Invalid | None]:
-    """Pack the conversations of ``order`` from ``store`` into ``out`` (a Parquet file), up
-    to ``wanted`` kept rows (``None``: all); ``given`` marks the source rows the store gives.
-    ``shape``: row tokens, the separator's id and whether rows carry their boundaries;
-    ``run`` maps a task function over tasks where conversations are encoded; ``progress``
-    is told of each row group written. Returns what was packed, and the invalid
-    conversation that stops the build (without ``skip_invalid``), if any, in which case
-    nothing is written; ``Unheld`` where the store lacks a conversation."""
-    stream, rows, stop = _index(store, order, given, wanted, skip_invalid, shape[0], run, workers)
+    """Pack the conversations of ``order`` into ``out`` (a Parquet file), up to ``wanted``
+    kept rows (``None``: all): indexed by ``blocks`` (``stored``, or the encode tasks of
+    ``fixed_sft.fill``), in packing order, then read from ``store``. ``shape``: row tokens,
+    the separator's id and whether rows carry their boundaries; ``run`` maps a task
+    function over tasks where conversations are encoded; ``progress`` is told of each row
+    group written. Returns what was packed, and the invalid conversation that stops the
+    build (without ``skip_invalid``), if any, in which case nothing is written; raises the
+    ``TemplateMismatch`` of a conversation the rows reach; ``Unheld`` where the store
+    lacks a conversation."""
+    stream, rows, stop = _index(order, blocks, wanted, skip_invalid, shape[0])
     if stop is not None:
         return Packed(), stop
     packed = _tally(stream, rows, check_every)
@@ -352,51 +369,72 @@ def pack(
     return packed, None
 
 
-def _index(
-    store: TokenStore,
-    order: np.ndarray,
-    given: np.ndarray,
-    wanted: int | None,
-    skip_invalid: bool,
-    row_tokens: int,
-    run: Run,
-    workers: int,
-) -> tuple[_Stream, _Rows, Invalid | None]:
-    """Index the stream a block at a time, until the ``wanted``-th kept row (or its end),
-    or, without ``skip_invalid``, an invalid conversation before it."""
+def stored(
+    store: TokenStore, order: np.ndarray, given: np.ndarray, wanted: int | None, row_tokens: int, run: Run, workers: int
+) -> Iterator[Block]:
+    """The blocks of the stream read from ``store`` by index tasks (pass 1), as far as it
+    gives (``given``) the conversations of ``order``; ``Unheld`` after them where the rows
+    need more (and at once for all rows, where it does not give them all)."""
     where = np.flatnonzero(~given[order])
     reach = int(where[0]) if len(where) else len(order)  # (positions the store gives)
     if wanted is None and reach < len(order):
         raise Unheld(f"source row {int(order[reach])}: not in the token store")
-    estimate = np.cumsum(np.maximum(store.tokens[order[:reach]], 0) + 1) // row_tokens  # (rows at most)
     block = max(MIN_BLOCK, min(BLOCK, -(-reach // (4 * workers))))  # (4 a worker, to even out their ends)
-
-    def tasks() -> Iterator[Stored]:
-        for start in range(0, reach, block):
-            yield Stored.of(store, order[start : min(start + block, reach)])
-
-    stream = _Stream()
-    results = run(index, tasks())
+    tasks = (Stored.of(store, order[start : min(start + block, reach)]) for start in range(0, reach, block))
+    results = run(index, tasks)
     try:
-        for indexed in results:
-            start = len(stream.valid)
-            stream.add(order[start : start + len(indexed.tokens)], indexed)
-            if stream.bad and not skip_invalid:
-                position, why = stream.bad[0]
-                rows = _rows(_prefix(stream, position), row_tokens, wanted)
-                return stream, rows, None if rows.stopped else why  # (no error where the rows are full before it)
-            if wanted is not None and estimate[len(stream.valid) - 1] >= wanted:
-                rows = _rows(stream, row_tokens, wanted)
-                if rows.stopped:
-                    return stream, rows, None
+        yield from results
     finally:
         close = getattr(results, "close", None)
         if close is not None:
             close()
-    rows = _rows(stream, row_tokens, wanted)
-    if reach < len(order) and not rows.stopped:
+    if reach < len(order):
         raise Unheld(f"source row {int(order[reach])}: not in the token store")
-    return stream, rows, None
+
+
+@dataclass
+class Fed:
+    """How much of the stream is indexed so far: conversations, and the valid ones' tokens
+    (each with its ``[EOS]``)."""
+
+    conversations: int = 0
+    tokens: int = 0
+
+
+def _index(
+    order: np.ndarray,
+    blocks: Iterator[Block],
+    wanted: int | None,
+    skip_invalid: bool,
+    row_tokens: int,
+    fed: Fed | None = None,
+) -> tuple[_Stream, _Rows, Invalid | None]:
+    """Take the stream's blocks until the ``wanted``-th kept row (or the stream's end),
+    or, without ``skip_invalid``, an invalid conversation before it; a failed template
+    check before it raises its ``TemplateMismatch``. ``fed`` is kept up to date."""
+    stream, fed = _Stream(), fed or Fed()
+    try:
+        for block in blocks:
+            indexed = block.indexed
+            start = len(stream.valid)
+            stream.add(order[start : start + len(indexed.tokens)], indexed)
+            fed.conversations = len(stream.valid)
+            fed.tokens += int((indexed.tokens[np.array(stream.valid[start:], bool)] + 1).sum())
+            if stream.bad and not skip_invalid:
+                position, why = stream.bad[0]
+                rows = _rows(_prefix(stream, position), row_tokens, wanted)
+                return stream, rows, None if rows.stopped else why  # (no error where the rows are full before it)
+            if block.mismatch is not None or (wanted is not None and fed.tokens // row_tokens >= wanted):
+                rows = _rows(stream, row_tokens, wanted)  # (rows are cut only once they may be full)
+                if rows.stopped:
+                    return stream, rows, None
+                if block.mismatch is not None:
+                    raise block.mismatch
+    finally:
+        close = getattr(blocks, "close", None)
+        if close is not None:
+            close()
+    return stream, _rows(stream, row_tokens, wanted), None
 
 
 def _prefix(stream: _Stream, position: int) -> _Stream:

@@ -252,8 +252,9 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(fixed_sft.parallel, "BLOCK", 3)
             patch.setattr(fixed_sft.parallel, "MIN_BLOCK", 3)
+            blocks = fixed_sft.parallel.stored(store, order, np.ones(n, bool), wanted, shape[0], in_process, 1)
             packed, stop = fixed_sft.parallel.pack(
-                store, order, np.ones(n, bool), wanted, skip, check_every, shape, in_process, 1,
+                store, order, blocks, wanted, skip, check_every, shape, in_process,
                 folder / "packed" / "train.parquet", lambda rows: None,
             )  # fmt: skip
         if stop is not None:
@@ -300,9 +301,9 @@ def test_a_conversation_damaged_between_the_passes_stops_the_build(tmp_path) -> 
     (tmp_path / "out").mkdir()
     order = np.arange(len(items))
     with pytest.raises(fixed_sft.parallel.StoreChanged, match="the token store changed during the build"):
+        blocks = fixed_sft.parallel.stored(store, order, np.ones(len(items), bool), None, 16, run, 1)
         fixed_sft.parallel.pack(
-            store, order, np.ones(len(items), bool), None, False, 0, (16, 1, False), run, 1,
-            tmp_path / "out" / "train.parquet", lambda rows: None,
+            store, order, blocks, None, False, 0, (16, 1, False), run, tmp_path / "out" / "train.parquet", lambda rows: None
         )  # fmt: skip
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["train.parquet"]  # (the build removes it)
 
