@@ -32,7 +32,7 @@ from .chat import ChatEncoder
 from .encode import Chunk, Encoded, EncoderConfig, Encoders, encode_rows
 from .encoding import Encoder, TemplateMismatch
 from .errors import BuildError, UsageError
-from .fill import fill, fill_tasks
+from .fill import FreshTask, fill, fill_tasks, fresh
 from .folder import transaction
 from .hashes import row_digest, rows_digest, sha256_file
 from .hf_chat import MASK_TYPES as HF_MASK_TYPES
@@ -391,6 +391,70 @@ def _pack_stored(
     return packed
 
 
+def _pack_fresh(
+    config: BuildConfig,
+    store: TokenStore,
+    order: np.ndarray,
+    reading: tuple[Callable[[Callable[[], float]], Iterator[tuple[int | np.ndarray, pa.Table]]], Callable[..., float]],
+    setup: tuple[int, _Encoding],
+    source: Source,
+    folder: Path,
+    bars: tuple[tqdm, tqdm],
+) -> parallel.Packed | None:
+    """Pack a first build of some rows in the workers (``fixed_sft.parallel``), with at least
+        ``PARALLEL_PACKING_WORKERS`` of them: each chunk of the packing order is encoded, stored
+        and indexed in a worker (``fixed_sft.fill.fresh``), while this process reads the next;
+        the rows are then cut, and written from the store. ``reading``: the chunks, sized by a
+    function of the conversations still needed, and that function of ``parallel.Fed``.
+    ``None`` with fewer workers, or
+        where a worker cannot write into the store: the build packs one conversation at a
+        time. An invalid conversation that stops the build raises its error here."""
+    separator_id, encoding = setup
+    if encoding.workers < PARALLEL_PACKING_WORKERS or not store.writable:
+        return None
+    tokenized, bar = bars
+    chunks, needed = reading
+    fed = parallel.Fed()
+    wanted = partial(needed, fed)  # (conversations still needed, as the stream is indexed)
+    tasks = (FreshTask(Chunk.at(first, rows, config.check_every), str(store.folder)) for first, rows in chunks(wanted))
+
+    def blocks() -> Iterator[parallel.Block]:
+        """The tasks' blocks; once they are taken, the store is read again (the tasks' segments)."""
+        encoders = encoding.start()
+        done = encoders.run_chunks(fresh, tasks, lambda task: task.chunk, wanted)
+        try:
+            for result in done:
+                if not result.writable:
+                    raise parallel.Unheld(f"cannot write segments in {store.folder}")
+                tokenized.update(len(result.block.indexed.tokens))
+                yield result.block
+        finally:
+            done.close()
+            store.refresh()
+
+    out = folder / PARQUET_NAME
+    try:
+        packed, stop = parallel.pack(
+            store,
+            order,
+            blocks(),
+            config.rows,
+            config.skip_invalid,
+            config.check_every,
+            (config.row_tokens, separator_id, config.emit_boundaries),
+            encoding.start().run,
+            out,
+            bar.update,
+            fed,
+        )
+    except parallel.Unheld:
+        out.unlink(missing_ok=True)
+        return None
+    if stop is not None:
+        raise _invalid_row(source, stop.source_index, stop.id, stop.reason)
+    return packed
+
+
 @contextmanager
 def _cancelling_pool() -> Iterator[ThreadPoolExecutor]:
     """One background thread; on an error, its queued tasks are dropped, not run (and on
@@ -542,28 +606,40 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         packer = Packer(config.row_tokens, separator_id)
         tally = _Tally(row_tokens=config.row_tokens)
 
-        def wanted() -> float:
-            """Conversations the rows still to fill need, plus a fifth: their tokens over
-            the tokens per conversation so far (before any, a token per 4 source bytes);
-            without a row count, all."""
+        def needed(packed: int, conversations: int, tokens: int) -> float:
+            """Conversations the rows still to fill need, plus a fifth, where ``packed``
+            tokens are in rows so far, of ``tokens`` in ``conversations`` encoded: the
+            tokens left over the tokens per conversation so far (before any, a token per
+            4 source bytes); without a row count, all."""
             if config.rows is None:
                 return math.inf
-            tokens_left = (config.rows - len(tally.digests)) * config.row_tokens - packer.filled
-            encoded = tally.conversations_encoded
-            per_conversation = tally.tokens_encoded / encoded if encoded else bytes_row / 4
-            return 1.2 * tokens_left / max(per_conversation, 1.0)
+            per_conversation = tokens / conversations if conversations else bytes_row / 4
+            return 1.2 * (config.rows * config.row_tokens - packed) / max(per_conversation, 1.0)
 
-        def chunk_rows() -> int:
+        def wanted() -> float:
+            """``needed`` as one conversation at a time has packed so far."""
+            packed = len(tally.digests) * config.row_tokens + packer.filled
+            return needed(packed, tally.conversations_encoded, tally.tokens_encoded)
+
+        def chunk_rows(wanted: Callable[[], float] = wanted) -> int:
             """Rows in the next chunk: ``CHUNK_ROWS``, or the conversations wanted where
             fewer (so that a build that needs one does not have 128 encoded)."""
             return max(1, math.ceil(min(CHUNK_ROWS, wanted())))
 
-        def band_rows() -> int:
+        def band_rows(wanted: Callable[[], float] = wanted) -> int:
             """Rows in the next band: those wanted and a chunk more (``CHUNK_ROWS`` rows, or
             as many as ``CHUNK_BYTES`` holds at the source's average size), within the band
             memory budget (of large rows: with their read copies); ``_chunks`` reads at least one."""
             per_row = max(bytes_row, 1.0)
             return int(min(band_budget / per_row, wanted() + min(CHUNK_ROWS, CHUNK_BYTES / per_row)))
+
+        def fed_wanted(fed: parallel.Fed) -> float:
+            """``needed`` as the workers have indexed the stream so far (``_pack_fresh``)."""
+            return needed(fed.tokens, fed.conversations, fed.tokens)
+
+        def fed_chunks(wanted: Callable[[], float]) -> Iterator[tuple[int | np.ndarray, pa.Table]]:
+            """The chunks of the packing order, sized by ``wanted`` (``_pack_fresh``)."""
+            return _chunks(source, rank, partial(band_rows, wanted), partial(chunk_rows, wanted))
 
         def streamed(skip: np.ndarray | None, tokenized: tqdm, bar: tqdm) -> int:
             """Pack one conversation at a time, in packing order: those ``skip`` marks from the
@@ -608,6 +684,13 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
                 packed = None
                 if store is not None and skip is not None:
                     packed = _pack_stored(config, store, order, skip, (separator_id, encoding), source, folder, bar)
+                elif store is not None and config.rows is not None:
+                    setup = (separator_id, encoding)
+                    reading = (fed_chunks, fed_wanted)
+                    packed = _pack_fresh(config, store, order, reading, setup, source, folder, (tokenized, bar))
+                    if packed is None:  # (what its workers stored before one could not is held now)
+                        held, check = store.plan(order, config.check_every)
+                        skip = held & ~check if held.any() else None
                 if packed is None:
                     written = streamed(skip, tokenized, bar)
                 else:
@@ -618,9 +701,9 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             raise_cache_damage(source.files, BuildError)  # a damaged cached file explains the error better
             raise
         if written == 0 or (config.rows is not None and written < config.rows):
-            needed = f"--rows is {config.rows}" if config.rows is not None else "a build needs at least one"
+            asked = f"--rows is {config.rows}" if config.rows is not None else "a build needs at least one"
             filled = f"the source fills only {written} rows of {config.row_tokens} tokens"
-            raise BuildError(f"{filled} with supervised tokens; {needed}")
+            raise BuildError(f"{filled} with supervised tokens; {asked}")
         source_files = recorded_files(source, source_hashes)
     bpe_used = bpe_version(encoder_config.bpe) if tokenizer.family != HF else None
     manifest = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME, separator, bpe_used)

@@ -198,6 +198,13 @@ class Chunk(NamedTuple):
     check_every: int = 0
     positions: np.ndarray | None = None
 
+    @classmethod
+    def at(cls, first: int | np.ndarray, rows: pa.Table, check_every: int) -> Chunk:
+        """The chunk of ``rows`` at position ``first``, or at each of the positions ``first``."""
+        if isinstance(first, np.ndarray):
+            return cls(rows, int(first[0]) if len(first) else 0, check_every, first)
+        return cls(rows, first, check_every)
+
     def checked(self, offset: int) -> bool:
         """Whether the chunk's conversation ``offset`` is checked."""
         position = self.first_position + offset if self.positions is None else int(self.positions[offset])
@@ -370,29 +377,22 @@ def _encode_in_worker(encoder: Encoder, chunk: Chunk) -> EncodedChunk:
     """``encode_chunk`` in a worker, memory given back after a large chunk."""
     encoded = encode_chunk(encoder, chunk)
     encoded.chunk_bytes = chunk.rows.nbytes
-    _release_after(chunk.rows)
+    release_after(chunk.rows)
     return encoded
 
 
 def _encode_here(encoder: Encoder, chunk: Chunk) -> Iterator[Encoded]:
     """``encode_rows`` in the build's process, memory given back after a large chunk."""
     yield from encode_rows(encoder, chunk)
-    _release_after(chunk.rows)
+    release_after(chunk.rows)
 
 
-def _release_after(chunk: pa.Table) -> None:
+def release_after(chunk: pa.Table) -> None:
     """Give freed memory back to the OS after a chunk of at least ``RELEASE_CHUNK_BYTES``
     (the C allocator keeps what a large conversation's texts, ids and rendering freed,
     fragmented, under the next one's)."""
     if chunk.nbytes >= RELEASE_CHUNK_BYTES:
         pa.default_memory_pool().release_unused()  # (the system pool: malloc_trim, for all allocations)
-
-
-def _chunk(first: int | np.ndarray, rows: pa.Table, check_every: int) -> Chunk:
-    """The ``Chunk`` of ``rows`` at position ``first``, or at each of the positions ``first``."""
-    if isinstance(first, np.ndarray):
-        return Chunk(rows, int(first[0]) if len(first) else 0, check_every, first)
-    return Chunk(rows, first, check_every)
 
 
 WORKER_MODULES = [__name__, RENDERER_MODULE]  # what the fork server imports once, for every worker
@@ -426,22 +426,21 @@ class Encoders:
         """``fn(encoder, task)`` for each task, where the conversations are encoded; in order."""
         yield from self.engine.map(fn, ((task,) for task in tasks))
 
-    def encode(
-        self, chunks: Iterable[tuple[int | np.ndarray, pa.Table]], wanted: Callable[[], float]
-    ) -> Generator[Encoded, None, None]:
-        """Encoded conversations in the order of ``chunks``: each the packing position of its
-        first row (the rest follow it), or of each row, and the rows. Workers get the next chunk
-        only while the chunks in flight hold fewer than ``wanted()`` conversations (the
-        caller's estimate of what it still needs) and, with it, at most
-        ``IN_FLIGHT_BYTES`` of Arrow data (a larger chunk goes alone)."""
-        tasks = ((_chunk(first, rows, self.check_every),) for first, rows in chunks)
-        if isinstance(self.engine, InProcess):
-            for conversations in self.engine.map(_encode_here, tasks):
-                yield from conversations
-            return
+    def run_chunks(
+        self,
+        fn: Callable[[Encoder, T], R],
+        tasks: Iterable[T],
+        chunk: Callable[[T], Chunk],
+        wanted: Callable[[], float],
+    ) -> Generator[R, None, None]:
+        """``run`` of tasks that each encode a ``chunk(task)``: workers get the next task only
+        while the chunks in flight hold fewer than ``wanted()`` conversations (the caller's
+        estimate of what it still needs) and, with it, at most ``IN_FLIGHT_BYTES`` of Arrow
+        data (a larger chunk goes alone)."""
 
         def weigh(task: Task) -> tuple[int, int]:
-            return task[0].rows.num_rows, task[0].rows.nbytes
+            rows = chunk(task[0]).rows
+            return rows.num_rows, rows.nbytes
 
         def room(in_flight: Sequence[tuple[int, int]], weight: tuple[int, int]) -> bool:
             return (
@@ -449,8 +448,21 @@ class Encoders:
                 and sum(size for _, size in in_flight) + weight[1] <= IN_FLIGHT_BYTES
             )
 
-        for encoded in self.engine.map(_encode_in_worker, tasks, room, weigh):
+        yield from self.engine.map(fn, ((task,) for task in tasks), room, weigh)
+
+    def encode(
+        self, chunks: Iterable[tuple[int | np.ndarray, pa.Table]], wanted: Callable[[], float]
+    ) -> Generator[Encoded, None, None]:
+        """Encoded conversations in the order of ``chunks``: each the packing position of its
+        first row (the rest follow it), or of each row, and the rows; bounded by ``wanted``
+        as ``run_chunks`` bounds its tasks."""
+        tasks = (Chunk.at(first, rows, self.check_every) for first, rows in chunks)
+        if isinstance(self.engine, InProcess):
+            for conversations in self.engine.map(_encode_here, ((task,) for task in tasks)):
+                yield from conversations
+            return
+        for encoded in self.run_chunks(_encode_in_worker, tasks, lambda chunk: chunk, wanted):
             yield from encoded
             if encoded.chunk_bytes >= RELEASE_CHUNK_BYTES:
                 del encoded
-                pa.default_memory_pool().release_unused()  # (as ``_release_after``)
+                pa.default_memory_pool().release_unused()  # (as ``release_after``)

@@ -1,4 +1,4 @@
-"""Filling the token store where the conversations are encoded: a task reads a row group, encodes it, stores it.
+"""Filling the token store where the conversations are encoded: a task encodes rows and stores them.
 
 A build that takes every row of a source larger than a band fills the store first, in one
 pass over the source. Its tasks are cut by row group (a JSONL file is one task): each reads
@@ -6,6 +6,11 @@ the rows the store lacks from its group, a batch at a time, encodes them (the on
 packing position that is a multiple of ``check_every`` also through the template) and
 writes them as segments of its own. The build's process only hands out tasks, so the pass
 runs in as many workers as there are row groups.
+
+A first build of some rows, with workers enough to pack (``fixed_sft.parallel``), gives them
+its chunks as it reads them, in packing order (``FreshTask``): each is encoded, stored and
+indexed where it is encoded, so that only its index comes back; the rows are then cut and
+written from the store.
 
 An invalid row is stored as such. A conversation whose template check fails is not stored,
 nor is the rest of its chunk: the build reaches them later, in packing order, and stops at
@@ -21,8 +26,9 @@ from typing import NamedTuple
 import numpy as np
 
 from .bands import Band, read_file_rows, row_groups
-from .encode import Chunk, encode_rows
+from .encode import Chunk, Encoded, encode_rows, release_after
 from .encoding import Encoder, TemplateMismatch
+from .parallel import Block, Indexed
 from .source import Source
 from .store import SegmentWriter
 
@@ -91,3 +97,35 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
         del batch
     writer.flush()
     return Filled(conversations, writer.writable)
+
+
+class FreshTask(NamedTuple):
+    """A chunk of the packing order, to be encoded and stored into the entry ``folder``."""
+
+    chunk: Chunk
+    folder: str
+
+
+class Fresh(NamedTuple):
+    """What a ``FreshTask`` did: its conversations' index (the ``mismatch`` that ends it, if
+    any), and whether it could store them (``SegmentWriter.writable``)."""
+
+    block: Block
+    writable: bool
+
+
+def fresh(encoder: Encoder, task: FreshTask) -> Fresh:
+    """Encode a chunk, store it as a segment of its own, and index it: up to the first
+    conversation whose template check fails."""
+    writer = SegmentWriter(Path(task.folder), quiet=True)  # (the build's process says it once)
+    items: list[Encoded] = []
+    mismatch = None
+    try:
+        for item in encode_rows(encoder, task.chunk):
+            writer.add(item)
+            items.append(item)
+    except TemplateMismatch as error:
+        mismatch = error
+    writer.flush()
+    release_after(task.chunk.rows)
+    return Fresh(Block(Indexed.of(items), mismatch), writer.writable)

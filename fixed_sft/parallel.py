@@ -102,7 +102,6 @@ class Indexed(NamedTuple):
     begins: np.ndarray
     ends: np.ndarray
 
-
     @classmethod
     def of(cls, items: Iterable[Encoded]) -> Indexed:
         """The index of conversations in stream order (each followed by its ``[EOS]``)."""
@@ -349,17 +348,18 @@ def pack(
     run: Run,
     out: Path,
     progress: Callable[[int], None],
+    fed: Fed | None = None,
 ) -> tuple[Packed, Invalid | None]:
     """Pack the conversations of ``order`` into ``out`` (a Parquet file), up to ``wanted``
     kept rows (``None``: all): indexed by ``blocks`` (``stored``, or the encode tasks of
     ``fixed_sft.fill``), in packing order, then read from ``store``. ``shape``: row tokens,
     the separator's id and whether rows carry their boundaries; ``run`` maps a task
     function over tasks where conversations are encoded; ``progress`` is told of each row
-    group written. Returns what was packed, and the invalid conversation that stops the
-    build (without ``skip_invalid``), if any, in which case nothing is written; raises the
-    ``TemplateMismatch`` of a conversation the rows reach; ``Unheld`` where the store
-    lacks a conversation."""
-    stream, rows, stop = _index(order, blocks, wanted, skip_invalid, shape[0])
+    group written; ``fed`` is kept up to date as the blocks are taken. Returns what was
+    packed, and the invalid conversation that stops the build (without ``skip_invalid``),
+    if any, in which case nothing is written; raises the ``TemplateMismatch`` of a
+    conversation the rows reach; ``Unheld`` where the store lacks a conversation."""
+    stream, rows, stop = _index(order, blocks, wanted, skip_invalid, shape[0], fed)
     if stop is not None:
         return Packed(), stop
     packed = _tally(stream, rows, check_every)

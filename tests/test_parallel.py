@@ -5,6 +5,7 @@ damaged stored conversation falls back to packing one at a time."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import tempfile
@@ -15,12 +16,15 @@ import pytest
 import synthetic
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_invalid import GOOD, _boom_tokenizer
 from tqdm import tqdm
 
 import fixed_sft.build as build_module
+import fixed_sft.fill
 import fixed_sft.parallel
 from fixed_sft.build import BuildConfig, BuildError, build
 from fixed_sft.encode import Encoded
+from fixed_sft.encoding import TemplateMismatch
 from fixed_sft.order import permutation
 from fixed_sft.output import RowWriter
 from fixed_sft.pack import Packer
@@ -122,6 +126,102 @@ def test_rows_packed_by_the_workers_are_those_of_one_at_a_time(
         assert manifest == one
         assert _files(tmp_path / f"w{workers}") == _files(tmp_path / "one")
     assert packed == ["packed"] * len(counts)
+
+
+FIRST = {
+    "some rows, an invalid one after them": {"rows": 60, "row_tokens": 2048},
+    "rows of 64, rows skipped": {"rows": 150, "row_tokens": 64},
+    "boundaries": {"rows": 45, "emit_boundaries": True, "row_tokens": 4096},
+    "no checks": {"rows": 30, "check_every": 0},
+    "every row the source fills": {"rows": -1, "row_tokens": 1024},
+    "a row more than the source fills": {"rows": -2, "row_tokens": 1024},
+}
+
+
+@pytest.mark.parametrize("case", FIRST)
+def test_a_first_build_of_some_rows_packs_in_the_workers(case, corpus, kimi_dir, tmp_path, token_store, packed) -> None:
+    """A first build of some rows (the store empty) encodes, stores and indexes its chunks
+    in the workers, then cuts and writes its rows there: the same bytes, manifest and card
+    as one conversation at a time; what it stored gives a later build its conversations."""
+    cfg = _config(corpus, kimi_dir, **FIRST[case])
+    if cfg.rows < 0:  # (the stream's end: every conversation is indexed)
+        every = build(dataclasses.replace(cfg, rows=None, no_cache=True, no_card=True), tmp_path / "every")
+        cfg = dataclasses.replace(cfg, rows=every["stats"]["rows"] - 1 - cfg.rows)
+    if case == "a row more than the source fills":
+        errors = []
+        for workers, no_cache in ((1, True), (2, False)):
+            with pytest.raises(BuildError) as error:
+                build(dataclasses.replace(cfg, workers=workers, no_cache=no_cache), tmp_path / f"w{workers}")
+            errors.append(str(error.value))
+        assert errors[0] == errors[1] and "the source fills only" in errors[0]
+        assert packed == ["packed"]
+        return
+    one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
+    first = build(dataclasses.replace(cfg, workers=2), tmp_path / "first")
+    assert packed == ["packed"]
+    assert first == one
+    assert _files(tmp_path / "first") == _files(tmp_path / "one")
+    stored = sum(len(TokenStore._read_records(p)) for p in token_store.glob("tokens/*/*.seg"))
+    assert stored >= one["stats"]["conversations"]
+    later = build(dataclasses.replace(cfg, no_card=True), tmp_path / "later")  # (1 worker: from the store)
+    assert later["rows_sha256"] == one["rows_sha256"]
+    assert sum(len(TokenStore._read_records(p)) for p in token_store.glob("tokens/*/*.seg")) == stored
+
+
+def test_a_first_build_whose_worker_cannot_store_packs_one_at_a_time(corpus, kimi_dir, tmp_path, monkeypatch) -> None:
+    """Where a worker cannot write its segment (after two did), the build packs one
+    conversation at a time, taking what the store holds by then: the same rows."""
+    monkeypatch.setattr(build_module, "PARALLEL_PACKING_WORKERS", 1)  # (in this process, to reach the writer)
+    monkeypatch.setattr(build_module, "CHUNK_ROWS", 4)
+    flush, flushed = fixed_sft.fill.SegmentWriter.flush, []
+
+    def failing_flush(self):
+        flushed.append(1)
+        if len(flushed) == 3:
+            self.writable = False
+        else:
+            flush(self)
+
+    monkeypatch.setattr(fixed_sft.fill.SegmentWriter, "flush", failing_flush)
+    cfg = _config(corpus, kimi_dir, rows=30, row_tokens=1024, no_card=True, cache_dir=str(tmp_path / "store"))
+    outcomes = []
+    pack = fixed_sft.parallel.pack
+
+    def counted(*args, **kwargs):
+        try:
+            return pack(*args, **kwargs)
+        except fixed_sft.parallel.Unheld:
+            outcomes.append("unheld")
+            raise
+
+    monkeypatch.setattr(fixed_sft.parallel, "pack", counted)
+    assert build(cfg, tmp_path / "first") == build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
+    assert outcomes == ["unheld"] and len(flushed) >= 3
+
+
+def test_a_first_build_stops_at_a_failed_check_its_rows_reach(kimi_dir, tmp_path, token_store, packed) -> None:
+    """A conversation the template refuses, at a checked position, stops a first build of
+    some rows in the workers with the error of one conversation at a time, where the rows
+    reach it; a build whose rows end before it is built."""
+    bad = int(permutation(7, 300)[12])
+    rows = [
+        {"id": f"row-{i}", "messages": [{"role": "user", "content": f"hi {i}"}, *GOOD["messages"][1:]]}
+        for i in range(300)
+    ]
+    rows[bad]["messages"][0]["content"] = "BOOM"
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tokenizer = _boom_tokenizer(kimi_dir, tmp_path)
+    cfg = _config(source, tokenizer, rows=20, row_tokens=64, check_every=2, allow_unpinned_tokenizer=True, no_card=True)
+    errors = []
+    for workers, no_cache in ((1, True), (2, False)):
+        with pytest.raises(TemplateMismatch) as error:
+            build(dataclasses.replace(cfg, workers=workers, no_cache=no_cache), tmp_path / "out")
+        errors.append(str(error.value))
+        assert not (tmp_path / "out").exists()
+    assert errors[0] == errors[1] and f"source row {bad} (id row-{bad})" in errors[0]
+    assert build(dataclasses.replace(cfg, rows=2, workers=2), tmp_path / "short")["stats"]["rows"] == 2
+    assert packed == ["packed"]
 
 
 def test_a_build_that_encodes_nothing_packs_one_at_a_time(corpus, kimi_dir, tmp_path, token_store, packed) -> None:
@@ -303,7 +403,8 @@ def test_a_conversation_damaged_between_the_passes_stops_the_build(tmp_path) -> 
     with pytest.raises(fixed_sft.parallel.StoreChanged, match="the token store changed during the build"):
         blocks = fixed_sft.parallel.stored(store, order, np.ones(len(items), bool), None, 16, run, 1)
         fixed_sft.parallel.pack(
-            store, order, blocks, None, False, 0, (16, 1, False), run, tmp_path / "out" / "train.parquet", lambda rows: None
+            store, order, blocks, None, False, 0, (16, 1, False), run,
+            tmp_path / "out" / "train.parquet", lambda rows: None,
         )  # fmt: skip
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["train.parquet"]  # (the build removes it)
 
