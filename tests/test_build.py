@@ -487,20 +487,24 @@ def test_lazy_build_encodes_only_needed_conversations(corpus, kimi_dir, tmp_path
     assert len(used) < 100
 
 
-def test_workers_get_little_more_than_the_rows_need(corpus, kimi_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("no_cache", [True, False], ids=["one at a time", "encoded, stored and indexed"])
+def test_workers_get_little_more_than_the_rows_need(corpus, kimi_dir, tmp_path, monkeypatch, no_cache):
     """Workers get a chunk only while those in flight hold fewer conversations than the
-    rows still need (plus a fifth), not always 2 x workers chunks."""
+    rows still need (plus a fifth), not always 2 x workers chunks; whether the build packs
+    one conversation at a time or the workers index what they encode."""
     monkeypatch.setattr(build_module, "CHUNK_ROWS", 4)
+    monkeypatch.setattr(build_module, "FRESH_CHUNK_ROWS", 4)
     read = []
     chunks = build_module._chunks
 
-    def counting(*args):
-        for first_position, chunk in chunks(*args):
+    def counting(*args, **kwargs):
+        for first_position, chunk in chunks(*args, **kwargs):
             read.append(chunk.num_rows)
             yield first_position, chunk
 
     monkeypatch.setattr(build_module, "_chunks", counting)
-    manifest = build(config(corpus[0] / "parquet", kimi_dir, rows=200, workers=4), tmp_path / "w")
+    cfg = config(corpus[0] / "parquet", kimi_dir, rows=200, workers=4, no_cache=no_cache, cache_dir=str(tmp_path / "c"))
+    manifest = build(cfg, tmp_path / "w")
     used = manifest["stats"]["conversations"]
     assert used <= sum(read) <= used + 3 * 4  # 2 x 4 chunks of 4 in flight would reach 28 past
 

@@ -172,7 +172,7 @@ def test_a_first_build_whose_worker_cannot_store_packs_one_at_a_time(corpus, kim
     """Where a worker cannot write its segment (after two did), the build packs one
     conversation at a time, taking what the store holds by then: the same rows."""
     monkeypatch.setattr(build_module, "PARALLEL_PACKING_WORKERS", 1)  # (in this process, to reach the writer)
-    monkeypatch.setattr(build_module, "CHUNK_ROWS", 4)
+    monkeypatch.setattr(build_module, "FRESH_CHUNK_ROWS", 4)
     flush, flushed = fixed_sft.fill.SegmentWriter.flush, []
 
     def failing_flush(self):
