@@ -132,19 +132,19 @@ def _chunks(
     band_rows: Callable[[], int],
     chunk_rows: Callable[[], int],
     skip: np.ndarray | None = None,
-    chunk_bytes: int = CHUNK_BYTES,
+    chunk_bytes: int | None = None,
 ) -> Iterator[tuple[int | np.ndarray, pa.Table]]:
     """``(first position, rows)`` chunks in packing order, read a band at a time;
     ``band_rows`` sizes each band when it is reached, and ``chunk_rows`` each chunk when it
-    is cut (in bytes, a chunk holds at most ``chunk_bytes``, or one row). With ``skip`` (the
-    source rows the token store gives), the rows it marks are not read, and each chunk
-    comes with its rows' positions instead."""
+    is cut (in bytes, a chunk holds at most ``chunk_bytes``, default ``CHUNK_BYTES``, or one
+    row). With ``skip`` (the source rows the token store gives), the rows it marks are not
+    read, and each chunk comes with its rows' positions instead."""
     lo = 0
     while lo < source.num_rows:
         hi = min(source.num_rows, lo + max(1, band_rows()))
         first = lo
         band = read_band(source, rank, lo, hi) if skip is None else read_band(source, rank, lo, hi, skip)
-        for chunk in band.chunks(chunk_rows, chunk_bytes):
+        for chunk in band.chunks(chunk_rows, CHUNK_BYTES if chunk_bytes is None else chunk_bytes):
             if skip is None:
                 yield first, chunk
             else:
