@@ -54,7 +54,7 @@ from .manifest import (
 from .memory import map_large_allocations, system_allocator
 from .order import permutation, positions
 from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter, format_of, naming
-from .pack import Packer, Row
+from .pack import Packer, Row, Unit
 from .params import RECORDED, BuildConfig, to_json
 from .source import Source, SourceError, open_source, unreadable
 from .specs import BUILDS, HF, ResolvedTokenizer, build_spec, resolve_tokenizer
@@ -86,6 +86,10 @@ LARGE_ROW_BYTES = CHUNK_BYTES // CHUNK_ROWS
 # pays from this many workers; fewer pack one conversation at a time (benchmarks/README.md: with
 # 2 workers on 2 cores a later build took 4.72 s against 3.31 s with 1).
 PARALLEL_PACKING_WORKERS = 4
+# Packing in this process takes conversations a block at a time (``_block``): at most this many,
+# and this many tokens (or one conversation), so that the per-row work is done once per block.
+BLOCK_UNITS = 1024
+BLOCK_TOKENS = 1 << 20
 MAX_SOURCE_VALUES = 1000  # the most ``source`` values a source mix lists (the manifest stays small)
 
 
@@ -239,9 +243,10 @@ class _Tally(parallel.Packed):
 
     row_tokens: int = 0
     seen_ids: dict[str, int] = field(default_factory=dict)
-    # for the source mix and the card: the units in the row being filled (source row ->
-    # ids without the separator, ``source`` value)
+    # for the source mix and the card: the units taken and not yet in finished rows (source
+    # row -> ids without the separator, ``source`` value)
     units: dict[int, tuple[int, str | None]] = field(default_factory=dict)
+    pending: int = 0  # tokens taken for the packer, not yet given to it
 
     def settle(self, row: Row, kept: bool) -> None:
         """Count a finished row for the card (before ``rows_per_conversation`` has it): its
@@ -256,8 +261,8 @@ class _Tally(parallel.Packed):
                     self.conversation_tokens.append(length)
                     share[0] += 1
                 share[1] += segment.end - segment.start
-        last = row.segments[-1].index
-        self.units = {last: self.units[last]}
+        for segment in row.segments[:-1]:  # (units that end in this row)
+            del self.units[segment.index]
 
     def take(self, packed: parallel.Packed) -> None:
         """Count what ``fixed_sft.parallel`` packed."""
@@ -321,18 +326,14 @@ def _pack(
     tokenized: tqdm,
     boundaries: bool = False,
 ) -> None:
-    """Feed conversations to the packer and write kept rows until ``rows`` (``None``: all);
-    ``tokenized`` counts the conversations, ``bar`` the rows; with ``boundaries``, each row's
-    hash covers its ``cu_seqlens``."""
-    for item in conversations:
-        ids, mask = item.ids, item.mask
-        assert ids is not None and mask is not None  # _valid passes on only valid conversations
-        tally.conversations_encoded += 1
-        tokenized.update()
-        tally.tokens_encoded += len(ids) + 1
-        tally.template_checked += item.checked
-        tally.units[item.source_index] = (len(ids), item.source_value)
-        for row in packer.add(item.source_index, item.id, ids, mask):
+    """Feed conversations to the packer a block at a time (``_block``) and write kept rows
+    until ``rows`` (``None``: all); ``tokenized`` counts the conversations, ``bar`` the rows;
+    with ``boundaries``, each row's hash covers its ``cu_seqlens``."""
+    conversations = iter(conversations)
+    while block := _block(conversations, rows, packer, writer, tally):
+        tokenized.update(len(block))
+        tally.pending = 0
+        for row in packer.add_many(block):
             trainable = row.trainable
             if not trainable:
                 tally.rows_skipped += 1
@@ -346,9 +347,33 @@ def _pack(
             tally.rows_per_conversation.update(s.index for s in row.segments)
             bar.update()
             if writer.rows == rows:
-                tally.tail_tokens = len(ids) + 1 - row.segments[-1].end
+                last = row.segments[-1]
+                tally.tail_tokens = tally.units[last.index][0] + 1 - last.end
                 return
     tally.tail_tokens = packer.filled
+
+
+def _block(
+    conversations: Iterator[Encoded], rows: int | None, packer: Packer, writer: RowWriter, tally: _Tally
+) -> list[Unit]:
+    """The next conversations for the packer, counted in ``tally``: up to ``BLOCK_UNITS`` of
+    them and ``BLOCK_TOKENS`` tokens (or one conversation), and none after one whose tokens,
+    with the packer's, could fill the ``rows`` still to write: the stream is read no further
+    than one conversation at a time reads it."""
+    room = math.inf if rows is None else (rows - writer.rows) * packer.row_tokens - packer.filled
+    block: list[Unit] = []
+    for item in conversations:
+        ids, mask = item.ids, item.mask
+        assert ids is not None and mask is not None  # _valid passes on only valid conversations
+        tally.conversations_encoded += 1
+        tally.tokens_encoded += len(ids) + 1
+        tally.pending += len(ids) + 1
+        tally.template_checked += item.checked
+        tally.units[item.source_index] = (len(ids), item.source_value)
+        block.append((item.source_index, item.id, ids, mask))
+        if len(block) >= BLOCK_UNITS or tally.pending >= min(room, BLOCK_TOKENS):
+            break
+    return block
 
 
 def _pack_stored(
@@ -624,7 +649,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
 
         def wanted() -> float:
             """``needed`` as one conversation at a time has packed so far."""
-            packed = len(tally.digests) * config.row_tokens + packer.filled
+            packed = len(tally.digests) * config.row_tokens + packer.filled + tally.pending
             return needed(packed, tally.conversations_encoded, tally.tokens_encoded)
 
         def chunk_rows(wanted: Callable[[], float] = wanted, most: int = CHUNK_ROWS) -> int:

@@ -10,7 +10,7 @@ conversation's tokens followed by its ``[EOS]`` (position ``len(tokens)`` is the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,36 +48,59 @@ class Row:
         return int(np.count_nonzero(self.mask[1:]))
 
 
+Unit = tuple[int, str | None, np.ndarray, np.ndarray]  # (source row, id, ids, mask) of a conversation
+ZERO = np.zeros(1, np.uint8)
+
+
 class Packer:
     """Cuts the unit stream into rows of ``row_tokens``."""
 
     def __init__(self, row_tokens: int, eos_id: int):
         self.row_tokens = row_tokens
-        self.eos_id = eos_id
-        self._new_row()
-
-    def _new_row(self) -> None:
-        self._ids = np.empty(self.row_tokens, dtype=np.int32)
-        self._mask = np.empty(self.row_tokens, dtype=np.uint8)
+        self._eos = np.array([eos_id], np.int32)
+        self._ids = np.empty(0, np.int32)  # the row being filled: its tokens so far
+        self._mask = np.empty(0, np.uint8)
         self._segments: list[Segment] = []
-        self.filled = 0  # tokens already in the row being filled
+
+    @property
+    def filled(self) -> int:
+        """Tokens already in the row being filled."""
+        return len(self._ids)
 
     def add(self, index: int, row_id: str | None, ids: np.ndarray, mask: np.ndarray) -> Iterator[Row]:
         """Append one conversation's unit (``ids`` then ``[EOS]``); yield each row it completes."""
-        size = len(ids) + 1
-        start = 0
-        while start < size:
-            end = min(size, start + self.row_tokens - self.filled)
-            body_end = min(end, len(ids))
-            body_filled = self.filled + body_end - start
-            self._ids[self.filled : body_filled] = ids[start:body_end]
-            self._mask[self.filled : body_filled] = mask[start:body_end]
-            if end == size:  # the unit's [EOS] lands in this row
-                self._ids[body_filled] = self.eos_id
-                self._mask[body_filled] = 0
-            self._segments.append(Segment(index, row_id, start, end))
-            self.filled += end - start
-            start = end
-            if self.filled == self.row_tokens:
-                yield Row(self._ids, self._mask, tuple(self._segments))
-                self._new_row()
+        yield from self.add_many([(index, row_id, ids, mask)])
+
+    def add_many(self, units: Sequence[Unit]) -> list[Row]:
+        """Append units in order; the rows they complete. Row ``r`` of the stream is its
+        tokens ``[r * row_tokens, (r + 1) * row_tokens)``: a unit's segment in a row is the
+        part of it that falls there.
+
+        >>> packer = Packer(4, eos_id=9)
+        >>> ones = np.ones(3, np.int32)
+        >>> [row.ids.tolist() for row in packer.add_many([(0, "a", ones, ones), (1, "b", ones, ones)])]
+        [[1, 1, 1, 9], [1, 1, 1, 9]]
+        """
+        size = self.row_tokens
+        ids_parts, mask_parts = [self._ids], [self._mask]
+        for _, _, ids, mask in units:
+            ids_parts += (ids, self._eos)
+            mask_parts += (mask, ZERO)
+        stream = np.concatenate(ids_parts).astype(np.int32, copy=False)
+        stream_mask = np.concatenate(mask_parts).astype(np.uint8, copy=False)
+        full = len(stream) // size
+        segments: list[list[Segment]] = [self._segments] + [[] for _ in range(full)]
+        begin = self.filled  # (where the unit starts in the stream)
+        for index, row_id, ids, _ in units:
+            end, at = begin + len(ids) + 1, begin
+            while at < end:
+                stop = min(end, (at // size + 1) * size)
+                segments[at // size].append(Segment(index, row_id, at - begin, stop - begin))
+                at = stop
+            begin = end
+        ids_rows = stream[: full * size].reshape(full, size)
+        mask_rows = stream_mask[: full * size].reshape(full, size)
+        rows = [Row(ids_rows[r], mask_rows[r], tuple(segments[r])) for r in range(full)]
+        self._ids, self._mask = stream[full * size :].copy(), stream_mask[full * size :].copy()
+        self._segments = segments[full]
+        return rows

@@ -51,3 +51,32 @@ def test_eos_separates_and_is_unsupervised():
     assert rows[0].ids.tolist() == [1, 2, EOS, 1]
     assert rows[0].mask.tolist() == [1, 1, 0, 1]
     assert [(s.index, s.start, s.end) for s in rows[0].segments] == [(0, 0, 3), (1, 0, 1)]
+
+
+@pytest.mark.parametrize("row_tokens", [1, 3, 16, 64])
+@pytest.mark.parametrize("seed", range(3))
+def test_units_added_in_blocks_give_the_rows_added_one_at_a_time(row_tokens, seed):
+    """``add_many`` over blocks of any size (empty ones too) cuts the rows ``add`` cuts."""
+    conversations = list(_conversations(seed, 60))
+    one = Packer(row_tokens, EOS)
+    expected = [row for c in conversations for row in one.add(*c)]
+    rng = random.Random(seed)
+    blocks, start = Packer(row_tokens, EOS), 0
+    rows = []
+    while start < len(conversations):
+        size = rng.choice([0, 1, 2, 7, 30])
+        rows += blocks.add_many(conversations[start : start + size])
+        start += size
+    assert [(r.ids.tolist(), r.mask.tolist(), r.segments) for r in rows] == [
+        (r.ids.tolist(), r.mask.tolist(), r.segments) for r in expected
+    ]
+    assert blocks.filled == one.filled
+
+
+def test_the_rule_as_a_doctest():
+    import doctest
+
+    import fixed_sft.pack
+
+    result = doctest.testmod(fixed_sft.pack)
+    assert result.attempted >= 1 and result.failed == 0
