@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -26,6 +27,9 @@ CARD_NAME = "README.md"  # the dataset card (fixed_sft.card), and its plots
 PLOT_NAMES = ("supervised_ratio.png", "conversation_tokens.png", "source_mix.png")
 CARD_FILES = (CARD_NAME, *PLOT_NAMES)
 ROWS_PER_GROUP = 128
+# Row groups handed to the writer's thread and not yet written hold at most this many tokens (or
+# are one group): with 4 queued, a later build from the store took 3.6 s against 4.4 s with 1.
+QUEUED_VALUES = 1 << 22
 # A row group holds at most this many tokens: fewer rows than ROWS_PER_GROUP where rows are
 # longer than 65536 tokens, so that a reader decodes a bounded amount at once.
 GROUP_VALUES = 1 << 23
@@ -134,8 +138,8 @@ def write_part(path: Path, rows: list[Row], first: int, boundaries: bool) -> Non
 class RowWriter:
     """Appends rows to one Parquet file, a row group (``rows_per_group``) at a time. Row
     groups are compressed and written by a background thread (pyarrow releases the GIL),
-    at most one behind the caller. With ``boundaries``, each row's ``metadata.cu_seqlens``
-    is written too."""
+    at most ``QUEUED_VALUES`` tokens behind the caller; none is written after one that failed.
+    With ``boundaries``, each row's ``metadata.cu_seqlens`` is written too."""
 
     def __init__(self, path: Path, boundaries: bool = False):
         self.path = path
@@ -143,7 +147,8 @@ class RowWriter:
         self._writer = parquet_writer(path, boundaries)
         self._pending: list[Row] = []
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="parquet")
-        self._writing: Future | None = None
+        self._writing: deque[Future] = deque()
+        self._failed = False
         self.rows = 0
 
     def write(self, row: Row) -> None:
@@ -156,15 +161,25 @@ class RowWriter:
         if not self._pending:
             return
         table = rows_table(self._pending, self.rows - len(self._pending), self.boundaries)
-        self._wait()
-        self._writing = self._thread.submit(self._writer.write_table, table)
+        self._wait(max(1, QUEUED_VALUES // (len(self._pending) * len(self._pending[0].ids))) - 1)
+        self._writing.append(self._thread.submit(self._write_group, table))
         self._pending = []
 
-    def _wait(self) -> None:
-        if self._writing is not None:
+    def _write_group(self, table: pa.Table) -> None:
+        if self._failed:
+            return  # (the error is raised by the group that failed)
+        try:
+            self._writer.write_table(table)
+        except BaseException:
+            self._failed = True
+            raise
+
+    def _wait(self, queued: int = 0) -> None:
+        """Wait until at most ``queued`` row groups are still to be written."""
+        while len(self._writing) > queued:
             with naming(self.path):
-                self._writing.result()
-            self._writing = None
+                self._writing[0].result()
+            self._writing.popleft()
 
     def abort(self) -> None:
         """Stop writing after an error: the file is left incomplete (the build discards it).

@@ -72,3 +72,36 @@ def test_parts_join_where_the_kernel_cannot_copy(tmp_path: Path, monkeypatch) ->
     writer.close()
     monkeypatch.setattr(os, "copy_file_range", unsupported)
     assert _stitched(tmp_path, rows, False) == (tmp_path / "written.parquet").read_bytes()
+
+
+def test_no_row_group_is_written_after_one_that_failed(tmp_path, monkeypatch):
+    """Row groups queue behind the writer's thread; once one fails, the groups queued
+    after it are not written, and the error names the file."""
+    import errno
+    import threading
+
+    import pyarrow.parquet as pq
+
+    from fixed_sft import output
+    from fixed_sft.output import WriteFailed
+
+    release, calls = threading.Event(), []
+
+    def failing(self, table, *args, **kwargs):
+        calls.append(table.num_rows)
+        release.wait(5)  # (the caller queues the next groups meanwhile)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", failing)
+    width = 16
+    group = rows_per_group(width)
+    monkeypatch.setattr(output, "QUEUED_VALUES", 3 * group * width)  # (3 groups queued at most)
+    writer = RowWriter(tmp_path / "o.parquet")
+    rows = _rows(3 * group, width, seed=1)
+    for row in rows:
+        writer.write(row)  # (3 groups handed over, none written yet: no wait)
+    release.set()
+    with pytest.raises(WriteFailed, match=r"cannot write .*o\.parquet: No space left on device"):
+        writer.close()
+    writer.abort()
+    assert calls == [group]
