@@ -433,13 +433,13 @@ def _pack_fresh(
     bars: tuple[tqdm, tqdm],
 ) -> parallel.Packed | None:
     """Pack a first build of some rows in the workers (``fixed_sft.parallel``), with at least
-        ``PARALLEL_PACKING_WORKERS`` of them: each chunk of the packing order is encoded, stored
-        and indexed in a worker (``fixed_sft.fill.fresh``), while this process reads the next;
-        the rows are then cut, and written from the store. ``reading``: the chunks, sized by a
+    ``PARALLEL_PACKING_WORKERS`` of them: each chunk of the packing order is encoded, stored
+    and indexed in a worker (``fixed_sft.fill.fresh``), while this process reads the next;
+    the rows are then cut, and written from the store. ``reading``: the chunks, sized by a
     function of the conversations still needed, and that function of ``parallel.Fed``.
-    ``None`` with fewer workers, or
-        where a worker cannot write into the store: the build packs one conversation at a
-        time. An invalid conversation that stops the build raises its error here."""
+    ``None`` with fewer workers, or where a worker cannot write into the store: the build
+    packs one conversation at a time. An invalid conversation that stops the build raises
+    its error here."""
     separator_id, encoding = setup
     if encoding.workers < PARALLEL_PACKING_WORKERS or not store.writable:
         return None
