@@ -399,27 +399,9 @@ def _pack_stored(
     if parallel.reachable(store, order, held, config.row_tokens) < (config.rows or math.inf):
         return None
 
-    out = folder / PARQUET_NAME
-    try:
-        run = encoding.start().run
-        packed, stop = parallel.pack(
-            store,
-            order,
-            parallel.stored(store, order, held, config.rows, config.row_tokens, run, encoding.workers),
-            config.rows,
-            config.skip_invalid,
-            config.check_every,
-            (config.row_tokens, separator_id, config.emit_boundaries),
-            run,
-            out,
-            bar.update,
-        )
-    except parallel.Unheld:
-        out.unlink(missing_ok=True)
-        return None
-    if stop is not None:
-        raise _invalid_row(source, stop.source_index, stop.id, stop.reason)
-    return packed
+    run = encoding.start().run
+    blocks = parallel.stored(store, order, held, config.rows, config.row_tokens, run, encoding.workers)
+    return _pack_blocks(config, store, order, blocks, (separator_id, run), source, folder / PARQUET_NAME, bar)
 
 
 def _pack_fresh(
@@ -463,20 +445,30 @@ def _pack_fresh(
             done.close()
             store.refresh()
 
-    out = folder / PARQUET_NAME
+    running = (separator_id, encoding.start().run)
+    return _pack_blocks(config, store, order, blocks(), running, source, folder / PARQUET_NAME, bar, fed)
+
+
+def _pack_blocks(
+    config: BuildConfig,
+    store: TokenStore,
+    order: np.ndarray,
+    blocks: Iterator[parallel.Block],
+    setup: tuple[int, parallel.Run],
+    source: Source,
+    out: Path,
+    bar: tqdm,
+    fed: parallel.Fed | None = None,
+) -> parallel.Packed | None:
+    """``parallel.pack`` of the stream's ``blocks`` into ``out``; ``setup``: the separator's
+    id and where tasks run. ``None`` where the store does not hold what the rows need (the
+    build packs one conversation at a time); an invalid conversation that stops the build
+    raises its error here."""
+    separator_id, run = setup
+    shape = (config.row_tokens, separator_id, config.emit_boundaries)
     try:
         packed, stop = parallel.pack(
-            store,
-            order,
-            blocks(),
-            config.rows,
-            config.skip_invalid,
-            config.check_every,
-            (config.row_tokens, separator_id, config.emit_boundaries),
-            encoding.start().run,
-            out,
-            bar.update,
-            fed,
+            store, order, blocks, config.rows, config.skip_invalid, config.check_every, shape, run, out, bar.update, fed
         )
     except parallel.Unheld:
         out.unlink(missing_ok=True)

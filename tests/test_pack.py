@@ -21,9 +21,10 @@ def _conversations(seed: int, count: int):
         yield index, f"c{index}", ids, mask
 
 
-@pytest.mark.parametrize("row_tokens", [2, 7, 16, 64])
+@pytest.mark.parametrize("row_tokens", [1, 2, 7, 16, 64])
 @pytest.mark.parametrize("seed", range(3))
 def test_rows_rejoin_to_the_stream(row_tokens, seed):
+    """Rows one conversation at a time, and from blocks of them, rejoin to the stream."""
     conversations = list(_conversations(seed, 60))
     packer = Packer(row_tokens, EOS)
     rows = [row for c in conversations for row in packer.add(*c)]
@@ -42,6 +43,17 @@ def test_rows_rejoin_to_the_stream(row_tokens, seed):
         assert np.array_equal(rebuilt, row.ids)
         assert all(s.id == f"c{s.index}" for s in row.segments)
 
+    # the same rows from blocks of any size (empty ones too)
+    rng, blocks, start, in_blocks = random.Random(seed), Packer(row_tokens, EOS), 0, []
+    while start < len(conversations):
+        size = rng.choice([0, 1, 2, 7, 30])
+        in_blocks += blocks.add_many(conversations[start : start + size])
+        start += size
+    assert [(r.ids.tolist(), r.mask.tolist(), r.segments) for r in in_blocks] == [
+        (r.ids.tolist(), r.mask.tolist(), r.segments) for r in rows
+    ]
+    assert blocks.filled == packer.filled
+
 
 def test_eos_separates_and_is_unsupervised():
     packer = Packer(4, EOS)
@@ -51,26 +63,6 @@ def test_eos_separates_and_is_unsupervised():
     assert rows[0].ids.tolist() == [1, 2, EOS, 1]
     assert rows[0].mask.tolist() == [1, 1, 0, 1]
     assert [(s.index, s.start, s.end) for s in rows[0].segments] == [(0, 0, 3), (1, 0, 1)]
-
-
-@pytest.mark.parametrize("row_tokens", [1, 3, 16, 64])
-@pytest.mark.parametrize("seed", range(3))
-def test_units_added_in_blocks_give_the_rows_added_one_at_a_time(row_tokens, seed):
-    """``add_many`` over blocks of any size (empty ones too) cuts the rows ``add`` cuts."""
-    conversations = list(_conversations(seed, 60))
-    one = Packer(row_tokens, EOS)
-    expected = [row for c in conversations for row in one.add(*c)]
-    rng = random.Random(seed)
-    blocks, start = Packer(row_tokens, EOS), 0
-    rows = []
-    while start < len(conversations):
-        size = rng.choice([0, 1, 2, 7, 30])
-        rows += blocks.add_many(conversations[start : start + size])
-        start += size
-    assert [(r.ids.tolist(), r.mask.tolist(), r.segments) for r in rows] == [
-        (r.ids.tolist(), r.mask.tolist(), r.segments) for r in expected
-    ]
-    assert blocks.filled == one.filled
 
 
 def test_the_rule_as_a_doctest():
