@@ -377,19 +377,25 @@ def stored(
     need more (and at once for all rows, where it does not give them all)."""
     where = np.flatnonzero(~given[order])
     reach = int(where[0]) if len(where) else len(order)  # (positions the store gives)
-    if wanted is None and reach < len(order):
-        raise Unheld(f"source row {int(order[reach])}: not in the token store")
+    lacking = Unheld(f"source row {int(order[reach])}: not in the token store") if reach < len(order) else None
+    if wanted is None and lacking is not None:
+        raise lacking
     block = max(MIN_BLOCK, min(BLOCK, -(-reach // (4 * workers))))  # (4 a worker, to even out their ends)
     tasks = (Stored.of(store, order[start : min(start + block, reach)]) for start in range(0, reach, block))
     results = run(index, tasks)
     try:
         yield from results
     finally:
-        close = getattr(results, "close", None)
-        if close is not None:
-            close()
-    if reach < len(order):
-        raise Unheld(f"source row {int(order[reach])}: not in the token store")
+        _close(results)
+    if lacking is not None:
+        raise lacking
+
+
+def _close(iterator: Iterable[Any]) -> None:
+    """Close ``iterator`` where it can be closed (a generator: its ``finally`` runs now)."""
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
 
 
 @dataclass
@@ -431,9 +437,7 @@ def _index(
                 if block.mismatch is not None:
                     raise block.mismatch
     finally:
-        close = getattr(blocks, "close", None)
-        if close is not None:
-            close()
+        _close(blocks)
     return stream, _rows(stream, row_tokens, wanted), None
 
 
@@ -551,8 +555,6 @@ def _write(
         stitcher.abort()
         raise
     finally:
-        close = getattr(results, "close", None)
-        if close is not None:
-            close()
+        _close(results)
         shutil.rmtree(parts, ignore_errors=True)
     return digests

@@ -386,10 +386,7 @@ class TokenStore:
                 stored = old.read(number, slot, index) if self.segment[index] >= 0 else None
                 item = self.lookup(index) if stored is not None else None
                 if stored is not None and item is not None and not _same(stored, item):
-                    raise StoreMismatch(
-                        f"source row {index}: the token store's copy differs from its encoding now; "
-                        f"remove {self.folder} and build again"
-                    )
+                    raise StoreMismatch.of(index, self.folder)
         finally:
             old.close()
 
@@ -417,6 +414,13 @@ Again = Callable[[int, int], Encoded]  # (source row, position) -> the row read 
 class StoreMismatch(BuildError):
     """A stored conversation whose digest matches differs from the same conversation encoded
     now: the key misses an input the encoding depends on."""
+
+    @classmethod
+    def of(cls, index: int, folder: Path) -> StoreMismatch:
+        """The error for source row ``index`` of the entry ``folder``."""
+        return cls(
+            f"source row {index}: the token store's copy differs from its encoding now; remove {folder} and build again"
+        )
 
 
 class Stream:
@@ -480,10 +484,7 @@ class Stream:
             item = next(self.misses)
             assert item.source_index == stored.source_index, (item.source_index, stored.source_index)
             if not _same(stored, item):
-                raise StoreMismatch(
-                    f"source row {item.source_index}: the token store's copy differs from its encoding now; "
-                    f"remove {self.store.folder} and build again"
-                )
+                raise StoreMismatch.of(item.source_index, self.store.folder)
             self.store.add(item)
 
     def close(self) -> None:
