@@ -137,23 +137,16 @@ def _chunks(
     chunk_rows: Callable[[], int],
     skip: np.ndarray | None = None,
     chunk_bytes: int | None = None,
-) -> Iterator[tuple[int | np.ndarray, pa.Table]]:
-    """``(first position, rows)`` chunks in packing order, read a band at a time;
-    ``band_rows`` sizes each band when it is reached, and ``chunk_rows`` each chunk when it
-    is cut (in bytes, a chunk holds at most ``chunk_bytes``, default ``CHUNK_BYTES``, or one
-    row). With ``skip`` (the source rows the token store gives), the rows it marks are not
-    read, and each chunk comes with its rows' positions instead."""
+) -> Iterator[pa.Table]:
+    """Chunks of source rows in packing order, read a band at a time; ``band_rows`` sizes
+    each band when it is reached, and ``chunk_rows`` each chunk when it is cut (in bytes, a
+    chunk holds at most ``chunk_bytes``, default ``CHUNK_BYTES``, or one row). With ``skip``
+    (the source rows the token store gives), the rows it marks are not read."""
     lo = 0
     while lo < source.num_rows:
         hi = min(source.num_rows, lo + max(1, band_rows()))
-        first = lo
         band = read_band(source, rank, lo, hi) if skip is None else read_band(source, rank, lo, hi, skip)
-        for chunk in band.chunks(chunk_rows, CHUNK_BYTES if chunk_bytes is None else chunk_bytes):
-            if skip is None:
-                yield first, chunk
-            else:
-                yield rank[chunk.column("index").to_numpy()], chunk
-            first += chunk.num_rows
+        yield from band.chunks(chunk_rows, CHUNK_BYTES if chunk_bytes is None else chunk_bytes)
         lo = hi
 
 
@@ -167,7 +160,7 @@ def _fill(
     reach: int | None = None,
 ) -> None:
     """Encode into ``store`` every source row it does not hold, in one pass over the source,
-    each row checked where its packing position says: so that a build of all rows then
+    the sampled ones checked too (``encode.sampled``): so that a build of all rows then
     takes them from the store in packing order, rather than read the source once per band.
     The pass runs where the conversations are encoded, a task per row group
     (``fixed_sft.fill``). Where the source has fewer row groups than workers, or its rows
@@ -178,7 +171,7 @@ def _fill(
     either in packing order, as without the store. A stored conversation encoded again to
     check it must be its stored copy (``StoreMismatch``). With ``reach``, only the rows at
     packing positions before it."""
-    held, check = store.plan(order, encoding.check_every)
+    held, check = store.plan(encoding.check_every)
     wanted = ~(held & ~check)
     if reach is not None:
         wanted[order[reach:]] = False
@@ -187,10 +180,9 @@ def _fill(
         return
     again = order[(check & wanted)[order]]  # (held, encoded again to check them: in packing order)
     before = (list(store.segments), store.segment[again], store.slot[again])
-    rank = positions(order)
-    tasks = list(fill_tasks(source, rank, wanted, encoding.check_every, (CHUNK_ROWS, CHUNK_BYTES), store.folder))
+    tasks = list(fill_tasks(source, wanted, encoding.check_every, (CHUNK_ROWS, CHUNK_BYTES), store.folder))
     if large_rows or len(tasks) < encoding.workers:
-        _streamed(store, encoding, source, rank, wanted, tokenized)
+        _streamed(store, encoding, source, wanted, tokenized)
     else:
         with closing(encoding.start().run(fill, tasks)) as done:
             for filled in done:
@@ -202,19 +194,16 @@ def _fill(
     store.compare(again, before)  # (a copy unlike its encoding now stops the build, as without the fill)
 
 
-def _streamed(
-    store: TokenStore, encoding: _Encoding, source: Source, rank: np.ndarray, wanted: np.ndarray, tokenized: tqdm
-) -> None:
+def _streamed(store: TokenStore, encoding: _Encoding, source: Source, wanted: np.ndarray, tokenized: tqdm) -> None:
     """The rows ``wanted`` marks, read here in source order, encoded by the workers a chunk
     (``CHUNK_ROWS``, at most ``CHUNK_BYTES``) at a time, and stored, until one fails its
     template check (reached later in packing order, where it stops the build)."""
 
-    def chunks() -> Iterator[tuple[np.ndarray, pa.Table]]:
+    def chunks() -> Iterator[pa.Table]:
         start = 0
         for path, count in zip(source.files, source.row_counts):
             for batch in read_file_rows(path, start, wanted[start : start + count]):
-                for rows in Band([batch], [np.arange(batch.num_rows)]).chunks(CHUNK_ROWS, CHUNK_BYTES):
-                    yield rank[rows.column("index").to_numpy()], rows
+                yield from Band([batch], [np.arange(batch.num_rows)]).chunks(CHUNK_ROWS, CHUNK_BYTES)
             start += count
 
     try:
@@ -408,7 +397,7 @@ def _pack_fresh(
     config: BuildConfig,
     store: TokenStore,
     order: np.ndarray,
-    reading: tuple[Callable[[Callable[[], float]], Iterator[tuple[int | np.ndarray, pa.Table]]], Callable[..., float]],
+    reading: tuple[Callable[[Callable[[], float]], Iterator[pa.Table]], Callable[..., float]],
     setup: tuple[int, _Encoding],
     source: Source,
     folder: Path,
@@ -429,7 +418,7 @@ def _pack_fresh(
     chunks, needed = reading
     fed = parallel.Fed()
     wanted = partial(needed, fed)  # (conversations still needed, as the stream is indexed)
-    tasks = (FreshTask(Chunk.at(first, rows, config.check_every), str(store.folder)) for first, rows in chunks(wanted))
+    tasks = (FreshTask(Chunk(rows, config.check_every), str(store.folder)) for rows in chunks(wanted))
 
     def blocks() -> Iterator[parallel.Block]:
         """The tasks' blocks; once they are taken, the store is read again (the tasks' segments)."""
@@ -558,19 +547,18 @@ class _Encoding:
             self.encoders = self.stack.enter_context(Encoders(self.config, self.workers, self.check_every))
         return self.encoders
 
-    def encode(
-        self, chunks: Iterator[tuple[int | np.ndarray, pa.Table]], wanted: Callable[[], float]
-    ) -> Generator[Encoded, None, None]:
+    def encode(self, chunks: Iterator[pa.Table], wanted: Callable[[], float]) -> Generator[Encoded, None, None]:
         """``Encoders.encode``, the encoders started when the first conversation is asked for."""
         yield from self.start().encode(chunks, wanted)
 
-    def one(self, source: Source, rank: np.ndarray, index: int, position: int) -> Encoded:
-        """Source row ``index`` at ``position``, read and encoded in this process (a row the
-        store held damaged)."""
+    def one(self, source: Source, rank: np.ndarray, index: int, check_every: int | None = None) -> Encoded:
+        """Source row ``index``, read and encoded in this process (a row the store held
+        damaged), checked as ``check_every`` (default: the build's) samples it."""
         if self.loaded is None:
             self.loaded = self.config.load()
         rows = next(read_rows(source, rank, np.array([index])).chunks(1))
-        return next(encode_rows(self.loaded, Chunk(rows, position, self.check_every)))
+        every = self.check_every if check_every is None else check_every
+        return next(encode_rows(self.loaded, Chunk(rows, every)))
 
 
 def _open_store(config: BuildConfig, encoder: EncoderConfig, hashes: list[Future], rows: int) -> TokenStore | None:
@@ -612,14 +600,14 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
         skip = None
         if store is not None:
             stack.callback(store.close)
-            held, check = store.plan(order, config.check_every)
+            held, check = store.plan(config.check_every)
             skip = held & ~check if held.any() else None
         if skip is None or not skip.all():
             encoding.start()  # (conversations are to be encoded: at once, beside the reading)
         # A build of every row from a source of more than one band, or with workers enough to pack,
         # fills the store first, in one pass over the source, then takes its conversations from it
         # in packing order. With a row count, workers enough to pack settle the template checks of
-        # stored conversations so (another seed), where the store holds the rows' conversations.
+        # stored conversations so (stored unchecked), where the store holds the rows' conversations.
         packing = config.workers >= PARALLEL_PACKING_WORKERS
         fill = store is not None and config.rows is None and (source.num_rows * bytes_row > band_budget or packing)
         reach = None
@@ -660,7 +648,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             """``needed`` as the workers have indexed the stream so far (``_pack_fresh``)."""
             return needed(fed.tokens, fed.conversations, fed.tokens)
 
-        def fed_chunks(wanted: Callable[[], float]) -> Iterator[tuple[int | np.ndarray, pa.Table]]:
+        def fed_chunks(wanted: Callable[[], float]) -> Iterator[pa.Table]:
             """The chunks of the packing order, sized by ``wanted`` (``_pack_fresh``)."""
             fresh_bytes = max(LARGE_ROW_BYTES, IN_FLIGHT_BYTES // (2 * config.workers))
             rows = partial(chunk_rows, wanted, FRESH_CHUNK_ROWS)
@@ -703,7 +691,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
                     assert store is not None
                     large_rows = encoding.workers > 1 and bytes_row > LARGE_ROW_BYTES
                     _fill(store, encoding, source, order, large_rows, tokenized, reach)
-                    held, check = store.plan(order, config.check_every)
+                    held, check = store.plan(config.check_every)
                     skip = held & ~check if held.any() else None
                     tokenized = tqdm(disable=True)  # (counted as filled)
                 packed = None
@@ -714,7 +702,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
                     reading = (fed_chunks, fed_wanted)
                     packed = _pack_fresh(config, store, order, reading, setup, source, folder, (tokenized, bar))
                     if packed is None:  # (what its workers stored before one could not is held now)
-                        held, check = store.plan(order, config.check_every)
+                        held, check = store.plan(config.check_every)
                         skip = held & ~check if held.any() else None
                 if packed is None:
                     written = streamed(skip, tokenized, bar)
@@ -729,6 +717,8 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
             asked = f"--rows is {config.rows}" if config.rows is not None else "a build needs at least one"
             filled = f"the source fills only {written} rows of {config.row_tokens} tokens"
             raise BuildError(f"{filled} with supervised tokens; {asked}")
+        if config.check_every and not tally.template_checked:
+            _check_first(encoding, source, rank, tally, store)
         source_files = recorded_files(source, source_hashes)
     bpe_used = bpe_version(encoder_config.bpe) if tokenizer.family != HF else None
     manifest = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME, separator, bpe_used)
@@ -741,6 +731,19 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
     document = manifest.to_json()
     _write_manifest(folder / MANIFEST_NAME, document)
     return document
+
+
+def _check_first(
+    encoding: _Encoding, source: Source, rank: np.ndarray, tally: _Tally, store: TokenStore | None
+) -> None:
+    """Check the first conversation the rows hold against the rendered template, for a
+    build whose stream took none that ``encode.sampled`` picks (a build of a few rows):
+    every build with ``--check-every`` checks one at least. A failure stops the build."""
+    first = next(iter(tally.rows_per_conversation))
+    item = encoding.one(source, rank, first, check_every=1)
+    if store is not None:
+        store.add(item)
+    tally.template_checked = 1
 
 
 def upstream(config: BuildConfig, source: Source) -> str | None:
@@ -813,7 +816,7 @@ def _manifest(
         source=source_record(source, source_files),
         tokenizer=tokenizer.manifest(),
         loss_mask=LossMask(type=config.loss_mask_type, template_kwargs=template_kwargs(config, tokenizer)),
-        template_check=TemplateCheck(every=config.check_every, checked=tally.template_checked),
+        template_check=TemplateCheck(every=config.check_every, checked=tally.template_checked, sample="source_row"),
         stats=Stats(**tally.stats()),
         source_mix=tally.source_mix(),
         skipped_invalid=[SkippedRow(**row) for row in tally.skipped_invalid],

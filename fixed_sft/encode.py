@@ -2,12 +2,11 @@
 
 ``encode_rows`` (one worker: in the builder's process) and ``encode_chunk`` (its
 results packed for transfer from a worker process) are pure functions of the chunk
-(source rows, in packing order, with the packing position of the first one) and the
-tokenizer: workers may run chunks in any order or place, and the builder consumes the
-results in packing order.
-Conversations whose position is a multiple of ``check_every`` are also encoded through
-the rendered chat template; a difference stops the build when the build reaches that
-conversation, not before (so a chunk's later rows cannot fail a build that ends earlier).
+(source rows, in packing order) and the tokenizer: workers may run chunks in any order
+or place, and the builder consumes the results in packing order.
+The conversations of 1 in ``check_every`` source rows (``sampled``) are also encoded
+through the rendered chat template; a difference stops the build when the build reaches
+that conversation, not before (so a chunk's later rows cannot fail a build that ends earlier).
 
 ``Encoders`` runs them on an engine (``fixed_sft.engine``): in this process, or in
 worker processes that fork from a server that has imported this module and loaded the
@@ -186,29 +185,36 @@ class EncoderConfig:
         return cls(**{**fields, "tokenizer_dir": Path(fields["tokenizer_dir"]), "declarations": declarations})
 
 
+SAMPLE_MULTIPLIER = 0x9E3779B97F4A7C15  # odd, about 2**64 over the golden ratio
+
+
+def sampled(indices: np.ndarray, every: int) -> np.ndarray:
+    """Which of source rows ``indices`` the template check samples: 1 in ``every`` (0: none).
+    Row ``i`` is sampled when ``i * SAMPLE_MULTIPLIER mod 2**64 < 2**64 // every``
+    (Fibonacci hashing: evenly spread, without a period). The sample depends on the source
+    row alone, not on the seed, row length or row count, so a later build of the same
+    source finds its sampled conversations checked in the token store.
+
+    >>> np.flatnonzero(sampled(np.arange(40), 8)).tolist()
+    [0, 5, 13, 18, 26, 34, 39]
+    """
+    indices = np.asarray(indices, np.uint64)
+    if every <= 1:
+        return np.full(indices.shape, every == 1)
+    return indices * np.uint64(SAMPLE_MULTIPLIER) < np.uint64(2**64 // every)
+
+
 class Chunk(NamedTuple):
-    """A chunk of the packing order: source rows as ``fixed_sft.bands`` cuts them, the
-    packing position of the first, and how often conversations are checked: the one at
-    position ``p`` is also encoded through the rendered template when ``p`` is a multiple
-    of ``check_every`` (0: none). ``positions``: each row's position, where the rows are not
-    consecutive in the order (the others are taken from the token store)."""
+    """A chunk of the packing order: source rows as ``fixed_sft.bands`` cuts them, and how
+    often conversations are checked: those of the rows ``sampled`` picks (``check_every``)
+    are also encoded through the rendered template."""
 
     rows: pa.Table
-    first_position: int
     check_every: int = 0
-    positions: np.ndarray | None = None
 
-    @classmethod
-    def at(cls, first: int | np.ndarray, rows: pa.Table, check_every: int) -> Chunk:
-        """The chunk of ``rows`` at position ``first``, or at each of the positions ``first``."""
-        if isinstance(first, np.ndarray):
-            return cls(rows, int(first[0]) if len(first) else 0, check_every, first)
-        return cls(rows, first, check_every)
-
-    def checked(self, offset: int) -> bool:
-        """Whether the chunk's conversation ``offset`` is checked."""
-        position = self.first_position + offset if self.positions is None else int(self.positions[offset])
-        return bool(self.check_every) and position % self.check_every == 0
+    def checked(self, index: int) -> bool:
+        """Whether source row ``index`` of the chunk is checked."""
+        return bool(sampled(np.array([index]), self.check_every)[0])
 
 
 def encode_rows(encoder: Encoder, chunk: Chunk) -> Iterator[Encoded]:
@@ -221,7 +227,7 @@ def encode_rows(encoder: Encoder, chunk: Chunk) -> Iterator[Encoded]:
         yield from _encode_batch(encoder, chunk)
         return
     schema = encoder.schema
-    for offset, (index, record) in enumerate(records(chunk.rows)):
+    for index, record in records(chunk.rows):
         try:
             row_id, messages, tools = conversation(record, schema)
         except InvalidRow as error:
@@ -234,7 +240,7 @@ def encode_rows(encoder: Encoder, chunk: Chunk) -> Iterator[Encoded]:
             continue
         except TemplateMismatch as error:  # a template the encoder cannot follow for this conversation
             raise TemplateMismatch(f"source row {index} (id {row_id}): {error}") from None
-        checked = _checked(encoder, chunk.checked(offset), index, row_id, messages, tools, ids, mask)
+        checked = _checked(encoder, chunk.checked(index), index, row_id, messages, tools, ids, mask)
         yield checked._replace(source_value=source_value(record))
 
 
@@ -280,7 +286,7 @@ def _encode_batch(encoder: BatchEncoder, chunk: Chunk) -> Iterator[Encoded]:
             continue
         if not isinstance(result, tuple):  # a TemplateMismatch (ClockRead among them)
             raise type(result)(f"source row {index} (id {item.id}): {result}")
-        checked = _checked(encoder, chunk.checked(offset), index, item.id, item.messages, item.tools, *result)
+        checked = _checked(encoder, chunk.checked(index), index, item.id, item.messages, item.tools, *result)
         yield checked._replace(source_value=values[offset])
 
 
@@ -399,8 +405,8 @@ WORKER_MODULES = [__name__, RENDERER_MODULE]  # what the fork server imports onc
 
 
 class Encoders:
-    """Where conversations are encoded (those at positions that are multiples of
-    ``check_every`` also through the template): in this process (``workers == 1``), one
+    """Where conversations are encoded (those ``sampled`` by ``check_every`` also through
+    the template): in this process (``workers == 1``), one
     conversation at a time and only when asked, or in a ``fixed_sft.engine.ProcessPool``
     whose workers fork from a server that has imported this module and the template
     renderer, and loaded the encoder, once (``PRELOAD_VARIABLE``)."""
@@ -450,13 +456,10 @@ class Encoders:
 
         yield from self.engine.map(fn, ((task,) for task in tasks), room, weigh)
 
-    def encode(
-        self, chunks: Iterable[tuple[int | np.ndarray, pa.Table]], wanted: Callable[[], float]
-    ) -> Generator[Encoded, None, None]:
-        """Encoded conversations in the order of ``chunks``: each the packing position of its
-        first row (the rest follow it), or of each row, and the rows; bounded by ``wanted``
+    def encode(self, chunks: Iterable[pa.Table], wanted: Callable[[], float]) -> Generator[Encoded, None, None]:
+        """Encoded conversations in the order of ``chunks`` (source rows); bounded by ``wanted``
         as ``run_chunks`` bounds its tasks."""
-        tasks = (Chunk.at(first, rows, self.check_every) for first, rows in chunks)
+        tasks = (Chunk(rows, self.check_every) for rows in chunks)
         if isinstance(self.engine, InProcess):
             for conversations in self.engine.map(_encode_here, ((task,) for task in tasks)):
                 yield from conversations

@@ -2,10 +2,10 @@
 
 A build that takes every row of a source larger than a band fills the store first, in one
 pass over the source. Its tasks are cut by row group (a JSONL file is one task): each reads
-the rows the store lacks from its group, a batch at a time, encodes them (the one at a
-packing position that is a multiple of ``check_every`` also through the template) and
-writes them as segments of its own. The build's process only hands out tasks, so the pass
-runs in as many workers as there are row groups.
+the rows the store lacks from its group, a batch at a time, encodes them (those
+``encode.sampled`` picks also through the template) and writes them as segments of its
+own. The build's process only hands out tasks, so the pass runs in as many workers as
+there are row groups.
 
 A first build of some rows, with workers enough to pack (``fixed_sft.parallel``), gives them
 its chunks as it reads them, in packing order (``FreshTask``): each is encoded, stored and
@@ -35,14 +35,13 @@ from .store import SegmentWriter
 
 class FillTask(NamedTuple):
     """Source rows ``start + local`` of file ``path`` (of ``rows`` rows), all in one row
-    group, at packing ``positions``; encoded in chunks of at most ``chunk_rows`` rows and
+    group; encoded in chunks of at most ``chunk_rows`` rows and
     ``chunk_bytes`` bytes (or one row), as a build's; stored into the entry ``folder``."""
 
     path: str
     start: int
     rows: int
     local: np.ndarray
-    positions: np.ndarray
     check_every: int
     chunk_rows: int
     chunk_bytes: int
@@ -58,7 +57,7 @@ class Filled(NamedTuple):
 
 
 def fill_tasks(
-    source: Source, rank: np.ndarray, wanted: np.ndarray, check_every: int, chunks: tuple[int, int], folder: Path
+    source: Source, wanted: np.ndarray, check_every: int, chunks: tuple[int, int], folder: Path
 ) -> Iterator[FillTask]:
     """The tasks that store the source rows ``wanted`` marks, in source order: one per row
     group holding one; ``chunks``: their ``chunk_rows`` and ``chunk_bytes``."""
@@ -70,8 +69,7 @@ def fill_tasks(
             groups = np.searchsorted(ends, local, side="right")  # each row's row group
             cuts = np.flatnonzero(np.diff(groups)) + 1
             for part in np.split(local, cuts):
-                positions = rank[start + part]
-                yield FillTask(str(path), start, count, part, positions, check_every, *chunks, str(folder))
+                yield FillTask(str(path), start, count, part, check_every, *chunks, str(folder))
         start += count
 
 
@@ -79,15 +77,12 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
     """Read, encode and store a task's rows (module docstring)."""
     inside = np.zeros(task.rows, bool)
     inside[task.local] = True
-    position = np.full(task.rows, -1, np.int64)
-    position[task.local] = task.positions
     writer = SegmentWriter(Path(task.folder), quiet=True)  # (the build's process says it once)
     conversations = 0
     for batch in read_file_rows(Path(task.path), task.start, inside):
         for rows in Band([batch], [np.arange(batch.num_rows)]).chunks(task.chunk_rows, task.chunk_bytes):
-            positions = position[rows.column("index").to_numpy() - task.start]
             try:
-                for item in encode_rows(encoder, Chunk(rows, int(positions[0]), task.check_every, positions)):
+                for item in encode_rows(encoder, Chunk(rows, task.check_every)):
                     writer.add(item)
                     conversations += 1
             except TemplateMismatch:

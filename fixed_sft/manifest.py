@@ -103,10 +103,14 @@ class LossMask:
 
 @dataclass
 class TemplateCheck:
-    """1 in ``every`` conversations checked against the rendered template (0: none); ``checked``: how many."""
+    """1 in ``every`` conversations checked against the rendered template (0: none);
+    ``checked``: how many; ``sample``: which, ``source_row`` for those of the source rows
+    ``encode.sampled`` picks (manifests before it lack it: the conversations at packing
+    positions that are multiples of ``every``)."""
 
     every: int
     checked: int
+    sample: Literal["source_row"] | None = omitted()
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Rows of the conversations the token store holds: cut from prefix sums, assembled and written in the workers.
 
 A build whose conversations are all in the store, and which has started its workers to
-encode (to fill the store, or to check another seed's positions), packs in two passes,
+encode (to fill the store, or to check conversations stored unchecked), packs in two passes,
 each a task per block, run in those workers:
 
 1. ``index``: a block of packing positions, read from the store, each conversation's
@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .cuts import Cuts, Runs, runs
-from .encode import Encoded
+from .encode import Encoded, sampled
 from .encoding import TemplateMismatch
 from .errors import BuildError
 from .hashes import row_digest
@@ -317,7 +317,7 @@ def _rows(stream: _Stream, row_tokens: int, wanted: int | None) -> _Rows:
 
 def reachable(store: TokenStore, order: np.ndarray, given: np.ndarray, row_tokens: int) -> float:
     """At most how many rows the conversations of ``order`` fill before the first the store
-    does not give (``given``: held, and checked where their position is); every row where
+    does not give (``given``: held, and checked where sampled); every row where
     it gives all (``inf``)."""
     where = np.flatnonzero(~given[order])
     if not len(where):
@@ -469,8 +469,8 @@ def _tally(stream: _Stream, rows: _Rows, check_every: int) -> Packed:
         packed.tail_tokens = int(cuts.starts[-1] - cuts.rows * cuts.row_tokens)
     packed.conversations_encoded = fed
     packed.tokens_encoded = int(rows.sizes[:fed].sum())
-    positions = rows.units[:fed]
-    packed.template_checked = int(np.count_nonzero(positions % check_every == 0)) if check_every else 0
+    indices = np.concatenate(stream.indices)
+    packed.template_checked = int(np.count_nonzero(sampled(indices[rows.units[:fed]], check_every)))
     every_kept = np.zeros(cuts.rows, bool)
     every_kept[:considered] = kept
     in_rows = np.zeros(len(rows.units) + 1, np.int64)  # kept rows holding each unit
@@ -478,7 +478,6 @@ def _tally(stream: _Stream, rows: _Rows, check_every: int) -> Packed:
     np.add.at(in_rows, cuts.last[:considered][kept] + 1, -1)
     in_rows = np.cumsum(in_rows)[: len(rows.units)]
     in_kept = np.flatnonzero(in_rows)  # (units in kept rows)
-    indices = np.concatenate(stream.indices)
     packed.rows_per_conversation = Counter(dict(zip(indices[rows.units[in_kept]].tolist(), in_rows[in_kept].tolist())))
     packed.conversation_tokens = (rows.sizes[in_kept] - 1).tolist()
     codes = np.array(stream.codes, np.int64)[rows.units]

@@ -419,8 +419,15 @@ def comparison(
         again["params"] = {key: value for key, value in again["params"].items() if key != "separator"}
     if "source_mix" not in manifest and "card" not in manifest:  # a manifest from before the source mix was recorded
         again.pop("source_mix", None)
+    # a manifest from before the sample was by source row: its build checked other conversations
+    by_position = "sample" not in manifest["template_check"]
     return [
-        *(Compared(key, here.get(key, MISSING), again.get(key, MISSING), True) for key in {**here, **again}),
+        *(
+            Compared(
+                key, here.get(key, MISSING), again.get(key, MISSING), not (by_position and key == "template_check")
+            )
+            for key in {**here, **again}
+        ),
         Compared("provenance", *_provenance(folder, manifest, rebuilt_folder, rebuilt), True),
         Compared("parquet", manifest["parquet"], rebuilt["parquet"], False),
         Compared("card", manifest.get("card", MISSING), rebuilt.get("card", MISSING), False),

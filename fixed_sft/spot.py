@@ -5,7 +5,7 @@ the full rebuild takes them (``rebuild.recorded_config``): the tokenizer files m
 recorded ones, the template variables and the separator are the manifest's, and the source
 files are hashed and compared with ``source.files``. Then only the source rows the chosen
 rows need are read (a Parquet file's row groups that hold one, a JSONL file's lines) and
-encoded, each at its packing position (so the template check runs where the build ran it).
+encoded, the sampled ones checked too (``encode.sampled``: where the build checked them).
 
 For each chosen row K it proves:
 
@@ -341,11 +341,11 @@ class _Stream:
         return np.unique(np.concatenate([np.zeros(0, np.int64), *wanted]))
 
     def encode(self, encoder: Encoder, chunk: pa.Table, check_every: int) -> None:
-        """Encode the source rows of ``chunk``, each at its packing position."""
+        """Encode the source rows of ``chunk``, the sampled ones checked too (as the build checks them)."""
         indices = chunk.column("index").to_pylist()
         for k, index in enumerate(indices):
             try:
-                for item in encode_rows(encoder, Chunk(chunk.slice(k, 1), int(self.rank[index]), check_every)):
+                for item in encode_rows(encoder, Chunk(chunk.slice(k, 1), check_every)):
                     self.encoded[index] = item
             except TemplateMismatch as error:
                 self.failed[index] = f"the template check fails, which stops a build ({error})"

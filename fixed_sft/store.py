@@ -14,9 +14,9 @@ then renamed: readers see complete files only, and builds sharing a store never 
 same file. Each conversation in a segment carries the sha256 of its record and bytes; one
 that does not match (a flipped byte, a truncated file) is never used: the build encodes it
 again and adds it anew, and the newer copy is the one found next time. A conversation is
-stored as having passed the template check only where its build checked it. At a checked
-position, a stored one that has not passed is given at once and also encoded again, which
-checks it; the check is settled before the build writes its manifest (``Stream``), and a
+stored as having passed the template check only where its build checked it. A sampled
+one (``encode.sampled``) stored without a passed check is given at once and also encoded
+again, which checks it; the check is settled before the build writes its manifest (``Stream``), and a
 failure stops the build as it would without the store.
 
 The store is an optimisation only: a build's rows are the same with it, without it
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .encode import Encoded, EncoderConfig
+from .encode import Encoded, EncoderConfig, sampled
 from .errors import BuildError
 
 # Bump when the segment format changes, or what an encoding depends on beyond the modules and
@@ -390,25 +390,22 @@ class TokenStore:
         finally:
             old.close()
 
-    def plan(self, order: np.ndarray, check_every: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per source row, for a build of packing ``order``: whether it is taken from the
-        store, and whether it is read and encoded too (taken from the store but at a checked
-        position, without a passed check: encoded again to check it)."""
+    def plan(self, check_every: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per source row: whether it is taken from the store, and whether it is read and
+        encoded too (taken from the store but sampled by ``check_every``, without a passed
+        check: encoded again to check it)."""
         held = self.segment >= 0
-        check = np.zeros(len(held), bool)
-        if check_every:
-            check[order[::check_every]] = True
-            check &= held & ~self.passed
+        check = sampled(np.arange(len(held)), check_every) & held & ~self.passed
         return held, check
 
     def stream(self, order: np.ndarray, misses: Iterator[Encoded], check_every: int, again: Again) -> Stream:
         """The conversations of packing ``order`` (``Stream``), taken from the store as ``plan``
         says, the others from ``misses``."""
-        held, check = self.plan(order, check_every)
+        held, check = self.plan(check_every)
         return Stream(self, order, held, check, misses, check_every, again)
 
 
-Again = Callable[[int, int], Encoded]  # (source row, position) -> the row read and encoded alone
+Again = Callable[[int], Encoded]  # source row -> the row read and encoded alone
 
 
 class StoreMismatch(BuildError):
@@ -427,8 +424,8 @@ class Stream:
     """The conversations of a build in packing order: the rows ``held`` from the store, the
     others from ``misses`` (which reads and encodes them, in order, and those of ``check``
     too), each encoded one added to the store. A stored row whose bytes do not match is
-    encoded by ``again(index, position)``. A stored row at a checked position that has not
-    passed the check is given at once, and its check is settled as ``misses`` reaches it:
+    encoded by ``again(index)``. A stored row sampled for the check that has not passed it
+    is given at once, and its check is settled as ``misses`` reaches it:
     before the next row from ``misses``, or at ``finish``, which a build calls before it
     writes its manifest (a failing check stops the build, as without the store)."""
 
@@ -443,7 +440,8 @@ class Stream:
         again: Again,
     ):
         self.store, self.order, self.held, self.check = store, order, held, check
-        self.misses, self.check_every, self.again = misses, check_every, again
+        self.misses, self.again = misses, again
+        self.sampled = sampled(np.arange(len(held)), check_every)
         self.pending: deque[Encoded] = deque()  # stored rows given, whose check is to come from misses
         self.items = self._items()
 
@@ -452,12 +450,12 @@ class Stream:
 
     def _items(self) -> Generator[Encoded, None, None]:
         store = self.store
-        for position, index in _positions(self.order):
-            checked = bool(self.check_every) and position % self.check_every == 0
+        for index in _rows(self.order):
+            checked = bool(self.sampled[index])
             item = store.lookup(index) if self.held[index] else None
             unchecked = item is not None and checked and item.invalid is None and not item.checked
             if self.held[index] and not self.check[index] and (item is None or unchecked):
-                item = self.again(index, position)  # (damaged, or not as planned: the misses do not hold it)
+                item = self.again(index)  # (damaged, or not as planned: the misses do not hold it)
                 store.add(item)
             elif item is None:
                 item = self._next_miss(index)
@@ -501,10 +499,10 @@ def _digest(head: bytes, body: bytes) -> bytes:
     return digest.digest()
 
 
-def _positions(order: np.ndarray, block: int = 4096) -> Iterator[tuple[int, int]]:
-    """``(position, source row)`` of packing ``order``, as Python ints a block at a time."""
+def _rows(order: np.ndarray, block: int = 4096) -> Iterator[int]:
+    """The source rows of packing ``order``, as Python ints a block at a time."""
     for start in range(0, len(order), block):
-        yield from enumerate(order[start : start + block].tolist(), start)
+        yield from order[start : start + block].tolist()
 
 
 def _same(stored: Encoded, item: Encoded) -> bool:

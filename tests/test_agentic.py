@@ -211,7 +211,7 @@ def test_a_template_that_renders_agentic_shapes_otherwise_encodes_only_plain_con
 
     rows = [{"id": "plain", "messages": plain}, {"id": "agentic", "messages": TOOL_CALLS}]
     with pytest.raises(TemplateMismatch, match=r"^source row 1 \(id agentic\): .* does not render"):
-        list(encode_rows(encoder, Chunk(_chunk(rows), 0, 0)))
+        list(encode_rows(encoder, Chunk(_chunk(rows), 0)))
 
 
 def test_the_sampled_check_covers_tools(encoder):
@@ -244,7 +244,7 @@ def test_rows_the_encoder_cannot_take_are_invalid_rows_named_by_id(encoder):
         {"id": "tool", "messages": [{"role": "tool", "content": "out"}]},
         {"id": "good", "messages": TOOL_CALLS, "tools": WEATHER},
     ]
-    got = list(encode_rows(encoder, Chunk(_chunk(lines), 0, 1)))
+    got = list(encode_rows(encoder, Chunk(_chunk(lines), 1)))
     assert [(item.id, item.invalid) for item in got[:3]] == [
         ("img", "message 0 content part 0 is an image, which the kimi_k25 encoder does not take"),
         ("key", "message 0 has the key 'thinking', which the kimi_k25 encoder does not read"),

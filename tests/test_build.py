@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -22,7 +23,8 @@ from conftest import cache_link
 from fixed_sft import build as build_module
 from fixed_sft.build import BuildConfig, BuildError, UsageError, build
 from fixed_sft.chat import ChatEncoder
-from fixed_sft.encode import EncoderConfig
+from fixed_sft.encode import EncoderConfig, sampled
+from fixed_sft.order import permutation
 from fixed_sft.output import read_rows
 from fixed_sft.params import MAX_ROW_TOKENS
 from fixed_sft.source import SourceError
@@ -47,7 +49,7 @@ GOLDEN_STATS = {
     "tail_tokens_dropped": 1758,
     "invalid_rows_skipped": 0,
 }
-GOLDEN_TEMPLATE_CHECK = {"every": 8, "checked": 3}
+GOLDEN_TEMPLATE_CHECK = {"every": 8, "checked": 2, "sample": "source_row"}
 # rows_sha256 of the same build with --emit-boundaries (format fixed-sft/3): the row hash
 # then also covers each row's cu_seqlens (data/README.md)
 GOLDEN_BOUNDARIES_ROWS_SHA256 = "dd21a8dae05aa5673174970c69db3ccb2e639725a9371e73872245bc88b5c64d"
@@ -192,8 +194,6 @@ def test_git_commit_and_dirty_are_recorded_from_the_project_checkout(tmp_path):
 def test_rows_are_the_ordered_conversation_stream(fixture_build, corpus, encoder):
     """Re-joined rows equal the conversations in packing order joined with [EOS], and
     each row's provenance rebuilds it."""
-    from fixed_sft.order import permutation
-
     out, manifest = fixture_build
     rows = corpus[1]
     ids, mask, offsets = read_rows(out / "train.parquet")
@@ -236,13 +236,14 @@ def test_workers_do_not_change_output(fixture_build, corpus, kimi_dir, tmp_path,
 def test_workers_check_the_same_positions_whatever_the_chunk_size(
     fixture_build, corpus, kimi_dir, tmp_path, monkeypatch
 ):
-    """Chunks that start at packing positions that are not multiples of check_every
-    (chunks of 3, checks every 8): workers check the positions 0, 8, 16 ... all the same."""
+    """Chunks of 3 in 2 workers check the sampled source rows the stream takes, as one
+    worker does (checks every 8)."""
     monkeypatch.setattr(build_module, "CHUNK_ROWS", 3)
     _, manifest = fixture_build
     other = build(config(corpus[0] / "parquet", kimi_dir, workers=2), tmp_path / "w")
-    used = other["stats"]["conversations"]
-    assert other["template_check"] == {"every": 8, "checked": len(range(0, used, 8))} == manifest["template_check"]
+    taken = permutation(5, len(corpus[1]))[: other["stats"]["conversations"]]
+    expected = {"every": 8, "checked": int(np.count_nonzero(sampled(taken, 8))), "sample": "source_row"}
+    assert other["template_check"] == expected == manifest["template_check"]
     assert other == manifest
 
 
@@ -372,9 +373,7 @@ def test_whole_source_over_many_row_groups_verifies(corpus, kimi_dir, tmp_path):
     assert manifest["params"]["rows"] == "all" and verify(out) == []
 
 
-def test_template_check_runs_on_every_nth_position(corpus, kimi_dir, tmp_path, monkeypatch):
-    from fixed_sft.order import permutation
-
+def test_template_check_runs_on_the_sampled_source_rows(corpus, kimi_dir, tmp_path, monkeypatch):
     rows = corpus[1]
     index_of = {tuple((m["role"], m["content"]) for m in row["messages"]): i for i, row in enumerate(rows)}
     checked = []
@@ -388,17 +387,48 @@ def test_template_check_runs_on_every_nth_position(corpus, kimi_dir, tmp_path, m
         ),
     )
     manifest = build(config(corpus[0] / "parquet", kimi_dir, check_every=5), tmp_path / "c")
-    rank = np.argsort(permutation(5, len(rows)))
-    used = manifest["stats"]["conversations"]  # one build worker consumes positions 0 .. used - 1
-    assert sorted(rank[checked].tolist()) == list(range(0, used, 5))
-    assert manifest["template_check"] == {"every": 5, "checked": len(range(0, used, 5))}
+    taken = permutation(5, len(rows))[: manifest["stats"]["conversations"]]  # (one worker encodes these only)
+    assert checked == taken[sampled(taken, 5)].tolist() and len(checked) >= 2
+    assert manifest["template_check"] == {"every": 5, "checked": len(checked), "sample": "source_row"}
+
+
+def test_a_build_whose_stream_takes_no_sampled_row_checks_its_first(corpus, kimi_dir, tmp_path, monkeypatch):
+    """Every build with ``check_every`` checks one conversation at least: where the stream
+    takes none of the sampled rows, the first conversation of row 0; a difference there
+    stops the build."""
+    from fixed_sft.chat import TemplateMismatch
+
+    cfg = config(corpus[0] / "parquet", kimi_dir, rows=2, check_every=500, no_card=True)
+    order = permutation(5, len(corpus[1]))
+    assert not sampled(order[:20], 500).any()  # (2 rows of 1,024 tokens take fewer)
+    checked = []
+    check = ChatEncoder.check
+
+    def recording(self, messages, ids, tools=None):
+        checked.append(messages)
+        return check(self, messages, ids, tools)
+
+    monkeypatch.setattr(ChatEncoder, "check", recording)
+    manifest = build(cfg, tmp_path / "few")
+    assert manifest["template_check"] == {"every": 500, "checked": 1, "sample": "source_row"}
+    first = int(order[0])
+    assert checked == [corpus[1][first]["messages"]]
+    assert manifest == build(dataclasses.replace(cfg, no_cache=True), tmp_path / "plain")
+
+    def differs(self, messages, ids, tools=None):
+        raise TemplateMismatch("fast-path ids differ from the rendered chat template")
+
+    monkeypatch.setattr(ChatEncoder, "check", differs)
+    with pytest.raises(TemplateMismatch, match=rf"source row {first} \(id {corpus[1][first]['id']}\): fast-path"):
+        build(dataclasses.replace(cfg, no_cache=True), tmp_path / "m")
+    assert not (tmp_path / "m").exists()
 
 
 def test_a_template_mismatch_names_the_source_row(corpus, kimi_dir, tmp_path, monkeypatch):
     from fixed_sft.chat import TemplateMismatch
-    from fixed_sft.order import permutation
 
-    first = int(permutation(5, len(corpus[1]))[0])  # position 0 is always checked
+    order = permutation(5, len(corpus[1]))
+    first = int(order[sampled(order, 8)][0])  # (the first sampled in packing order)
 
     def differs(self, messages, ids, tools=None):
         raise TemplateMismatch("fast-path ids differ from the rendered chat template")
@@ -422,15 +452,15 @@ def test_each_bpe_builds_the_golden_rows_and_records_itself(fixture_build, corpu
 
 
 def test_a_gigatoken_difference_stops_the_build_naming_the_row(corpus, kimi_dir, tmp_path, monkeypatch):
-    """gigatoken made to give a wrong id for one conversation's content (the first in packing
-    order, which is always checked): its template check names the row and the flag that
+    """gigatoken made to give a wrong id for one conversation's content (the first sampled
+    for the check in packing order): its template check names the row and the flag that
     turns gigatoken off, and that flag builds the golden rows."""
     import gigatoken
 
     from fixed_sft.chat import BPEMismatch
-    from fixed_sft.order import permutation
 
-    first = int(permutation(5, len(corpus[1]))[0])
+    order = permutation(5, len(corpus[1]))
+    first = int(order[sampled(order, 8)][0])
     marker = corpus[1][first]["messages"][0]["content"]
     encode = gigatoken.Tokenizer.encode
 
@@ -498,9 +528,9 @@ def test_workers_get_little_more_than_the_rows_need(corpus, kimi_dir, tmp_path, 
     chunks = build_module._chunks
 
     def counting(*args, **kwargs):
-        for first_position, chunk in chunks(*args, **kwargs):
+        for chunk in chunks(*args, **kwargs):
             read.append(chunk.num_rows)
-            yield first_position, chunk
+            yield chunk
 
     monkeypatch.setattr(build_module, "_chunks", counting)
     cfg = config(corpus[0] / "parquet", kimi_dir, rows=200, workers=4, no_cache=no_cache, cache_dir=str(tmp_path / "c"))

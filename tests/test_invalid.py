@@ -8,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import synthetic
@@ -646,6 +647,7 @@ def test_a_template_failure_in_the_pass_that_fills_the_store_stops_the_build(
     the build reaches it in packing order."""
     import fixed_sft.build as build_module
     from fixed_sft.chat import TemplateMismatch
+    from fixed_sft.encode import sampled
     from fixed_sft.order import permutation
 
     folder = tmp_path / "tok"
@@ -653,7 +655,8 @@ def test_a_template_failure_in_the_pass_that_fills_the_store_stops_the_build(
     template = folder / "chat_template.jinja"
     guard = "{%- for m in messages if m['content'] == 'BOOM' -%}{{ raise_exception('boom') }}{%- endfor -%}"
     template.write_text(guard + template.read_text())
-    bad = int(permutation(7, 300)[150])
+    order = permutation(7, 300)
+    bad = int(order[150:][sampled(order[150:], 2)][0])  # (sampled, from position 150 on)
     rows = [
         {
             "id": f"row-{i}",
@@ -689,20 +692,22 @@ def _boom_tokenizer(kimi_dir: Path, tmp_path: Path) -> Path:
 def test_a_build_that_fills_the_store_stops_at_the_first_failure_in_packing_order(
     kimi_dir, tmp_path, monkeypatch, workers, kinds
 ):
-    """Two failing rows (an invalid one, or one the template refuses at a checked position):
-    ``a`` at packing position 10, ``b`` later in packing order but earlier in the source. A
-    ``--rows all`` build that fills the store in source order stops at ``a``, with the
-    error of a build without the store."""
+    """Two failing rows (an invalid one, or one the template refuses, sampled for the check):
+    ``a`` from packing position 10 on, ``b`` later in packing order but earlier in the
+    source. A ``--rows all`` build that fills the store in source order stops at ``a``,
+    with the error of a build without the store."""
     import dataclasses
     import re
 
     import fixed_sft.build as build_module
     from fixed_sft.chat import TemplateMismatch
+    from fixed_sft.encode import sampled
     from fixed_sft.order import permutation
 
     order = permutation(7, 300).tolist()
-    a = order[10]
-    b = order[next(p for p in range(12, 300, 2) if order[p] < a)]
+    checked = [p for p in range(10, 300) if sampled(np.array([order[p]]), 2)[0]]
+    a = order[checked[0]]
+    b = order[next(p for p in checked[1:] if order[p] < a)]
     rows = [
         {"id": f"row-{i}", "messages": [{"role": "user", "content": f"hi {i}"}, GOOD["messages"][1]]}
         for i in range(300)

@@ -284,9 +284,9 @@ def test_a_build_cuts_chunks_by_bytes_and_keeps_its_rows(kimi_dir, tmp_path, mon
     chunks = build_module._chunks
 
     def recording(*args):
-        for first, chunk in chunks(*args):
+        for chunk in chunks(*args):
             cut.append(chunk.column("bytes").to_pylist())
-            yield first, chunk
+            yield chunk
 
     monkeypatch.setattr(build_module, "CHUNK_BYTES", 20_000)
     monkeypatch.setattr(build_module, "_chunks", recording)
@@ -312,7 +312,7 @@ def test_chunks_in_flight_to_workers_are_bounded_in_bytes(monkeypatch):
 
     class Pool:
         def submit(self, run, fn, chunk):
-            first = chunk.first_position
+            first = chunk.rows.column("k")[0].as_py()
             events.append(("sent", first))
             future = Future()
             future.set_result([])
@@ -328,10 +328,10 @@ def test_chunks_in_flight_to_workers_are_bounded_in_bytes(monkeypatch):
     encoders.check_every, encoders.engine = 0, engine
     monkeypatch.setattr(encode_module, "IN_FLIGHT_BYTES", 3_000)
     chunks = [
-        (k, pa.table({"x": pa.array([b"a" * size], pa.binary())}))
+        pa.table({"x": pa.array([b"a" * size], pa.binary()), "k": [k]})
         for k, size in enumerate([1_000, 1_000, 1_000, 2_500, 100, 100, 5_000, 100])
     ]
-    sizes = [chunk.nbytes for _, chunk in chunks]
+    sizes = [chunk.nbytes for chunk in chunks]
     list(encoders.encode(chunks, lambda: float("inf")))
     in_flight, most = set(), []
     for event, k in events:

@@ -23,7 +23,7 @@ import fixed_sft.build as build_module
 import fixed_sft.fill
 import fixed_sft.parallel
 from fixed_sft.build import BuildConfig, BuildError, build
-from fixed_sft.encode import Encoded
+from fixed_sft.encode import Encoded, sampled
 from fixed_sft.encoding import TemplateMismatch
 from fixed_sft.order import permutation
 from fixed_sft.output import RowWriter
@@ -100,10 +100,10 @@ CASES = {
 
 
 def _prefill(cfg: BuildConfig, out: Path) -> None:
-    """Store every conversation of ``cfg``'s source, checked at another seed's positions: so
-    that a build of ``cfg`` with workers encodes (the checks its positions need), and then
-    packs in the same workers. (A build that encodes nothing packs one at a time.)"""
-    build(dataclasses.replace(cfg, rows=None, seed=cfg.seed + 100, workers=1, no_card=True), out)
+    """Store every conversation of ``cfg``'s source, unchecked (``check_every`` 0), at another
+    seed: so that a build of ``cfg`` with workers encodes (the checks of its sample), and
+    then packs in the same workers. (A build that encodes nothing packs one at a time.)"""
+    build(dataclasses.replace(cfg, rows=None, seed=cfg.seed + 100, workers=1, no_card=True, check_every=0), out)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -111,7 +111,7 @@ def test_rows_packed_by_the_workers_are_those_of_one_at_a_time(
     case, corpus, kimi_dir, tmp_path, token_store, packed
 ) -> None:
     """Rows packed in the workers after they filled the store (all rows), or after they
-    encoded the checks of another seed's positions (some rows)."""
+    encoded the checks of conversations stored unchecked (some rows)."""
     cfg = _config(corpus, kimi_dir, **CASES[case])
     one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")  # (one conversation at a time)
     assert one["stats"]["invalid_rows_skipped"] >= 3  # (positions 1, 4 and 6 come before every case's end)
@@ -200,10 +200,11 @@ def test_a_first_build_whose_worker_cannot_store_packs_one_at_a_time(corpus, kim
 
 
 def test_a_first_build_stops_at_a_failed_check_its_rows_reach(kimi_dir, tmp_path, token_store, packed) -> None:
-    """A conversation the template refuses, at a checked position, stops a first build of
+    """A conversation the template refuses, sampled for the check, stops a first build of
     some rows in the workers with the error of one conversation at a time, where the rows
     reach it; a build whose rows end before it is built."""
-    bad = int(permutation(7, 300)[12])
+    order = permutation(7, 300)
+    bad = int(order[12:][sampled(order[12:], 2)][0])  # (the first sampled from position 12 on)
     rows = [
         {"id": f"row-{i}", "messages": [{"role": "user", "content": f"hi {i}"}, *GOOD["messages"][1:]]}
         for i in range(300)
@@ -270,20 +271,20 @@ def test_a_damaged_stored_conversation_is_encoded_again(corpus, kimi_dir, tmp_pa
 
 
 @pytest.mark.parametrize("rows", [None, 30])
-def test_another_seed_checks_its_positions_then_packs_from_the_store(
+def test_a_build_that_samples_more_checks_them_then_packs_from_the_store(
     rows, corpus, kimi_dir, tmp_path, token_store, packed
 ) -> None:
-    cfg = _config(corpus, kimi_dir, no_card=True, row_tokens=1024)
-    build(cfg, tmp_path / "filled")  # (every conversation stored, checked at seed 7's positions)
+    cfg = _config(corpus, kimi_dir, no_card=True, row_tokens=1024, check_every=6)
+    build(cfg, tmp_path / "filled")  # (every conversation stored, 1 in 6 checked)
     before = set(token_store.glob("tokens/*/*.seg"))
-    other = dataclasses.replace(cfg, seed=8, rows=rows)
+    other = dataclasses.replace(cfg, seed=8, rows=rows, check_every=3)
     expected = build(dataclasses.replace(other, no_cache=True), tmp_path / "one")
     assert build(dataclasses.replace(other, workers=2), tmp_path / "w2") == expected
     assert packed == ["packed"]
     assert _files(tmp_path / "w2") == _files(tmp_path / "one")
-    # only the conversations at seed 8's checked positions were encoded (and stored checked)
+    # only the conversations sampled 1 in 3 and not 1 in 6 were encoded (and stored checked)
     added = sum(len(TokenStore._read_records(p)) for p in set(token_store.glob("tokens/*/*.seg")) - before)
-    assert 0 < added <= (N // 3 + 1 if rows is None else 30)
+    assert 0 < added <= np.count_nonzero(sampled(np.arange(N), 3) & ~sampled(np.arange(N), 6))
 
 
 def _one_at_a_time(items, order, wanted, skip, check_every, shape, out):
@@ -293,8 +294,8 @@ def _one_at_a_time(items, order, wanted, skip, check_every, shape, out):
     tally = build_module._Tally(row_tokens=row_tokens)
     writer = RowWriter(out, boundaries)
     stream = (
-        items[i]._replace(checked=bool(check_every) and p % check_every == 0 and items[i].invalid is None)
-        for p, i in enumerate(order.tolist())
+        items[i]._replace(checked=bool(sampled(np.array([i]), check_every)[0]) and items[i].invalid is None)
+        for i in order.tolist()
     )
 
     class Source:
@@ -410,9 +411,9 @@ def test_a_conversation_damaged_between_the_passes_stops_the_build(tmp_path) -> 
 
 
 def test_a_stale_stored_copy_stops_the_build_as_one_at_a_time(corpus, kimi_dir, tmp_path, token_store, packed) -> None:
-    """A stored conversation encoded again to check it (at another seed's positions) must be
-    its stored copy: one whose digest matches but whose ids differ (a key that misses an
-    input) stops the build, whether the workers check it or the build does one at a time."""
+    """A stored conversation encoded again to check it (stored unchecked) must be its stored
+    copy: one whose digest matches but whose ids differ (a key that misses an input) stops
+    the build, whether the workers check it or the build does one at a time."""
     cfg = _config(corpus, kimi_dir, no_card=True)
     build(cfg, tmp_path / "filled")
     (entry,) = (token_store / "tokens").iterdir()
@@ -424,7 +425,7 @@ def test_a_stale_stored_copy_stops_the_build_as_one_at_a_time(corpus, kimi_dir, 
     writer = SegmentWriter(entry)
     for item in items:
         if item.ids is not None:
-            item = item._replace(ids=item.ids + 1)  # (stale, with digests that match)
+            item = item._replace(ids=item.ids + 1, checked=False)  # (stale, with digests that match; unchecked)
         writer.add(item)
     writer.flush()
     snapshot = tmp_path / "snapshot"

@@ -197,6 +197,20 @@ def test_a_manifest_that_misstates_the_build_is_caught(three_rows, source, kimi_
     assert says in out
 
 
+def test_the_checks_of_a_manifest_that_sampled_by_position_are_not_compared(three_rows, kimi_dir, tmp_path, capsys):
+    """A manifest from before the template check sampled by source row (it lacks
+    ``template_check.sample``) checked the conversations at other positions: its count is
+    shown for information, and the rebuild still gives the same rows and manifest."""
+    _copy(three_rows, tmp_path / "o")
+    _edit(tmp_path / "o", lambda m: (m["template_check"].pop("sample"), m["template_check"].update(checked=5)))
+    assert main(["verify", str(tmp_path / "o")]) == 0
+    capsys.readouterr()
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 0
+    out = capsys.readouterr().out
+    assert "gives the same rows and manifest" in out
+    assert "template_check: differs (for information) (checked: 5 here, 1 rebuilt)" in out
+
+
 def test_the_reason_of_a_skipped_row_is_not_compared(kimi_dir, tmp_path, capsys):
     """Its wording is the code's: a manifest from code that worded it otherwise still
     gives the same rows and manifest."""

@@ -18,6 +18,7 @@ import fixed_sft.encode
 from fixed_sft import store as store_module
 from fixed_sft.build import BuildConfig, build, encoder_setup
 from fixed_sft.chat import ChatEncoder, TemplateMismatch
+from fixed_sft.encode import sampled
 from fixed_sft.order import permutation
 from fixed_sft.store import SegmentWriter, TokenStore, default_dir, store_key
 
@@ -211,10 +212,11 @@ def test_a_damaged_entry_is_encoded_again_and_stored_anew(corpus, kimi_dir, tmp_
 
 
 def test_a_failing_check_of_a_stored_conversation_stops_the_build(corpus, kimi_dir, tmp_path, monkeypatch):
-    """A stored conversation at a checked position that was not checked before is checked
+    """A stored conversation sampled for the check that was not checked before is checked
     now; a difference stops the build naming its row, as without the store."""
     build(config(corpus[0], kimi_dir, rows=None, check_every=0), tmp_path / "fill")
-    first = int(permutation(5, len(corpus[1]))[0])  # position 0 is always checked
+    order = permutation(5, len(corpus[1]))
+    first = int(order[sampled(order, 8)][0])  # (the first sampled in packing order)
 
     def differs(self, messages, ids, tools=None):
         raise TemplateMismatch("fast-path ids differ from the rendered chat template")
@@ -349,8 +351,8 @@ def test_a_build_of_every_row_over_several_bands_decodes_the_source_once(
     as large, the build's process reads them, once, for the workers to encode), then packs
     from the store: the rows of the band-by-band
     build without the store, which decodes the source once per band. A later build of
-    another row length decodes nothing; one of another seed reads the rows at its checked
-    positions to check them, in one pass too."""
+    another row length or seed decodes nothing; one that samples more rows for the
+    template check reads those to check them, in one pass too."""
     import fixed_sft.build as build_module
 
     _bands_of(corpus[0], monkeypatch, 4)
@@ -375,13 +377,16 @@ def test_a_build_of_every_row_over_several_bands_decodes_the_source_once(
     assert build(dataclasses.replace(cfg, row_tokens=512), tmp_path / "again")["stats"]["conversations"] == 1200
     assert sum(decoded) == 0
     assert build(dataclasses.replace(cfg, seed=6), tmp_path / "seed")["stats"]["conversations"] == 1200
+    assert sum(decoded) == 0
+    more = dataclasses.replace(cfg, seed=6, check_every=cfg.check_every // 2)
+    assert build(more, tmp_path / "more")["stats"]["conversations"] == 1200
     assert sum(decoded) <= 1200 and ((workers, large) == (2, False) or sum(decoded) > 0)  # (checked ones, read again)
 
 
-def test_a_store_filled_in_source_order_checks_the_rows_of_checked_positions(corpus, kimi_dir, tmp_path, monkeypatch):
-    """The pass that fills the store checks the rows at the build's checked positions (not
-    those of source order): the counts are those of the build without the store, and a row
-    stored unchecked at a checked position is encoded again to check it."""
+def test_the_sample_checked_is_the_same_at_another_seed(corpus, kimi_dir, tmp_path, monkeypatch):
+    """The pass that fills the store checks the sampled rows, as the build without the store
+    does; a build at another seed finds them checked and checks nothing again, and one
+    that samples more (a smaller ``check_every``) checks only the rows stored unchecked."""
     _bands_of(corpus[0], monkeypatch, 3)
     cfg = config(corpus[0], kimi_dir, rows=None)
     checked: list[int] = []
@@ -393,11 +398,18 @@ def test_a_store_filled_in_source_order_checks_the_rows_of_checked_positions(cor
 
     monkeypatch.setattr(ChatEncoder, "check", counting)
     first = build(cfg, tmp_path / "a")
-    assert first["template_check"]["checked"] == len(checked) == len(range(0, 1200, cfg.check_every))
+    sample = sampled(np.arange(1200), cfg.check_every)
+    assert first["template_check"]["checked"] == len(checked) == np.count_nonzero(sample) > 0
     checked.clear()
     other = build(dataclasses.replace(cfg, seed=9), tmp_path / "b")
-    assert 0 < len(checked) < other["template_check"]["checked"]  # (some were checked by the first build)
+    assert not checked and other["template_check"] == first["template_check"]
     assert other == _without_store(dataclasses.replace(cfg, seed=9), tmp_path / "b-plain")
+    half = dataclasses.replace(cfg, check_every=cfg.check_every // 2)
+    checked.clear()
+    more = build(half, tmp_path / "c")
+    wider = sampled(np.arange(1200), half.check_every)
+    assert np.all(wider[sample]) and len(checked) == np.count_nonzero(wider & ~sample) > 0
+    assert more == _without_store(half, tmp_path / "c-plain")
 
 
 def test_an_invalid_row_in_the_pass_that_fills_the_store_stops_the_build(tmp_path, kimi_dir, monkeypatch):
@@ -480,15 +492,13 @@ def test_fill_tasks_cut_by_row_group(tmp_path):
     pq.write_table(table.slice(0, 30), tmp_path / "src" / "b.parquet", row_group_size=7)
     source = open_source(str(tmp_path / "src"))
     wanted = np.random.default_rng(1).random(260) < 0.6
-    rank = np.random.default_rng(2).permutation(260)
-    tasks = list(fill_tasks(source, rank, wanted, 4, (128, 1 << 20), tmp_path / "store"))
+    tasks = list(fill_tasks(source, wanted, 4, (128, 1 << 20), tmp_path / "store"))
     rows = np.concatenate([task.start + task.local for task in tasks])
     assert rows.tolist() == np.flatnonzero(wanted).tolist()
     for task in tasks:
         assert task.rows == (230 if task.path.endswith("a.parquet") else 30)
         group = 50 if task.path.endswith("a.parquet") else 7
         assert len(set((task.local // group).tolist())) == 1
-        assert task.positions.tolist() == rank[task.start + task.local].tolist()
     assert len(tasks) == 5 + 5
 
 
