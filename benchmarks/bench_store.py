@@ -3,9 +3,9 @@
 Writes a synthetic Tulu-like Parquet source (``tests/synthetic.py``). Each repeat starts from
 an empty store (``--cache-dir``) and times, each in a fresh process (the CLI, as a user runs
 it): the first build (``--rows all``: it encodes the whole source and fills the store), a
-second with another seed (its template checks fall on other conversations, which it checks
-now), and a third with another row length at the first one's seed (its checks are stored:
-it encodes nothing). Prints the median and range of each, and the first build's median
+second with another seed, and a third with another row length at the first one's seed.
+The template check samples by source row, so both find their checks stored and encode
+nothing (before ``22cb3e4`` another seed checked other conversations). Prints the median and range of each, and the first build's median
 over each later one's. A later build's rows must be those of the same build without the
 store (``--no-cache``), else the script exits 1.
 
