@@ -74,6 +74,7 @@ def config(source, kimi_dir, **overrides) -> BuildConfig:
         seed=5,
         workers=1,
         check_every=8,
+        no_card=True,  # (drawn by the tests of the card: tests/test_card.py, and below)
     )
     values.update(overrides)
     return BuildConfig(**values)
@@ -398,7 +399,7 @@ def test_a_build_whose_stream_takes_no_sampled_row_checks_its_first(corpus, kimi
     stops the build."""
     from fixed_sft.chat import TemplateMismatch
 
-    cfg = config(corpus[0] / "parquet", kimi_dir, rows=2, check_every=500, no_card=True)
+    cfg = config(corpus[0] / "parquet", kimi_dir, rows=2, check_every=500)
     order = permutation(5, len(corpus[1]))
     assert not sampled(order[:20], 500).any()  # (2 rows of 1,024 tokens take fewer)
     checked = []
@@ -746,7 +747,7 @@ def test_refuses_a_folder_that_is_not_a_build(corpus, kimi_dir, tmp_path):
 
 def test_builds_into_an_empty_folder(corpus, kimi_dir, tmp_path):
     (tmp_path / "empty").mkdir()
-    build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), tmp_path / "empty")
+    build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1, no_card=False), tmp_path / "empty")
     card = ["README.md", "supervised_ratio.png", "conversation_tokens.png", "source_mix.png"]
     assert sorted(p.name for p in (tmp_path / "empty").iterdir()) == sorted(["manifest.json", "train.parquet", *card])
 

@@ -43,7 +43,9 @@ SEED = 20240611
 TRIALS = 4
 
 
-def command(source: Path, kimi_dir: Path, out: Path, rows: int = ROWS) -> list[str]:
+def command(source: Path, kimi_dir: Path, out: Path, rows: int = ROWS, card: bool = False) -> list[str]:
+    """A build's command line; ``card``: with its dataset card (the kills at random moments
+    and their reference build draw it, so that a kill may land in it)."""
     return [
         sys.executable,
         str(ROOT / "generate_fixed_sft.py"),
@@ -61,12 +63,13 @@ def command(source: Path, kimi_dir: Path, out: Path, rows: int = ROWS) -> list[s
         "--workers",
         "1",
         "--quiet",
+        *([] if card else ["--no-card"]),
     ]
 
 
-def start(source: Path, kimi_dir: Path, out: Path, rows: int = ROWS) -> subprocess.Popen:
+def start(source: Path, kimi_dir: Path, out: Path, rows: int = ROWS, card: bool = False) -> subprocess.Popen:
     return subprocess.Popen(
-        command(source, kimi_dir, out, rows), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command(source, kimi_dir, out, rows, card), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
 
 
@@ -74,7 +77,7 @@ def run_build(source: Path, kimi_dir: Path, out: Path, rows: int = ROWS) -> tupl
     """Build to completion; return the seconds until the temporary folder appeared
     (start-up) and from then until ``out`` appeared (the work proper)."""
     began = time.monotonic()
-    process = start(source, kimi_dir, out, rows)
+    process = start(source, kimi_dir, out, rows, card=True)
     appeared = published = None
     while process.poll() is None:
         now = time.monotonic() - began
@@ -147,7 +150,7 @@ def _trial(k: int, source: Path, kimi_dir: Path, base: Path, uninterrupted: dict
         allowed.add(uninterrupted["old_sha"])
     during_startup = k == 0
 
-    process = start(source, kimi_dir, out)
+    process = start(source, kimi_dir, out, card=True)
     began = time.monotonic()
     if during_startup:
         delay = rng.uniform(0.05, max(0.1, uninterrupted["startup_s"]))
@@ -165,7 +168,7 @@ def _trial(k: int, source: Path, kimi_dir: Path, base: Path, uninterrupted: dict
     if over_old and state == "complete" and killed and rows_sha256(out) == uninterrupted["old_sha"]:
         state = "previous build kept"
 
-    rerun = start(source, kimi_dir, out)
+    rerun = start(source, kimi_dir, out, card=True)
     _, stderr = rerun.communicate()
     assert rerun.returncode == 0, stderr
     assert verify(out) == []

@@ -77,7 +77,9 @@ def _lines(bad: bool) -> list[bytes]:
 
 
 def _config(path, kimi_dir, **overrides) -> BuildConfig:
-    values = dict(name="bad", source=str(path), tokenizer=str(kimi_dir), rows=None, row_tokens=16, seed=7, workers=1)
+    values = dict(
+        name="bad", source=str(path), tokenizer=str(kimi_dir), rows=None, row_tokens=16, seed=7, workers=1, no_card=True
+    )
     values.update(overrides)
     return BuildConfig(**values)
 

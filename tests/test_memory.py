@@ -38,6 +38,7 @@ def _config(path, kimi_dir, **overrides) -> BuildConfig:
         seed=3,
         workers=1,
         check_every=4,
+        no_card=True,
     )
     values.update(overrides)
     return BuildConfig(**values)

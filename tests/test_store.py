@@ -33,10 +33,10 @@ def corpus(tmp_path_factory):
 
 
 def config(source, kimi_dir, **overrides) -> BuildConfig:
-    """tests/test_build.py's golden build (rows_sha256 ``GOLDEN_ROWS_SHA256``), without its card, with ``overrides``."""
+    """tests/test_build.py's golden build (rows_sha256 ``GOLDEN_ROWS_SHA256``, no card), with ``overrides``."""
     from test_build import config as golden
 
-    return golden(source, kimi_dir, **{"no_card": True, **overrides})
+    return golden(source, kimi_dir, **overrides)
 
 
 @pytest.fixture
