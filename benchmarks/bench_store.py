@@ -5,9 +5,10 @@ an empty store (``--cache-dir``) and times, each in a fresh process (the CLI, as
 it): the first build (``--rows all``: it encodes the whole source and fills the store), a
 second with another seed, and a third with another row length at the first one's seed.
 The template check samples by source row, so both find their checks stored and encode
-nothing (before ``22cb3e4`` another seed checked other conversations). Prints the median and range of each, and the first build's median
-over each later one's. A later build's rows must be those of the same build without the
-store (``--no-cache``), else the script exits 1.
+nothing (before ``22cb3e4`` another seed checked other conversations). Prints the median
+and range of each, and the first build's median over each later one's. A later build's
+rows must be those of the same build without the store (``--no-cache``), else the script
+exits 1.
 
     python benchmarks/bench_store.py [--conversations 6000] [--repeats 3] [--workers 1] [--no-card] [--json OUT]
 """

@@ -58,7 +58,7 @@ from .pack import Packer, Row, Unit
 from .params import RECORDED, BuildConfig, to_json
 from .source import Source, SourceError, open_source, unreadable
 from .specs import BUILDS, HF, ResolvedTokenizer, build_spec, resolve_tokenizer
-from .store import TokenStore, default_dir, store_key
+from .store import StoreMismatch, TokenStore, default_dir, same_encoding, store_key
 from .tokenizer import bpe_version, default_bpe, fast_bpe_installed
 
 ORDER_RULE = "splitmix64-key-v1"
@@ -738,11 +738,17 @@ def _check_first(
 ) -> None:
     """Check the first conversation the rows hold against the rendered template, for a
     build whose stream took none that ``encode.sampled`` picks (a build of a few rows):
-    every build with ``--check-every`` checks one at least. A failure stops the build."""
+    every build with ``--check-every`` checks one at least. A copy in the store that passed
+    the check counts; else it is encoded again and checked, and must be the stored copy
+    (``StoreMismatch``). A failure stops the build."""
     first = next(iter(tally.rows_per_conversation))
-    item = encoding.one(source, rank, first, check_every=1)
-    if store is not None:
-        store.add(item)
+    stored = store.lookup(first) if store is not None else None
+    if stored is None or not stored.checked:
+        item = encoding.one(source, rank, first, check_every=1)
+        if store is not None and stored is not None and not same_encoding(stored, item):
+            raise StoreMismatch.of(first, store.folder)
+        if store is not None:
+            store.add(item)
     tally.template_checked = 1
 
 

@@ -239,7 +239,7 @@ class BuildConfig:
     )
     check_every: int = param(
         64,
-        help="check 1 in N conversations against the rendered template (0: off; default {default})",
+        help="check the conversations of 1 in N source rows against the rendered template (0: off; default {default})",
         recorded="template_check.every",
         range=AtLeast(0, "non-negative"),
     )

@@ -385,7 +385,7 @@ class TokenStore:
             for index, number, slot in zip(indices.tolist(), segments.tolist(), slots.tolist()):
                 stored = old.read(number, slot, index) if self.segment[index] >= 0 else None
                 item = self.lookup(index) if stored is not None else None
-                if stored is not None and item is not None and not _same(stored, item):
+                if stored is not None and item is not None and not same_encoding(stored, item):
                     raise StoreMismatch.of(index, self.folder)
         finally:
             old.close()
@@ -481,7 +481,7 @@ class Stream:
             stored = self.pending.popleft()
             item = next(self.misses)
             assert item.source_index == stored.source_index, (item.source_index, stored.source_index)
-            if not _same(stored, item):
+            if not same_encoding(stored, item):
                 raise StoreMismatch.of(item.source_index, self.store.folder)
             self.store.add(item)
 
@@ -505,7 +505,7 @@ def _rows(order: np.ndarray, block: int = 4096) -> Iterator[int]:
         yield from order[start : start + block].tolist()
 
 
-def _same(stored: Encoded, item: Encoded) -> bool:
+def same_encoding(stored: Encoded, item: Encoded) -> bool:
     """Whether a stored conversation is ``item``, its encoding now."""
     same = (item.id, item.source_value, item.invalid) == (stored.id, stored.source_value, stored.invalid)
     return same and (item.invalid is not None or (_equal(item.ids, stored.ids) and _equal(item.mask, stored.mask)))

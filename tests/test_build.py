@@ -393,11 +393,15 @@ def test_template_check_runs_on_the_sampled_source_rows(corpus, kimi_dir, tmp_pa
     assert manifest["template_check"] == {"every": 5, "checked": len(checked), "sample": "source_row"}
 
 
-def test_a_build_whose_stream_takes_no_sampled_row_checks_its_first(corpus, kimi_dir, tmp_path, monkeypatch):
+def test_a_build_whose_stream_takes_no_sampled_row_checks_its_first(
+    corpus, kimi_dir, tmp_path, monkeypatch, token_store
+):
     """Every build with ``check_every`` checks one conversation at least: where the stream
-    takes none of the sampled rows, the first conversation of row 0; a difference there
-    stops the build."""
+    takes none of the sampled rows, the first conversation of row 0. Its copy in the store
+    counts where it passed; one that did not is checked, and must be the stored copy. A
+    difference from the template stops the build."""
     from fixed_sft.chat import TemplateMismatch
+    from fixed_sft.store import SegmentWriter, StoreMismatch, TokenStore
 
     cfg = config(corpus[0] / "parquet", kimi_dir, rows=2, check_every=500)
     order = permutation(5, len(corpus[1]))
@@ -415,6 +419,21 @@ def test_a_build_whose_stream_takes_no_sampled_row_checks_its_first(corpus, kimi
     first = int(order[0])
     assert checked == [corpus[1][first]["messages"]]
     assert manifest == build(dataclasses.replace(cfg, no_cache=True), tmp_path / "plain")
+    checked.clear()
+    assert build(cfg, tmp_path / "again") == manifest and checked == []  # (stored as passed)
+
+    (entry,) = (token_store / "tokens").iterdir()
+    held = TokenStore(entry, len(corpus[1]))
+    items = [held.lookup(int(index)) for index in np.flatnonzero(held.segment >= 0)]
+    held.close()
+    for segment in entry.glob("*.seg"):
+        segment.unlink()
+    writer = SegmentWriter(entry)
+    for item in items:  # the first one stale and unchecked, with digests that match
+        writer.add(item._replace(ids=item.ids + 1, checked=False) if item.source_index == first else item)
+    writer.flush()
+    with pytest.raises(StoreMismatch, match=rf"source row {first}: the token store's copy differs"):
+        build(cfg, tmp_path / "stale")
 
     def differs(self, messages, ids, tools=None):
         raise TemplateMismatch("fast-path ids differ from the rendered chat template")
