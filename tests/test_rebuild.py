@@ -96,6 +96,15 @@ def _rebuild(folder, *extra):
     return main(["verify", str(folder), "--rebuild", "--quiet", *extra])
 
 
+def _checked_then_rebuilt(folder, kimi_dir, capsys) -> tuple[int, str]:
+    """``verify`` of ``folder`` passes (its rows match its manifest); then its rebuild's exit
+    code and what it printed."""
+    assert main(["verify", str(folder)]) == 0
+    capsys.readouterr()
+    code = _rebuild(folder, "--tokenizer", str(kimi_dir), "--workers", "1")
+    return code, capsys.readouterr().out
+
+
 def _edit(folder, change):
     manifest = json.loads((folder / "manifest.json").read_text())
     change(manifest)
@@ -190,10 +199,8 @@ def test_a_manifest_that_misstates_the_build_is_caught(three_rows, source, kimi_
     manifest says of their making is not so."""
     _copy(three_rows, tmp_path / "o")
     _edit(tmp_path / "o", change)
-    assert main(["verify", str(tmp_path / "o")]) == 0
-    capsys.readouterr()
-    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
-    out = capsys.readouterr().out
+    code, out = _checked_then_rebuilt(tmp_path / "o", kimi_dir, capsys)
+    assert code == 1
     assert "rows_sha256: differs" in out if "does not give" in says else "but not what the manifest says" in out
     assert says in out
 
@@ -204,11 +211,8 @@ def test_the_checks_of_a_manifest_that_sampled_by_position_are_not_compared(thre
     shown for information, and the rebuild still gives the same rows and manifest."""
     _copy(three_rows, tmp_path / "o")
     _edit(tmp_path / "o", lambda m: (m["template_check"].pop("sample"), m["template_check"].update(checked=5)))
-    assert main(["verify", str(tmp_path / "o")]) == 0
-    capsys.readouterr()
-    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 0
-    out = capsys.readouterr().out
-    assert "gives the same rows and manifest" in out
+    code, out = _checked_then_rebuilt(tmp_path / "o", kimi_dir, capsys)
+    assert code == 0 and "gives the same rows and manifest" in out
     assert "template_check: differs (for information) (checked: 5 here, 1 rebuilt)" in out
 
 
@@ -242,11 +246,8 @@ def test_forged_provenance_is_caught(three_rows, source, kimi_dir, tmp_path, cap
             segment["source_index"] += 1000 * (segment["source_index"] == forged)
     pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), parquet)
     _edit(tmp_path / "o", lambda m: m["parquet"].update(bytes=parquet.stat().st_size, sha256=sha256_file(parquet)))
-    assert main(["verify", str(tmp_path / "o")]) == 0
-    capsys.readouterr()
-    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
-    out = capsys.readouterr().out
-    assert "the rebuild from the recorded inputs does not give the same rows" in out
+    code, out = _checked_then_rebuilt(tmp_path / "o", kimi_dir, capsys)
+    assert code == 1 and "the rebuild from the recorded inputs does not give the same rows" in out
     assert "rows_sha256: same" in out
     assert re.search(r"provenance: differs \(rows\[\d\]\.segments\[\d\]\.source_index: ", out)
     assert "parquet: differs (" in out and "encoded otherwise" not in out
