@@ -16,8 +16,8 @@ that does not match (a flipped byte, a truncated file) is never used: the build 
 again and adds it anew, and the newer copy is the one found next time. A conversation is
 stored as having passed the template check only where its build checked it. A sampled
 one (``encode.sampled``) stored without a passed check is given at once and also encoded
-again, which checks it; the check is settled before the build writes its manifest (``Stream``), and a
-failure stops the build as it would without the store.
+again, which checks it; the check is settled before the build writes its manifest
+(``Stream``), and a failure stops the build as it would without the store.
 
 The store is an optimisation only: a build's rows are the same with it, without it
 (``--no-cache``) and whatever state it is in. A store that cannot be written is turned off
@@ -253,6 +253,7 @@ class TokenStore:
         self.tokens = np.zeros(num_rows, np.int64)  # and the tokens that record says it has (-1: invalid)
         self.writer = SegmentWriter(folder)
         self.taken = self.damaged = 0
+        self._sample: tuple[int, np.ndarray] | None = None
         self._reader = SegmentReader(self.segments)
         self._load()
 
@@ -395,8 +396,15 @@ class TokenStore:
         encoded too (taken from the store but sampled by ``check_every``, without a passed
         check: encoded again to check it)."""
         held = self.segment >= 0
-        check = sampled(np.arange(len(held)), check_every) & held & ~self.passed
+        check = self.sample(check_every) & held & ~self.passed
         return held, check
+
+    def sample(self, check_every: int) -> np.ndarray:
+        """Per source row: whether the template check samples it (``encode.sampled``), made
+        once per ``check_every`` (a build plans more than once)."""
+        if self._sample is None or self._sample[0] != check_every:
+            self._sample = (check_every, sampled(np.arange(len(self.segment)), check_every))
+        return self._sample[1]
 
     def stream(self, order: np.ndarray, misses: Iterator[Encoded], check_every: int, again: Again) -> Stream:
         """The conversations of packing ``order`` (``Stream``), taken from the store as ``plan``
@@ -441,7 +449,7 @@ class Stream:
     ):
         self.store, self.order, self.held, self.check = store, order, held, check
         self.misses, self.again = misses, again
-        self.sampled = sampled(np.arange(len(held)), check_every)
+        self.sampled = store.sample(check_every)
         self.pending: deque[Encoded] = deque()  # stored rows given, whose check is to come from misses
         self.items = self._items()
 
