@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from . import arrow
 from .source import COLUMNS, Source, SourceError, changed, unreadable
 
 # A string column a build also reads, for the dataset card's source mix only (Tulu 3's rows
@@ -119,10 +120,8 @@ class Band:
         by_position = np.argsort(everything, kind="stable")
         ordered = everything[by_position]
         parts = range(len(self.parts))
-        sizes = np.concatenate([self._part(k).column("bytes").to_numpy() for k in parts])[by_position]
-        dropped = np.concatenate([self._part(k).column("dropped").to_numpy(zero_copy_only=False) for k in parts])[
-            by_position
-        ]
+        sizes = np.concatenate([arrow.to_numpy(self._part(k).column("bytes")) for k in parts])[by_position]
+        dropped = np.concatenate([arrow.to_numpy(self._part(k).column("dropped")) for k in parts])[by_position]
         ends = np.cumsum(np.where(dropped, 0, sizes))
         start = 0
         while start < len(ordered):
@@ -140,7 +139,8 @@ class Band:
                 if len(positions) and positions[-1] < hi:
                     self.parts[k] = None
             interleave = np.argsort(np.concatenate(keys), kind="stable")
-            chunk = pa.concat_tables(pieces, promote_options="permissive").take(pa.array(interleave)).combine_chunks()
+            joined = pa.concat_tables(pieces, promote_options="permissive")
+            chunk = joined.take(arrow.numbers(interleave, pa.int64())).combine_chunks()
             del pieces
             yield chunk
             del chunk
@@ -188,7 +188,7 @@ def _read_selected(source: Source, rank: np.ndarray, select: Callable[[int, int]
         reader = _read_parquet if path.suffix == ".parquet" else _read_jsonl
         tables, kept = [], []
         for local, table in reader(path, inside):
-            tables.append(table.append_column("index", pa.array(local + start, pa.int64())))
+            tables.append(table.append_column("index", arrow.numbers(local + start, pa.int64())))
             kept.append(positions[local])
         return tables, np.concatenate(kept)
 
@@ -204,7 +204,7 @@ def _read_selected(source: Source, rank: np.ndarray, select: Callable[[int, int]
         del tables
         memory.release_unused()  # (the rows as read, before their sorted copy is allocated)
         by_position = np.argsort(kept, kind="stable")
-        parts.append(contiguous.take(pa.array(by_position)))
+        parts.append(contiguous.take(arrow.numbers(by_position, pa.int64())))
         positions.append(kept[by_position])
         del contiguous
         memory.release_unused()
@@ -281,8 +281,8 @@ def _bounded(table: pa.Table, wanted: np.ndarray) -> pa.Table:
     columns = {}
     for name in table.column_names:
         drop = over & (values[name] > _ID_BYTES_NAMED) if name == "id" else over
-        columns[name] = table.column(name).take(pa.array(wanted, mask=drop) if drop.any() else pa.array(wanted))
-    return pa.table({**columns, "bytes": pa.array(sizes, pa.int64()), "dropped": pa.array(over)})
+        columns[name] = table.column(name).take(arrow.numbers(wanted, pa.int64(), valid=~drop))
+    return pa.table({**columns, "bytes": arrow.numbers(sizes, pa.int64()), "dropped": arrow.numbers(over, pa.bool_())})
 
 
 def value_bytes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -305,10 +305,11 @@ def value_bytes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
         or pa.types.is_large_binary(kind)
         or pa.types.is_fixed_size_binary(kind)
     ):
-        return pc.binary_length(values).fill_null(0).to_numpy().astype(np.int64)
+        lengths = pc.binary_length(values)
+        return arrow.to_numpy(pc.coalesce(lengths, arrow.numbers([0], lengths.type)[0])).astype(np.int64)
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
         inner = value_bytes(pc.list_flatten(values))  # null lists hold nothing; slicing is taken care of
-        parents = pc.list_parent_indices(values).to_numpy()
+        parents = arrow.to_numpy(pc.list_parent_indices(values))
         return np.bincount(parents, weights=inner, minlength=count).astype(np.int64)
     if pa.types.is_struct(kind):
         sizes = np.zeros(count, np.int64)
@@ -319,7 +320,7 @@ def value_bytes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
         width = max(kind.bit_width // 8, 1)
     except ValueError:  # not fixed-width
         return np.full(count, values.nbytes // max(count, 1), np.int64)
-    return np.where(values.is_null().to_numpy(zero_copy_only=False), 0, width).astype(np.int64)
+    return np.where(arrow.to_numpy(values.is_null()), 0, width).astype(np.int64)
 
 
 def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[bytes | None, int]]:
@@ -356,7 +357,7 @@ def _read_jsonl(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa
         lines = pa.Array.from_buffers(
             pa.large_binary(), len(local), [None, pa.py_buffer(np.array(offsets, np.int64)), pa.py_buffer(data)]
         )
-        sized = {"bytes": pa.array(sizes, pa.int64()), "dropped": pa.array(dropped, pa.bool_())}
+        sized = {"bytes": arrow.numbers(sizes, pa.int64()), "dropped": arrow.numbers(dropped, pa.bool_())}
         return np.array(local, dtype=np.int64), pa.table({"line": lines, **sized})
 
     try:
@@ -390,7 +391,7 @@ def read_file_rows(path: Path, start: int, inside: np.ndarray) -> Iterator[pa.Ta
     reader = _read_parquet if path.suffix == ".parquet" else _read_jsonl
     for local, table in reader(path, inside):
         if table.num_rows:
-            yield table.append_column("index", pa.array(local + start, pa.int64()))
+            yield table.append_column("index", arrow.numbers(local + start, pa.int64()))
 
 
 def row_groups(path: Path, rows: int) -> list[int]:

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from . import arrow
 from .pack import Row
 
 FORMAT = "fixed-sft/2"  # the format of the folder: its Parquet schema and manifest (data/README.md)
@@ -105,22 +106,41 @@ def rows_table(rows: list[Row], first: int, boundaries: bool) -> pa.Table:
     """One row group: ``rows``, numbered from ``first`` (the ``row`` column)."""
     table_schema = schema(boundaries)
     width = len(rows[0].ids)
-    offsets = pa.array(np.arange(len(rows) + 1, dtype=np.int32) * width)
-    ids = pa.ListArray.from_arrays(offsets, pa.array(np.concatenate([r.ids for r in rows]), pa.int32()))
-    mask = pa.ListArray.from_arrays(offsets, pa.array(np.concatenate([r.mask for r in rows]), pa.uint8()))
-    messages = pa.array([PROMPT] * len(rows), table_schema.field("messages").type)
-    numbers = pa.array(np.arange(first, first + len(rows), dtype=np.int64))
-    segments = pa.array(
-        [[{"source_index": s.index, "id": s.id, "start": s.start, "end": s.end} for s in row.segments] for row in rows],
-        pa.list_(SEGMENT),
+    offsets = arrow.numbers(np.arange(len(rows) + 1) * width, pa.int32())
+    ids = pa.ListArray.from_arrays(offsets, arrow.numbers(np.concatenate([r.ids for r in rows]), pa.int32()))
+    mask = pa.ListArray.from_arrays(offsets, arrow.numbers(np.concatenate([r.mask for r in rows]), pa.uint8()))
+    numbers = arrow.numbers(np.arange(first, first + len(rows)), pa.int64())
+    parts = [segment for row in rows for segment in row.segments]
+    segment = pa.StructArray.from_arrays(
+        [
+            arrow.numbers([s.index for s in parts], pa.int64()),
+            arrow.strings([s.id for s in parts]),
+            arrow.numbers([s.start for s in parts], pa.int32()),
+            arrow.numbers([s.end for s in parts], pa.int32()),
+        ],
+        fields=list(SEGMENT),
     )
-    fields = [ids, mask, numbers, segments]
+    counts = arrow.numbers(_starts([len(row.segments) for row in rows]), pa.int32())
+    fields = [ids, mask, numbers, pa.ListArray.from_arrays(counts, segment)]
     if boundaries:
         bounds = [row.cu_seqlens for row in rows]
-        starts = np.concatenate([[0], np.cumsum([len(b) for b in bounds])]).astype(np.int32)
-        fields.append(pa.ListArray.from_arrays(pa.array(starts), pa.array(np.concatenate(bounds), pa.int32())))
+        starts = arrow.numbers(_starts([len(b) for b in bounds]), pa.int32())
+        fields.append(pa.ListArray.from_arrays(starts, arrow.numbers(np.concatenate(bounds), pa.int32())))
     metadata = pa.StructArray.from_arrays(fields, fields=list(table_schema.field("metadata").type))
-    return pa.Table.from_arrays([messages, metadata], schema=table_schema)
+    return pa.Table.from_arrays([_prompts(len(rows)), metadata], schema=table_schema)
+
+
+def _starts(lengths: list[int]) -> np.ndarray:
+    """The offsets of lists of ``lengths``: 0, then each one's end."""
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+
+
+def _prompts(count: int) -> pa.Array:
+    """``count`` rows' ``messages``: each ``PROMPT``."""
+    (message,) = PROMPT
+    each = [[message[name] for _ in range(count)] for name in ("role", "content")]
+    structs = pa.StructArray.from_arrays([arrow.strings(values) for values in each], fields=list(MESSAGE))
+    return pa.ListArray.from_arrays(arrow.numbers(np.arange(count + 1), pa.int32()), structs)
 
 
 def write_part(path: Path, rows: list[Row], first: int, boundaries: bool) -> None:
@@ -221,7 +241,7 @@ def first_null(array: pa.Array) -> int | None:
     """The index of ``array``'s first null, or ``None``."""
     if not array.null_count:
         return None
-    nulls = pc.is_null(array).to_numpy(zero_copy_only=False)
+    nulls = arrow.to_numpy(pc.is_null(array))
     return int(np.argmax(nulls))
 
 
@@ -238,14 +258,14 @@ def tokens(metadata: pa.StructArray, first: int = 0) -> tuple[np.ndarray, np.nda
         if (row := first_null(column)) is not None:
             raise NullValue(f"row {first + row}: {name} is null")
         if (value := first_null(column.flatten())) is not None:
-            starts = column.offsets.to_numpy() - column.offsets[0].as_py()
+            starts = arrow.to_numpy(column.offsets) - column.offsets[0].as_py()
             row = int(np.searchsorted(starts, value, side="right")) - 1
             raise NullValue(f"row {first + row}: a value in {name} is null")
-    offsets = ids.offsets.to_numpy()
-    if not np.array_equal(offsets, mask.offsets.to_numpy()):
+    offsets = arrow.to_numpy(ids.offsets)
+    if not np.array_equal(offsets, arrow.to_numpy(mask.offsets)):
         raise ValueError("input_ids and loss_mask rows differ in length")
-    flat_ids = ids.flatten().to_numpy(zero_copy_only=False)
-    flat_mask = mask.flatten().to_numpy(zero_copy_only=False)
+    flat_ids = arrow.to_numpy(ids.flatten())
+    flat_mask = arrow.to_numpy(mask.flatten())
     return flat_ids, flat_mask, (offsets - offsets[0]).astype(np.int64)
 
 

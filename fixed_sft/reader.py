@@ -88,7 +88,7 @@ class Group:
 def _format_footer(boundaries: bool = False) -> bytes:
     """The footer a build writes for a file of no rows (with boundaries, or without)."""
     sink = pa.BufferOutputStream()
-    pq.write_table(schema(boundaries).empty_table(), sink)
+    pq.write_table(pa.Table.from_batches([], schema(boundaries)), sink)  # (empty_table imports pandas)
     data = sink.getvalue().to_pybytes()
     return data[-8 - int.from_bytes(data[-8:-4], "little") : -8]
 

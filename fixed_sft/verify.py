@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import arrow
 from .fields import FieldError, loads, show
 from .hashes import boundaries, row_digest, rows_digest, sha256_file
 from .manifest import Manifest, read
@@ -235,7 +236,8 @@ class Conversations:
 
     def add(self, metadata: pa.StructArray) -> None:
         segments = pc.struct_field(metadata, "segments").flatten()
-        values = pc.struct_field(segments, "source_index").to_numpy(zero_copy_only=False)
+        indices = pc.struct_field(segments, "source_index")
+        values = arrow.to_numpy(arrow.filled(indices, -1))  # (a null is noted by _check_metadata)
         if not len(values):
             return
         starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))
@@ -266,13 +268,13 @@ def _check_messages(messages: pa.ListArray, first: int) -> str | None:
     if (row := first_null(messages)) is not None:
         return f"row {first + row}: messages is null"
     (prompt,) = PROMPT
-    lengths = pc.list_value_length(messages).to_numpy(zero_copy_only=False)
+    lengths = arrow.to_numpy(pc.list_value_length(messages))
     good = lengths == 1
     if good.all():  # then the flattened messages are the rows'
         flat = messages.flatten()
-        good = flat.is_valid().to_numpy(zero_copy_only=False)
+        good = arrow.to_numpy(flat.is_valid())
         for key, value in prompt.items():
-            good &= _equals(flat.field(key), value) & flat.field(key).is_valid().to_numpy(zero_copy_only=False)
+            good &= _equals(flat.field(key), value) & arrow.to_numpy(flat.field(key).is_valid())
     if not good.all():
         return f"row {first + int(np.argmin(good))}: messages is not {PROMPT}"
     return None
@@ -281,10 +283,10 @@ def _check_messages(messages: pa.ListArray, first: int) -> str | None:
 def _equals(strings: pa.Array, value: str) -> np.ndarray:
     """Which of ``strings`` (a dictionary array, or plain) are ``value``, without decoding a dictionary."""
     if pa.types.is_dictionary(strings.type):
-        entries = pc.fill_null(pc.equal(strings.dictionary, value), False).to_numpy(zero_copy_only=False)
-        indices = strings.indices.fill_null(0).to_numpy(zero_copy_only=False)
+        entries = arrow.to_numpy(arrow.filled(pc.equal(strings.dictionary, arrow.scalar(value, pa.string())), False))
+        indices = arrow.to_numpy(arrow.filled(strings.indices, 0))
         return entries[indices] if len(entries) else np.zeros(len(strings), bool)
-    return pc.fill_null(pc.equal(strings, value), False).to_numpy(zero_copy_only=False)
+    return arrow.to_numpy(arrow.filled(pc.equal(strings, arrow.scalar(value, pa.string())), False))
 
 
 # A manifest lists a row hash per row: 70 bytes each as a build writes them (indent 1). The
@@ -415,7 +417,7 @@ def _check_metadata(metadata: pa.StructArray, first: int, row_tokens: int) -> st
         fields = {key: pc.struct_field(spans, key) for key in ("source_index", "start", "end")}
     except Exception as error:  # a missing field means a damaged file
         return f"row {first}: metadata unreadable ({described(error)})"
-    parents = pc.list_parent_indices(segments).to_numpy()
+    parents = arrow.to_numpy(pc.list_parent_indices(segments))
     checks = [
         ("metadata", metadata, None),
         ("metadata.row", rows, None),
@@ -426,13 +428,13 @@ def _check_metadata(metadata: pa.StructArray, first: int, row_tokens: int) -> st
     for name, values, row_of in checks:  # a segment's id may be null (a source row without one)
         if (null := first_null(values)) is not None:  # struct_field keeps its parents' nulls
             return f"row {first + (null if row_of is None else row_of[null])}: {name} is null"
-    numbers = rows.to_numpy(zero_copy_only=False)
+    numbers = arrow.to_numpy(rows)
     starts, ends = fields["start"], fields["end"]
     bad = np.flatnonzero(numbers != np.arange(first, first + len(numbers)))
     if len(bad):
         return f"row {first + bad[0]}: metadata.row is {numbers[bad[0]]}"
-    spans = pc.subtract(ends, starts).to_numpy(zero_copy_only=False).astype(np.int64)
-    bad = np.flatnonzero((spans <= 0) | (starts.to_numpy(zero_copy_only=False) < 0))
+    spans = arrow.to_numpy(pc.subtract(ends, starts)).astype(np.int64)
+    bad = np.flatnonzero((spans <= 0) | (arrow.to_numpy(starts) < 0))
     if len(bad):
         return f"row {first + parents[bad[0]]}: a metadata segment spans [{starts[bad[0]]}, {ends[bad[0]]})"
     covered = np.bincount(parents, weights=spans, minlength=len(numbers))
@@ -448,11 +450,11 @@ def stored_boundaries(metadata: pa.StructArray, first: int) -> tuple[np.ndarray,
     column = metadata.field("cu_seqlens")
     if (row := first_null(column)) is not None:
         raise NullValue(f"row {first + row}: cu_seqlens is null")
-    offsets = column.offsets.to_numpy()
+    offsets = arrow.to_numpy(column.offsets)
     if (value := first_null(column.flatten())) is not None:
         row = int(np.searchsorted(offsets - offsets[0], value, side="right")) - 1
         raise NullValue(f"row {first + row}: a value in cu_seqlens is null")
-    return column.flatten().to_numpy(zero_copy_only=False), (offsets - offsets[0]).astype(np.int64)
+    return arrow.to_numpy(column.flatten()), (offsets - offsets[0]).astype(np.int64)
 
 
 def _check_boundaries(metadata: pa.StructArray, first: int, cu: tuple[np.ndarray, np.ndarray]) -> str | None:
@@ -461,8 +463,8 @@ def _check_boundaries(metadata: pa.StructArray, first: int, cu: tuple[np.ndarray
     segments = pc.struct_field(metadata, "segments")
     spans = segments.flatten()
     lengths = pc.subtract(pc.struct_field(spans, "end"), pc.struct_field(spans, "start"))
-    lengths = lengths.to_numpy(zero_copy_only=False).astype(np.int64)
-    starts = segments.offsets.to_numpy() - segments.offsets[0].as_py()
+    lengths = arrow.to_numpy(lengths).astype(np.int64)
+    starts = arrow.to_numpy(segments.offsets) - segments.offsets[0].as_py()
     values, offsets = cu
     for n in range(len(metadata)):
         stored = values[offsets[n] : offsets[n + 1]]
