@@ -84,6 +84,8 @@ PASSED = 1
 SEGMENT_BYTES = 16 << 20  # a build writes a segment once it has this many bytes of conversations
 SEGMENT_CONVERSATIONS = 4096  # or this many conversations
 OPEN_FILES = 64  # segment files a build keeps open at once
+BLOCK_ROWS = 4096  # stored conversations a build reads at once (``Stream``): at most this many
+BLOCK_BYTES = 16 << 20  # and of at most this many bytes of ids and masks (or one)
 STALE_SECONDS = 24 * 3600  # a temporary file this old is a killed build's: removed
 
 
@@ -228,10 +230,19 @@ class SegmentReader:
                     payload = os.pread(fd, size, offset)
                     head = HEAD.pack(index, tokens, meta, flags)
                     if len(payload) == size and _digest(head, payload) == digest:
-                        return _decode(index, tokens, payload, bool(flags & PASSED))
+                        meta = _meta(payload[5 * max(tokens, 0) :])
+                        return _decode(index, tokens, payload, bool(flags & PASSED), meta)
         except (OSError, ValueError):
             pass
         return None
+
+    def payload(self, number: int, offset: int, size: int) -> bytes | None:
+        """``size`` bytes of segment ``number`` from ``offset``; ``None`` where it has fewer."""
+        try:
+            payload = os.pread(self._fd(number), size, offset)
+        except OSError:
+            return None
+        return payload if len(payload) == size else None
 
     def close(self) -> None:
         for fd in self._files.values():
@@ -251,6 +262,10 @@ class TokenStore:
         self.slot = np.zeros(num_rows, np.int32)  # and its record there
         self.passed = np.zeros(num_rows, bool)  # whether that record says it passed the check
         self.tokens = np.zeros(num_rows, np.int64)  # and the tokens that record says it has (-1: invalid)
+        # and where that record says its bytes are, its metadata's length and its digest (what ``lookup`` reads by)
+        self.offset = np.zeros(num_rows, np.int64)
+        self.meta = np.zeros(num_rows, np.int32)
+        self.digest = np.zeros(num_rows, "V32")
         self.writer = SegmentWriter(folder)
         self.taken = self.damaged = 0
         self._sample: tuple[int, np.ndarray] | None = None
@@ -303,16 +318,21 @@ class TokenStore:
             number = len(self.segments)
             self.segments.append(Path(entry.path))
             indices, tokens = records["index"], records["tokens"]
-            passed = (records["flags"] & PASSED).astype(bool)
             slots = np.arange(len(records), dtype=np.int32)
-            keep = (indices >= 0) & (indices < len(self.segment))
-            indices, tokens, passed, slots = indices[keep], tokens[keep], passed[keep], slots[keep]
+            keep = (indices >= 0) & (indices < len(self.segment)) & (-1 <= tokens) & (tokens < 1 << 40)
+            keep &= (records["meta"] >= 0) & (records["meta"] < 1 << 31) & (records["offset"] >= 0)
+            keep &= records["flags"] <= PASSED  # (the flags a build writes)
+            records, slots = records[keep], slots[keep]
+            indices, passed = records["index"], (records["flags"] & PASSED).astype(bool)
             replace = passed | ~self.passed[indices] | (self.segment[indices] < 0)
-            indices, tokens, passed, slots = indices[replace], tokens[replace], passed[replace], slots[replace]
+            records, slots, indices, passed = records[replace], slots[replace], indices[replace], passed[replace]
             self.segment[indices] = number
             self.slot[indices] = slots
             self.passed[indices] = passed
-            self.tokens[indices] = tokens
+            self.tokens[indices] = records["tokens"]
+            self.offset[indices] = records["offset"]
+            self.meta[indices] = records["meta"]
+            self.digest[indices] = records["digest"]
 
     @staticmethod
     def _read_records(path: Path) -> np.ndarray | None:
@@ -332,18 +352,39 @@ class TokenStore:
 
     def lookup(self, index: int) -> Encoded | None:
         """Source row ``index`` as stored, its digest checked (``checked``: it passed the
-        template check); ``None`` where it is not held, or its bytes do not match (it is then
-        forgotten)."""
-        number = int(self.segment[index])
-        if number < 0:
-            return None
-        item = self._reader.read(number, int(self.slot[index]), index)
-        if item is None:
-            self.damaged += 1
-            self.segment[index] = -1
-        else:
-            self.taken += 1
-        return item
+        template check); ``None`` where it is not held, or its bytes do not match or hold no
+        metadata of the stored kind (it is then forgotten)."""
+        return self.lookup_many([index])[0]
+
+    def lookup_many(self, indices: Sequence[int]) -> list[Encoded | None]:
+        """``lookup`` of each of source rows ``indices``, at once: each by the record this
+        store read as it opened (a record out of bounds is not held), in one read of its
+        bytes; their metadata parsed together."""
+        rows = np.asarray(indices, np.int64).reshape(-1)
+        found: list[Encoded | None] = [None] * len(rows)
+        held = np.flatnonzero(self.segment[rows] >= 0)
+        at_rows = rows[held]
+        read: list[tuple[int, int, int, bytes, bool]] = []  # (position in indices, row, tokens, payload, passed)
+        columns: list[np.ndarray] = [self.segment, self.offset, self.tokens, self.meta, self.passed, self.digest]
+        for at, index, number, offset, tokens, meta, passed, digest in zip(
+            held.tolist(), at_rows.tolist(), *(column[at_rows].tolist() for column in columns)
+        ):
+            flags = PASSED if passed else 0
+            payload = self._reader.payload(number, offset, 5 * max(tokens, 0) + meta)
+            if payload is None or _digest(HEAD.pack(index, tokens, meta, flags), payload) != digest:
+                self.damaged += 1
+                self.segment[index] = -1
+                continue
+            read.append((at, index, tokens, payload, passed))
+        for (at, index, tokens, payload, passed), meta in zip(read, _metas(read)):
+            item = None if meta is None else _decode(index, tokens, payload, passed, meta)
+            if item is None:
+                self.damaged += 1
+                self.segment[index] = -1
+            else:
+                self.taken += 1
+            found[at] = item
+        return found
 
     def add(self, item: Encoded) -> None:
         """Keep ``item`` (a conversation as a build encoded it) unless the store holds it
@@ -373,7 +414,7 @@ class TokenStore:
         self.slot.fill(0)
         self.passed.fill(False)
         self.tokens.fill(0)
-        self._load()
+        self._load()  # (offset, meta and digest: read where segment says a row is held)
 
     def compare(self, indices: np.ndarray, before: tuple[list[Path], np.ndarray, np.ndarray]) -> None:
         """Raise ``StoreMismatch`` for the first of source rows ``indices`` whose copy held
@@ -431,11 +472,12 @@ class StoreMismatch(BuildError):
 class Stream:
     """The conversations of a build in packing order: the rows ``held`` from the store, the
     others from ``misses`` (which reads and encodes them, in order, and those of ``check``
-    too), each encoded one added to the store. A stored row whose bytes do not match is
-    encoded by ``again(index)``. A stored row sampled for the check that has not passed it
-    is given at once, and its check is settled as ``misses`` reaches it:
-    before the next row from ``misses``, or at ``finish``, which a build calls before it
-    writes its manifest (a failing check stops the build, as without the store)."""
+    too), each encoded one added to the store. Stored rows are read a block ahead
+    (``_blocks``, ``lookup_many``); one whose bytes do not match is encoded by
+    ``again(index)``. A stored row sampled for the check that has not passed it is given at
+    once, and its check is settled as ``misses`` reaches it: before the next row from
+    ``misses``, or at ``finish``, which a build calls before it writes its manifest (a
+    failing check stops the build, as without the store)."""
 
     def __init__(
         self,
@@ -458,21 +500,24 @@ class Stream:
 
     def _items(self) -> Generator[Encoded, None, None]:
         store = self.store
-        for index in _rows(self.order):
-            checked = bool(self.sampled[index])
-            item = store.lookup(index) if self.held[index] else None
-            unchecked = item is not None and checked and item.invalid is None and not item.checked
-            if self.held[index] and not self.check[index] and (item is None or unchecked):
-                item = self.again(index)  # (damaged, or not as planned: the misses do not hold it)
-                store.add(item)
-            elif item is None:
-                item = self._next_miss(index)
-            elif self.check[index] and item.invalid is None:
-                self.pending.append(item)
-                item = item._replace(checked=True)
-            else:
-                item = item._replace(checked=checked and item.invalid is None)
-            yield item
+        for block in _blocks(self.order, store.tokens):
+            held = self.held[block]
+            stored = iter(store.lookup_many(block[held]))  # (a block at a time: ``lookup_many``)
+            for index, is_held in zip(block.tolist(), held.tolist()):
+                checked = bool(self.sampled[index])
+                item = next(stored) if is_held else None
+                unchecked = item is not None and checked and item.invalid is None and not item.checked
+                if is_held and not self.check[index] and (item is None or unchecked):
+                    item = self.again(index)  # (damaged, or not as planned: the misses do not hold it)
+                    store.add(item)
+                elif item is None:
+                    item = self._next_miss(index)
+                elif self.check[index] and item.invalid is None:
+                    self.pending.append(item)
+                    item = item._replace(checked=True)
+                elif item.checked != (checked and item.invalid is None):
+                    item = item._replace(checked=checked and item.invalid is None)
+                yield item
         self.finish()
 
     def _next_miss(self, index: int) -> Encoded:
@@ -507,10 +552,17 @@ def _digest(head: bytes, body: bytes) -> bytes:
     return digest.digest()
 
 
-def _rows(order: np.ndarray, block: int = 4096) -> Iterator[int]:
-    """The source rows of packing ``order``, as Python ints a block at a time."""
-    for start in range(0, len(order), block):
-        yield from order[start : start + block].tolist()
+def _blocks(order: np.ndarray, tokens: np.ndarray) -> Iterator[np.ndarray]:
+    """The source rows of packing ``order``, a block at a time: 64 rows, then twice as many
+    each block up to ``BLOCK_ROWS`` (a build of a few rows reads few ahead), each block of
+    at most ``BLOCK_BYTES`` of stored bytes by ``tokens`` (or one row)."""
+    start, size = 0, 64
+    while start < len(order):
+        block = order[start : start + size]
+        ends = np.cumsum(5 * np.maximum(tokens[block], 0))
+        block = block[: max(1, int(np.searchsorted(ends, BLOCK_BYTES, side="right")))]
+        yield block
+        start, size = start + len(block), min(2 * size, BLOCK_ROWS)
 
 
 def same_encoding(stored: Encoded, item: Encoded) -> bool:
@@ -523,10 +575,34 @@ def _equal(a: np.ndarray | None, b: np.ndarray | None) -> bool:
     return a is not None and b is not None and np.array_equal(a, b)
 
 
-def _decode(index: int, tokens: int, payload: bytes, passed: bool) -> Encoded:
-    """A stored conversation's ``Encoded``, ``checked`` where it passed the template check."""
-    body = max(tokens, 0) * 5
-    row_id, value, invalid = json.loads(payload[body:])
+def _metas(read: list[tuple[int, int, int, bytes, bool]]) -> list[tuple | None]:
+    """The metadata ``[id, source value, invalid reason]`` of each of ``read``'s payloads
+    (``None`` for one that is not that), parsed as one JSON array."""
+    metas = [payload[5 * max(tokens, 0) :] for _, _, tokens, payload, _ in read]
+    try:
+        parsed = json.loads(b"[" + b",".join(metas) + b"]")
+    except ValueError:
+        return [_meta(meta) for meta in metas]
+    if len(parsed) != len(metas):  # (one that is not a single JSON value)
+        return [_meta(meta) for meta in metas]
+    return [tuple(meta) if isinstance(meta, list) and len(meta) == 3 else None for meta in parsed]
+
+
+def _meta(data: bytes) -> tuple | None:
+    """One conversation's stored metadata (``_metas``)."""
+    try:
+        meta = json.loads(data)
+    except ValueError:
+        return None
+    return tuple(meta) if isinstance(meta, list) and len(meta) == 3 else None
+
+
+def _decode(index: int, tokens: int, payload: bytes, passed: bool, meta: tuple | None) -> Encoded | None:
+    """A stored conversation's ``Encoded`` (``checked`` where it passed the template check),
+    from its payload and its parsed ``meta``; ``None`` where ``meta`` is not valid."""
+    if meta is None:
+        return None
+    row_id, value, invalid = meta
     if tokens < 0:
         return Encoded(index, row_id, None, None, invalid)
     ids = np.frombuffer(payload, "<i4", tokens).astype(np.int32, copy=False)

@@ -510,3 +510,50 @@ def test_a_store_that_cannot_be_written_during_the_fill_warns_once(corpus, kimi_
     cfg = config(corpus[0], kimi_dir, rows=None)
     assert build(cfg, tmp_path / "a") == _without_store(cfg, tmp_path / "b")
     assert capfd.readouterr().err.count("warning: token store off") == 1
+
+
+def test_lookups_a_block_at_a_time_are_lookups_one_at_a_time(tmp_path):
+    """``lookup_many`` gives what ``lookup`` gives, row by row: stored conversations (valid,
+    invalid, checked or not), ``None`` for rows not held, for a damaged payload and for
+    metadata that is not the stored kind (bytes its digest matches); each counted."""
+    from fixed_sft.encode import Encoded
+    from fixed_sft.store import HEAD, RECORD_STRUCT, _digest
+
+    rng = np.random.default_rng(3)
+    writer = SegmentWriter(tmp_path)
+    items = []
+    for index in range(0, 60, 2):  # (odd rows: not held)
+        if index % 10 == 4:
+            items.append(Encoded(index, f"r{index}", None, None, "no assistant turn"))
+        else:
+            n = int(rng.integers(0, 9))
+            ids, mask = rng.integers(0, 1 << 20, n).astype(np.int32), (rng.random(n) < 0.5).astype(np.uint8)
+            items.append(Encoded(index, f"r{index}", ids, mask, None, index % 3 == 0, f"src{index % 4}"))
+        writer.add(items[-1])
+    for index, meta in ((60, b'["a", null]'), (62, b'["a", null, null], ["b", null, null]'), (64, b"{")):
+        head = HEAD.pack(index, -1, len(meta), 1)  # (written as the store never writes them)
+        writer._records.append(RECORD_STRUCT.pack(writer._pending, index, -1, len(meta), 1, _digest(head, meta)))
+        writer._payloads.append(meta)
+        writer._pending += len(meta)
+    writer.flush()
+    [segment] = tmp_path.glob("*.seg")
+    data = bytearray(segment.read_bytes())
+    data[-80] ^= 0x01  # (a byte of one of the last conversations)
+    segment.write_bytes(bytes(data))
+
+    rows = rng.permutation(66)
+    one = TokenStore(tmp_path, 66)
+    alone = [one.lookup(int(i)) for i in rows]
+    many = TokenStore(tmp_path, 66)
+    together = many.lookup_many(rows)
+    assert len(together) == len(alone)
+    for a, b in zip(alone, together):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert b is not None and store_module.same_encoding(a, b) and a.checked == b.checked
+    by_row = {item.source_index: item for item in items}
+    held = [int(i) for i, a in zip(rows, alone) if a is not None]
+    assert all(store_module.same_encoding(by_row[i], many.lookup(i)) for i in held)
+    assert many.taken == one.taken + len(held) and one.taken == len(held) == len(items) - 1
+    assert one.damaged == many.damaged == 4  # the flipped one, and the three metadata not stored so
+    assert (many.segment[[60, 62, 64]] == -1).all()  # (forgotten, as a damaged one is)
