@@ -15,7 +15,7 @@ import os
 import subprocess
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack, closing, contextmanager
+from contextlib import ExitStack, closing, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -56,6 +56,7 @@ from .order import permutation, positions
 from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter, format_of, naming
 from .pack import Packer, Row, Unit
 from .params import RECORDED, BuildConfig, to_json
+from .plots import Plotter
 from .source import Source, SourceError, open_source, unreadable
 from .specs import BUILDS, HF, ResolvedTokenizer, build_spec, resolve_tokenizer
 from .store import StoreMismatch, TokenStore, default_dir, same_encoding, store_key
@@ -575,7 +576,14 @@ def _open_store(config: BuildConfig, encoder: EncoderConfig, hashes: list[Future
 
 
 def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
-    """Build ``config`` into the empty folder ``folder``, manifest last; return the manifest."""
+    """Build ``config`` into the empty folder ``folder``, manifest last; return the manifest.
+    The card's plots are drawn by a process started now (``plots.Plotter``)."""
+    with nullcontext() if config.no_card else Plotter() as plotter:
+        return _build_with(config, folder, progress, plotter)
+
+
+def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plotter | None) -> dict:
+    """``_build_into``, the card's plots drawn by ``plotter``."""
     tokenizer, encoder_config, separator, separator_id, _ = encoder_setup(config)
     with ExitStack() as stack:
         encoding = _Encoding(stack, encoder_config, config.workers, config.check_every)
@@ -727,7 +735,7 @@ def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
 
         license = card_license(config.card_license, manifest.source.license)
         figures = Figures(tally.row_supervised, tally.conversation_tokens)
-        manifest.card = write_card(folder, manifest, figures, license, upstream(config, source))
+        manifest.card = write_card(folder, manifest, figures, license, upstream(config, source), plotter)
     document = manifest.to_json()
     _write_manifest(folder / MANIFEST_NAME, document)
     return document

@@ -14,7 +14,6 @@ it is a Hub license id, ``other`` for another license, and ``unknown`` without o
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .manifest import Card, FileHash, Manifest
-from .output import CARD_NAME, PARQUET_NAME, PLOT_NAMES, naming
+from .manifest import Card, FileHash, Manifest, SourceShare
+from .output import CARD_NAME, PARQUET_NAME, naming
+from .plots import LENGTHS_PLOT, MIX_PLOT, SUPERVISED_PLOT, Inputs, Plotter, draw
 
-SUPERVISED_PLOT, LENGTHS_PLOT, MIX_PLOT = PLOT_NAMES
 # Source licenses as the manifest may record them (lowercased) -> the Hub's license ids.
 HUB_LICENSES = {
     "odc-by-1.0": "odc-by",
@@ -43,7 +42,6 @@ LICENSE_NAMES = {
 }
 TULU3 = "allenai/tulu-3-sft-mixture"
 MIX_BARS = 20  # the largest sources drawn; the rest as one bar
-DPI = 100
 
 
 @dataclass
@@ -64,23 +62,40 @@ def card_license(given: str | None, source_license: str | None) -> str:
     return HUB_LICENSES.get(source_license.lower(), "other")
 
 
-def write_card(folder: Path, manifest: Manifest, figures: Figures, license: str, upstream: str | None) -> Card:
+def write_card(
+    folder: Path,
+    manifest: Manifest,
+    figures: Figures,
+    license: str,
+    upstream: str | None,
+    plotter: Plotter | None = None,
+) -> Card:
     """Write the card and its plots into ``folder``; return what the manifest records of
-    them. ``upstream``: the Hub dataset the source rows come from, where known."""
-    from matplotlib.figure import Figure  # (only here: a build without a card never loads it)
-
-    plots = {
-        SUPERVISED_PLOT: _supervised_plot(Figure, manifest, figures),
-        LENGTHS_PLOT: _lengths_plot(Figure, figures),
-    }
-    if manifest.source_mix:
-        plots[MIX_PLOT] = _mix_plot(Figure, manifest)
+    them. ``upstream``: the Hub dataset the source rows come from, where known; ``plotter``:
+    where the plots are drawn (default: in this process)."""
+    mix = _mix_shares(manifest)
+    bars = [("(none)" if s.source is None else s.source, s.tokens) for s in mix[:MIX_BARS]]
+    if len(mix) > MIX_BARS:
+        bars.append((f"{len(mix) - MIX_BARS} other sources", sum(s.tokens for s in mix[MIX_BARS:])))
+    inputs = Inputs(
+        row_supervised=np.asarray(figures.row_supervised, dtype=np.int64),
+        row_tokens=manifest.params.row_tokens,
+        ratio=manifest.stats.supervised_token_ratio,
+        conversation_tokens=np.asarray(figures.conversation_tokens, dtype=np.int64),
+        mix=bars or None,
+    )
+    plots = plotter.draw(inputs) if plotter is not None else draw(inputs)
     files = {CARD_NAME: card_text(manifest, license, upstream, list(plots)).encode(), **plots}
     recorded = {}
     for name, data in files.items():
         _write(folder / name, data)
         recorded[name] = FileHash(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
     return Card(license=license, files=recorded)
+
+
+def _mix_shares(manifest: Manifest) -> list[SourceShare]:
+    """The source mix, the largest share of tokens first (ties by name, rows without a source last)."""
+    return sorted(manifest.source_mix or [], key=lambda s: (-s.tokens, s.source is None, s.source or ""))
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -226,7 +241,7 @@ def _mix_lines(manifest: Manifest, plotted: bool) -> list[str]:
         "| source | conversations | tokens | share of tokens |",
         "|---|---|---|---|",
     ]
-    for share in sorted(mix, key=lambda s: (-s.tokens, s.source is None, s.source or "")):
+    for share in _mix_shares(manifest):
         name = "(none)" if share.source is None else f"`{_cell(share.source)}`"
         lines.append(f"| {name} | {share.conversations:,} | {share.tokens:,} | {share.tokens / tokens:.2%} |")
     if plotted:
@@ -237,66 +252,3 @@ def _mix_lines(manifest: Manifest, plotted: bool) -> list[str]:
 def _cell(text: str) -> str:
     """Text in a Markdown table cell, inside a code span: no line break, pipe or backtick breaks the table."""
     return " ".join(text.split()).replace("|", "\\|").replace("`", "'")
-
-
-def _png(figure: object) -> bytes:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})  # type: ignore[attr-defined]
-    return buffer.getvalue()
-
-
-def _histogram(axes: object, values: np.ndarray, bins: np.ndarray) -> None:
-    """``axes.hist(values, bins)`` drawn as one filled outline: the same pixels, without a
-    patch per bin to lay out."""
-    counts, _ = np.histogram(values, bins)
-    axes.stairs(counts, bins, fill=True, color="#3b75af")  # type: ignore[attr-defined]
-
-
-def _supervised_plot(Figure: type, manifest: Manifest, figures: Figures) -> bytes:
-    ratios = np.asarray(figures.row_supervised, dtype=np.float64) / manifest.params.row_tokens
-    figure = Figure(figsize=(6.4, 3.6))
-    axes = figure.add_subplot()
-    _histogram(axes, ratios, np.linspace(0.0, 1.0, 51))
-    axes.axvline(manifest.stats.supervised_token_ratio, color="#c0392b", linestyle="--", label="all rows")
-    axes.set(title="Supervised ratio per row", xlabel="supervised tokens / row tokens", ylabel="rows", xlim=(0, 1))
-    axes.legend()
-    figure.subplots_adjust(left=0.12, right=0.97, bottom=0.15, top=0.9)  # (tight_layout costs a draw)
-    return _png(figure)
-
-
-def _lengths_plot(Figure: type, figures: Figures) -> bytes:
-    """A histogram of the conversations' tokens, in bins even in log10 (drawn on a linear axis
-    with a label per power of ten: a log axis's many tick labels take most of the drawing)."""
-    logs = np.log10(np.maximum(np.asarray(figures.conversation_tokens, dtype=np.float64), 1.0))
-    low, high = (float(logs.min()), float(logs.max())) if len(logs) else (0.0, 1.0)
-    high = max(high, low + 1.0)
-    figure = Figure(figsize=(6.4, 3.6))
-    axes = figure.add_subplot()
-    _histogram(axes, logs, np.linspace(low, high, 50))
-    powers = range(int(np.floor(low)), int(np.ceil(high)) + 1)
-    axes.set_xticks(list(powers), [f"{10**p:,}" for p in powers])
-    axes.set(title="Conversation length distribution", xlabel="tokens per conversation", ylabel="conversations")
-    figure.subplots_adjust(left=0.12, right=0.97, bottom=0.15, top=0.9)
-    return _png(figure)
-
-
-def _mix_plot(Figure: type, manifest: Manifest) -> bytes:
-    mix = sorted(manifest.source_mix or [], key=lambda s: (-s.tokens, s.source is None, s.source or ""))
-    bars = [("(none)" if s.source is None else _label(s.source), s.tokens) for s in mix[:MIX_BARS]]
-    if len(mix) > MIX_BARS:
-        bars.append((f"{len(mix) - MIX_BARS} other sources", sum(s.tokens for s in mix[MIX_BARS:])))
-    figure = Figure(figsize=(6.4, 0.9 + 0.3 * len(bars)))
-    axes = figure.add_subplot()
-    names, tokens = zip(*reversed(bars))
-    axes.barh(range(len(bars)), tokens, color="#3b75af")
-    axes.set_yticks(range(len(bars)), names, fontsize=8)
-    axes.set(title="Source mix", xlabel="tokens in the rows")
-    height = 0.9 + 0.3 * len(bars)
-    figure.subplots_adjust(left=0.4, right=0.97, bottom=0.55 / height, top=1 - 0.35 / height)
-    return _png(figure)
-
-
-def _label(text: str) -> str:
-    """A source name as a plot label: one line, at most 40 characters; ``$`` is not mathtext."""
-    text = " ".join(text.split())
-    return (text if len(text) <= 40 else text[:39] + "…").replace("$", r"\$")

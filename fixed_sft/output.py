@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from . import arrow
 from .pack import Row
+from .plots import PLOT_NAMES
 
 FORMAT = "fixed-sft/2"  # the format of the folder: its Parquet schema and manifest (data/README.md)
 BOUNDARIES_FORMAT = "fixed-sft/3"  # the same with each row's boundaries (``--emit-boundaries``)
@@ -24,8 +25,7 @@ FORMATS = ("fixed-sft/1", FORMAT, BOUNDARIES_FORMAT)  # the formats of folders a
 PARQUET_NAME = "train.parquet"
 PARTS_NAME = f".{PARQUET_NAME}.parts"  # in a build's temporary folder: its rows' Parquet parts (fixed_sft.parallel)
 MANIFEST_NAME = "manifest.json"
-CARD_NAME = "README.md"  # the dataset card (fixed_sft.card), and its plots
-PLOT_NAMES = ("supervised_ratio.png", "conversation_tokens.png", "source_mix.png")
+CARD_NAME = "README.md"  # the dataset card (fixed_sft.card), and its plots (fixed_sft.plots)
 CARD_FILES = (CARD_NAME, *PLOT_NAMES)
 ROWS_PER_GROUP = 128
 # Row groups handed to the writer's thread and not yet written hold at most this many tokens (or

@@ -7,7 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
+import matplotlib.figure  # noqa: F401  (loaded: builds in the test processes draw their plots here, not in a
+import pytest  # process of their own each, as fixed_sft.plots.Plotter does where matplotlib is not loaded)
 
 ROOT = Path(__file__).resolve().parent.parent
 KIMI_DIR = ROOT.parent / "shared" / "tokenizers" / "kimi-k2.6"

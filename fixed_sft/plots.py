@@ -1,0 +1,175 @@
+"""The dataset card's plots: PNG bytes from a build's figures, drawn by matplotlib's Agg backend.
+
+The plots carry no metadata that varies (no ``Software`` stamp), so the same figures give
+the same bytes in any process. Importing matplotlib takes about 0.6 s, more than a later
+build from the token store spends on some sources' rows, so a build draws in a process of
+its own (``Plotter``), started as the build starts: the import overlaps the build. A
+process that has matplotlib loaded already draws itself.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+PLOT_NAMES = ("supervised_ratio.png", "conversation_tokens.png", "source_mix.png")
+SUPERVISED_PLOT, LENGTHS_PLOT, MIX_PLOT = PLOT_NAMES
+DPI = 100
+DRAW_TIMEOUT_S = 120  # a drawing process silent this long is killed, and the plots drawn here
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the plots show: each kept row's supervised tokens (rows of ``row_tokens``) and
+    the ratio over all rows; each kept conversation's tokens; the source mix as ``(label,
+    tokens)`` bars, largest first, or ``None`` (no mix plot)."""
+
+    row_supervised: np.ndarray
+    row_tokens: int
+    ratio: float
+    conversation_tokens: np.ndarray
+    mix: Sequence[tuple[str, int]] | None
+
+
+def draw(inputs: Inputs) -> dict[str, bytes]:
+    """The plots' PNG bytes, by file name."""
+    from matplotlib.figure import Figure  # (only here: a build without a card never loads it)
+
+    plots = {
+        SUPERVISED_PLOT: _supervised(Figure, inputs),
+        LENGTHS_PLOT: _lengths(Figure, inputs),
+    }
+    if inputs.mix:
+        plots[MIX_PLOT] = _mix(Figure, inputs.mix)
+    return plots
+
+
+class Plotter:
+    """Draws a build's plots (``draw``), in a process started on entering unless this one has
+    matplotlib loaded. That process reads one pickled ``Inputs`` on stdin and writes the
+    pickled plots to stdout; it ends once it has, once its stdin closes (when this process
+    dies), or when it is killed (on leaving, and after ``DRAW_TIMEOUT_S``). It runs in a
+    process group of its own, so that a Ctrl-C meant for the build does not interrupt its
+    import. Where it cannot start or fails, this process draws."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen | None = None
+
+    def __enter__(self) -> Plotter:
+        if "matplotlib.figure" not in sys.modules and sys.executable and not getattr(sys, "frozen", False):
+            # -P and this process's sys.path: the child imports the modules this process would
+            serve = f"import sys; sys.path[:] = {sys.path!r}; from fixed_sft.plots import _serve; _serve()"
+            try:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-P", "-c", serve],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    process_group=0,
+                )
+            except OSError:
+                self._process = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        """End the drawing process, if it runs."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+        if process is not None:
+            process.communicate()
+
+    def draw(self, inputs: Inputs) -> dict[str, bytes]:
+        """The plots of ``inputs`` (``draw``)."""
+        process = self._process
+        try:
+            if process is not None:
+                output, _ = process.communicate(pickle.dumps(inputs), timeout=DRAW_TIMEOUT_S)
+                plots = pickle.loads(output) if process.returncode == 0 and output else None
+                if isinstance(plots, dict):
+                    return plots
+        except (OSError, subprocess.TimeoutExpired, pickle.UnpicklingError, EOFError):
+            pass
+        finally:
+            self._stop()
+        return draw(inputs)
+
+
+def _serve() -> None:
+    """The drawing process: load matplotlib, draw the ``Inputs`` read from stdin (none: the
+    build is gone or needs none), write the plots to stdout."""
+    import matplotlib.backends.backend_agg  # noqa: F401  (what savefig draws with)
+    import matplotlib.figure  # noqa: F401
+
+    data = sys.stdin.buffer.read()
+    if data:
+        sys.stdout.buffer.write(pickle.dumps(draw(pickle.loads(data))))
+
+
+def _png(figure: Any) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def _histogram(axes: Any, values: np.ndarray, bins: np.ndarray) -> None:
+    """``axes.hist(values, bins)`` drawn as one filled outline: the same pixels, without a
+    patch per bin to lay out."""
+    counts, _ = np.histogram(values, bins)
+    axes.stairs(counts, bins, fill=True, color="#3b75af")
+
+
+def _supervised(Figure: type, inputs: Inputs) -> bytes:
+    ratios = np.asarray(inputs.row_supervised, dtype=np.float64) / inputs.row_tokens
+    figure = Figure(figsize=(6.4, 3.6))
+    axes = figure.add_subplot()
+    _histogram(axes, ratios, np.linspace(0.0, 1.0, 51))
+    axes.axvline(inputs.ratio, color="#c0392b", linestyle="--", label="all rows")
+    axes.set(title="Supervised ratio per row", xlabel="supervised tokens / row tokens", ylabel="rows", xlim=(0, 1))
+    axes.legend()
+    figure.subplots_adjust(left=0.12, right=0.97, bottom=0.15, top=0.9)  # (tight_layout costs a draw)
+    return _png(figure)
+
+
+def _lengths(Figure: type, inputs: Inputs) -> bytes:
+    """A histogram of the conversations' tokens, in bins even in log10 (drawn on a linear axis
+    with a label per power of ten: a log axis's many tick labels take most of the drawing)."""
+    logs = np.log10(np.maximum(np.asarray(inputs.conversation_tokens, dtype=np.float64), 1.0))
+    low, high = (float(logs.min()), float(logs.max())) if len(logs) else (0.0, 1.0)
+    high = max(high, low + 1.0)
+    figure = Figure(figsize=(6.4, 3.6))
+    axes = figure.add_subplot()
+    _histogram(axes, logs, np.linspace(low, high, 50))
+    powers = range(int(np.floor(low)), int(np.ceil(high)) + 1)
+    axes.set_xticks(list(powers), [f"{10**p:,}" for p in powers])
+    axes.set(title="Conversation length distribution", xlabel="tokens per conversation", ylabel="conversations")
+    figure.subplots_adjust(left=0.12, right=0.97, bottom=0.15, top=0.9)
+    return _png(figure)
+
+
+def _mix(Figure: type, bars: Sequence[tuple[str, int]]) -> bytes:
+    height = 0.9 + 0.3 * len(bars)
+    figure = Figure(figsize=(6.4, height))
+    axes = figure.add_subplot()
+    names, tokens = zip(*reversed(bars))
+    axes.barh(range(len(bars)), tokens, color="#3b75af")
+    axes.set_yticks(range(len(bars)), [_label(name) for name in names], fontsize=8)
+    axes.set(title="Source mix", xlabel="tokens in the rows")
+    figure.subplots_adjust(left=0.4, right=0.97, bottom=0.55 / height, top=1 - 0.35 / height)
+    return _png(figure)
+
+
+def _label(text: str) -> str:
+    """A source name as a plot label: one line, at most 40 characters; ``$`` is not mathtext."""
+    text = " ".join(text.split())
+    return (text if len(text) <= 40 else text[:39] + "…").replace("$", r"\$")

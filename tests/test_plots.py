@@ -1,0 +1,87 @@
+"""Plots drawn in a process of their own are the plots drawn here; that process never outlives the build."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+from conftest import ROOT
+
+from fixed_sft.plots import PLOT_NAMES, Inputs, Plotter, draw
+
+INPUTS = Inputs(
+    row_supervised=np.array([10, 900, 4000, 2500]),
+    row_tokens=4096,
+    ratio=0.45,
+    conversation_tokens=np.array([3, 40, 500, 7000]),
+    mix=[("tulu/$math$", 900), ("(none)", 12)],
+)
+# A process without matplotlib loaded: its Plotter starts the drawing process.
+DRAW_IN_CHILD = """
+import hashlib, sys
+import numpy as np
+from fixed_sft.plots import Inputs, Plotter
+rows, conversations = np.array([10, 900, 4000, 2500]), np.array([3, 40, 500, 7000])
+INPUTS = Inputs(rows, 4096, 0.45, conversations, [("tulu/$math$", 900), ("(none)", 12)])
+with Plotter() as plotter:
+    assert plotter._process is not None, "no drawing process"
+    plots = plotter.draw(INPUTS)
+assert "matplotlib" not in sys.modules, "drew here"
+for name, data in sorted(plots.items()):
+    print(name, hashlib.sha256(data).hexdigest())
+"""
+
+
+def _run(code: str, *args: str) -> subprocess.CompletedProcess:
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
+    environment = {**os.environ, "PYTHONPATH": path}
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=environment)
+
+
+def test_the_drawing_process_draws_these_plots():
+    here = {name: hashlib.sha256(data).hexdigest() for name, data in draw(INPUTS).items()}
+    assert sorted(here) == sorted(PLOT_NAMES)
+    result = _run(DRAW_IN_CHILD)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert dict(line.split() for line in result.stdout.splitlines()) == here
+
+
+def test_a_drawing_process_that_is_gone_leaves_the_drawing_here():
+    with Plotter() as plotter:
+        assert plotter._process is None  # (matplotlib is loaded in the test processes)
+        gone = [sys.executable, "-c", "pass"]
+        plotter._process = subprocess.Popen(gone, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        plotter._process.wait()
+        assert plotter.draw(INPUTS) == draw(INPUTS)
+
+
+def test_the_drawing_process_ends_with_the_build():
+    """A build killed with SIGKILL closes the drawing process's stdin: it ends."""
+    code = "import os, sys, time\nfrom fixed_sft.plots import Plotter\nplotter = Plotter().__enter__()\n"
+    code += "print(plotter._process.pid, flush=True)\ntime.sleep(60)\n"
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
+    build = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": path}
+    )
+    assert build.stdout is not None
+    child = int(build.stdout.readline())
+    build.send_signal(signal.SIGKILL)
+    build.wait()
+    deadline = time.monotonic() + 30
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (and is not a zombie: an orphan is reaped by init)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
