@@ -338,6 +338,7 @@ def test_hub_names_resolve_through_the_hugging_face_cache(kimi_dir, tmp_path):
                 "--workers",
                 "1",
                 "--quiet",
+                "--no-card",  # (not under test)
             ],
             capture_output=True,
             text=True,
