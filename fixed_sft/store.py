@@ -36,6 +36,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -81,6 +82,8 @@ RECORD = np.dtype(
 RECORD_STRUCT = struct.Struct("<qqqqB32s")  # (the same, read one at a time)
 HEAD = struct.Struct("<qqqB")  # what a record's digest covers: index, tokens, meta, flags
 PASSED = 1
+MAX_TOKENS = 1 << 40  # a record of more tokens, or of more bytes of metadata, is not one a build wrote
+MAX_META = 1 << 31
 SEGMENT_BYTES = 16 << 20  # a build writes a segment once it has this many bytes of conversations
 SEGMENT_CONVERSATIONS = 4096  # or this many conversations
 OPEN_FILES = 64  # segment files a build keeps open at once
@@ -220,21 +223,16 @@ class SegmentReader:
         """Source row ``index``, held by record ``slot`` of segment ``number`` (``checked``:
         it passed the template check); ``None`` where the record is not there or its bytes
         do not match."""
-        try:
-            fd = self._fd(number)
-            raw = os.pread(fd, RECORD.itemsize, HEADER_BYTES + slot * RECORD.itemsize)
-            if len(raw) == RECORD.itemsize:
-                offset, stored, tokens, meta, flags, digest = RECORD_STRUCT.unpack(raw)
-                if stored == index and -1 <= tokens < 1 << 40 and 0 <= meta < 1 << 40 and offset >= 0:
-                    size = 5 * max(tokens, 0) + meta
-                    payload = os.pread(fd, size, offset)
-                    head = HEAD.pack(index, tokens, meta, flags)
-                    if len(payload) == size and _digest(head, payload) == digest:
-                        meta = _meta(payload[5 * max(tokens, 0) :])
-                        return _decode(index, tokens, payload, bool(flags & PASSED), meta)
-        except (OSError, ValueError):
-            pass
-        return None
+        raw = self.payload(number, HEADER_BYTES + slot * RECORD.itemsize, RECORD.itemsize)
+        if raw is None:
+            return None
+        offset, stored, tokens, meta, flags, digest = RECORD_STRUCT.unpack(raw)
+        if stored != index or not _sound(tokens, meta, offset, flags):
+            return None
+        payload = self.payload(number, offset, 5 * max(tokens, 0) + meta)
+        if payload is None or _digest(HEAD.pack(index, tokens, meta, flags), payload) != digest:
+            return None
+        return _decode(index, tokens, payload, bool(flags & PASSED), _meta(payload[5 * max(tokens, 0) :]))
 
     def payload(self, number: int, offset: int, size: int) -> bytes | None:
         """``size`` bytes of segment ``number`` from ``offset``; ``None`` where it has fewer."""
@@ -319,9 +317,8 @@ class TokenStore:
             self.segments.append(Path(entry.path))
             indices, tokens = records["index"], records["tokens"]
             slots = np.arange(len(records), dtype=np.int32)
-            keep = (indices >= 0) & (indices < len(self.segment)) & (-1 <= tokens) & (tokens < 1 << 40)
-            keep &= (records["meta"] >= 0) & (records["meta"] < 1 << 31) & (records["offset"] >= 0)
-            keep &= records["flags"] <= PASSED  # (the flags a build writes)
+            keep = (indices >= 0) & (indices < len(self.segment))
+            keep &= _sound(tokens, records["meta"], records["offset"], records["flags"])
             records, slots = records[keep], slots[keep]
             indices, passed = records["index"], (records["flags"] & PASSED).astype(bool)
             replace = passed | ~self.passed[indices] | (self.segment[indices] < 0)
@@ -377,7 +374,7 @@ class TokenStore:
                 continue
             read.append((at, index, tokens, payload, passed))
         for (at, index, tokens, payload, passed), meta in zip(read, _metas(read)):
-            item = None if meta is None else _decode(index, tokens, payload, passed, meta)
+            item = _decode(index, tokens, payload, passed, meta)
             if item is None:
                 self.damaged += 1
                 self.segment[index] = -1
@@ -585,16 +582,25 @@ def _metas(read: list[tuple[int, int, int, bytes, bool]]) -> list[tuple | None]:
         return [_meta(meta) for meta in metas]
     if len(parsed) != len(metas):  # (one that is not a single JSON value)
         return [_meta(meta) for meta in metas]
-    return [tuple(meta) if isinstance(meta, list) and len(meta) == 3 else None for meta in parsed]
+    return [_stored_kind(meta) for meta in parsed]
 
 
 def _meta(data: bytes) -> tuple | None:
     """One conversation's stored metadata (``_metas``)."""
     try:
-        meta = json.loads(data)
+        return _stored_kind(json.loads(data))
     except ValueError:
         return None
+
+
+def _stored_kind(meta: object) -> tuple | None:
+    """``meta`` as the metadata a build stores (a list of 3), or ``None``."""
     return tuple(meta) if isinstance(meta, list) and len(meta) == 3 else None
+
+
+def _sound(tokens: Any, meta: Any, offset: Any, flags: Any) -> Any:
+    """Whether a record's fields are within what a build writes (numbers, or numpy arrays of them)."""
+    return (-1 <= tokens) & (tokens < MAX_TOKENS) & (0 <= meta) & (meta < MAX_META) & (offset >= 0) & (flags <= PASSED)
 
 
 def _decode(index: int, tokens: int, payload: bytes, passed: bool, meta: tuple | None) -> Encoded | None:
