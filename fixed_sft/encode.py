@@ -30,6 +30,7 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 import pyarrow as pa
 
+from . import arrow
 from .chat import ChatEncoder
 from .conversation import Conversation, InvalidRow, conversation, is_unicode
 from .encoding import RENDERER_MODULE, BatchEncoder, Encoder, TemplateMismatch
@@ -212,9 +213,9 @@ class Chunk(NamedTuple):
     rows: pa.Table
     check_every: int = 0
 
-    def checked(self, index: int) -> bool:
-        """Whether source row ``index`` of the chunk is checked."""
-        return bool(sampled(np.array([index]), self.check_every)[0])
+    def checks(self) -> list[bool]:
+        """Per row of the chunk, in order: whether it is checked (``sampled``, for all rows at once)."""
+        return sampled(arrow.to_numpy(self.rows.column("index")), self.check_every).tolist()
 
 
 def encode_rows(encoder: Encoder, chunk: Chunk) -> Iterator[Encoded]:
@@ -227,7 +228,7 @@ def encode_rows(encoder: Encoder, chunk: Chunk) -> Iterator[Encoded]:
         yield from _encode_batch(encoder, chunk)
         return
     schema = encoder.schema
-    for index, record in records(chunk.rows):
+    for (index, record), check in zip(records(chunk.rows), chunk.checks()):
         try:
             row_id, messages, tools = conversation(record, schema)
         except InvalidRow as error:
@@ -240,7 +241,7 @@ def encode_rows(encoder: Encoder, chunk: Chunk) -> Iterator[Encoded]:
             continue
         except TemplateMismatch as error:  # a template the encoder cannot follow for this conversation
             raise TemplateMismatch(f"source row {index} (id {row_id}): {error}") from None
-        checked = _checked(encoder, chunk.checked(index), index, row_id, messages, tools, ids, mask)
+        checked = _checked(encoder, check, index, row_id, messages, tools, ids, mask)
         yield checked._replace(source_value=source_value(record))
 
 
@@ -276,7 +277,7 @@ def _encode_batch(encoder: BatchEncoder, chunk: Chunk) -> Iterator[Encoded]:
             parsed.append((index, error))
     valid = [item for _, item in parsed if not isinstance(item, InvalidRow)]
     encoded = iter(encoder.encode_batch([item.messages for item in valid], [item.tools for item in valid]))
-    for offset, (index, item) in enumerate(parsed):
+    for offset, ((index, item), check) in enumerate(zip(parsed, chunk.checks())):
         if isinstance(item, InvalidRow):
             yield Encoded(index, item.row_id, None, None, item.reason)
             continue
@@ -286,7 +287,7 @@ def _encode_batch(encoder: BatchEncoder, chunk: Chunk) -> Iterator[Encoded]:
             continue
         if not isinstance(result, tuple):  # a TemplateMismatch (ClockRead among them)
             raise type(result)(f"source row {index} (id {item.id}): {result}")
-        checked = _checked(encoder, chunk.checked(index), index, item.id, item.messages, item.tools, *result)
+        checked = _checked(encoder, check, index, item.id, item.messages, item.tools, *result)
         yield checked._replace(source_value=values[offset])
 
 
