@@ -222,7 +222,8 @@ def _tool_calls(calls: Any, invalid: Any) -> list:
 
 
 def _tools(tools: Any, schema: MessageSchema, row_id: str | None) -> list | None:
-    """The record's ``tools`` as a list (``None`` for none), or the ``InvalidRow`` they are."""
+    """The record's ``tools`` as a list (``None`` for none; an empty list stays one, as a
+    template may tell it from none), or the ``InvalidRow`` they are."""
     if tools is None:
         return None
     if not schema.tools:
@@ -242,7 +243,7 @@ def _tools(tools: Any, schema: MessageSchema, row_id: str | None) -> list | None
         raise InvalidRow(f"'tools' {error}", row_id) from None
     if not all(text.isascii() or is_unicode(text) for text in texts):
         raise InvalidRow("'tools' has a lone surrogate", row_id)
-    return tools or None
+    return tools
 
 
 def strings(value: Any) -> list[str]:

@@ -16,7 +16,8 @@ Loss mask ``assistant``:
 - Any other template: assistant message ``k``'s characters are those that the rendering of
   ``messages[:k + 1]`` adds to the rendering of ``messages[:k]`` with the generation prompt;
   each token that overlaps them is 1, as transformers maps generation blocks to tokens.
-  Both renderings must begin the conversation's rendering, and each message's span must
+  Both renderings must begin the conversation's rendering, the generation prompt must add
+  text (else the span would take in the assistant's header), and each message's span must
   begin where the one before it ended or later: otherwise the conversation is an invalid row,
   never a guessed mask.
 
@@ -53,6 +54,7 @@ OPTIONAL_FILES = (
     "added_tokens.json",
     "config.json",
 )
+ADDITIONAL_TEMPLATES = "additional_chat_templates"  # AutoTokenizer's folder of named templates (NAME.jinja)
 # Every key of a message goes to the template, every role is the template's to accept: nothing is dropped.
 SCHEMA = MessageSchema(name="hf", keys=None, roles=None, tools=True)
 # apply_chat_template's own arguments: a template variable of one of these names would not reach the
@@ -91,8 +93,11 @@ _PROBE_REPLY = {"role": "assistant", "content": "probe"}
 
 def tokenizer_files(directory: Path, trust_remote_code: bool = False) -> list[str]:
     """The names of the files of ``directory`` that loading its tokenizer reads: ``REQUIRED_FILES``,
-    those of ``OPTIONAL_FILES`` present and, with ``trust_remote_code``, its ``*.py`` files."""
+    those of ``OPTIONAL_FILES`` present, its named templates (``ADDITIONAL_TEMPLATES``: the
+    ``tool_use`` one renders rows with tools) and, with ``trust_remote_code``, its ``*.py`` files."""
     names = [*REQUIRED_FILES, *(name for name in OPTIONAL_FILES if (directory / name).is_file())]
+    named = (directory / ADDITIONAL_TEMPLATES).glob("*.jinja")
+    names += sorted(f"{ADDITIONAL_TEMPLATES}/{path.name}" for path in named if path.is_file())
     if trust_remote_code:
         names += sorted(path.name for path in directory.glob("*.py"))
     return names
@@ -318,6 +323,7 @@ class HFChatEncoder:
             if message.get("role") != "assistant":
                 continue
             try:
+                plain = self._render(chat[:k], tools=own)[0]
                 before = self._render(chat[:k], add_generation_prompt=True, tools=own)[0]
                 through = text if k == len(chat) - 1 else self._render(chat[: k + 1], tools=own)[0]
             except ClockRead:
@@ -331,6 +337,11 @@ class HFChatEncoder:
                 raise InvalidRow(
                     f"assistant message {k}: the chat template's rendering of the messages up to it does not "
                     "begin the conversation's rendering, so its span is ambiguous"
+                )
+            if len(before) <= len(plain):
+                raise InvalidRow(
+                    f"assistant message {k}: the chat template adds no generation prompt before it, so its span "
+                    "would take in its header"
                 )
             if len(before) < end:
                 raise InvalidRow(f"assistant message {k}: its span would begin inside the one before it")

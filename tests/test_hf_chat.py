@@ -69,6 +69,7 @@ ALTERNATING = (
     "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
     "{{ raise_exception('roles must alternate user/assistant') }}{% endif %}"
     "{{ message['role'] + ': ' + message['content'] + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
 )
 
 
@@ -270,6 +271,55 @@ def test_a_sloppy_template_gives_a_named_refusal_not_a_wrong_mask(encoder_of):
     assert ids and not any(mask)
 
 
+# ChatML with no generation prompt: a reply's span would take in its header
+NO_PROMPT = CHATML.replace("{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}", "")
+
+
+def test_a_template_without_a_generation_prompt_is_refused_not_masked_with_its_header(encoder_of, oracle_of):
+    assert "add_generation_prompt" not in NO_PROMPT
+    encoder = encoder_of(_plain(NO_PROMPT))
+    with pytest.raises(InvalidRow, match="assistant message 2: the chat template adds no generation prompt"):
+        encoder.encode(CHAT)
+    ids, mask = encoder.encode(CHAT[:2])  # no reply: nothing to mask, nothing to refuse
+    assert ids == _ids(oracle_of(_plain(NO_PROMPT)), CHAT[:2]) and not any(mask)
+    # with generation blocks the template marks the replies itself: transformers' masks
+    assert encoder_of(_generation(NO_PROMPT)).encode(CHAT) == _oracle(oracle_of(_generation(NO_PROMPT)), CHAT)
+
+
+def test_a_reply_first_in_a_template_whose_prompt_comes_with_a_message_is_refused(encoder_of):
+    """Tulu's template adds its generation prompt after the last message only: the
+    rendering of no messages has none, so a reply that comes first has no span."""
+    tulu = (
+        "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] + '\\n' }}"
+        "{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}{% endfor %}"
+    )
+    encoder = encoder_of(tulu)
+    with pytest.raises(InvalidRow, match="assistant message 0: the chat template adds no generation prompt"):
+        encoder.encode([{"role": "assistant", "content": "Hello"}, {"role": "user", "content": "hi"}])
+    ids, mask = encoder.encode(CHAT[1:3])  # a reply after a user message: its content and newline
+    text = encoder.tokenizer.decode([i for i, m in zip(ids, mask) if m])
+    assert text == CHAT[2]["content"] + "\n"
+
+
+def test_an_empty_tools_list_reaches_the_template_as_one(deepseek_dir, tmp_path):
+    """``tools: []`` is not ``None``: a template (and apply_chat_template's choice of a named
+    one) may tell them apart."""
+    from transformers import AutoTokenizer
+
+    template = "{% if tools is not none %}{{ 'Tools: ' + (tools | tojson) + '\\n' }}{% endif %}" + _plain(CHATML)
+    config = json.loads((deepseek_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["chat_template"] = template
+    (tmp_path / "tokenizer.json").symlink_to(deepseek_dir / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    encoder, oracle = HFChatEncoder(load_tokenizer(tmp_path)), AutoTokenizer.from_pretrained(str(tmp_path))
+    for tools in ([], "[]"):
+        record = conversation({"messages": CHAT, "tools": tools}, SCHEMA)
+        assert record.tools == []
+        ids = encoder.encode_arrays(record.messages, record.tools)[0].tolist()
+        assert ids == _ids(oracle, CHAT, tools=[]) != _ids(oracle, CHAT)
+    assert conversation({"messages": CHAT}, SCHEMA).tools is None
+
+
 def test_a_conversation_the_template_refuses_is_an_invalid_row(encoder_of):
     encoder = encoder_of(ALTERNATING)
     results = encoder.encode_batch([CHAT[1:3], CHAT[1:2] + CHAT[1:2], [{"role": "user", "content": ["a"]}]])
@@ -409,6 +459,34 @@ def test_a_build_through_the_cli_is_transformers_ids_and_masks_and_rebuilds(
     capsys.readouterr()
     assert main(["verify", str(out), "--rebuild", "--tokenizer", str(folder), "--quiet", "--workers", "1"]) == 0
     assert "gives the same rows and manifest" in capsys.readouterr().out
+
+
+def test_named_templates_are_recorded_and_key_the_store(deepseek_dir, tmp_path, capsys, monkeypatch):
+    """``additional_chat_templates/tool_use.jinja`` renders the rows with tools: it is a file
+    the build records and keys its token store by, so a changed one is never served stale."""
+    from fixed_sft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "tok"
+    (folder / "additional_chat_templates").mkdir(parents=True)
+    (folder / "tokenizer.json").symlink_to(deepseek_dir / "tokenizer.json")
+    (folder / "tokenizer_config.json").write_bytes((deepseek_dir / "tokenizer_config.json").read_bytes())
+    (folder / "chat_template.jinja").write_text(_plain(CHATML), encoding="utf-8")
+    named = folder / "additional_chat_templates" / "tool_use.jinja"
+    rows = [{"id": f"t{k}", "messages": CHAT, "tools": TOOLS} for k in range(4)]
+    source, cache = _source(tmp_path, rows), ["--cache-dir", str(tmp_path / "cache"), "--workers", "1"]
+    digests = {}
+    for version in ("V1", "V2"):
+        named.write_text(f"TOOLS {version} " + "{{ tools | tojson }}\n" + _plain(CHATML), encoding="utf-8")
+        for store in ("cached", "plain"):
+            out = tmp_path / f"{version}-{store}"
+            extra = cache if store == "cached" else ["--no-cache", "--workers", "1"]
+            assert main(_build(source, folder, out, *extra)) == 0
+            manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+            assert "additional_chat_templates/tool_use.jinja" in manifest["tokenizer"]["files"]
+            digests[version, store] = manifest["rows_sha256"]
+    capsys.readouterr()
+    assert digests["V1", "cached"] == digests["V1", "plain"] != digests["V2", "plain"] == digests["V2", "cached"]
 
 
 def test_a_named_separator_is_recorded_and_rebuilt(folder_of, tmp_path, capsys, monkeypatch):
