@@ -1,7 +1,10 @@
 """Two build folders -> where they differ: manifest fields, the first differing row and token, the text around it.
 
-The manifests are compared key by key, as JSON (``1`` is not ``1.0``); a list of objects
-is compared item by item and a list of row hashes as a count of the rows that differ.
+Each folder is first verified against its manifest (``fixed_sft.verify``): rows are compared
+by their hashes, so a folder whose rows are not those its manifest hashes is refused,
+naming its first difference. The manifests are then compared key by key, as JSON (``1`` is
+not ``1.0``); a list of objects is compared item by item and a list of row hashes as a
+count of the rows that differ.
 The first row whose hash differs is read from both Parquet files: the first token where
 the ids or the mask differ, the segments (source row and id) that hold it in each, and
 the tokens around it decoded with each build's tokenizer (its files from the Hugging Face
@@ -22,29 +25,33 @@ from .errors import BuildError, UsageError
 from .fields import same, show
 from .inspect_rows import decoder, open_build, visible
 from .manifest import Manifest
+from .verify import verify
 
 CONTEXT_TOKENS = 12  # tokens shown on each side of the first differing token
 
 
-def fields(a: Any, b: Any, path: str = "") -> list[str]:
-    """The dotted paths where JSON values ``a`` and ``b`` differ (module docstring).
+KeyPath = tuple[str | int, ...]  # keys and list positions from the top of a JSON document
+
+
+def fields(a: Any, b: Any, path: KeyPath = ()) -> list[KeyPath]:
+    """The paths where JSON values ``a`` and ``b`` differ (module docstring); a key may hold
+    dots (a file name), so a path is a tuple, shown dotted.
 
     >>> fields({"x": 1, "y": [1, 2]}, {"x": 1.0, "y": [1, 3], "z": True})
-    ['x', 'y', 'z']
+    [('x',), ('y',), ('z',)]
     >>> fields({"s": [{"k": 1}, {"k": 2}]}, {"s": [{"k": 1}, {"k": 3}]})
-    ['s.1.k']
+    [('s', 1, 'k')]
     """
     if isinstance(a, dict) and isinstance(b, dict):
         found = []
         for key in [*a, *(k for k in b if k not in a)]:
-            where = f"{path}.{key}" if path else str(key)
             if key not in a or key not in b:
-                found.append(where)
+                found.append((*path, key))
             else:
-                found += fields(a[key], b[key], where)
+                found += fields(a[key], b[key], (*path, key))
         return found
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and all(isinstance(x, dict) for x in a + b):
-        return [p for k, (x, y) in enumerate(zip(a, b)) for p in fields(x, y, f"{path}.{k}")]
+        return [p for k, (x, y) in enumerate(zip(a, b)) for p in fields(x, y, (*path, k))]
     return [] if same(a, b) else [path]
 
 
@@ -95,12 +102,16 @@ def diff(a: Path, b: Path, tokenizer: str | None = None) -> tuple[bool, list[str
     """Whether builds ``a`` and ``b`` hold the same rows and manifest, and the lines that
     say where they differ (module docstring)."""
     first, second = open_build(a), open_build(b)
+    for folder in (a, b):
+        problems = verify(folder)
+        if problems:
+            raise BuildError(f"{folder} does not match its manifest ({problems[0]}): diff compares sound builds")
     one, two = first.to_json(), second.to_json()
     hashes_a, hashes_b = one.pop("row_sha256"), two.pop("row_sha256")
     lines = []
     changed = fields(one, two)
     for path in changed:
-        lines.append(f"manifest {path}: {_value(one, path)} | {_value(two, path)}")
+        lines.append(f"manifest {'.'.join(map(str, path))}: {_value(one, path)} | {_value(two, path)}")
     rows = [k for k, (x, y) in enumerate(zip(hashes_a, hashes_b)) if x != y]
     if len(hashes_a) != len(hashes_b):
         lines.append(f"rows: {a} has {len(hashes_a)}, {b} has {len(hashes_b)}")
@@ -126,12 +137,12 @@ def diff(a: Path, b: Path, tokenizer: str | None = None) -> tuple[bool, list[str
     return not lines, lines or [f"same: {a} and {b} hold the same rows and manifest"]
 
 
-def _value(document: dict, path: str) -> str:
-    """The value at dotted ``path`` of ``document``, shown short (``absent`` where it has none)."""
+def _value(document: dict, path: KeyPath) -> str:
+    """The value at ``path`` of ``document``, shown short (``absent`` where it has none)."""
     value: Any = document
-    for key in path.split("."):
-        if isinstance(value, list) and key.isdigit() and int(key) < len(value):
-            value = value[int(key)]
+    for key in path:
+        if isinstance(value, list) and isinstance(key, int) and key < len(value):
+            value = value[key]
         elif isinstance(value, dict) and key in value:
             value = value[key]
         else:

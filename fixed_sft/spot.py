@@ -77,8 +77,9 @@ from .source import SourceError, SourceUnreachable, open_source
 from .verify import described, read_manifest
 
 SAMPLE_SEED = 0  # the seed of ``sample:N``
-_ITEM = re.compile(r"([0-9]+)(?:-([0-9]+))?")
-_SAMPLE = re.compile(r"sample:([0-9]+)(?::([0-9]+))?")
+# (at most 20 digits: 2**64 has 20, and int() refuses strings of over 4,300 digits)
+_ITEM = re.compile(r"([0-9]{1,20})(?:-([0-9]{1,20}))?")
+_SAMPLE = re.compile(r"sample:([0-9]{1,20})(?::([0-9]{1,20}))?")
 STORED = [
     "metadata.input_ids.list.element",
     "metadata.loss_mask.list.element",

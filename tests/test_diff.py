@@ -81,9 +81,44 @@ def test_other_parameters_are_named_field_by_field(pair, tmp_path, kimi_dir, cap
 
 
 def test_fields_compare_as_json():
-    assert fields({"a": [1, {"b": True}]}, {"a": [1, {"b": 1}]}) == ["a"]
-    assert fields({"a": {"b": 1, "c": 2}}, {"a": {"b": 1}}) == ["a.c"]
+    assert fields({"a": [1, {"b": True}]}, {"a": [1, {"b": 1}]}) == [("a",)]
+    assert fields({"a": {"b": 1, "c": 2}}, {"a": {"b": 1}}) == [("a", "c")]
     assert fields({"a": 1}, {"a": 1}) == []
+
+
+def test_a_key_with_dots_shows_both_values(pair, tmp_path, kimi_dir, capsys):
+    """File names hold dots (``tiktoken.model``, ``README.md``): each side's value is shown."""
+    other = _build(tmp_path, synthetic.conversations(60, seed=9), kimi_dir, "a", row_tokens=96)
+    assert main(["diff", str(pair[0]), str(other)]) == 1
+    out = capsys.readouterr().out
+    bytes_a, bytes_b = (json.loads((f / "manifest.json").read_text())["parquet"]["bytes"] for f in (pair[0], other))
+    assert f"manifest parquet.bytes: {bytes_a} | {bytes_b}" in out
+    lines = [line for line in out.splitlines() if line.startswith("manifest card.files.README.md.")]
+    assert lines and all("absent" not in line for line in lines)
+
+
+@pytest.mark.parametrize("damage", ["token", "row hash", "truncated"])
+def test_a_folder_that_does_not_match_its_manifest_is_refused(pair, tmp_path, capsys, damage):
+    """Rows are compared by their hashes: a folder whose rows are not the ones its manifest
+    hashes is refused, naming its first difference, never called the same."""
+    copy = tmp_path / "copy"
+    shutil.copytree(pair[0], copy)
+    parquet, manifest = copy / "train.parquet", copy / "manifest.json"
+    if damage == "token":
+        table = pq.read_table(parquet)
+        rows = table.to_pylist()
+        rows[3]["metadata"]["input_ids"][5] += 1
+        pq.write_table(type(table).from_pylist(rows, schema=table.schema), parquet)
+    elif damage == "row hash":
+        document = json.loads(manifest.read_text())
+        document["row_sha256"][3] = "0" * 64
+        manifest.write_text(json.dumps(document))
+    else:
+        parquet.write_bytes(parquet.read_bytes()[:3000])
+    assert main(["diff", str(pair[0]), str(copy)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert f"{copy} does not match its manifest" in captured.err
 
 
 def test_a_row_that_is_a_prefix_differs_where_it_ends(pair):

@@ -387,6 +387,8 @@ def test_a_held_row_listed_as_skipped_is_named(builds, kimi_dir, tmp_path, capsy
         ("", "--rows '': expected row numbers"),
         ("sample:0", "--rows 'sample:0': expected sample:N"),
         ("sample:two", "--rows 'sample:two': expected sample:N"),
+        ("9" * 5000, f"--rows '{'9' * 5000}': expected row numbers"),  # (int() refuses over 4,300 digits)
+        ("sample:" + "9" * 5000, f"--rows 'sample:{'9' * 5000}': expected sample:N"),
     ],
 )
 def test_a_bad_spec_is_a_usage_error(builds, kimi_dir, capsys, spec, says):
