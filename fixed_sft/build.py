@@ -469,16 +469,22 @@ def _pack_blocks(
 
 
 @contextmanager
-def _cancelling_pool() -> Iterator[ThreadPoolExecutor]:
-    """One background thread; on an error, its queued tasks are dropped, not run (and on
-    Ctrl-C or SIGTERM, the running one is not waited for)."""
-    pool = ThreadPoolExecutor(1)
+def _cancelling_pool(threads: int = 1) -> Iterator[ThreadPoolExecutor]:
+    """Background threads; on an error, their queued tasks are dropped, not run (and on
+    Ctrl-C or SIGTERM, the running ones are not waited for)."""
+    pool = ThreadPoolExecutor(threads)
     try:
         yield pool
     except BaseException as error:
         pool.shutdown(wait=isinstance(error, Exception), cancel_futures=True)
         raise
     pool.shutdown()
+
+
+def hash_threads(files: int) -> int:
+    """Threads that hash a source's ``files`` at once: one a file, at most one a core (sha256
+    releases the GIL; a first build with the store waits for the hashes before it reads)."""
+    return max(1, min(files, os.cpu_count() or 1))
 
 
 def template_kwargs(config: BuildConfig, tokenizer: ResolvedTokenizer) -> dict:
@@ -589,8 +595,8 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
         encoding = _Encoding(stack, encoder_config, config.workers, config.check_every)
         if config.no_cache:
             encoding.start()  # (at once, beside reading the source)
-        hashing = stack.enter_context(_cancelling_pool())
         source = open_source(config.source, config.source_revision, config.source_license, config.source_files)
+        hashing = stack.enter_context(_cancelling_pool(hash_threads(len(source.files))))
         if config.source_rows is not None and source.num_rows != config.source_rows:
             raise_cache_damage(source.files, BuildError)  # a damaged cached file explains the count better
             raise BuildError(

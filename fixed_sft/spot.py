@@ -50,6 +50,7 @@ from .build import (  # (the build's pool: its hashing is not waited for on Ctrl
     UsageError,
     _cancelling_pool,
     encoder_setup,
+    hash_threads,
     recorded_files,
     source_record,
     template_kwargs,
@@ -179,14 +180,14 @@ def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenize
         around = np.concatenate([rows - 1, rows + 1])
         around = np.setdiff1d(around[(around >= 0) & (around < manifest.stats.rows)], rows)
         neighbours = _stored_rows(folder / PARQUET_NAME, manifest, around)  # (their segments: not re-encoded)
-        with _cancelling_pool() as hashing:
-            try:
-                opened = open_source(config.source, config.source_revision, config.source_license, config.source_files)
-            except SourceUnreachable as error:
-                raise SourceError(
-                    f"{error.problem}. Without the Hub, download its files at that revision elsewhere "
-                    "and pass --source PATH"
-                ) from None
+        try:
+            opened = open_source(config.source, config.source_revision, config.source_license, config.source_files)
+        except SourceUnreachable as error:
+            raise SourceError(
+                f"{error.problem}. Without the Hub, download its files at that revision elsewhere "
+                "and pass --source PATH"
+            ) from None
+        with _cancelling_pool(hash_threads(len(opened.files))) as hashing:
             if opened.num_rows != manifest.source.rows:
                 raise BuildError(
                     f"source {opened.name} has {opened.num_rows} rows; the manifest records {manifest.source.rows}"
