@@ -11,6 +11,7 @@ checks against the schema.
 
 from __future__ import annotations
 
+import codecs
 import os
 import stat
 from dataclasses import dataclass
@@ -136,6 +137,29 @@ def _stamp(path: Path) -> tuple[int, int]:
     return status.st_size, status.st_mtime_ns
 
 
+def _repeated_field(kind: pa.DataType) -> str | None:
+    """A field name that some struct within ``kind`` holds twice (which no record can
+    hold, as a JSON object's keys are one each), or ``None``.
+
+    >>> _repeated_field(pa.list_(pa.struct([("role", pa.string()), ("role", pa.string())])))
+    'role'
+    >>> _repeated_field(pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))) is None
+    True
+    """
+    if pa.types.is_struct(kind):
+        names = [kind.field(k).name for k in range(kind.num_fields)]
+        if len(set(names)) < len(names):
+            return next(name for name in names if names.count(name) > 1)
+        children = [kind.field(k).type for k in range(kind.num_fields)]
+    elif pa.types.is_map(kind):
+        children = [kind.key_type, kind.item_type]
+    elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        children = [kind.value_type]
+    else:
+        return None
+    return next((found for child in children if (found := _repeated_field(child)) is not None), None)
+
+
 def _check_parquet_types(files: tuple[Path, ...]) -> None:
     """Every Parquet file has a ``messages`` column, of types that combine into one (as
     ``string`` and ``large_string`` do, or structs with other keys): a chunk of the
@@ -146,6 +170,11 @@ def _check_parquet_types(files: tuple[Path, ...]) -> None:
         schema = pq.read_schema(path)
         if "messages" not in schema.names:
             raise SourceError(f"{path}: no 'messages' column")
+        for name in ("id", "messages", "tools", "source"):
+            if schema.names.count(name) > 1:
+                raise SourceError(f"{path}: {schema.names.count(name)} columns are named {name!r}")
+            if name in schema.names and (repeated := _repeated_field(schema.field(name).type)) is not None:
+                raise SourceError(f"{path}: {name!r} has two fields named {repeated!r} in one struct")
         if "id" in schema.names and not _is_id_type(schema.field("id").type):
             raise SourceError(f"{path}: 'id' is {schema.field('id').type}; ids must be strings or integers")
         for name in ("messages", "tools"):
@@ -300,6 +329,8 @@ def _count_rows(path: Path) -> int:
     last = b"\n"
     try:
         with path.open("rb") as f:
+            if f.read(len(codecs.BOM_UTF8)) != codecs.BOM_UTF8:  # (not part of the first line, as it is read)
+                f.seek(0)
             while block := f.read(1 << 24):
                 lines += block.count(b"\n")
                 last = block[-1:]

@@ -292,6 +292,28 @@ def test_parquet_content_that_is_not_utf8_names_the_id(kimi_dir, tmp_path):
         build(_config(tmp_path / "src.parquet", kimi_dir), tmp_path / "out")
 
 
+def test_a_source_value_that_is_not_utf8_counts_as_none(kimi_dir, tmp_path):
+    """``source`` is read for the source mix alone: a value that is not a string, or not
+    UTF-8, counts as none; the conversation is kept."""
+    import pyarrow as pa
+
+    rows = synthetic.conversations(30, seed=2)
+    table = pa.Table.from_pylist(rows, schema=synthetic.TULU_SCHEMA)
+    bad = pa.Array.from_buffers(
+        pa.string(), 1, [None, pa.py_buffer(b"\x00\x00\x00\x00\x02\x00\x00\x00"), pa.py_buffer(b"\xff\xfe")]
+    )
+    where = table.schema.get_field_index("source")
+    values = table.column(where).combine_chunks()
+    pq.write_table(
+        table.set_column(where, "source", pa.concat_arrays([values[:5], bad, values[6:]])), tmp_path / "a.parquet"
+    )
+    none = [{**row, "source": None} if k == 5 else row for k, row in enumerate(rows)]
+    pq.write_table(pa.Table.from_pylist(none, schema=synthetic.TULU_SCHEMA), tmp_path / "b.parquet")
+    built = [build(_config(tmp_path / f"{name}.parquet", kimi_dir), tmp_path / name) for name in "ab"]
+    assert built[0]["rows_sha256"] == built[1]["rows_sha256"] and built[0]["source_mix"] == built[1]["source_mix"]
+    assert not built[0]["skipped_invalid"]
+
+
 def test_a_link_in_a_source_folder_to_no_file_is_named(kimi_dir, tmp_path):
     from fixed_sft.source import SourceError
 

@@ -132,6 +132,37 @@ def test_a_byte_order_mark_that_starts_a_jsonl_file_is_not_data(tmp_path):
     assert isinstance(second[1], InvalidRow)  # only the file's start may hold one
 
 
+def test_a_jsonl_file_of_a_byte_order_mark_alone_has_no_rows(tmp_path):
+    """The mark is not part of a first line: a file of the mark alone holds no row, as
+    it is read (before, it was counted as one row that no read gave)."""
+    (tmp_path / "a.jsonl").write_bytes(b"\xef\xbb\xbf")
+    (tmp_path / "b.jsonl").write_bytes(b'{"id": "b", "messages": []}\n')
+    src = open_source(str(tmp_path))
+    assert src.num_rows == 1
+    assert [r["id"] for _, r in records(next(read_band(src, np.arange(1), 0, 1).chunks(10)))] == ["b"]
+    (tmp_path / "a.jsonl").write_bytes(b"\xef\xbb\xbf\n")  # the mark, then a blank line: one (invalid) row
+    assert open_source(str(tmp_path)).num_rows == 2
+
+
+def test_repeated_names_in_a_parquet_schema_are_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    message = pa.struct([("role", pa.string()), ("content", pa.string()), ("content", pa.string())])
+    messages = pa.array([[{"role": "user"}]], pa.list_(pa.struct([("role", pa.string())])))
+    twice = pa.ListArray.from_arrays(
+        pa.array([0, 1], pa.int32()),
+        pa.StructArray.from_arrays([pa.array(["user"]), pa.array(["a"]), pa.array(["b"])], fields=list(message)),
+    )
+    pq.write_table(pa.table({"id": ["a"], "messages": twice}), tmp_path / "fields.parquet")
+    with pytest.raises(SourceError, match="fields.parquet: 'messages' has two fields named 'content' in one struct"):
+        open_source(str(tmp_path / "fields.parquet"))
+    table = pa.Table.from_arrays([pa.array(["a"]), messages, messages], names=["id", "messages", "messages"])
+    pq.write_table(table, tmp_path / "columns.parquet")
+    with pytest.raises(SourceError, match="columns.parquet: 2 columns are named 'messages'"):
+        open_source(str(tmp_path / "columns.parquet"))
+
+
 def test_empty_folder_is_an_error(tmp_path):
     with pytest.raises(SourceError, match="no .parquet or .jsonl files"):
         open_source(str(tmp_path))
