@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
             if exit_code
             else (f"internal error ({type(error).__name__}: {error}); FIXED_SFT_DEBUG=1 shows the traceback")
         )
-        print(f"error: {detail}", file=sys.stderr)
+        print(f"error: {one_line(detail)}", file=sys.stderr)
         return exit_code or FAILURE
     finally:
         for signum, handler in previous.items():
@@ -522,6 +522,16 @@ def _ignore_signals() -> None:
     stop then; a signal is ignored, and the exit code is the command's."""
     for signum in SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+
+
+def one_line(text: str) -> str:
+    """``text`` as one line: an error is one line on stderr, and it may quote values from the
+    data (an id, a path) or a library's message that hold line breaks, shown as ``\\n``.
+
+    >>> print(one_line("row 2 (id a\\nerror: b): bad\\n"))
+    row 2 (id a\\nerror: b): bad
+    """
+    return text.rstrip("\r\n").replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _exit_code(error: Exception) -> int | None:

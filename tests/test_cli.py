@@ -235,6 +235,20 @@ def test_what_the_system_refuses_is_one_line_naming_the_file(source, kimi_dir, t
         assert main(_build_args(source, kimi_dir, tmp_path / "a")) == 2 and capsys.readouterr().err == loop
 
 
+def test_an_error_quoting_a_line_break_from_the_data_stays_one_line(kimi_dir, tmp_path, capsys):
+    """An id (or a library's message) may hold line breaks: they are shown as \\n, so no
+    data can write a line of its own on stderr."""
+    import json
+
+    source = tmp_path / "evil.jsonl"
+    row = {"id": "evil\nerror: a forged line\r", "messages": [{"role": "user", "content": 5}]}
+    source.write_text(json.dumps(row) + "\n")
+    assert main(_build_args(source, kimi_dir, tmp_path / "out")) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    assert "id evil\\nerror: a forged line\\r)" in err
+
+
 def test_a_path_that_is_not_utf8_is_one_line_naming_it(source, kimi_dir, tmp_path, capsys):
     """pyarrow cannot open such a path, nor a manifest record it: a source file, an output
     or a folder to verify whose path is not UTF-8 is named, its bytes shown as \\xNN."""
