@@ -363,6 +363,10 @@ def _check_stats(manifest: Manifest, rows: int, row_tokens: int) -> list[str]:
     }
     if params.rows != "all":
         derived["params.rows"] = (params.rows, rows)
+    # a build without --skip-invalid stops at an invalid row: it skips none
+    derived["the skipped_invalid rows"] = (len(manifest.skipped_invalid), stats.invalid_rows_skipped)
+    if not params.skip_invalid:
+        derived["stats.invalid_rows_skipped without skip_invalid"] = (stats.invalid_rows_skipped, 0)
     if (mix := manifest.source_mix) is not None:  # every kept conversation, and every token, has one source
         derived["the source_mix conversations"] = (sum(s.conversations for s in mix), stats.conversations)
         derived["the source_mix tokens"] = (sum(s.tokens for s in mix), stats.tokens)

@@ -187,8 +187,12 @@ def test_a_killed_rebuilds_folder_is_deleted_only_if_it_holds_a_rebuilds_files(
         ),
         (lambda m: m["template_check"].update(checked=5), "template_check: differs (checked: 5 here, 1 rebuilt)"),
         (lambda m: m["stats"].update(rows_skipped=2), "stats: differs (rows_skipped: 2 here, 1 rebuilt)"),
-        (
-            lambda m: m["skipped_invalid"].append({"index": 5, "id": "x", "reason": "r"}),
+        (  # (consistent with its count and skip_invalid, which verify checks)
+            lambda m: (
+                m["skipped_invalid"].append({"index": 5, "id": "x", "reason": "r"}),
+                m["stats"].update(invalid_rows_skipped=1),
+                m["params"].update(skip_invalid=True),
+            ),
             "skipped_invalid: differs (list: 1 items here, 0 rebuilt)",
         ),
         (lambda m: m["tokenizer"].update(mismatches=["made up"]), 'tokenizer: differs (mismatches: ["made up"] here'),

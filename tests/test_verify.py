@@ -126,6 +126,24 @@ def test_edited_manifest_stats(copy):
     assert any("supervised tokens" in p for p in verify(copy))
 
 
+@pytest.mark.parametrize("skip_invalid", [False, True])
+def test_skipped_rows_must_agree_with_the_parameters(copy, skip_invalid):
+    """A build without --skip-invalid stops at an invalid row, so its manifest lists none;
+    the listed rows and their count agree."""
+    manifest = json.loads((copy / "manifest.json").read_text())
+    assert manifest["params"]["skip_invalid"] is False and manifest["skipped_invalid"] == []
+    manifest["params"]["skip_invalid"] = skip_invalid
+    manifest["skipped_invalid"] = [{"index": 3, "id": "x", "reason": "r"}]
+    manifest["stats"]["invalid_rows_skipped"] = 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    problems = verify(copy)
+    contradiction = "stats.invalid_rows_skipped without skip_invalid is 1, expected 0"
+    assert any(contradiction in p for p in problems) != skip_invalid
+    manifest["stats"]["invalid_rows_skipped"] = 2
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert any("the skipped_invalid rows is 1, expected 2" in p for p in verify(copy))
+
+
 def test_garbled_manifest(copy):
     (copy / "manifest.json").write_text("{not json")
     assert any("unreadable" in p for p in verify(copy))
