@@ -223,6 +223,15 @@ def test_the_sampled_check_covers_tools(encoder):
         encoder.check(TOOL_CALLS, np.delete(ids, 80), WEATHER)
 
 
+def test_an_empty_tools_list_is_no_tools_to_kimi(encoder):
+    """Kimi's template declares tools only where there are some: ``[]`` encodes as none."""
+    none = encoder.encode_arrays(TOOL_CALLS, None)
+    empty = encoder.encode_arrays(TOOL_CALLS, [])
+    assert all(np.array_equal(x, y) for x, y in zip(none, empty))
+    assert encoder.reference_ids(TOOL_CALLS, []) == none[0].tolist()
+    encoder.check(TOOL_CALLS, empty[0], [])
+
+
 def _chunk(lines: list[dict]):
     """A chunk of JSONL rows, as ``fixed_sft.bands`` reads them."""
     import pyarrow as pa
