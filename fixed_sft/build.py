@@ -682,6 +682,7 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
                 if merged is not None:
                     merged.finish()  # (the checks of stored conversations, before the rows count)
                 writer.close()  # (here: a signal while the last row group is written still waits for its thread)
+                tally.parquet_sha256 = writer.sha256
             except BaseException:
                 writer.abort()
                 raise
@@ -840,7 +841,9 @@ def _manifest(
         stats=Stats(**tally.stats()),
         source_mix=tally.source_mix(),
         skipped_invalid=[SkippedRow(**row) for row in tally.skipped_invalid],
-        parquet=ParquetFile(path=PARQUET, bytes=parquet.stat().st_size, sha256=sha256_file(parquet)),
+        parquet=ParquetFile(
+            path=PARQUET, bytes=parquet.stat().st_size, sha256=tally.parquet_sha256 or sha256_file(parquet)
+        ),
         rows_sha256=rows_digest(tally.digests),
         row_sha256=[d.hex() for d in tally.digests],
     )

@@ -41,3 +41,36 @@ def sha256_file(path: Path) -> str:
     """Hex sha256 of a file's bytes."""
     with Path(path).open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+class AppendedHash:
+    """The sha256 of a file that its writer only appends to, hashed as it grows: ``update``
+    hashes the bytes written since the last call (read back while the system still holds
+    them), ``hexdigest`` the rest, so the finished file is not read again.
+
+    >>> import tempfile
+    >>> with tempfile.NamedTemporaryFile() as f:
+    ...     hashed = AppendedHash(Path(f.name))
+    ...     _ = f.write(b"row groups"); f.flush(); hashed.update()
+    ...     _ = f.write(b", then a footer"); f.flush()
+    ...     hashed.hexdigest() == sha256_file(Path(f.name)) and hashed.size == 25
+    True
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.size = 0
+        self._digest = hashlib.sha256()
+
+    def update(self) -> None:
+        """Hash what the file holds past what was hashed."""
+        with self.path.open("rb") as f:
+            f.seek(self.size)
+            while block := f.read(1 << 22):
+                self._digest.update(block)
+                self.size += len(block)
+
+    def hexdigest(self) -> str:
+        """The whole file's hex sha256."""
+        self.update()
+        return self._digest.hexdigest()

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import arrow
+from .hashes import AppendedHash
 from .pack import Row
 from .plots import PLOT_NAMES
 
@@ -165,6 +166,8 @@ class RowWriter:
         self.path = path
         self.boundaries = boundaries
         self._writer = parquet_writer(path, boundaries)
+        self._hash = AppendedHash(path)  # (its bytes hashed by the writer's thread, as each group is written)
+        self.sha256: str | None = None  # the file's, once closed
         self._pending: list[Row] = []
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="parquet")
         self._writing: deque[Future] = deque()
@@ -190,6 +193,7 @@ class RowWriter:
             return  # (the error is raised by the group that failed)
         try:
             self._writer.write_table(table)
+            self._hash.update()
         except BaseException:
             self._failed = True
             raise
@@ -231,6 +235,7 @@ class RowWriter:
             self._writer.close()
             with self.path.open("rb+") as f:
                 os.fsync(f.fileno())
+            self.sha256 = self._hash.hexdigest()
 
 
 class NullValue(ValueError):

@@ -42,8 +42,9 @@ from .errors import BuildError
 from .hashes import row_digest
 from .output import PARTS_NAME, naming, rows_per_group, write_part
 from .pack import Row, Segment
-from .stitch import Stitcher
+from .stitch import Stitcher, footer
 from .store import SegmentReader, TokenStore
+from .thrift import Fields
 
 BLOCK = 4096  # packing positions per index task: at most this many
 MIN_BLOCK = 256  # and at least this many (or the rest)
@@ -162,8 +163,9 @@ class WriteTask(NamedTuple):
     part: str
 
 
-def write(_: object, task: WriteTask) -> list[bytes]:
-    """Assemble, hash and write a row group (module docstring, pass 2); its rows' digests."""
+def write(_: object, task: WriteTask) -> tuple[list[bytes], tuple[Fields, int]]:
+    """Assemble, hash and write a row group (module docstring, pass 2); its rows' digests,
+    and the part's footer (read here, in the worker: ``Stitcher.append`` needs it)."""
     units = [(index, item.id, item.ids, item.mask) for index, item in task.units.read()]
     rows, digests = [], []
     for r in range(len(task.first)):
@@ -189,7 +191,7 @@ def write(_: object, task: WriteTask) -> list[bytes]:
         rows.append(row)
         digests.append(row_digest(row.ids, row.mask, row.cu_seqlens if task.boundaries else None))
     write_part(Path(task.part), rows, task.first_row, task.boundaries)
-    return digests
+    return digests, footer(Path(task.part))
 
 
 @dataclass
@@ -212,6 +214,7 @@ class Packed:
     conversation_tokens: list[int] = field(default_factory=list)
     mix: dict[str | None, list[int]] = field(default_factory=dict)
     skipped_invalid: list[dict] = field(default_factory=list)
+    parquet_sha256: str | None = None  # the written file's, hashed as it was written
 
 
 class Invalid(NamedTuple):
@@ -365,7 +368,7 @@ def pack(
     packed = _tally(stream, rows, check_every)
     if not packed.rows or (wanted is not None and packed.rows < wanted):
         return packed, None  # (the build says there are too few)
-    packed.digests = _write(store, order, rows, shape, run, out, progress)
+    packed.digests, packed.parquet_sha256 = _write(store, order, rows, shape, run, out, progress)
     return packed, None
 
 
@@ -503,8 +506,9 @@ def _write(
     run: Run,
     out: Path,
     progress: Callable[[int], None],
-) -> list[bytes]:
-    """Write the kept rows a row group at a time (module docstring, pass 2); their digests."""
+) -> tuple[list[bytes], str | None]:
+    """Write the kept rows a row group at a time (module docstring, pass 2); their digests,
+    and the file's sha256."""
     row_tokens, eos_id, boundaries = shape
     cuts = rows.cuts
     kept = np.flatnonzero(rows.kept)
@@ -538,10 +542,10 @@ def _write(
     digests: list[bytes] = []
     results = run(write, tasks())
     try:
-        for number, written in enumerate(results):
+        for number, (written, found) in enumerate(results):
             part = parts / f"{number:08d}.parquet"
             with naming(out):
-                stitcher.append(part)
+                stitcher.append(part, found)
             part.unlink()
             digests.extend(written)
             progress(len(written))
@@ -556,4 +560,4 @@ def _write(
     finally:
         _close(results)
         shutil.rmtree(parts, ignore_errors=True)
-    return digests
+    return digests, stitcher.sha256

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from . import thrift
+from .hashes import AppendedHash
 from .thrift import Fields
 
 MAGIC = b"PAR1"
@@ -101,13 +102,16 @@ class Stitcher:
         self.path = path
         self._file = path.open("wb")
         self._file.write(MAGIC)
+        self._hash = AppendedHash(path)  # (each part hashed as it is appended)
+        self.sha256: str | None = None  # the file's, once closed
         self._first: Fields | None = None
         self._groups: list[Fields] = []
         self._rows = 0
 
-    def append(self, part: Path) -> None:
-        """Copy ``part``'s column chunks to the end of the file and keep its row groups."""
-        meta, start = footer(part)
+    def append(self, part: Path, found: tuple[Fields, int] | None = None) -> None:
+        """Copy ``part``'s column chunks to the end of the file and keep its row groups;
+        ``found``: its ``footer``, where the process that wrote it has read it already."""
+        meta, start = footer(part) if found is None else found
         delta = self._file.tell() - len(MAGIC)
         for group in thrift.get(meta, 4, (thrift.STRUCT, []))[1]:
             self._groups.append(_row_group(group, delta, len(self._groups)))
@@ -119,6 +123,7 @@ class Stitcher:
             _copy(f, self._file, start - len(MAGIC))
         self._file.flush()
         self._file.seek(0, os.SEEK_END)
+        self._hash.update()
 
     def close(self) -> None:
         """Write the joined footer, and flush the file to disk (at least one part was appended)."""
@@ -132,6 +137,7 @@ class Stitcher:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
+        self.sha256 = self._hash.hexdigest()
 
     def abort(self) -> None:
         """Close the file, incomplete (the build discards it)."""

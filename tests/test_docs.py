@@ -1,10 +1,17 @@
-"""The pages a newcomer reads stay within their limits, and every module names its job."""
+"""The pages a newcomer reads stay within their limits, every module names its job, its doctests hold."""
 
 from __future__ import annotations
 
 import ast
+import doctest
+import importlib
+import pkgutil
 import re
 from pathlib import Path
+
+import pytest
+
+import fixed_sft
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,3 +34,10 @@ def test_every_module_says_its_one_job():
     for path in sorted((ROOT / "fixed_sft").glob("*.py")) + [ROOT / "pretokenized_sft_rollout.py"]:
         doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
         assert doc and doc.splitlines()[0].strip(), path.name
+
+
+@pytest.mark.parametrize("name", sorted(module.name for module in pkgutil.iter_modules(fixed_sft.__path__)))
+def test_every_modules_doctests_hold(name):
+    """The rules stated as doctests where they are applied (every module's, the ones without any too)."""
+    result = doctest.testmod(importlib.import_module(f"fixed_sft.{name}"))
+    assert result.failed == 0
