@@ -526,12 +526,13 @@ def _ignore_signals() -> None:
 
 def one_line(text: str) -> str:
     """``text`` as one line: an error is one line on stderr, and it may quote values from the
-    data (an id, a path) or a library's message that hold line breaks, shown as ``\\n``.
+    data (an id, a path) or a library's message that hold line breaks (any that
+    ``str.splitlines`` splits at), each shown as ``\\n``.
 
-    >>> print(one_line("row 2 (id a\\nerror: b): bad\\n"))
-    row 2 (id a\\nerror: b): bad
+    >>> print(one_line("row 2 (id a\\nerror: b\\u2028c): bad\\n"))
+    row 2 (id a\\nerror: b\\nc): bad
     """
-    return text.rstrip("\r\n").replace("\r", "\\r").replace("\n", "\\n")
+    return "\\n".join(text.splitlines())
 
 
 def _exit_code(error: Exception) -> int | None:

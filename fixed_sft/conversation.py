@@ -18,7 +18,8 @@ Values, where the schema reads the key (OpenAI's chat schema):
   "arguments": str or object}}`` (``type`` may be left out).
 * ``tool_call_id``: a string, required on a ``tool`` message.
 * the record's ``tools`` (read only where the schema says; elsewhere a record with tools
-  is refused): a list of objects, or a JSON string of one; an empty list is no tools.
+  is refused): a list of objects, or a JSON string of one; an empty list stays one (a
+  template may tell it from none; Kimi's declares no tools for it).
 
 Every string a message or the tools hold must be valid Unicode, and neither nests lists
 and objects deeper than ``MAX_DEPTH`` levels (which rendering them would need a deeper

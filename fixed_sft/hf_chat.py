@@ -16,10 +16,10 @@ Loss mask ``assistant``:
 - Any other template: assistant message ``k``'s characters are those that the rendering of
   ``messages[:k + 1]`` adds to the rendering of ``messages[:k]`` with the generation prompt;
   each token that overlaps them is 1, as transformers maps generation blocks to tokens.
-  Both renderings must begin the conversation's rendering, the generation prompt must add
-  text (else the span would take in the assistant's header), and each message's span must
-  begin where the one before it ended or later: otherwise the conversation is an invalid row,
-  never a guessed mask.
+  Both renderings must begin the conversation's rendering; where the generation prompt adds
+  no text, the span must begin with the message's content (else it would take in the
+  assistant's header); and each message's span must begin where the one before it ended or
+  later: otherwise the conversation is an invalid row, never a guessed mask.
 
 Refused: a conversation the template does not render (an error it raises, a type error) is an
 invalid row; a template that reads the clock (``strftime_now``) stops the build, naming the
@@ -211,6 +211,18 @@ def token_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndar
     return mask
 
 
+def _opens_with_content(span: str, message: dict) -> bool:
+    """Whether a reply's span begins with its content (white space aside): where the
+    template adds no generation prompt, anything else first would be the reply's header
+    (``<|im_start|>assistant``), which the mask must not take in.
+
+    >>> _opens_with_content(" 4</s>", {"content": "4"}), _opens_with_content("<|assistant|>\\n4", {"content": "4"})
+    (True, False)
+    """
+    content = message.get("content")
+    return isinstance(content, str) and bool(content.strip()) and span.lstrip().startswith(content.strip())
+
+
 class HFChatEncoder:
     """Encodes conversations through a Hugging Face chat template (module docstring): the
     any-model ``fixed_sft.encoding.Encoder``, which also encodes a chunk at once (``encode_batch``)."""
@@ -338,10 +350,10 @@ class HFChatEncoder:
                     f"assistant message {k}: the chat template's rendering of the messages up to it does not "
                     "begin the conversation's rendering, so its span is ambiguous"
                 )
-            if len(before) <= len(plain):
+            if len(before) <= len(plain) and not _opens_with_content(through[len(before) :], message):
                 raise InvalidRow(
-                    f"assistant message {k}: the chat template adds no generation prompt before it, so its span "
-                    "would take in its header"
+                    f"assistant message {k}: the chat template adds no generation prompt before it and its text "
+                    "does not begin with its content, so its span would take in its header"
                 )
             if len(before) < end:
                 raise InvalidRow(f"assistant message {k}: its span would begin inside the one before it")

@@ -246,7 +246,7 @@ def test_an_error_quoting_a_line_break_from_the_data_stays_one_line(kimi_dir, tm
     assert main(_build_args(source, kimi_dir, tmp_path / "out")) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ")
-    assert "id evil\\nerror: a forged line\\r)" in err
+    assert "id evil\\nerror: a forged line\\n)" in err
 
 
 def test_a_path_that_is_not_utf8_is_one_line_naming_it(source, kimi_dir, tmp_path, capsys):

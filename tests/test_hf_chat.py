@@ -286,6 +286,21 @@ def test_a_template_without_a_generation_prompt_is_refused_not_masked_with_its_h
     assert encoder_of(_generation(NO_PROMPT)).encode(CHAT) == _oracle(oracle_of(_generation(NO_PROMPT)), CHAT)
 
 
+# Mistral style: no assistant header and no generation prompt; a reply is its content and </s>
+MISTRAL = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "[[{{ message['content'] + eos_token }}]]{% endif %}{% endfor %}"
+)
+
+
+def test_a_template_without_headers_needs_no_generation_prompt(encoder_of, oracle_of):
+    chat = [m for m in CHAT if m["role"] != "system"]
+    assert encoder_of(_plain(MISTRAL)).encode(chat) == _oracle(oracle_of(_generation(MISTRAL)), chat)
+    with pytest.raises(InvalidRow, match="adds no generation prompt before it and its text does not begin"):
+        encoder_of(_plain(MISTRAL)).encode([*chat[:1], {"role": "assistant", "content": ""}])  # (nothing to tell by)
+
+
 def test_a_reply_first_in_a_template_whose_prompt_comes_with_a_message_is_refused(encoder_of):
     """Tulu's template adds its generation prompt after the last message only: the
     rendering of no messages has none, so a reply that comes first has no span."""
