@@ -55,7 +55,7 @@ from .memory import map_large_allocations, system_allocator
 from .order import permutation, positions
 from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter, format_of, naming
 from .pack import Packer, Row, Unit
-from .params import RECORDED, BuildConfig, to_json
+from .params import RECORDED, BuildConfig, to_json, usable_cores
 from .plots import Plotter
 from .source import Source, SourceError, open_source, unreadable
 from .specs import BUILDS, HF, ResolvedTokenizer, build_spec, resolve_tokenizer
@@ -484,7 +484,7 @@ def _cancelling_pool(threads: int = 1) -> Iterator[ThreadPoolExecutor]:
 def hash_threads(files: int) -> int:
     """Threads that hash a source's ``files`` at once: one a file, at most one a core (sha256
     releases the GIL; a first build with the store waits for the hashes before it reads)."""
-    return max(1, min(files, os.cpu_count() or 1))
+    return max(1, min(files, usable_cores()))
 
 
 def template_kwargs(config: BuildConfig, tokenizer: ResolvedTokenizer) -> dict:
