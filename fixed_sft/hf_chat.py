@@ -334,23 +334,17 @@ class HFChatEncoder:
         for k, message in enumerate(chat):
             if message.get("role") != "assistant":
                 continue
-            try:
-                plain = self._render(chat[:k], tools=own)[0]
-                before = self._render(chat[:k], add_generation_prompt=True, tools=own)[0]
-                through = text if k == len(chat) - 1 else self._render(chat[: k + 1], tools=own)[0]
-            except ClockRead:
-                raise
-            except Exception as error:
-                raise InvalidRow(
-                    f"assistant message {k}: the chat template refuses the messages up to it, so its span "
-                    f"cannot be found ({type(error).__name__}: {error})"
-                ) from None
+            before = self._before(chat, k, k, own, prompt=True)
+            through = text if k == len(chat) - 1 else self._before(chat, k, k + 1, own)
             if not (text.startswith(through) and through.startswith(before)):
                 raise InvalidRow(
                     f"assistant message {k}: the chat template's rendering of the messages up to it does not "
                     "begin the conversation's rendering, so its span is ambiguous"
                 )
-            if len(before) <= len(plain) and not _opens_with_content(through[len(before) :], message):
+            # (rendered without the prompt only where the span does not open with the content: most do)
+            if not _opens_with_content(through[len(before) :], message) and len(before) <= len(
+                self._before(chat, k, k, own)
+            ):
                 raise InvalidRow(
                     f"assistant message {k}: the chat template adds no generation prompt before it and its text "
                     "does not begin with its content, so its span would take in its header"
@@ -360,6 +354,19 @@ class HFChatEncoder:
             spans.append((len(before), len(through)))
             end = len(through)
         return text, spans
+
+    def _before(self, chat: list[dict], k: int, count: int, own: Any, prompt: bool = False) -> str:
+        """The text of ``chat[:count]`` (with the generation prompt: ``prompt``), to find
+        assistant message ``k``'s span; ``InvalidRow`` where the template refuses it."""
+        try:
+            return self._render(chat[:count], add_generation_prompt=prompt, tools=own)[0]
+        except ClockRead:
+            raise
+        except Exception as error:
+            raise InvalidRow(
+                f"assistant message {k}: the chat template refuses the messages up to it, so its span "
+                f"cannot be found ({type(error).__name__}: {error})"
+            ) from None
 
     def encode_batch(
         self, conversations: Sequence[Sequence[Message]], tools: Sequence[list | None] | None = None
