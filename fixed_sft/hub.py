@@ -94,6 +94,24 @@ def download_present(
     return folder, snapshot_commit(folder, revision), list(paths)
 
 
+def download_folder(what: str, repo_id: str, revision: str, folder: str, suffix: str) -> list[str]:
+    """``download_present`` of the files in ``folder`` of a Hub model repo at ``revision``
+    whose names end with ``suffix``, as the Hub lists them (the names, ``folder/NAME``).
+    Where the Hub cannot list them (offline, or unreachable), none are fetched: the cache's
+    copies, if any, are what a build finds, as ``AutoTokenizer`` finds them."""
+    from huggingface_hub import list_repo_tree
+    from huggingface_hub.errors import HTTPError, RemoteEntryNotFoundError
+
+    try:
+        listed = [entry.path for entry in list_repo_tree(repo_id, path_in_repo=folder, revision=revision)]
+    except RemoteEntryNotFoundError:  # (no such folder)
+        return []
+    except (HTTPError, OSError):  # offline (an OSError), or unreachable: the cache's copies
+        return []
+    names = sorted(name for name in listed if name.startswith(f"{folder}/") and name.endswith(suffix))
+    return download_present(what, repo_id, revision, names, ())[2] if names else []
+
+
 def _unreachable(what: str, repo_id: str, revision: str, error: Exception) -> HubUnreachable:
     return HubUnreachable(
         f"cannot get {what} {repo_id}@{revision} from the Hugging Face Hub or its cache "

@@ -27,11 +27,11 @@ from .encoding import TemplateMismatch
 from .errors import UsageError
 from .fields import FieldError, decode, read_json_object
 from .hashes import sha256_file
+from .hf_chat import ADDITIONAL_TEMPLATES, remote_code_files, tokenizer_files
 from .hf_chat import MASK_TYPES as HF_MASK_TYPES
 from .hf_chat import OPTIONAL_FILES as HF_OPTIONAL
 from .hf_chat import REQUIRED_FILES as HF_REQUIRED
-from .hf_chat import remote_code_files, tokenizer_files
-from .hub import HubUnreachable, download_files, download_present, is_hub_id, raise_cache_damage
+from .hub import HubUnreachable, download_files, download_folder, download_present, is_hub_id, raise_cache_damage
 from .manifest import FileHash, Tokenizer
 from .params import BuildSpec
 from .tokenizer import FILES, TEMPLATE_KWARGS, TokenizerError
@@ -153,8 +153,8 @@ def _download(repo: str, revision: str, names: tuple[str, ...] = FILES) -> tuple
 
 def _download_any(repo: str, revision: str, trust_remote_code: bool) -> tuple[Path, str]:
     """The folder of an unpinned repo's tokenizer files at ``revision``, and the commit: the
-    Kimi files where it has ``tiktoken.model``, else a Hugging Face tokenizer's (with
-    ``trust_remote_code``, its code too)."""
+    Kimi files where it has ``tiktoken.model``, else a Hugging Face tokenizer's, its named
+    templates (``hf_chat.ADDITIONAL_TEMPLATES``) and, with ``trust_remote_code``, its code."""
     try:
         folder, commit, _ = download_present("tokenizer", repo, revision, (), ("tiktoken.model",))
         return download_present("tokenizer", repo, commit, FILES, ())[:2]
@@ -162,6 +162,7 @@ def _download_any(repo: str, revision: str, trust_remote_code: bool) -> tuple[Pa
         pass  # (no tiktoken.model, or none to be had: a Hugging Face tokenizer's files say which)
     try:
         folder, commit, _ = download_present("tokenizer", repo, revision, HF_REQUIRED, HF_OPTIONAL)
+        download_folder("chat templates", repo, commit, ADDITIONAL_TEMPLATES, ".jinja")
         code = remote_code_files(folder / "tokenizer_config.json") if trust_remote_code else []
         if code:
             download_present("tokenizer code", repo, commit, tuple(code), ())

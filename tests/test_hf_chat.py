@@ -622,6 +622,49 @@ def test_a_spec_name_downloads_its_files_at_the_pinned_revision(folder_of, spec_
     assert {(r, rev) for r, _, rev in calls} == {("other/repo", "main")}
 
 
+@pytest.mark.parametrize("listing", ["listed", "offline", "no folder"])
+def test_an_unpinned_repo_brings_its_named_templates(folder_of, spec_folder, tmp_path, monkeypatch, listing):
+    """The Hub lists ``additional_chat_templates/`` as ``AutoTokenizer`` lists it, and its
+    ``.jinja`` files come down with the tokenizer (they render rows with tools). Where the
+    Hub cannot list them, the cache's copies are the ones read: here, none."""
+    import shutil
+    from types import SimpleNamespace
+
+    import httpx2
+    from huggingface_hub.errors import OfflineModeIsEnabled, RemoteEntryNotFoundError
+
+    from fixed_sft.specs import pin_tokenizer
+
+    remote = tmp_path / "remote"
+    shutil.copytree(folder_of(_plain(CHATML)), remote, symlinks=True)
+    (remote / "additional_chat_templates").mkdir()
+    (remote / "additional_chat_templates" / "tool_use.jinja").write_text(_plain(CHATML), encoding="utf-8")
+    (remote / "additional_chat_templates" / "notes.txt").write_text("not a template", encoding="utf-8")
+    snapshot = tmp_path / "snapshot"  # what was downloaded, alone
+    missing = httpx2.Response(404, request=httpx2.Request("GET", "https://huggingface.co"))
+
+    def hf_hub_download(repo_id, filename, revision=None, **kwargs):
+        if not (remote / filename).is_file():
+            raise RemoteEntryNotFoundError(filename, response=missing)
+        (snapshot / filename).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(remote / filename, snapshot / filename)
+        return str(snapshot / filename)
+
+    def list_repo_tree(repo_id, path_in_repo=None, revision=None, **kwargs):
+        if listing == "offline":
+            raise OfflineModeIsEnabled("offline")
+        if listing == "no folder":
+            raise RemoteEntryNotFoundError(path_in_repo, response=missing)
+        return [SimpleNamespace(path=f"{path_in_repo}/{p.name}") for p in (remote / path_in_repo).iterdir()]
+
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", hf_hub_download)
+    monkeypatch.setattr("huggingface_hub.list_repo_tree", list_repo_tree)
+    spec = pin_tokenizer("other/repo", revision="main")
+    named = {"additional_chat_templates/tool_use.jinja"} if listing == "listed" else set()
+    assert set(spec["files"]) == {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", *named}
+    assert (snapshot / "additional_chat_templates" / "notes.txt").exists() is False
+
+
 def test_a_hub_cache_folder_names_its_repo_and_revision(folder_of, tmp_path):
     from conftest import cache_link
 
