@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -405,6 +406,15 @@ def release_after(chunk: pa.Table) -> None:
 WORKER_MODULES = [__name__, RENDERER_MODULE]  # what the fork server imports once, for every worker
 
 
+def worker_context(config: EncoderConfig) -> BaseContext:
+    """The context the workers of ``config``'s build fork from: the fork server, started now
+    unless it runs (``engine.forkserver_context``), which imports ``WORKER_MODULES`` and loads
+    ``config``'s encoder once (``PRELOAD_VARIABLE``). A build may start it before it knows
+    whether it has anything to encode, so that its workers, if any, start sooner."""
+    preload = {PRELOAD_VARIABLE: config.to_json(), BUILDER_VARIABLE: str(os.getpid())}
+    return forkserver_context(WORKER_MODULES, preload)
+
+
 class Encoders:
     """Where conversations are encoded (those ``sampled`` by ``check_every`` also through
     the template): in this process (``workers == 1``), one
@@ -418,9 +428,7 @@ class Encoders:
         self.check_every = check_every
         self.engine: InProcess | ProcessPool = InProcess(config.load)
         if workers > 1:
-            preload = {PRELOAD_VARIABLE: config.to_json(), BUILDER_VARIABLE: str(os.getpid())}
-            context = forkserver_context(WORKER_MODULES, preload)
-            self.engine = ProcessPool(workers, partial(_worker_setup, config), context)
+            self.engine = ProcessPool(workers, partial(_worker_setup, config), worker_context(config))
 
     def __enter__(self) -> Encoders:
         self.engine.__enter__()
