@@ -612,6 +612,7 @@ def test_a_spec_name_downloads_its_files_at_the_pinned_revision(folder_of, spec_
         return str(folder / filename)
 
     monkeypatch.setattr("huggingface_hub.hf_hub_download", hf_hub_download)
+    monkeypatch.setattr("huggingface_hub.list_repo_tree", lambda *args, **kwargs: [])  # (no named templates)
     resolved = resolve_tokenizer("chat")
     assert sorted(calls) == sorted(("someone/chat", name, REVISION) for name in resolved.files)
     assert resolved.pinned and resolved.family == "hf"
