@@ -552,7 +552,9 @@ class _Encoding:
     def warm(self) -> None:
         """Start the workers' fork server now, where there are workers (``encode.worker_context``):
         it imports and loads the encoder while this process reads the source and opens the
-        store. The workers themselves start with ``start``, if ever."""
+        store. The workers themselves start with ``start``, if ever. (The server is one per
+        process: a later build in this process with another encoder has its workers load
+        their own, as before.)"""
         if self.workers > 1:
             worker_context(self.config)
 

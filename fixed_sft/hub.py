@@ -9,6 +9,7 @@ another digest is damaged, and is named with the blob to delete.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,17 +97,22 @@ def download_present(
 
 def download_folder(what: str, repo_id: str, revision: str, folder: str, suffix: str) -> list[str]:
     """``download_present`` of the files in ``folder`` of a Hub model repo at ``revision``
-    whose names end with ``suffix``, as the Hub lists them (the names, ``folder/NAME``).
-    Where the Hub cannot list them (offline, or unreachable), none are fetched: the cache's
-    copies, if any, are what a build finds, as ``AutoTokenizer`` finds them."""
-    from huggingface_hub import list_repo_tree
-    from huggingface_hub.errors import HTTPError, RemoteEntryNotFoundError
+    whose names end with ``suffix``, as the Hub lists the repo's files (the names,
+    ``folder/NAME``). Where the Hub cannot list them (offline, or unreachable: one request,
+    not retried), none are fetched, with a warning: the cache's copies, if any, are what
+    a build finds, as ``AutoTokenizer`` finds them."""
+    from huggingface_hub import model_info
+    from huggingface_hub.errors import HTTPError
 
     try:
-        listed = [entry.path for entry in list_repo_tree(repo_id, path_in_repo=folder, revision=revision)]
-    except RemoteEntryNotFoundError:  # (no such folder)
-        return []
-    except (HTTPError, OSError):  # offline (an OSError), or unreachable: the cache's copies
+        listed = [
+            sibling.rfilename for sibling in model_info(repo_id, revision=revision, expand=["siblings"]).siblings or []
+        ]
+    except (HTTPError, OSError, ValueError) as error:  # (offline mode is an OSError; a page not JSON, a ValueError)
+        print(
+            f"warning: cannot list the {what} of {repo_id}@{revision} ({type(error).__name__}): those cached are used",
+            file=sys.stderr,
+        )
         return []
     names = sorted(name for name in listed if name.startswith(f"{folder}/") and name.endswith(suffix))
     return download_present(what, repo_id, revision, names, ())[2] if names else []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -612,7 +613,7 @@ def test_a_spec_name_downloads_its_files_at_the_pinned_revision(folder_of, spec_
         return str(folder / filename)
 
     monkeypatch.setattr("huggingface_hub.hf_hub_download", hf_hub_download)
-    monkeypatch.setattr("huggingface_hub.list_repo_tree", lambda *args, **kwargs: [])  # (no named templates)
+    monkeypatch.setattr("huggingface_hub.model_info", lambda *args, **kwargs: SimpleNamespace(siblings=[]))
     resolved = resolve_tokenizer("chat")
     assert sorted(calls) == sorted(("someone/chat", name, REVISION) for name in resolved.files)
     assert resolved.pinned and resolved.family == "hf"
@@ -623,13 +624,12 @@ def test_a_spec_name_downloads_its_files_at_the_pinned_revision(folder_of, spec_
     assert {(r, rev) for r, _, rev in calls} == {("other/repo", "main")}
 
 
-@pytest.mark.parametrize("listing", ["listed", "offline", "no folder"])
-def test_an_unpinned_repo_brings_its_named_templates(folder_of, spec_folder, tmp_path, monkeypatch, listing):
-    """The Hub lists ``additional_chat_templates/`` as ``AutoTokenizer`` lists it, and its
-    ``.jinja`` files come down with the tokenizer (they render rows with tools). Where the
-    Hub cannot list them, the cache's copies are the ones read: here, none."""
+@pytest.mark.parametrize("listing", ["listed", "offline", "unreachable", "no folder"])
+def test_an_unpinned_repo_brings_its_named_templates(folder_of, spec_folder, tmp_path, monkeypatch, capsys, listing):
+    """The Hub lists the repo's files, and those of ``additional_chat_templates/*.jinja``
+    come down with the tokenizer (they render rows with tools). Where the Hub cannot list
+    them, the cache's copies are the ones read, with a warning."""
     import shutil
-    from types import SimpleNamespace
 
     import httpx2
     from huggingface_hub.errors import OfflineModeIsEnabled, RemoteEntryNotFoundError
@@ -641,29 +641,40 @@ def test_an_unpinned_repo_brings_its_named_templates(folder_of, spec_folder, tmp
     (remote / "additional_chat_templates").mkdir()
     (remote / "additional_chat_templates" / "tool_use.jinja").write_text(_plain(CHATML), encoding="utf-8")
     (remote / "additional_chat_templates" / "notes.txt").write_text("not a template", encoding="utf-8")
+    if listing == "no folder":
+        shutil.rmtree(remote / "additional_chat_templates")
     snapshot = tmp_path / "snapshot"  # what was downloaded, alone
-    missing = httpx2.Response(404, request=httpx2.Request("GET", "https://huggingface.co"))
+    cached = snapshot / "additional_chat_templates" / "cached.jinja"  # (an earlier download's)
+    cached.parent.mkdir(parents=True)
+    cached.write_text(_plain(CHATML), encoding="utf-8")
+    request = httpx2.Request("GET", "https://huggingface.co")
 
     def hf_hub_download(repo_id, filename, revision=None, **kwargs):
         if not (remote / filename).is_file():
-            raise RemoteEntryNotFoundError(filename, response=missing)
+            raise RemoteEntryNotFoundError(filename, response=httpx2.Response(404, request=request))
         (snapshot / filename).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(remote / filename, snapshot / filename)
         return str(snapshot / filename)
 
-    def list_repo_tree(repo_id, path_in_repo=None, revision=None, **kwargs):
+    def model_info(repo_id, revision=None, expand=None, **kwargs):
+        assert expand == ["siblings"]
         if listing == "offline":
             raise OfflineModeIsEnabled("offline")
-        if listing == "no folder":
-            raise RemoteEntryNotFoundError(path_in_repo, response=missing)
-        return [SimpleNamespace(path=f"{path_in_repo}/{p.name}") for p in (remote / path_in_repo).iterdir()]
+        if listing == "unreachable":
+            raise httpx2.ConnectError("refused", request=request)
+        files = [str(path.relative_to(remote)) for path in remote.rglob("*") if path.is_file()]
+        return SimpleNamespace(siblings=[SimpleNamespace(rfilename=name) for name in files])
 
     monkeypatch.setattr("huggingface_hub.hf_hub_download", hf_hub_download)
-    monkeypatch.setattr("huggingface_hub.list_repo_tree", list_repo_tree)
+    monkeypatch.setattr("huggingface_hub.model_info", model_info)
     spec = pin_tokenizer("other/repo", revision="main")
-    named = {"additional_chat_templates/tool_use.jinja"} if listing == "listed" else set()
+    named = {"additional_chat_templates/cached.jinja"}
+    if listing == "listed":
+        named.add("additional_chat_templates/tool_use.jinja")
     assert set(spec["files"]) == {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", *named}
-    assert (snapshot / "additional_chat_templates" / "notes.txt").exists() is False
+    assert not (snapshot / "additional_chat_templates" / "notes.txt").exists()
+    warned = "warning: cannot list the chat templates of other/repo@main" in capsys.readouterr().err
+    assert warned == (listing in ("offline", "unreachable"))
 
 
 def test_a_hub_cache_folder_names_its_repo_and_revision(folder_of, tmp_path):
