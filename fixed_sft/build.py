@@ -56,7 +56,7 @@ from .order import permutation, positions
 from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter, format_of, naming
 from .pack import Packer, Row, Unit
 from .params import RECORDED, BuildConfig, to_json, usable_cores
-from .plots import Plotter
+from .plots import Inputs, Plotter
 from .source import Source, SourceError, open_source, unreadable
 from .specs import BUILDS, HF, ResolvedTokenizer, build_spec, resolve_tokenizer
 from .store import StoreMismatch, TokenStore, default_dir, same_encoding, store_key
@@ -268,13 +268,26 @@ class _Tally(parallel.Packed):
         order = sorted(self.mix, key=lambda value: (value is None, value or ""))
         return [SourceShare(value, *self.mix[value]) for value in order]
 
+    def ratio(self, rows: int) -> float:
+        """The supervised token ratio of ``rows`` kept rows."""
+        tokens = rows * self.row_tokens
+        return self.supervised / tokens if tokens else 0.0
+
+    def plot_inputs(self, rows: int) -> Inputs:
+        """What the card's plots show of ``rows`` kept rows (``card.plot_inputs``): known once
+        the rows are cut, before they are written and hashed."""
+        from .card import Figures, plot_inputs
+
+        figures = Figures(self.row_supervised, self.conversation_tokens)
+        return plot_inputs(self.source_mix(), self.row_tokens, self.ratio(rows), figures)
+
     def stats(self) -> dict:
         tokens = len(self.digests) * self.row_tokens
         return {
             "rows": len(self.digests),
             "tokens": tokens,
             "supervised_tokens": self.supervised,
-            "supervised_token_ratio": self.supervised / tokens if tokens else 0.0,
+            "supervised_token_ratio": self.ratio(len(self.digests)),
             "trainable_tokens": self.trainable,
             "padding_tokens": 0,
             "conversations": len(self.rows_per_conversation),
@@ -375,6 +388,7 @@ def _pack_stored(
     source: Source,
     folder: Path,
     bar: tqdm,
+    tallied: Callable[[parallel.Packed], None] | None = None,
 ) -> parallel.Packed | None:
     """Pack from the store in the workers (``fixed_sft.parallel``), where the store gives
     (``held``) the conversations the rows need and the build has started at least
@@ -391,7 +405,7 @@ def _pack_stored(
 
     run = encoding.start().run
     blocks = parallel.stored(store, order, held, config.rows, config.row_tokens, run, encoding.workers)
-    return _pack_blocks(config, store, order, blocks, (separator_id, run), source, folder / PARQUET_NAME, bar)
+    return _pack_blocks(config, store, order, blocks, (separator_id, run), source, folder / PARQUET_NAME, bar, tallied)
 
 
 def _pack_fresh(
@@ -403,6 +417,7 @@ def _pack_fresh(
     source: Source,
     folder: Path,
     bars: tuple[tqdm, tqdm],
+    tallied: Callable[[parallel.Packed], None] | None = None,
 ) -> parallel.Packed | None:
     """Pack a first build of some rows in the workers (``fixed_sft.parallel``), with at least
     ``PARALLEL_PACKING_WORKERS`` of them: each chunk of the packing order is encoded, stored
@@ -436,7 +451,8 @@ def _pack_fresh(
             store.refresh()
 
     running = (separator_id, encoding.start().run)
-    return _pack_blocks(config, store, order, blocks(), running, source, folder / PARQUET_NAME, bar, fed)
+    out = folder / PARQUET_NAME
+    return _pack_blocks(config, store, order, blocks(), running, source, out, bar, tallied, fed)
 
 
 def _pack_blocks(
@@ -448,17 +464,30 @@ def _pack_blocks(
     source: Source,
     out: Path,
     bar: tqdm,
+    tallied: Callable[[parallel.Packed], None] | None = None,
     fed: parallel.Fed | None = None,
 ) -> parallel.Packed | None:
     """``parallel.pack`` of the stream's ``blocks`` into ``out``; ``setup``: the separator's
-    id and where tasks run. ``None`` where the store does not hold what the rows need (the
-    build packs one conversation at a time); an invalid conversation that stops the build
-    raises its error here."""
+    id and where tasks run; ``tallied``: given what was packed once the rows are cut.
+    ``None`` where the store does not hold what the rows need (the build packs one
+    conversation at a time); an invalid conversation that stops the build raises its
+    error here."""
     separator_id, run = setup
     shape = (config.row_tokens, separator_id, config.emit_boundaries)
     try:
         packed, stop = parallel.pack(
-            store, order, blocks, config.rows, config.skip_invalid, config.check_every, shape, run, out, bar.update, fed
+            store,
+            order,
+            blocks,
+            config.rows,
+            config.skip_invalid,
+            config.check_every,
+            shape,
+            run,
+            out,
+            bar.update,
+            fed,
+            tallied,
         )
     except parallel.Unheld:
         out.unlink(missing_ok=True)
@@ -679,6 +708,13 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
             rows = partial(chunk_rows, wanted, FRESH_CHUNK_ROWS)
             return _chunks(source, rank, partial(band_rows, wanted), rows, chunk_bytes=fresh_bytes)
 
+        def tallied(packed: parallel.Packed) -> None:
+            """Have the card's plots of what the workers packed drawn while they write the rows."""
+            if plotter is not None:
+                counted = _Tally(row_tokens=config.row_tokens)
+                counted.take(packed)
+                plotter.start(counted.plot_inputs(packed.rows))
+
         def streamed(skip: np.ndarray | None, tokenized: tqdm, bar: tqdm) -> int:
             """Pack one conversation at a time, in packing order: those ``skip`` marks from the
             store, the others read and encoded; the rows written."""
@@ -692,6 +728,8 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
                 _pack(valid, config.rows, packer, writer, tally, bar, tokenized, config.emit_boundaries)
                 if merged is not None:
                     merged.finish()  # (the checks of stored conversations, before the rows count)
+                if plotter is not None:
+                    plotter.start(tally.plot_inputs(len(tally.digests)))  # (drawn while the last rows are written)
                 writer.close()  # (here: a signal while the last row group is written still waits for its thread)
                 tally.parquet_sha256 = writer.sha256
             except BaseException:
@@ -722,11 +760,13 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
                     tokenized = tqdm(disable=True)  # (counted as filled)
                 packed = None
                 if store is not None and skip is not None:
-                    packed = _pack_stored(config, store, order, skip, (separator_id, encoding), source, folder, bar)
+                    setup = (separator_id, encoding)
+                    packed = _pack_stored(config, store, order, skip, setup, source, folder, bar, tallied)
                 elif store is not None and config.rows is not None:
                     setup = (separator_id, encoding)
                     reading = (fed_chunks, fed_wanted)
-                    packed = _pack_fresh(config, store, order, reading, setup, source, folder, (tokenized, bar))
+                    bars = (tokenized, bar)
+                    packed = _pack_fresh(config, store, order, reading, setup, source, folder, bars, tallied)
                     if packed is None:  # (what its workers stored before one could not is held now)
                         held, check = store.plan(config.check_every)
                         skip = held & ~check if held.any() else None

@@ -73,16 +73,8 @@ def write_card(
     """Write the card and its plots into ``folder``; return what the manifest records of
     them. ``upstream``: the Hub dataset the source rows come from, where known; ``plotter``:
     where the plots are drawn (default: in this process)."""
-    mix = _mix_shares(manifest)
-    bars = [("(none)" if s.source is None else s.source, s.tokens) for s in mix[:MIX_BARS]]
-    if len(mix) > MIX_BARS:
-        bars.append((f"{len(mix) - MIX_BARS} other sources", sum(s.tokens for s in mix[MIX_BARS:])))
-    inputs = Inputs(
-        row_supervised=np.asarray(figures.row_supervised, dtype=np.int64),
-        row_tokens=manifest.params.row_tokens,
-        ratio=manifest.stats.supervised_token_ratio,
-        conversation_tokens=np.asarray(figures.conversation_tokens, dtype=np.int64),
-        mix=bars or None,
+    inputs = plot_inputs(
+        manifest.source_mix, manifest.params.row_tokens, manifest.stats.supervised_token_ratio, figures
     )
     plots = plotter.draw(inputs) if plotter is not None else draw(inputs)
     files = {CARD_NAME: card_text(manifest, license, upstream, list(plots)).encode(), **plots}
@@ -93,9 +85,25 @@ def write_card(
     return Card(license=license, files=recorded)
 
 
-def _mix_shares(manifest: Manifest) -> list[SourceShare]:
+def plot_inputs(mix: list[SourceShare] | None, row_tokens: int, ratio: float, figures: Figures) -> Inputs:
+    """What the plots show of a build whose manifest records ``mix``, ``row_tokens`` and the
+    supervised token ratio ``ratio``: the ``MIX_BARS`` largest sources, the rest as one bar."""
+    shares = _mix_shares(mix)
+    bars = [("(none)" if s.source is None else s.source, s.tokens) for s in shares[:MIX_BARS]]
+    if len(shares) > MIX_BARS:
+        bars.append((f"{len(shares) - MIX_BARS} other sources", sum(s.tokens for s in shares[MIX_BARS:])))
+    return Inputs(
+        row_supervised=np.asarray(figures.row_supervised, dtype=np.int64),
+        row_tokens=row_tokens,
+        ratio=ratio,
+        conversation_tokens=np.asarray(figures.conversation_tokens, dtype=np.int64),
+        mix=bars or None,
+    )
+
+
+def _mix_shares(mix: list[SourceShare] | None) -> list[SourceShare]:
     """The source mix, the largest share of tokens first (ties by name, rows without a source last)."""
-    return sorted(manifest.source_mix or [], key=lambda s: (-s.tokens, s.source is None, s.source or ""))
+    return sorted(mix or [], key=lambda s: (-s.tokens, s.source is None, s.source or ""))
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -241,7 +249,7 @@ def _mix_lines(manifest: Manifest, plotted: bool) -> list[str]:
         "| source | conversations | tokens | share of tokens |",
         "|---|---|---|---|",
     ]
-    for share in _mix_shares(manifest):
+    for share in _mix_shares(manifest.source_mix):
         name = "(none)" if share.source is None else f"`{_cell(share.source)}`"
         lines.append(f"| {name} | {share.conversations:,} | {share.tokens:,} | {share.tokens / tokens:.2%} |")
     if plotted:

@@ -352,15 +352,17 @@ def pack(
     out: Path,
     progress: Callable[[int], None],
     fed: Fed | None = None,
+    tallied: Callable[[Packed], None] | None = None,
 ) -> tuple[Packed, Invalid | None]:
     """Pack the conversations of ``order`` into ``out`` (a Parquet file), up to ``wanted``
     kept rows (``None``: all): indexed by ``blocks`` (``stored``, or the encode tasks of
     ``fixed_sft.fill``), in packing order, then read from ``store``. ``shape``: row tokens,
     the separator's id and whether rows carry their boundaries; ``run`` maps a task
     function over tasks where conversations are encoded; ``progress`` is told of each row
-    group written; ``fed`` is kept up to date as the blocks are taken. Returns what was
-    packed, and the invalid conversation that stops the build (without ``skip_invalid``),
-    if any, in which case nothing is written; raises the ``TemplateMismatch`` of a
+    group written; ``fed`` is kept up to date as the blocks are taken; ``tallied`` is given
+    what was packed (but the digests and the file's sha256) before the rows are written.
+    Returns what was packed, and the invalid conversation that stops the build (without
+    ``skip_invalid``), if any, in which case nothing is written; raises the ``TemplateMismatch`` of a
     conversation the rows reach; ``Unheld`` where the store lacks a conversation."""
     stream, rows, stop = _index(order, blocks, wanted, skip_invalid, shape[0], fed)
     if stop is not None:
@@ -368,6 +370,8 @@ def pack(
     packed = _tally(stream, rows, check_every)
     if not packed.rows or (wanted is not None and packed.rows < wanted):
         return packed, None  # (the build says there are too few)
+    if tallied is not None:
+        tallied(packed)
     packed.digests, packed.parquet_sha256 = _write(store, order, rows, shape, run, out, progress)
     return packed, None
 

@@ -13,6 +13,7 @@ import io
 import pickle
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,8 @@ class Plotter:
 
     def __init__(self) -> None:
         self._process: subprocess.Popen | None = None
+        self._drawing: tuple[Inputs, threading.Thread] | None = None  # (``start``)
+        self._drawn: dict[str, bytes] | None = None
 
     def __enter__(self) -> Plotter:
         if "matplotlib.figure" not in sys.modules and sys.executable and not getattr(sys, "frozen", False):
@@ -82,27 +85,57 @@ class Plotter:
         self._stop()
 
     def _stop(self) -> None:
-        """End the drawing process, if it runs."""
+        """End the drawing process, if it runs (and the thread that waits for it)."""
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             process.kill()
-        if process is not None:
+        if self._drawing is not None:
+            self._drawing[1].join()  # (its wait ends with the process)
+        elif process is not None:
             process.communicate()
 
-    def draw(self, inputs: Inputs) -> dict[str, bytes]:
-        """The plots of ``inputs`` (``draw``)."""
-        process = self._process
+    def start(self, inputs: Inputs) -> None:
+        """Have the process draw ``inputs`` now, while this one goes on (a build knows what
+        its plots show once its rows are cut, before it has written them all); ``draw`` of
+        the same inputs then takes those plots."""
+        if self._process is None or self._drawing is not None:
+            return
+        thread = threading.Thread(target=self._wait, args=(self._process, inputs), daemon=True)
+        self._drawing = (inputs, thread)
+        thread.start()
+
+    def _wait(self, process: subprocess.Popen, inputs: Inputs) -> None:
+        """Send ``inputs`` to the drawing process and keep its plots (none where it fails)."""
         try:
-            if process is not None:
-                output, _ = process.communicate(pickle.dumps(inputs), timeout=DRAW_TIMEOUT_S)
-                plots = pickle.loads(output) if process.returncode == 0 and output else None
-                if isinstance(plots, dict):
-                    return plots
-        except (OSError, subprocess.TimeoutExpired, pickle.UnpicklingError, EOFError):
-            pass
+            output, _ = process.communicate(pickle.dumps(inputs), timeout=DRAW_TIMEOUT_S)
+            plots = pickle.loads(output) if process.returncode == 0 and output else None
+            self._drawn = plots if isinstance(plots, dict) else None
+        except (OSError, ValueError, subprocess.TimeoutExpired, pickle.UnpicklingError, EOFError):
+            self._drawn = None
+
+    def draw(self, inputs: Inputs) -> dict[str, bytes]:
+        """The plots of ``inputs`` (``draw``): those the process drew, else drawn here."""
+        try:
+            if self._drawing is None and self._process is not None:
+                self.start(inputs)
+            if self._drawing is not None:
+                started, thread = self._drawing
+                thread.join()
+                if self._drawn is not None and same(started, inputs):
+                    return self._drawn
         finally:
             self._stop()
         return draw(inputs)
+
+
+def same(a: Inputs, b: Inputs) -> bool:
+    """Whether two plots' inputs are equal (so draw the same plots)."""
+    mix_a, mix_b = (None if m is None else [tuple(bar) for bar in m] for m in (a.mix, b.mix))
+    return (
+        (a.row_tokens, a.ratio, mix_a) == (b.row_tokens, b.ratio, mix_b)
+        and np.array_equal(a.row_supervised, b.row_supervised)
+        and np.array_equal(a.conversation_tokens, b.conversation_tokens)
+    )
 
 
 def _serve() -> None:

@@ -23,6 +23,7 @@ from tqdm import tqdm
 import fixed_sft.build as build_module
 import fixed_sft.fill
 import fixed_sft.parallel
+import fixed_sft.plots
 from fixed_sft.build import BuildConfig, BuildError, build
 from fixed_sft.encode import Encoded, sampled
 from fixed_sft.encoding import TemplateMismatch
@@ -254,6 +255,49 @@ def test_workers_with_cores_to_spare_fork_from_a_server_started_first(
     events.clear()
     assert build(dataclasses.replace(cfg, seed=8), tmp_path / "later")["stats"]["rows"]
     assert events == ["server", "store"] and packed == ["packed"]
+
+
+class EarlyPlotter:
+    """A ``plots.Plotter`` that draws here, and records when it is asked to start drawing."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events, self.started = events, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def start(self, inputs):
+        self.events.append("plots")
+        self.started = inputs
+
+    def draw(self, inputs):
+        assert self.started is not None and fixed_sft.plots.same(self.started, inputs)
+        return fixed_sft.plots.draw(inputs)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_cards_plots_are_drawn_before_the_rows_are_all_written(
+    workers, corpus, kimi_dir, tmp_path, token_store, packed, monkeypatch
+) -> None:
+    """Once the rows are cut (packing one at a time: before the last row groups are written;
+    in the workers: before their write pass), the plotter has what the card will plot."""
+    events: list[str] = []
+    close, write = RowWriter.close, fixed_sft.parallel._write
+    monkeypatch.setattr(RowWriter, "close", lambda self: events.append("written") or close(self))
+    monkeypatch.setattr(fixed_sft.parallel, "_write", lambda *a: events.append("writing") or write(*a))
+    monkeypatch.setattr(build_module, "Plotter", lambda: EarlyPlotter(events))
+    cfg = _config(corpus, kimi_dir, rows=60, row_tokens=2048)
+    one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
+    assert events == ["plots", "written"]
+    events.clear()
+    _prefill(cfg, tmp_path / "filled")
+    events.clear()
+    assert build(dataclasses.replace(cfg, workers=workers), tmp_path / "w") == one
+    assert events == (["plots", "written"] if workers == 1 else ["plots", "writing"])
+    assert _files(tmp_path / "w") == _files(tmp_path / "one")
 
 
 def test_some_rows_record_the_invalid_rows_before_their_end(corpus, kimi_dir, tmp_path, token_store, packed) -> None:

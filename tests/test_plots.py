@@ -12,7 +12,7 @@ import time
 import numpy as np
 from conftest import ROOT
 
-from fixed_sft.plots import PLOT_NAMES, Inputs, Plotter, draw
+from fixed_sft.plots import PLOT_NAMES, Inputs, Plotter, draw, same
 
 INPUTS = Inputs(
     row_supervised=np.array([10, 900, 4000, 2500]),
@@ -49,6 +49,29 @@ def test_the_drawing_process_draws_these_plots():
     result = _run(DRAW_IN_CHILD)
     assert result.returncode == 0, result.stderr[-2000:]
     assert dict(line.split() for line in result.stdout.splitlines()) == here
+
+
+def test_plots_started_early_are_those_drawn_when_asked():
+    """``start`` has the process draw at once; ``draw`` of the same inputs takes its plots, and
+    of other inputs draws those (here), not the ones started."""
+    early = DRAW_IN_CHILD.replace(
+        "plots = plotter.draw(INPUTS)", "plotter.start(INPUTS)\n    plots = plotter.draw(INPUTS)"
+    )
+    result = _run(early)
+    assert result.returncode == 0, result.stderr[-2000:]
+    here = {name: hashlib.sha256(data).hexdigest() for name, data in draw(INPUTS).items()}
+    assert dict(line.split() for line in result.stdout.splitlines()) == here
+    other = Inputs(INPUTS.row_supervised, INPUTS.row_tokens, 0.5, INPUTS.conversation_tokens, INPUTS.mix)
+    assert not same(INPUTS, other) and same(INPUTS, Inputs(*(getattr(INPUTS, f) for f in INPUTS.__dataclass_fields__)))
+    changed = early.replace("plots = plotter.draw(INPUTS)", "plots = plotter.draw(OTHER)")
+    changed = changed.replace(
+        "with Plotter()", "OTHER = Inputs(rows, 4096, 0.5, conversations, INPUTS.mix)\nwith Plotter()"
+    )
+    changed = changed.replace('assert "matplotlib" not in sys.modules, "drew here"', "")
+    result = _run(changed)
+    assert result.returncode == 0, result.stderr[-2000:]
+    there = {name: hashlib.sha256(data).hexdigest() for name, data in draw(other).items()}
+    assert dict(line.split() for line in result.stdout.splitlines()) == there != here
 
 
 def test_a_drawing_process_that_is_gone_leaves_the_drawing_here():
