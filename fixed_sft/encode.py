@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -355,9 +356,33 @@ def _exit_unless_child_of(builder: int, loaded: threading.Event) -> None:
     os._exit(1)
 
 
+def hide_torch(text: str | None) -> bool:
+    """In the fork server of a Kimi build that runs no model code (``text``: its
+    ``EncoderConfig`` as JSON), mark torch absent (``sys.modules["torch"] = None``, for which
+    ``importlib.util.find_spec`` finds nothing) before transformers' template renderer is
+    imported: transformers imports torch where it is installed (2 to 5 s) and renders a
+    template from JSON data without it. Whether it did so."""
+    if not text:
+        return False
+    config = EncoderConfig.from_json(text)
+    if config.family != "kimi" or config.declarations is not None or "torch" in sys.modules:
+        return False
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    return True
+
+
+def show_torch() -> None:
+    """Undo ``hide_torch``, in a worker whose build is not the one the server loaded for."""
+    if "torch" in sys.modules and sys.modules["torch"] is None:
+        del sys.modules["torch"]
+
+
 # set only while the fork server starts (``start_forkserver``); taken out of the environment its workers inherit
 _builder = os.environ.pop(BUILDER_VARIABLE, None)
-_preloaded = preload(os.environ.pop(PRELOAD_VARIABLE, None), int(_builder) if _builder else None)
+_preload = os.environ.pop(PRELOAD_VARIABLE, None)
+if _builder:
+    hide_torch(_preload)
+_preloaded = preload(_preload, int(_builder) if _builder else None)
 
 
 def worker_encoder(config: EncoderConfig) -> Encoder | Exception:
@@ -366,6 +391,7 @@ def worker_encoder(config: EncoderConfig) -> Encoder | Exception:
     caller gets the error itself rather than a broken pool)."""
     if _preloaded is not None and _preloaded[0] == config.to_json():
         return _preloaded[1]
+    show_torch()  # (another build's tokenizer, whose code may need torch)
     try:
         return config.load()
     except Exception as error:
