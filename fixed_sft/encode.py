@@ -362,17 +362,22 @@ def hide_torch(text: str | None) -> bool:
     ``importlib.util.find_spec`` finds nothing) before transformers' template renderer is
     imported: transformers imports torch where it is installed (2 to 5 s) and renders a
     template from JSON data without it. Whether it did so."""
-    if not text:
+    try:
+        config = EncoderConfig.from_json(text) if text else None
+    except Exception:  # (an error here would end the fork server: ``preload`` reports it)
         return False
-    config = EncoderConfig.from_json(text)
-    if config.family != "kimi" or config.declarations is not None or "torch" in sys.modules:
+    if config is None or config.family != "kimi" or config.declarations is not None or "torch" in sys.modules:
         return False
     sys.modules["torch"] = None  # type: ignore[assignment]
     return True
 
 
 def show_torch() -> None:
-    """Undo ``hide_torch``, in a worker whose build is not the one the server loaded for."""
+    """Undo ``hide_torch``, in a worker whose build is not the one the server loaded for
+    (a later build in the same process: one fork server serves them all). transformers,
+    imported already, still takes torch to be absent: a Hugging Face tokenizer's own code
+    that needs its torch classes fails in such workers (``--trust-remote-code``; a CLI
+    build is one per process)."""
     if "torch" in sys.modules and sys.modules["torch"] is None:
         del sys.modules["torch"]
 
@@ -438,6 +443,8 @@ def worker_context(config: EncoderConfig) -> BaseContext:
     ``config``'s encoder once (``PRELOAD_VARIABLE``). A build may start it before it knows
     whether it has anything to encode, so that its workers, if any, start sooner."""
     preload = {PRELOAD_VARIABLE: config.to_json(), BUILDER_VARIABLE: str(os.getpid())}
+    if "TRANSFORMERS_NO_ADVISORY_WARNINGS" not in os.environ:  # (without torch: no notice that it is missing)
+        preload["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
     return forkserver_context(WORKER_MODULES, preload)
 
 

@@ -89,8 +89,11 @@ class Plotter:
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             process.kill()
-        if self._drawing is not None:
-            self._drawing[1].join()  # (its wait ends with the process)
+        thread = self._drawing[1] if self._drawing is not None else None
+        if thread is not None and thread.ident is not None:  # (started: its wait ends with the process)
+            thread.join()
+            if process is not None:
+                process.wait()
         elif process is not None:
             process.communicate()
 

@@ -83,6 +83,18 @@ def test_a_drawing_process_that_is_gone_leaves_the_drawing_here():
         assert plotter.draw(INPUTS) == draw(INPUTS)
 
 
+def test_a_drawing_that_never_started_still_ends_its_process():
+    """A ``start`` stopped before its thread ran (Ctrl-C) leaves ``_stop`` to end the process."""
+    import threading
+
+    plotter = Plotter()
+    plotter._process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE)
+    plotter._drawing = (INPUTS, threading.Thread(target=lambda: None))
+    process = plotter._process
+    plotter._stop()
+    assert process.returncode is not None and plotter._process is None
+
+
 def test_the_drawing_process_ends_with_the_build():
     """A build killed with SIGKILL closes the drawing process's stdin: it ends."""
     code = "import os, sys, time\nfrom fixed_sft.plots import Plotter\nplotter = Plotter().__enter__()\n"
