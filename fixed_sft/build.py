@@ -29,7 +29,7 @@ from . import __version__, parallel
 from .bands import Band, band_bytes, file_bytes, read_band, read_file_rows, read_rows
 from .chat import MASK_TYPES as KIMI_MASK_TYPES
 from .chat import ChatEncoder
-from .encode import IN_FLIGHT_BYTES, Chunk, Encoded, EncoderConfig, Encoders, encode_rows, worker_context
+from .encode import IN_FLIGHT_BYTES, Chunk, Encoded, EncoderConfig, Encoders, encode_rows
 from .encoding import Encoder, TemplateMismatch
 from .errors import BuildError, UsageError
 from .fill import FreshTask, fill, fill_tasks, fresh
@@ -578,15 +578,6 @@ class _Encoding:
         self.encoders: Encoders | None = None
         self.loaded: Encoder | None = None
 
-    def warm(self) -> None:
-        """Start the workers' fork server now, where there are workers (``encode.worker_context``):
-        it imports and loads the encoder while this process reads the source and opens the
-        store. The workers themselves start with ``start``, if ever. (The server is one per
-        process: a later build in this process with another encoder has its workers load
-        their own, as before.)"""
-        if self.workers > 1:
-            worker_context(self.config)
-
     def start(self) -> Encoders:
         if self.encoders is None:
             self.encoders = self.stack.enter_context(Encoders(self.config, self.workers, self.check_every))
@@ -633,8 +624,6 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
         encoding = _Encoding(stack, encoder_config, config.workers, config.check_every)
         if config.no_cache:
             encoding.start()  # (at once, beside reading the source)
-        elif min(config.workers, usable_cores()) >= PARALLEL_PACKING_WORKERS:
-            encoding.warm()  # (cores to spare: the server's start overlaps opening the source and the store)
         source = open_source(config.source, config.source_revision, config.source_license, config.source_files)
         hashing = stack.enter_context(_cancelling_pool(hash_threads(len(source.files))))
         if config.source_rows is not None and source.num_rows != config.source_rows:

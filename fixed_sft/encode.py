@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -356,38 +354,9 @@ def _exit_unless_child_of(builder: int, loaded: threading.Event) -> None:
     os._exit(1)
 
 
-def hide_torch(text: str | None) -> bool:
-    """In the fork server of a Kimi build that runs no model code (``text``: its
-    ``EncoderConfig`` as JSON), mark torch absent (``sys.modules["torch"] = None``, for which
-    ``importlib.util.find_spec`` finds nothing) before transformers' template renderer is
-    imported: transformers imports torch where it is installed (2 to 5 s) and renders a
-    template from JSON data without it. Whether it did so."""
-    try:
-        config = EncoderConfig.from_json(text) if text else None
-    except Exception:  # (an error here would end the fork server: ``preload`` reports it)
-        return False
-    if config is None or config.family != "kimi" or config.declarations is not None or "torch" in sys.modules:
-        return False
-    sys.modules["torch"] = None  # type: ignore[assignment]
-    return True
-
-
-def show_torch() -> None:
-    """Undo ``hide_torch``, in a worker whose build is not the one the server loaded for
-    (a later build in the same process: one fork server serves them all). transformers,
-    imported already, still takes torch to be absent: a Hugging Face tokenizer's own code
-    that needs its torch classes fails in such workers (``--trust-remote-code``; a CLI
-    build is one per process)."""
-    if "torch" in sys.modules and sys.modules["torch"] is None:
-        del sys.modules["torch"]
-
-
 # set only while the fork server starts (``start_forkserver``); taken out of the environment its workers inherit
 _builder = os.environ.pop(BUILDER_VARIABLE, None)
-_preload = os.environ.pop(PRELOAD_VARIABLE, None)
-if _builder:
-    hide_torch(_preload)
-_preloaded = preload(_preload, int(_builder) if _builder else None)
+_preloaded = preload(os.environ.pop(PRELOAD_VARIABLE, None), int(_builder) if _builder else None)
 
 
 def worker_encoder(config: EncoderConfig) -> Encoder | Exception:
@@ -396,7 +365,6 @@ def worker_encoder(config: EncoderConfig) -> Encoder | Exception:
     caller gets the error itself rather than a broken pool)."""
     if _preloaded is not None and _preloaded[0] == config.to_json():
         return _preloaded[1]
-    show_torch()  # (another build's tokenizer, whose code may need torch)
     try:
         return config.load()
     except Exception as error:
@@ -437,17 +405,6 @@ def release_after(chunk: pa.Table) -> None:
 WORKER_MODULES = [__name__, RENDERER_MODULE]  # what the fork server imports once, for every worker
 
 
-def worker_context(config: EncoderConfig) -> BaseContext:
-    """The context the workers of ``config``'s build fork from: the fork server, started now
-    unless it runs (``engine.forkserver_context``), which imports ``WORKER_MODULES`` and loads
-    ``config``'s encoder once (``PRELOAD_VARIABLE``). A build may start it before it knows
-    whether it has anything to encode, so that its workers, if any, start sooner."""
-    preload = {PRELOAD_VARIABLE: config.to_json(), BUILDER_VARIABLE: str(os.getpid())}
-    if "TRANSFORMERS_NO_ADVISORY_WARNINGS" not in os.environ:  # (without torch: no notice that it is missing)
-        preload["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
-    return forkserver_context(WORKER_MODULES, preload)
-
-
 class Encoders:
     """Where conversations are encoded (those ``sampled`` by ``check_every`` also through
     the template): in this process (``workers == 1``), one
@@ -461,7 +418,9 @@ class Encoders:
         self.check_every = check_every
         self.engine: InProcess | ProcessPool = InProcess(config.load)
         if workers > 1:
-            self.engine = ProcessPool(workers, partial(_worker_setup, config), worker_context(config))
+            preload = {PRELOAD_VARIABLE: config.to_json(), BUILDER_VARIABLE: str(os.getpid())}
+            context = forkserver_context(WORKER_MODULES, preload)
+            self.engine = ProcessPool(workers, partial(_worker_setup, config), context)
 
     def __enter__(self) -> Encoders:
         self.engine.__enter__()

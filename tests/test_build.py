@@ -676,35 +676,6 @@ print(json.dumps([first["rows_sha256"], took, second["rows_sha256"]]))
     assert second == build(one_worker, tmp_path / "one")["rows_sha256"] != first
 
 
-# evaluated in a worker: what torch is to its imports ("None": marked absent)
-TORCH = "repr(__import__('sys').modules.get('torch', 'not imported'))"
-
-
-def test_workers_of_a_kimi_build_import_the_renderer_without_torch(kimi_dir, tmp_path):
-    """transformers imports torch, where it is installed, as its template renderer is
-    imported; the Kimi workers' fork server marks it absent first. Workers that load
-    another build's encoder (whose code may need torch) have it back."""
-    other = _tokenizer_copy(kimi_dir, tmp_path / "tok")
-    (other / "chat_template.jinja").write_text((other / "chat_template.jinja").read_text() + "\n")
-    script = f"""
-import json, sys
-from fixed_sft import encode
-seen = []
-for text in sys.argv[1:]:
-    with encode.Encoders(encode.EncoderConfig.from_json(text), 2, 8) as encoders:
-        seen.append(encoders.engine._pool.submit(eval, {TORCH!r}).result())
-print(json.dumps([seen, "torch" in sys.modules, "transformers" in sys.modules]))
-"""
-    import subprocess
-
-    configs = [_encoder_config(kimi_dir).to_json(), _encoder_config(other).to_json()]
-    run = subprocess.run([sys.executable, "-c", script, *configs], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    seen, torch_here, transformers_here = json.loads(run.stdout.splitlines()[-1])
-    assert seen == ["None", "'not imported'"]
-    assert not torch_here and not transformers_here  # (the build's own process is left alone)
-
-
 def test_rows_all_packs_everything(corpus, kimi_dir, tmp_path, encoder):
     """Every full row of the whole stream; the partial last one is dropped."""
     from fixed_sft.order import permutation

@@ -235,28 +235,6 @@ def test_a_build_that_encodes_nothing_packs_one_at_a_time(corpus, kimi_dir, tmp_
     assert build(dataclasses.replace(cfg, workers=2), tmp_path / "w2") == one
 
 
-def test_workers_with_cores_to_spare_fork_from_a_server_started_first(
-    corpus, kimi_dir, tmp_path, token_store, packed, monkeypatch
-) -> None:
-    """With cores for 4 workers, the workers' fork server starts before the store opens (its
-    start overlaps the source's hashing); a later build that encodes nothing still starts
-    no workers, and packs one conversation at a time."""
-    monkeypatch.setattr(build_module, "PARALLEL_PACKING_WORKERS", 4)
-    monkeypatch.setattr(build_module, "usable_cores", lambda: 4)
-    events: list[str] = []
-    open_store, server = TokenStore.open.__func__, build_module.worker_context  # type: ignore[attr-defined]
-    monkeypatch.setattr(build_module, "worker_context", lambda config: events.append("server") or server(config))
-    monkeypatch.setattr(TokenStore, "open", classmethod(lambda cls, *a: events.append("store") or open_store(cls, *a)))
-    cfg = _config(corpus, kimi_dir, no_card=True, workers=4)
-    one = build(dataclasses.replace(cfg, workers=1, no_cache=True), tmp_path / "one")
-    assert events == []  # (one worker: no server)
-    assert build(cfg, tmp_path / "first") == one
-    assert events[:2] == ["server", "store"] and packed == ["packed"]
-    events.clear()
-    assert build(dataclasses.replace(cfg, seed=8), tmp_path / "later")["stats"]["rows"]
-    assert events == ["server", "store"] and packed == ["packed"]
-
-
 class EarlyPlotter:
     """A ``plots.Plotter`` that draws here, and records when it is asked to start drawing."""
 
