@@ -362,8 +362,9 @@ def pack(
     group written; ``fed`` is kept up to date as the blocks are taken; ``tallied`` is given
     what was packed (but the digests and the file's sha256) before the rows are written.
     Returns what was packed, and the invalid conversation that stops the build (without
-    ``skip_invalid``), if any, in which case nothing is written; raises the ``TemplateMismatch`` of a
-    conversation the rows reach; ``Unheld`` where the store lacks a conversation."""
+    ``skip_invalid``), if any, in which case nothing is written; raises the
+    ``TemplateMismatch`` of a conversation the rows reach; ``Unheld`` where the store lacks
+    a conversation."""
     stream, rows, stop = _index(order, blocks, wanted, skip_invalid, shape[0], fed)
     if stop is not None:
         return Packed(), stop

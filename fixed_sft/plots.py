@@ -119,8 +119,7 @@ class Plotter:
     def draw(self, inputs: Inputs) -> dict[str, bytes]:
         """The plots of ``inputs`` (``draw``): those the process drew, else drawn here."""
         try:
-            if self._drawing is None and self._process is not None:
-                self.start(inputs)
+            self.start(inputs)  # (unless started, or no process)
             if self._drawing is not None:
                 started, thread = self._drawing
                 thread.join()
