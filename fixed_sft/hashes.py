@@ -62,11 +62,11 @@ class AppendedHash:
         self.size = 0
         self._digest = hashlib.sha256()
 
-    def update(self) -> None:
-        """Hash what the file holds past what was hashed."""
+    def update(self, until: int | None = None) -> None:
+        """Hash what the file holds past what was hashed (up to byte ``until``, where given)."""
         with self.path.open("rb") as f:
             f.seek(self.size)
-            while block := f.read(1 << 22):
+            while block := f.read(1 << 22 if until is None else min(1 << 22, until - self.size)):
                 self._digest.update(block)
                 self.size += len(block)
 

@@ -260,15 +260,27 @@ class _Stream:
 
     def add(self, indices: np.ndarray, block: Indexed) -> None:
         """Take a block's conversations: an invalid one, or one whose id an earlier valid
-        one used, is left out (``bad``)."""
-        for index, tokens, row_id, value, invalid in zip(
-            indices.tolist(), block.tokens.tolist(), block.ids, block.values, block.invalid
+        one used, is left out (``bad``). A block of valid conversations with ids new and
+        distinct is taken at once (``left_out`` leaves none of them out)."""
+        fresh: dict[str | None, int] = dict(zip(block.ids, indices.tolist()))
+        if (
+            len(fresh) == len(block.ids)
+            and None not in fresh
+            and (not len(block.tokens) or block.tokens.min() >= 0)
+            and self.seen.keys().isdisjoint(fresh)
         ):
-            reason = left_out(index, row_id, invalid if tokens < 0 else None, self.seen)
-            if reason is not None:
-                self.bad.append((len(self.valid), Invalid(index, row_id, reason)))
-            self.valid.append(reason is None)
-            self.codes.append(self.values.setdefault(value, len(self.values)))
+            self.seen.update(fresh)  # type: ignore[arg-type]  # (None is not among them)
+            self.valid += [True] * len(block.ids)
+        else:
+            given = zip(indices.tolist(), block.tokens.tolist(), block.ids, block.invalid)
+            for index, tokens, row_id, invalid in given:
+                reason = left_out(index, row_id, invalid if tokens < 0 else None, self.seen)
+                if reason is not None:
+                    self.bad.append((len(self.valid), Invalid(index, row_id, reason)))
+                self.valid.append(reason is None)
+        for value in dict.fromkeys(block.values):
+            self.values.setdefault(value, len(self.values))
+        self.codes += map(self.values.__getitem__, block.values)
         self.indices.append(indices)
         self.tokens.append(block.tokens)
         self.counts.append(block.counts)
@@ -449,6 +461,18 @@ def _index(
     return stream, _rows(stream, row_tokens, wanted), None
 
 
+def _covered(first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """The units that rows spanning units ``first..last`` (inclusive, in stream order) hold, sorted.
+
+    >>> _covered(np.array([2, 3, 7]), np.array([3, 5, 7])).tolist()
+    [2, 3, 4, 5, 7]
+    """
+    low = int(first[0])
+    span = int(last[-1]) - low + 2
+    depth = np.cumsum(np.bincount(first - low, minlength=span) - np.bincount(last - low + 1, minlength=span))
+    return low + np.flatnonzero(depth[:-1] > 0)
+
+
 def _prefix(stream: _Stream, position: int) -> _Stream:
     """The stream before ``position`` (every conversation there valid)."""
     prefix = _Stream()
@@ -526,8 +550,7 @@ def _write(
         for number, start in enumerate(range(0, len(kept), group)):
             chosen = kept[start : start + group]
             first, last = cuts.first[chosen], cuts.last[chosen]
-            spans = [np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist())]
-            units = np.unique(np.concatenate(spans))
+            units = _covered(first, last)
             yield WriteTask(
                 Stored.of(store, sources[units]),
                 np.searchsorted(units, first),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
@@ -102,10 +103,12 @@ class Stitcher:
         self.path = path
         self._file = path.open("wb")
         self._file.write(MAGIC)
-        self._hash = AppendedHash(path)  # (each part hashed as it is appended)
+        self._hash = AppendedHash(path)  # (each part hashed once appended, in a thread of its own)
+        self._hashing = ThreadPoolExecutor(1, thread_name_prefix="stitch-hash")
+        self._hashed: list[Future] = []
         self.sha256: str | None = None  # the file's, once closed
         self._first: Fields | None = None
-        self._groups: list[Fields] = []
+        self._groups: list[thrift.Written] = []
         self._rows = 0
 
     def append(self, part: Path, found: tuple[Fields, int] | None = None) -> None:
@@ -114,7 +117,8 @@ class Stitcher:
         meta, start = footer(part) if found is None else found
         delta = self._file.tell() - len(MAGIC)
         for group in thrift.get(meta, 4, (thrift.STRUCT, []))[1]:
-            self._groups.append(_row_group(group, delta, len(self._groups)))
+            # (written now, while the workers write the next parts, rather than in ``close``)
+            self._groups.append(thrift.Written(thrift.write_struct(_row_group(group, delta, len(self._groups)))))
         self._rows += thrift.get(meta, 3, 0)
         self._first = self._first or meta
         self._file.flush()
@@ -122,8 +126,8 @@ class Stitcher:
             f.seek(len(MAGIC))
             _copy(f, self._file, start - len(MAGIC))
         self._file.flush()
-        self._file.seek(0, os.SEEK_END)
-        self._hash.update()
+        end = self._file.seek(0, os.SEEK_END)
+        self._hashed.append(self._hashing.submit(self._hash.update, end))
 
     def close(self) -> None:
         """Write the joined footer, and flush the file to disk (at least one part was appended)."""
@@ -137,8 +141,12 @@ class Stitcher:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
+        self._hashing.shutdown()
+        for hashed in self._hashed:
+            hashed.result()  # (an error reading the file back)
         self.sha256 = self._hash.hexdigest()
 
     def abort(self) -> None:
         """Close the file, incomplete (the build discards it)."""
+        self._hashing.shutdown(cancel_futures=True)
         self._file.close()

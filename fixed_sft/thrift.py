@@ -156,6 +156,10 @@ class Reader:
             raise ValueError(f"unknown Thrift type {kind}")
 
 
+class Written(bytes):
+    """A struct written already (``write_struct``): written again as these bytes."""
+
+
 def write_varint(n: int) -> bytes:
     out = bytearray()
     while True:
@@ -199,7 +203,7 @@ def write_value(kind: int, value: Value) -> bytes:
             + b"".join(write_value(key, k) + write_value(val, v) for k, v in items)
         )
     if kind == STRUCT:
-        return write_struct(value)
+        return bytes(value) if isinstance(value, Written) else write_struct(value)
     raise ValueError(f"unknown Thrift type {kind}")
 
 

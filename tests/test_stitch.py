@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,9 @@ def _stitched(tmp_path: Path, rows: list[Row], boundaries: bool) -> bytes:
         write_part(part, rows[first : first + group], first, boundaries)
         stitcher.append(part)
     stitcher.close()
-    return (tmp_path / "stitched.parquet").read_bytes()
+    data = (tmp_path / "stitched.parquet").read_bytes()
+    assert stitcher.sha256 == hashlib.sha256(data).hexdigest()  # (hashed as the parts were appended)
+    return data
 
 
 @pytest.mark.parametrize(
