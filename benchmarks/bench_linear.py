@@ -17,11 +17,14 @@ script exits 1.
 
     python benchmarks/bench_linear.py [--conversations 4000] [--band-mib 4] [--repeats 3] [--json OUT]
         [--sizes 1,2,4] [--workers 1] [--modes store,bands] [--corpus tulu|short] [--row-group-rows R]
+        [--cold-probes]
 
 ``--workers 1,16`` builds each case at each worker count (the fill pass runs a task per
 Parquet row group, so a source needs many row groups to keep many workers busy:
 ``--row-group-rows``); ``--corpus short`` makes short dialogs (2 to 4 turns of up to 300
-characters) instead of Tulu-like conversations.
+characters) instead of Tulu-like conversations. Each build finds the template's probes kept
+in its store's folder, as after any earlier build with the tokenizer (a build of one row
+keeps them first); ``--cold-probes`` times builds that find none.
 """
 
 from __future__ import annotations
@@ -109,6 +112,9 @@ def main() -> int:
     parser.add_argument("--corpus", choices=("tulu", "short"), default="tulu")
     parser.add_argument("--row-group-rows", type=int, default=1000, metavar="R", help="Parquet row group size")
     parser.add_argument("--tokenizer", type=Path, default=ROOT.parent / "shared" / "tokenizers" / "kimi-k2.6")
+    parser.add_argument(
+        "--cold-probes", action="store_true", help="builds find no template probes kept (as a first build ever)"
+    )
     parser.add_argument("--json", type=Path, help="write the plan and every build's figures here")
     args = parser.parse_args()
 
@@ -127,6 +133,12 @@ def main() -> int:
             synthetic.write_parquet(rows[:size], folder / f"source-{size}", rows_per_file=max(1, size // 4))
             for path in sorted((folder / f"source-{size}").glob("*.parquet")):
                 pq.write_table(pq.read_table(path), path, row_group_size=args.row_group_rows)
+        probes = folder / "probes-root"
+        if not args.cold_probes:  # (a build of a few rows keeps them: fixed_sft.chat.read_probes)
+            warm = dict(name="warm", source=str(folder / f"source-{sizes[0]}"), tokenizer=str(args.tokenizer), rows=1)
+            warm |= dict(row_tokens=64, seed=1, workers=1, no_card=True, cache_dir=str(probes))
+            command = [sys.executable, "-c", CHILD, json.dumps(warm), str(folder / "warm"), str(1 << 30)]
+            subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
         for repeat in range(args.repeats):
             for size in sizes:
                 for workers in worker_counts:
@@ -144,6 +156,8 @@ def main() -> int:
                             no_cache=mode == "bands",
                             cache_dir=str(folder / f"store-{name}"),
                         )
+                        if (probes / "probes").is_dir():
+                            shutil.copytree(probes / "probes", folder / f"store-{name}" / "probes")
                         command = [sys.executable, "-c", CHILD, json.dumps(config), str(folder / name)]
                         done = subprocess.run(
                             [*command, str(args.band_mib * (1 << 20))],

@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, closing, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import NamedTuple
@@ -28,11 +28,11 @@ from tqdm import tqdm
 from . import __version__, parallel
 from .bands import Band, band_bytes, file_bytes, read_band, read_file_rows, read_rows
 from .chat import MASK_TYPES as KIMI_MASK_TYPES
-from .chat import ChatEncoder
+from .chat import ChatEncoder, read_probes
 from .encode import IN_FLIGHT_BYTES, Chunk, Encoded, EncoderConfig, Encoders, encode_rows
 from .encoding import Encoder, TemplateMismatch
 from .errors import BuildError, UsageError
-from .fill import FreshTask, fill, fill_tasks, fresh
+from .fill import FreshTask, fill, fill_each, fill_tasks, fresh
 from .folder import transaction
 from .hashes import row_digest, rows_digest, sha256_file
 from .hf_chat import MASK_TYPES as HF_MASK_TYPES
@@ -59,7 +59,7 @@ from .params import RECORDED, BuildConfig, to_json, usable_cores
 from .plots import Inputs, Plotter
 from .source import Source, SourceError, open_source, unreadable
 from .specs import BUILDS, HF, ResolvedTokenizer, build_spec, resolve_tokenizer
-from .store import StoreMismatch, TokenStore, default_dir, same_encoding, store_key
+from .store import StoreMismatch, TokenStore, default_dir, probes_path, same_encoding, store_key
 from .tokenizer import bpe_version, default_bpe, fast_bpe_installed
 
 ORDER_RULE = "splitmix64-key-v1"
@@ -87,6 +87,11 @@ LARGE_ROW_BYTES = CHUNK_BYTES // CHUNK_ROWS
 # pays from this many workers; fewer pack one conversation at a time (benchmarks/README.md: with
 # 2 workers on 2 cores a later build took 4.72 s against 3.31 s with 1).
 PARALLEL_PACKING_WORKERS = 4
+# With this many workers, a build whose template probes are kept fills the store without the
+# template renderer in its workers (its import took 1.2-2.9 s on the 16-core machine, while every
+# worker waited): a checker per CHECKED_BY workers, at least 2, checks the sampled rows (fixed_sft.fill).
+CHECKS_APART_WORKERS = 8
+CHECKED_BY = 8
 # Packing in this process takes conversations a block at a time (``_block``): at most this many,
 # and this many tokens (or one conversation), so that the per-row work is done once per block.
 BLOCK_UNITS = 1024
@@ -185,12 +190,22 @@ def _fill(
     if large_rows or len(tasks) < encoding.workers:
         _streamed(store, encoding, source, wanted, tokenized)
     else:
-        with closing(encoding.start().run(fill, tasks)) as done:
+        encoders = encoding.start()
+        checks: list[Future] = []
+        if encoding.checks_apart and encoding.check_every:  # (fixed_sft.fill)
+            sample = wanted & store.sample(encoding.check_every)
+            apart = list(fill_tasks(source, sample, encoding.check_every, (CHUNK_ROWS, CHUNK_BYTES), store.folder))
+            checkers = encoding.checkers()
+            checks = [checkers.submit(fill_each, apart[k :: checkers.workers]) for k in range(checkers.workers)]
+            tasks = [task._replace(check_every=0) for task in tasks]
+        with closing(encoders.run(fill, tasks)) as done:
             for filled in done:
                 tokenized.update(filled.conversations)
                 if not filled.writable:  # (the rest is read by bands)
                     store.turn_off(f"cannot write segments in {store.folder}")
                     break
+        if not all(check.result().writable for check in checks):
+            store.turn_off(f"cannot write segments in {store.folder}")
     store.refresh()
     store.compare(again, before)  # (a copy unlike its encoding now stops the build, as without the fill)
 
@@ -564,6 +579,8 @@ def encoder_setup(config: BuildConfig, load: bool = False) -> EncoderSetup:
         bpe,
         tokenizer.declarations,
     )
+    if not config.no_cache and tokenizer.family != HF:  # (the probes' outcome kept in the store's folder)
+        encoder_config = replace(encoder_config, probes=str(probes_path(_cache_root(config), encoder_config)))
     loaded = encoder_config.load() if load else None
     kimi = loaded.tokenizer if isinstance(loaded, ChatEncoder) else None
     return EncoderSetup(tokenizer, encoder_config, *encoder_config.separator(config.separator, kimi), loaded)
@@ -577,11 +594,22 @@ class _Encoding:
         self.stack, self.config, self.workers, self.check_every = stack, config, workers, check_every
         self.encoders: Encoders | None = None
         self.loaded: Encoder | None = None
+        self.checks_apart = False  # whether the store's fill checks the sampled rows apart (``start``)
 
-    def start(self) -> Encoders:
+    def start(self, checks_apart: bool = False) -> Encoders:
+        """The encoders, started now unless they are; with ``checks_apart``, workers without
+        the template renderer (``fixed_sft.fill``), where none has started yet."""
         if self.encoders is None:
-            self.encoders = self.stack.enter_context(Encoders(self.config, self.workers, self.check_every))
+            self.checks_apart = checks_apart
+            encoders = Encoders(self.config, self.workers, self.check_every, renderer=not checks_apart)
+            self.encoders = self.stack.enter_context(encoders)
         return self.encoders
+
+    def checkers(self) -> Encoders:
+        """Workers of their own that check the sampled rows (``fixed_sft.fill``): one per
+        ``CHECKED_BY`` workers, at least 2."""
+        checkers = Encoders(self.config, max(2, self.workers // CHECKED_BY), self.check_every, renderer=False)
+        return self.stack.enter_context(checkers)
 
     def encode(self, chunks: Iterator[pa.Table], wanted: Callable[[], float]) -> Generator[Encoded, None, None]:
         """``Encoders.encode``, the encoders started when the first conversation is asked for."""
@@ -606,8 +634,17 @@ def _open_store(config: BuildConfig, encoder: EncoderConfig, hashes: list[Future
         digests = [digest.result() for digest in hashes]
     except OSError:
         return None
-    root = Path(config.cache_dir) if config.cache_dir else default_dir()
-    return TokenStore.open(root, store_key(digests, encoder), rows)
+    return TokenStore.open(_cache_root(config), store_key(digests, encoder), rows)
+
+
+def _cache_root(config: BuildConfig) -> Path:
+    """The token store's folder: ``--cache-dir``, else ``store.default_dir()``."""
+    return Path(config.cache_dir) if config.cache_dir else default_dir()
+
+
+def _probes_kept(encoder: EncoderConfig) -> bool:
+    """Whether the Kimi probes' outcome for ``encoder`` is kept (``fixed_sft.chat.read_probes``)."""
+    return encoder.probes is not None and read_probes(Path(encoder.probes)) is not None
 
 
 def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
@@ -645,8 +682,6 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
             stack.callback(store.close)
             held, check = store.plan(config.check_every)
             skip = held & ~check if held.any() else None
-        if skip is None or not skip.all():
-            encoding.start()  # (conversations are to be encoded: at once, beside the reading)
         # A build of every row from a source of more than one band, or with workers enough to pack,
         # fills the store first, in one pass over the source, then takes its conversations from it
         # in packing order. With a row count, workers enough to pack settle the template checks of
@@ -657,6 +692,9 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
         if store is not None and config.rows is not None and packing and skip is not None and not skip.all():
             reach = parallel.checks_reach(store, order, skip, config.row_tokens, config.rows)
             fill = reach is not None
+        if skip is None or not skip.all():  # (conversations are to be encoded: at once, beside the reading)
+            apart = fill and config.workers >= CHECKS_APART_WORKERS and config.check_every > 0
+            encoding.start(checks_apart=apart and _probes_kept(encoder_config))
         packer = Packer(config.row_tokens, separator_id)
         tally = _Tally(row_tokens=config.row_tokens)
 

@@ -10,7 +10,9 @@ suffix[role]``, and both affixes are bounded by added tokens, so BPE never runs
 across a boundary. The affixes are read off the template once, by rendering a probe
 message per role, and a plain conversation's ids are the concatenation of its messages'
 ``prefix ids + encode(content) + suffix ids``. ``check`` compares the two paths' ids;
-the build runs it on a sample of its own conversations. The reference path always
+the build runs it on a sample of its own conversations. The probes' outcome is kept in a
+file (``probes``, in the token store's folder), so that a process that finds it there
+encodes without importing the renderer (``read_probes``). The reference path always
 encodes with tiktoken (``KimiTokenizer.reference``), so with gigatoken as the fast
 path's BPE the probes and checks also compare the two BPEs; a difference that the BPE
 alone makes is named as such (``BPEMismatch``), with the flag that turns gigatoken off.
@@ -40,12 +42,16 @@ tool messages is 0.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import itertools
 import json
+import os
+import tempfile
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -192,6 +198,7 @@ class ChatEncoder:
         loss_mask_type: str = "kimi_k25",
         template_kwargs: dict | None = None,
         model_check: ModelCheck | None = None,
+        probes: Path | None = None,
     ):
         if loss_mask_type not in MASK_TYPES:
             raise ValueError(f"unknown loss mask type {loss_mask_type!r} (known: {', '.join(MASK_TYPES)})")
@@ -203,12 +210,18 @@ class ChatEncoder:
         self._empty_think = self.template_kwargs.get("thinking", _UNSET) is False and self._preserve is False
         key = _probe_key(tokenizer, self.template_kwargs) if model_check is None else None
         probed = _probed.get(tokenizer, {}).get(key) if key is not None else None
-        if probed is not None:  # the same tokenizer and variables, probed already in this process
+        kept = read_probes(probes) if probes is not None else None  # (by an earlier process, for the same inputs)
+        probed = probed or kept
+        if probed is not None:  # the same tokenizer and variables, probed already
             self._layouts, self._cannot_write_out = probed
+            if probes is not None and kept is None:
+                write_probes(probes, *probed)
             return
         self._layouts = {role: self._read_layout(role) for role in PLAIN_ROLES}
         self._cannot_write_out = ""  # why messages cannot be written out, when the probes found that they cannot
         self._check_probes()
+        if probes is not None:
+            write_probes(probes, self._layouts, self._cannot_write_out)
         if key is not None:
             _probed.setdefault(tokenizer, {})[key] = (self._layouts, self._cannot_write_out)
 
@@ -482,6 +495,69 @@ _UNSET = object()
 _probed: weakref.WeakKeyDictionary[KimiTokenizer, dict[tuple, tuple[dict[str, RoleLayout], str]]] = (
     weakref.WeakKeyDictionary()
 )
+
+
+PROBES_VERSION = 1  # of the probes file's contents (``write_probes``)
+
+
+def write_probes(path: Path, layouts: dict[str, RoleLayout], cannot_write_out: str) -> None:
+    """Keep the probes' outcome at ``path`` (its name is the sha256 of every input the probes
+    depend on: ``fixed_sft.store.probes_path``), with the sha256 of its contents; written
+    whole under a temporary name, then renamed. A file that cannot be written is left out."""
+    body = {
+        "version": PROBES_VERSION,
+        "layouts": {
+            role: {"prefix": a.prefix.tolist(), "suffix": a.suffix.tolist(), "header": a.header, "mask": a.body_mask}
+            for role, a in layouts.items()
+        },
+        "cannot_write_out": cannot_write_out,
+    }
+    document = {"probes": body, "sha256": _digest(body)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".tmp-", delete=False) as f:
+            json.dump(document, f)
+        os.replace(f.name, path)
+    except OSError:
+        pass
+
+
+def read_probes(path: Path) -> tuple[dict[str, RoleLayout], str] | None:
+    """The probes' outcome kept at ``path`` (``write_probes``); ``None`` where there is no
+    such file, or it is damaged (its contents do not match their sha256) or of another version.
+
+    >>> import tempfile
+    >>> one = RoleLayout(np.array([1, 2], np.uint32), np.array([3], np.uint32), header=1, body_mask=1)
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     path = Path(folder) / "probes.json"
+    ...     write_probes(path, {role: one for role in PLAIN_ROLES}, "")
+    ...     layouts, _ = read_probes(path)
+    ...     _ = path.write_text(path.read_text().replace('"header": 1', '"header": 2'))
+    ...     layouts["assistant"].prefix.tolist(), read_probes(path)
+    ([1, 2], None)
+    """
+    try:
+        document = json.loads(path.read_bytes())
+        body = document["probes"]
+        if document["sha256"] != _digest(body) or body["version"] != PROBES_VERSION:
+            return None
+        layouts = {role: _layout(kept) for role, kept in body["layouts"].items()}
+        if sorted(layouts) != sorted(PLAIN_ROLES):
+            return None
+        return layouts, str(body["cannot_write_out"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _layout(kept: dict) -> RoleLayout:
+    """A ``RoleLayout`` as ``write_probes`` keeps it."""
+    prefix, suffix = (np.array(kept[name], np.uint32) for name in ("prefix", "suffix"))
+    prefix.flags.writeable = suffix.flags.writeable = False
+    return RoleLayout(prefix, suffix, header=int(kept["header"]), body_mask=int(kept["mask"]))
+
+
+def _digest(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def _probe_key(tokenizer: KimiTokenizer, template_kwargs: dict) -> tuple | None:

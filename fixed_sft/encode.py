@@ -22,6 +22,7 @@ import json
 import os
 import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -122,6 +123,7 @@ class EncoderConfig:
     trust_remote_code: bool = False
     bpe: str = field(default_factory=default_bpe)
     declarations: tuple[str, str] | None = None  # the model's tool-declaration encoder: path, pinned sha256
+    probes: str | None = None  # where the Kimi probes' outcome is kept (``fixed_sft.store.probes_path``), if anywhere
 
     def load(self) -> Encoder:
         """The encoder (the Kimi fast path, ``ChatEncoder``, or for a Hugging Face tokenizer
@@ -138,8 +140,9 @@ class EncoderConfig:
                     check = ModelCheck(model_declarer(Path(self.declarations[0]), self.declarations[1]))
                 except (OSError, ValueError, SyntaxError) as error:
                     raise TokenizerError(f"the model's tool declarations cannot be checked: {error}") from None
+            probes = Path(self.probes) if self.probes else None
             encoder = ChatEncoder(
-                load_kimi(self.tokenizer_dir, self.bpe), self.loss_mask_type, self.template_kwargs, check
+                load_kimi(self.tokenizer_dir, self.bpe), self.loss_mask_type, self.template_kwargs, check, probes
             )
         self._check_unchanged()
         return encoder
@@ -409,17 +412,18 @@ class Encoders:
     """Where conversations are encoded (those ``sampled`` by ``check_every`` also through
     the template): in this process (``workers == 1``), one
     conversation at a time and only when asked, or in a ``fixed_sft.engine.ProcessPool``
-    whose workers fork from a server that has imported this module and the template
-    renderer, and loaded the encoder, once (``PRELOAD_VARIABLE``)."""
+    whose workers fork from a server that has imported this module and (unless not
+    ``renderer``) the template renderer, and loaded the encoder, once (``PRELOAD_VARIABLE``)."""
 
-    def __init__(self, config: EncoderConfig, workers: int, check_every: int):
+    def __init__(self, config: EncoderConfig, workers: int, check_every: int, renderer: bool = True):
         self.config = config
         self.workers = workers
         self.check_every = check_every
         self.engine: InProcess | ProcessPool = InProcess(config.load)
         if workers > 1:
             preload = {PRELOAD_VARIABLE: config.to_json(), BUILDER_VARIABLE: str(os.getpid())}
-            context = forkserver_context(WORKER_MODULES, preload)
+            # (without the renderer, a worker imports it when it first renders: to check a conversation)
+            context = forkserver_context(WORKER_MODULES if renderer else [__name__], preload)
             self.engine = ProcessPool(workers, partial(_worker_setup, config), context)
 
     def __enter__(self) -> Encoders:
@@ -428,6 +432,11 @@ class Encoders:
 
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         self.engine.__exit__(kind, *exc)
+
+    def submit(self, fn: Callable[[Encoder, T], R], task: T) -> Future:
+        """``fn(encoder, task)`` in a worker, apart from ``run``'s order (workers only)."""
+        assert isinstance(self.engine, ProcessPool), "a task apart runs in a worker"
+        return self.engine.submit(fn, task)
 
     def run(self, fn: Callable[[Encoder, T], R], tasks: Iterable[T]) -> Generator[R, None, None]:
         """``fn(encoder, task)`` for each task, where the conversations are encoded; in order."""

@@ -136,6 +136,11 @@ class ProcessPool:
         assert self._started is not None, "map runs inside the engine's with-block"
         return self._started
 
+    def submit(self, fn: Callable[..., R], *task: Any) -> Future:
+        """``fn(state, *task)`` in a worker, apart from ``map``'s order: its result is the future's."""
+        self._start_up().result()
+        return self._pool.submit(_run, fn, *task)
+
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         if kind is not None and not issubclass(kind, Exception):  # Ctrl-C, SIGTERM
             if self._start_up().done():  # (a worker starting holds the pool's lock)

@@ -7,6 +7,12 @@ the rows the store lacks from its group, a batch at a time, encodes them (those
 own. The build's process only hands out tasks, so the pass runs in as many workers as
 there are row groups.
 
+With many workers (``build.CHECKS_APART_WORKERS``) and the template's probes kept
+(``fixed_sft.chat.read_probes``), the workers do not import the template renderer: they
+store every row unchecked, and the sampled rows are read, encoded and checked again by a
+few processes of their own (``fill_each``), which store the checked copies. A checked copy
+is the one the store then gives (``fixed_sft.store.TokenStore``).
+
 A first build of some rows, with workers enough to pack (``fixed_sft.parallel``), gives them
 its chunks as it reads them, in packing order (``FreshTask``): each is encoded, stored and
 indexed where it is encoded, so that only its index comes back; the rows are then cut and
@@ -92,6 +98,12 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
         del batch
     writer.flush()
     return Filled(conversations, writer.writable)
+
+
+def fill_each(encoder: Encoder, tasks: list[FillTask]) -> Filled:
+    """``fill`` of each of ``tasks``, in order: what they did together."""
+    done = [fill(encoder, task) for task in tasks]
+    return Filled(sum(d.conversations for d in done), all(d.writable for d in done))
 
 
 class FreshTask(NamedTuple):

@@ -64,6 +64,7 @@ ENCODING_MODULES = (
 )
 LIBRARIES = ("gigatoken", "jinja2", "tiktoken", "tokenizers", "transformers")
 CACHE_VARIABLE = "FIXED_SFT_CACHE"
+PROBES_FOLDER = "probes"  # in the store's folder: the Kimi probes' outcome per encoder (``probes_path``)
 MAGIC = b"FSFTTOK1"
 HEADER_BYTES = len(MAGIC) + 8  # the magic, then the number of records (uint64)
 # one record per conversation; ``tokens`` is -1 for an invalid one; ``flags`` bit 0: passed the
@@ -121,9 +122,21 @@ def encoding_version() -> str:
 def store_key(source_sha256: list[str], encoder: EncoderConfig) -> str:
     """The key of a source's entry for an encoder: sha256 over the inputs that decide its
     encodings (module docstring); not the folders the files are read from."""
-    inputs = {
+    inputs = {"source": source_sha256, **_encoder_inputs(encoder)}
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def probes_path(root: Path, encoder: EncoderConfig) -> Path:
+    """Where the Kimi probes' outcome for ``encoder`` is kept in the store ``root``
+    (``fixed_sft.chat.read_probes``): named by the sha256 of what a key holds beside the source."""
+    name = hashlib.sha256(json.dumps(_encoder_inputs(encoder), sort_keys=True).encode()).hexdigest()
+    return root / PROBES_FOLDER / f"{name}.json"
+
+
+def _encoder_inputs(encoder: EncoderConfig) -> dict:
+    """What decides an encoder's encodings (module docstring), the source aside."""
+    return {
         "encoding": encoding_version(),
-        "source": source_sha256,
         "tokenizer": sorted(encoder.tokenizer_sha256.items()),
         "template_kwargs": encoder.template_kwargs,
         "loss_mask_type": encoder.loss_mask_type,
@@ -133,7 +146,6 @@ def store_key(source_sha256: list[str], encoder: EncoderConfig) -> str:
         # the model's tool-declaration encoder, where a spec pins it: what the declarations were checked against
         **({"declarations": encoder.declarations[1]} if encoder.declarations else {}),
     }
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
 def warn(message: str) -> None:

@@ -655,10 +655,10 @@ def test_workers_of_a_later_build_load_the_encoder_of_its_files(corpus, kimi_dir
 import json, sys
 from pathlib import Path
 from fixed_sft import encode
-from fixed_sft.build import BuildConfig, build
+from fixed_sft.build import BuildConfig, build, encoder_setup
 values = {values!r}
 first = build(BuildConfig(**values), Path({str(tmp_path / "first")!r}))
-with encode.Encoders(encode.EncoderConfig.from_json(sys.argv[1]), 2, 8) as encoders:
+with encode.Encoders(encoder_setup(BuildConfig(**values)).encoder, 2, 8) as encoders:
     took = encoders.engine._pool.submit(eval, {TOOK_PRELOADED!r}).result()
 template = Path({str(folder / "chat_template.jinja")!r})
 template.write_text(template.read_text().replace({header!r}, {header.replace("}}<", "}}!<")!r}))
@@ -667,9 +667,7 @@ print(json.dumps([first["rows_sha256"], took, second["rows_sha256"]]))
 """
     import subprocess
 
-    run = subprocess.run(
-        [sys.executable, "-c", script, _encoder_config(folder).to_json()], capture_output=True, text=True, timeout=300
-    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     first, took, second = json.loads(run.stdout.splitlines()[-1])
     assert took  # the first build's workers took the server's encoder

@@ -355,3 +355,34 @@ def test_the_probes_run_once_per_tokenizer_and_template_variables(kimi_dir, monk
     tokenizer.fast_loads += 1  # (as a renewal of its fast BPE counts)
     ChatEncoder(tokenizer)
     assert len(probed) == 4
+
+
+def test_a_kept_probes_outcome_is_used_without_rendering(tokenizer, tmp_path, monkeypatch):
+    """The probes' outcome kept in a file (``write_probes``) gives an encoder that renders
+    nothing and encodes as one that probed; a file whose contents do not match their sha256
+    is not used: the encoder probes again, and keeps its outcome anew."""
+    import fixed_sft.chat as chat
+
+    path = tmp_path / "probes" / "kept.json"
+    probed = ChatEncoder(tokenizer, probes=path)
+    assert chat.read_probes(path) is not None
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    renders: list[int] = []
+    real_render = ChatEncoder.render
+
+    def counted_render(self, *args, **kwargs):
+        renders.append(1)
+        return real_render(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChatEncoder, "render", counted_render)
+    monkeypatch.setattr(chat, "_probed", chat.weakref.WeakKeyDictionary())  # (as a new process starts)
+    kept = ChatEncoder(tokenizer, probes=path)
+    assert renders == []
+    ids, mask = kept.encode_arrays(conversation)
+    expected_ids, expected_mask = probed.encode_arrays(conversation)
+    assert ids.tolist() == expected_ids.tolist() and mask.tolist() == expected_mask.tolist()
+    path.write_text(path.read_text().replace('"header": ', '"header": 1'))
+    assert chat.read_probes(path) is None
+    monkeypatch.setattr(chat, "_probed", chat.weakref.WeakKeyDictionary())
+    ChatEncoder(tokenizer, probes=path)
+    assert renders and chat.read_probes(path) is not None

@@ -492,3 +492,79 @@ def test_the_rule_of_what_is_left_out_as_a_doctest() -> None:
 
     result = doctest.testmod(fixed_sft.parallel)
     assert result.attempted >= 1 and result.failed == 0
+
+
+@pytest.fixture
+def apart(monkeypatch) -> list[tuple[str, bool]]:
+    """Checks apart from 2 workers on (builds check so from 8), and what each build did:
+    ``("start", checks_apart)`` as it started its workers, ``("checkers", True)`` as it
+    started its checkers."""
+    monkeypatch.setattr(build_module, "CHECKS_APART_WORKERS", 2)
+    events: list[tuple[str, bool]] = []
+    start, checkers = build_module._Encoding.start, build_module._Encoding.checkers
+
+    def recorded_start(self, checks_apart=False):
+        if self.encoders is None:
+            events.append(("start", checks_apart))
+        return start(self, checks_apart)
+
+    def recorded_checkers(self):
+        events.append(("checkers", True))
+        return checkers(self)
+
+    monkeypatch.setattr(build_module._Encoding, "start", recorded_start)
+    monkeypatch.setattr(build_module._Encoding, "checkers", recorded_checkers)
+    return events
+
+
+def test_the_sampled_rows_are_checked_apart_where_the_probes_are_kept(
+    corpus, kimi_dir, tmp_path, token_store, packed, apart
+) -> None:
+    """A build that fills the store, with the probes kept by an earlier build, starts its
+    workers without the template renderer, and checks the sampled rows in workers of their
+    own: the same bytes and manifest as one conversation at a time; each sampled row stored
+    checked."""
+    cfg = _config(corpus, kimi_dir)
+    one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
+    apart.clear()
+    assert build(dataclasses.replace(cfg, workers=2), tmp_path / "first") == one
+    assert apart == [("start", False)] and list(token_store.glob("probes/*.json"))
+    shutil.rmtree(token_store / "tokens")  # (the probes stay)
+    assert build(dataclasses.replace(cfg, workers=2), tmp_path / "apart") == one
+    assert apart == [("start", False), ("start", True), ("checkers", True)]
+    assert _files(tmp_path / "apart") == _files(tmp_path / "one")
+    passed = set()
+    for path in token_store.glob("tokens/*/*.seg"):
+        records = TokenStore._read_records(path)
+        passed |= set(records["index"][records["flags"] & 1 == 1].tolist())
+    assert set(np.flatnonzero(sampled(np.arange(N), cfg.check_every)).tolist()) <= passed
+
+
+def test_a_failed_check_apart_stops_the_build(kimi_dir, tmp_path, token_store, packed, apart) -> None:
+    """A sampled row the template refuses, checked apart, stops a ``--rows all`` build with
+    the error of one conversation at a time."""
+    bad = int(np.flatnonzero(sampled(np.arange(300), 2))[5])
+    rows = [
+        {"id": f"row-{i}", "source": "s", "messages": [{"role": "user", "content": f"hi {i}"}, *GOOD["messages"][1:]]}
+        for i in range(300)
+    ]
+    (tmp_path / "good").mkdir()
+    synthetic.write_parquet(rows, tmp_path / "good", rows_per_file=50)
+    rows[bad]["messages"][0]["content"] = "BOOM"
+    (tmp_path / "bad").mkdir()
+    synthetic.write_parquet(rows, tmp_path / "bad", rows_per_file=50)
+    tokenizer = _boom_tokenizer(kimi_dir, tmp_path)
+    cfg = _config(tmp_path / "good", tokenizer, check_every=2, allow_unpinned_tokenizer=True, no_card=True)
+    build(dataclasses.replace(cfg, workers=2), tmp_path / "kept")  # (keeps the probes)
+    apart.clear()
+    errors = []
+    for workers, no_cache in ((1, True), (2, False)):
+        with pytest.raises(TemplateMismatch) as error:
+            build(
+                dataclasses.replace(cfg, source=str(tmp_path / "bad"), workers=workers, no_cache=no_cache),
+                tmp_path / "out",
+            )
+        errors.append(str(error.value))
+        assert not (tmp_path / "out").exists()
+    assert errors[0] == errors[1] and f"source row {bad} (id row-{bad})" in errors[0]
+    assert apart == [("start", False), ("start", True), ("checkers", True)]  # (one at a time; then apart)
