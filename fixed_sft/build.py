@@ -32,7 +32,7 @@ from .chat import ChatEncoder, read_probes
 from .encode import IN_FLIGHT_BYTES, Chunk, Encoded, EncoderConfig, Encoders, encode_rows
 from .encoding import Encoder, TemplateMismatch
 from .errors import BuildError, UsageError
-from .fill import FreshTask, fill, fill_each, fill_tasks, fresh
+from .fill import CheckTask, FreshTask, check_apart, fill, fill_tasks, fresh
 from .folder import transaction
 from .hashes import row_digest, rows_digest, sha256_file
 from .hf_chat import MASK_TYPES as HF_MASK_TYPES
@@ -190,17 +190,16 @@ def _fill(
     if large_rows or len(tasks) < encoding.workers:
         _streamed(store, encoding, source, wanted, tokenized)
     else:
-        encoders = encoding.start()
+        encoders, checkers = encoding.start(), None
         checks: list[Future] = []
         if encoding.checks_apart and encoding.check_every:  # (fixed_sft.fill)
-            sample = wanted & store.sample(encoding.check_every)
-            apart = list(fill_tasks(source, sample, encoding.check_every, (CHUNK_ROWS, CHUNK_BYTES), store.folder))
             checkers = encoding.checkers()
-            checks = [checkers.submit(fill_each, apart[k :: checkers.workers]) for k in range(checkers.workers)]
-            tasks = [task._replace(check_every=0) for task in tasks]
+            tasks = [task._replace(check_every=0, apart=encoding.check_every) for task in tasks]
         with closing(encoders.run(fill, tasks)) as done:
             for filled in done:
                 tokenized.update(filled.conversations)
+                if checkers is not None and filled.sampled:
+                    checks.append(checkers.submit(check_apart, CheckTask(filled.sampled, str(store.folder))))
                 if not filled.writable:  # (the rest is read by bands)
                     store.turn_off(f"cannot write segments in {store.folder}")
                     break

@@ -230,8 +230,17 @@ def encode_rows(encoder: Encoder, chunk: Chunk) -> Iterator[Encoded]:
     if isinstance(encoder, BatchEncoder):
         yield from _encode_batch(encoder, chunk)
         return
+    yield from encode_records(encoder, records(chunk.rows), chunk.checks())
+
+
+Record = tuple[int, dict | InvalidRow]  # a source row's index and its record (``fixed_sft.records.records``)
+
+
+def encode_records(encoder: Encoder, rows: Iterable[Record], checks: Iterable[bool]) -> Iterator[Encoded]:
+    """``encode_rows`` of rows read already (an encoder of one conversation at a time), each
+    checked where ``checks`` says."""
     schema = encoder.schema
-    for (index, record), check in zip(records(chunk.rows), chunk.checks()):
+    for (index, record), check in zip(rows, checks):
         try:
             row_id, messages, tools = conversation(record, schema)
         except InvalidRow as error:

@@ -9,9 +9,9 @@ there are row groups.
 
 With many workers (``build.CHECKS_APART_WORKERS``) and the template's probes kept
 (``fixed_sft.chat.read_probes``), the workers do not import the template renderer: they
-store every row unchecked, and the sampled rows are read, encoded and checked again by a
-few processes of their own (``fill_each``), which store the checked copies. A checked copy
-is the one the store then gives (``fixed_sft.store.TokenStore``).
+store every row unchecked and give back the sampled rows as they read them, which a few
+processes of their own encode and check again (``check_apart``), storing the checked
+copies. A checked copy is the one the store then gives (``fixed_sft.store.TokenStore``).
 
 A first build of some rows, with workers enough to pack (``fixed_sft.parallel``), gives them
 its chunks as it reads them, in packing order (``FreshTask``): each is encoded, stored and
@@ -25,16 +25,20 @@ the first failure there, as it would without the store.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
 
+from . import arrow
 from .bands import Band, read_file_rows, row_groups
-from .encode import Chunk, Encoded, encode_rows, release_after
+from .encode import Chunk, Encoded, Record, encode_records, encode_rows, release_after, sampled
 from .encoding import Encoder, TemplateMismatch
 from .parallel import Block, Indexed
+from .records import records
 from .source import Source
 from .store import SegmentWriter
 
@@ -42,7 +46,8 @@ from .store import SegmentWriter
 class FillTask(NamedTuple):
     """Source rows ``start + local`` of file ``path`` (of ``rows`` rows), all in one row
     group; encoded in chunks of at most ``chunk_rows`` rows and
-    ``chunk_bytes`` bytes (or one row), as a build's; stored into the entry ``folder``."""
+    ``chunk_bytes`` bytes (or one row), as a build's; stored into the entry ``folder``.
+    With ``apart``, the rows ``sampled`` by it are also given back, to be checked apart."""
 
     path: str
     start: int
@@ -52,14 +57,24 @@ class FillTask(NamedTuple):
     chunk_rows: int
     chunk_bytes: int
     folder: str
+    apart: int = 0
 
 
 class Filled(NamedTuple):
-    """What a task did: the conversations it encoded, and whether it could write them
-    (``SegmentWriter.writable``)."""
+    """What a task did: the conversations it encoded, whether it could write them
+    (``SegmentWriter.writable``), and the rows it gives back to be checked apart."""
 
     conversations: int
     writable: bool
+    sampled: list[Record] = []
+
+
+class CheckTask(NamedTuple):
+    """Rows read by a ``FillTask`` (``Filled.sampled``), to be encoded, checked and stored
+    into the entry ``folder``."""
+
+    rows: list[Record]
+    folder: str
 
 
 def fill_tasks(
@@ -85,8 +100,12 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
     inside[task.local] = True
     writer = SegmentWriter(Path(task.folder), quiet=True)  # (the build's process says it once)
     conversations = 0
+    apart: list[Record] = []
     for batch in read_file_rows(Path(task.path), task.start, inside):
         for rows in Band([batch], [np.arange(batch.num_rows)]).chunks(task.chunk_rows, task.chunk_bytes):
+            if task.apart:
+                picked = sampled(arrow.to_numpy(rows.column("index")), task.apart)
+                apart += records(rows.filter(pa.array(picked))) if picked.any() else []
             try:
                 for item in encode_rows(encoder, Chunk(rows, task.check_every)):
                     writer.add(item)
@@ -97,13 +116,20 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
                 return Filled(conversations, False)
         del batch
     writer.flush()
-    return Filled(conversations, writer.writable)
+    return Filled(conversations, writer.writable, apart)
 
 
-def fill_each(encoder: Encoder, tasks: list[FillTask]) -> Filled:
-    """``fill`` of each of ``tasks``, in order: what they did together."""
-    done = [fill(encoder, task) for task in tasks]
-    return Filled(sum(d.conversations for d in done), all(d.writable for d in done))
+def check_apart(encoder: Encoder, task: CheckTask) -> Filled:
+    """Encode, check and store rows given back by a ``FillTask``: up to the first whose
+    check fails (reached in packing order, where it stops the build)."""
+    writer = SegmentWriter(Path(task.folder), quiet=True)
+    try:
+        for item in encode_records(encoder, task.rows, itertools.repeat(True)):
+            writer.add(item)
+    except TemplateMismatch:
+        pass
+    writer.flush()
+    return Filled(len(task.rows), writer.writable)
 
 
 class FreshTask(NamedTuple):
