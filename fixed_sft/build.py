@@ -32,7 +32,7 @@ from .chat import ChatEncoder, read_probes
 from .encode import IN_FLIGHT_BYTES, Chunk, Encoded, EncoderConfig, Encoders, encode_rows
 from .encoding import Encoder, TemplateMismatch
 from .errors import BuildError, UsageError
-from .fill import CheckTask, FreshTask, check_apart, fill, fill_tasks, fresh
+from .fill import CheckTask, FreshTask, check_apart, fill, fill_tasks, fresh, import_renderer
 from .folder import transaction
 from .hashes import row_digest, rows_digest, sha256_file
 from .hf_chat import MASK_TYPES as HF_MASK_TYPES
@@ -91,7 +91,7 @@ PARALLEL_PACKING_WORKERS = 4
 # template renderer in its workers (its import took 1.2-2.9 s on the 16-core machine, while every
 # worker waited): a checker per CHECKED_BY workers, at least 2, checks the sampled rows (fixed_sft.fill).
 CHECKS_APART_WORKERS = 8
-CHECKED_BY = 8
+CHECKED_BY = 4
 # Packing in this process takes conversations a block at a time (``_block``): at most this many,
 # and this many tokens (or one conversation), so that the per-row work is done once per block.
 BLOCK_UNITS = 1024
@@ -607,8 +607,12 @@ class _Encoding:
     def checkers(self) -> Encoders:
         """Workers of their own that check the sampled rows (``fixed_sft.fill``): one per
         ``CHECKED_BY`` workers, at least 2."""
-        checkers = Encoders(self.config, max(2, self.workers // CHECKED_BY), self.check_every, renderer=False)
-        return self.stack.enter_context(checkers)
+        checkers = self.stack.enter_context(
+            Encoders(self.config, max(2, self.workers // CHECKED_BY), self.check_every, renderer=False)
+        )
+        for _ in range(checkers.workers):  # (each imports the renderer now, while the first rows are read)
+            checkers.submit(import_renderer, None)
+        return checkers
 
     def encode(self, chunks: Iterator[pa.Table], wanted: Callable[[], float]) -> Generator[Encoded, None, None]:
         """``Encoders.encode``, the encoders started when the first conversation is asked for."""

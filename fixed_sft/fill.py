@@ -25,6 +25,7 @@ the first failure there, as it would without the store.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +37,7 @@ import pyarrow as pa
 from . import arrow
 from .bands import Band, read_file_rows, row_groups
 from .encode import Chunk, Encoded, Record, encode_records, encode_rows, release_after, sampled
-from .encoding import Encoder, TemplateMismatch
+from .encoding import RENDERER_MODULE, Encoder, TemplateMismatch
 from .parallel import Block, Indexed
 from .records import records
 from .source import Source
@@ -117,6 +118,11 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
         del batch
     writer.flush()
     return Filled(conversations, writer.writable, apart)
+
+
+def import_renderer(encoder: Encoder, _: None) -> None:
+    """Import the template renderer, which ``check_apart`` renders with."""
+    importlib.import_module(RENDERER_MODULE)
 
 
 def check_apart(encoder: Encoder, task: CheckTask) -> Filled:
