@@ -14,7 +14,7 @@ import math
 import os
 import subprocess
 from collections.abc import Callable, Generator, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack, closing, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -92,6 +92,7 @@ PARALLEL_PACKING_WORKERS = 4
 # worker waited): a checker per CHECKED_BY workers, at least 2, checks the sampled rows (fixed_sft.fill).
 CHECKS_APART_WORKERS = 8
 CHECKED_BY = 4
+CHECKS_APART_EVERY = 16  # and where at most 1 row in this many is checked (the rows given back stay few)
 # Packing in this process takes conversations a block at a time (``_block``): at most this many,
 # and this many tokens (or one conversation), so that the per-row work is done once per block.
 BLOCK_UNITS = 1024
@@ -200,6 +201,8 @@ def _fill(
                 tokenized.update(filled.conversations)
                 if checkers is not None and filled.sampled:
                     checks.append(checkers.submit(check_apart, CheckTask(filled.sampled, str(store.folder))))
+                    while len(running := [check for check in checks if not check.done()]) > 2 * checkers.workers:
+                        wait(running, return_when=FIRST_COMPLETED)  # (the rows given back wait here, bounded)
                 if not filled.writable:  # (the rest is read by bands)
                     store.turn_off(f"cannot write segments in {store.folder}")
                     break
@@ -696,7 +699,7 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
             reach = parallel.checks_reach(store, order, skip, config.row_tokens, config.rows)
             fill = reach is not None
         if skip is None or not skip.all():  # (conversations are to be encoded: at once, beside the reading)
-            apart = fill and config.workers >= CHECKS_APART_WORKERS and config.check_every > 0
+            apart = fill and config.workers >= CHECKS_APART_WORKERS and config.check_every >= CHECKS_APART_EVERY
             encoding.start(checks_apart=apart and _probes_kept(encoder_config))
         packer = Packer(config.row_tokens, separator_id)
         tally = _Tally(row_tokens=config.row_tokens)

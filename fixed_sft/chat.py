@@ -285,8 +285,8 @@ class ChatEncoder:
                 )
             if n >= plain and not self._cannot_write_out and self._write_out(messages, tools)[0].tolist() != expected:
                 self._raise_if_bpe_differs(messages, tools)
-                self._cannot_write_out = (
-                    f"{template}: the chat template does not render {what} as the kimi_k25 encoder writes them "
+                self._cannot_write_out = (  # (without the folder: kept for any copy of these files)
+                    f"the chat template does not render {what} as the kimi_k25 encoder writes them "
                     f"(template variables {json.dumps(self.template_kwargs)}); it encodes only conversations of "
                     "roles system, user and assistant with string contents and no other key"
                 )
@@ -296,7 +296,7 @@ class ChatEncoder:
             raise TemplateMismatch(f"{template}: the chat template renders no probe conversation ({refusal})")
         if not written:
             self._cannot_write_out = (
-                f"{template}: the chat template renders no probe conversation of tool calls, reasoning or names "
+                f"the chat template renders no probe conversation of tool calls, reasoning or names "
                 f"({refusal}); it encodes only conversations of roles system, user and assistant with string "
                 "contents and no other key"
             )
@@ -335,7 +335,7 @@ class ChatEncoder:
     def _written(self, messages: Sequence[Message], tools: list | None) -> tuple[np.ndarray, np.ndarray]:
         """``_write_out``, unless the probes found that the template renders otherwise."""
         if self._cannot_write_out:
-            raise TemplateMismatch(self._cannot_write_out)
+            raise TemplateMismatch(f"{self.tokenizer.directory / 'chat_template.jinja'}: {self._cannot_write_out}")
         return self._write_out(messages, tools)
 
     def _write_out(self, messages: Sequence[Message], tools: list | None) -> tuple[np.ndarray, np.ndarray]:

@@ -10,8 +10,8 @@ there are row groups.
 With many workers (``build.CHECKS_APART_WORKERS``) and the template's probes kept
 (``fixed_sft.chat.read_probes``), the workers do not import the template renderer: they
 store every row unchecked and give back the sampled rows as they read them, which a few
-processes of their own encode and check again (``check_apart``), storing the checked
-copies. A checked copy is the one the store then gives (``fixed_sft.store.TokenStore``).
+processes of their own encode and check (``check_apart``), storing them once checked. So a
+row whose check fails is not stored, as when its worker checks it.
 
 A first build of some rows, with workers enough to pack (``fixed_sft.parallel``), gives them
 its chunks as it reads them, in packing order (``FreshTask``): each is encoded, stored and
@@ -104,12 +104,15 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
     apart: list[Record] = []
     for batch in read_file_rows(Path(task.path), task.start, inside):
         for rows in Band([batch], [np.arange(batch.num_rows)]).chunks(task.chunk_rows, task.chunk_bytes):
+            picked = set()
             if task.apart:
-                picked = sampled(arrow.to_numpy(rows.column("index")), task.apart)
-                apart += records(rows.filter(pa.array(picked))) if picked.any() else []
+                given = records(rows.filter(pa.array(sampled(arrow.to_numpy(rows.column("index")), task.apart))))
+                picked = {index for index, _ in given}
+                apart += given
             try:
                 for item in encode_rows(encoder, Chunk(rows, task.check_every)):
-                    writer.add(item)
+                    if item.source_index not in picked:  # (a row given back is stored by its check)
+                        writer.add(item)
                     conversations += 1
             except TemplateMismatch:
                 continue  # (reached in packing order, where it stops the build)

@@ -496,10 +496,12 @@ def test_the_rule_of_what_is_left_out_as_a_doctest() -> None:
 
 @pytest.fixture
 def apart(monkeypatch) -> list[tuple[str, bool]]:
-    """Checks apart from 2 workers on (builds check so from 8), and what each build did:
+    """Checks apart from 2 workers on and any sample (builds check so from 8, 1 in 16 rows at
+    most), and what each build did:
     ``("start", checks_apart)`` as it started its workers, ``("checkers", True)`` as it
     started its checkers."""
     monkeypatch.setattr(build_module, "CHECKS_APART_WORKERS", 2)
+    monkeypatch.setattr(build_module, "CHECKS_APART_EVERY", 1)
     events: list[tuple[str, bool]] = []
     start, checkers = build_module._Encoding.start, build_module._Encoding.checkers
 
@@ -542,8 +544,12 @@ def test_the_sampled_rows_are_checked_apart_where_the_probes_are_kept(
 
 def test_a_failed_check_apart_stops_the_build(kimi_dir, tmp_path, token_store, packed, apart) -> None:
     """A sampled row the template refuses, checked apart, stops a ``--rows all`` build with
-    the error of one conversation at a time."""
+    the error of one conversation at a time: also where an invalid row comes after it in
+    packing order (a row whose check failed is not stored, so it is encoded again when
+    packing reaches it)."""
     bad = int(np.flatnonzero(sampled(np.arange(300), 2))[5])
+    order = permutation(7, 300)
+    invalid = int(order[int(np.flatnonzero(order == bad)[0]) + 1])
     rows = [
         {"id": f"row-{i}", "source": "s", "messages": [{"role": "user", "content": f"hi {i}"}, *GOOD["messages"][1:]]}
         for i in range(300)
@@ -551,10 +557,12 @@ def test_a_failed_check_apart_stops_the_build(kimi_dir, tmp_path, token_store, p
     (tmp_path / "good").mkdir()
     synthetic.write_parquet(rows, tmp_path / "good", rows_per_file=50)
     rows[bad]["messages"][0]["content"] = "BOOM"
+    rows[invalid]["messages"] = []
     (tmp_path / "bad").mkdir()
     synthetic.write_parquet(rows, tmp_path / "bad", rows_per_file=50)
     tokenizer = _boom_tokenizer(kimi_dir, tmp_path)
     cfg = _config(tmp_path / "good", tokenizer, check_every=2, allow_unpinned_tokenizer=True, no_card=True)
+    cfg = dataclasses.replace(cfg, skip_invalid=False)
     build(dataclasses.replace(cfg, workers=2), tmp_path / "kept")  # (keeps the probes)
     apart.clear()
     errors = []
