@@ -758,7 +758,12 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
                 if store is not None:
                     merged = store.stream(order, stream, config.check_every, partial(encoding.one, source, rank))
                 valid = _valid(stream if merged is None else iter(merged), source, config.skip_invalid, tally)
-                _pack(valid, config.rows, packer, writer, tally, bar, tokenized, config.emit_boundaries)
+                try:
+                    _pack(valid, config.rows, packer, writer, tally, bar, tokenized, config.emit_boundaries)
+                except InvalidSourceRow:
+                    if merged is not None:
+                        merged.finish()  # (a stored conversation before it whose check fails stops the build first)
+                    raise
                 if merged is not None:
                     merged.finish()  # (the checks of stored conversations, before the rows count)
                 if plotter is not None:

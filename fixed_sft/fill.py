@@ -9,9 +9,9 @@ there are row groups.
 
 With many workers (``build.CHECKS_APART_WORKERS``) and the template's probes kept
 (``fixed_sft.chat.read_probes``), the workers do not import the template renderer: they
-store every row unchecked and give back the sampled rows as they read them, which a few
-processes of their own encode and check (``check_apart``), storing them once checked. So a
-row whose check fails is not stored, as when its worker checks it.
+store the rows that are not sampled and give back the sampled ones as they read them,
+which a few processes of their own encode and check (``check_apart``), storing them once
+checked. So a row whose check fails is not stored, as when its worker checks it.
 
 A first build of some rows, with workers enough to pack (``fixed_sft.parallel``), gives them
 its chunks as it reads them, in packing order (``FreshTask``): each is encoded, stored and
@@ -48,7 +48,7 @@ class FillTask(NamedTuple):
     """Source rows ``start + local`` of file ``path`` (of ``rows`` rows), all in one row
     group; encoded in chunks of at most ``chunk_rows`` rows and
     ``chunk_bytes`` bytes (or one row), as a build's; stored into the entry ``folder``.
-    With ``apart``, the rows ``sampled`` by it are also given back, to be checked apart."""
+    With ``apart``, the rows ``sampled`` by it are given back, to be checked apart, instead of stored."""
 
     path: str
     start: int

@@ -752,3 +752,36 @@ def test_a_build_that_fills_the_store_stops_at_the_first_failure_in_packing_orde
     with pytest.raises((InvalidSourceRow, TemplateMismatch)) as stored:
         build(config, tmp_path / "stored")
     assert (type(stored.value), str(stored.value)) == (type(plain.value), str(plain.value))
+
+
+def test_a_stored_row_whose_check_fails_stops_the_build_before_a_later_invalid_one(kimi_dir, tmp_path):
+    """A row stored unchecked (by a build that checks none), which a later build samples and
+    the template refuses, comes from the store at once, its check to be settled later. An
+    invalid row stored just after it in packing order must not stop the build first: the
+    error is the refused row's, as without the store."""
+    import dataclasses
+
+    from fixed_sft.chat import TemplateMismatch
+    from fixed_sft.encode import sampled
+    from fixed_sft.order import permutation
+
+    order = permutation(7, 300).tolist()
+    position = next(p for p in range(10, 299) if sampled(np.array([order[p]]), 2)[0])
+    bad, invalid = order[position], order[position + 1]
+    rows = [
+        {"id": f"row-{i}", "messages": [{"role": "user", "content": f"hi {i}"}, GOOD["messages"][1]]}
+        for i in range(300)
+    ]
+    rows[bad]["messages"][0]["content"] = "BOOM"
+    rows[invalid]["messages"][0] = {"role": "robot", "content": "hi"}
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = _config(source, _boom_tokenizer(kimi_dir, tmp_path), check_every=2, allow_unpinned_tokenizer=True)
+    config = dataclasses.replace(config, cache_dir=str(tmp_path / "store"))
+    build(dataclasses.replace(config, check_every=0, skip_invalid=True), tmp_path / "unchecked")  # (stores every row)
+    with pytest.raises((InvalidSourceRow, TemplateMismatch)) as plain:
+        build(dataclasses.replace(config, no_cache=True), tmp_path / "plain")
+    assert isinstance(plain.value, TemplateMismatch) and f"source row {bad} " in str(plain.value)
+    with pytest.raises((InvalidSourceRow, TemplateMismatch)) as stored:
+        build(config, tmp_path / "stored")
+    assert (type(stored.value), str(stored.value)) == (type(plain.value), str(plain.value))
