@@ -513,13 +513,16 @@ def write_probes(path: Path, layouts: dict[str, RoleLayout], cannot_write_out: s
         "cannot_write_out": cannot_write_out,
     }
     document = {"probes": body, "sha256": _digest(body)}
+    draft: Path | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".tmp-", delete=False) as f:
+            draft = Path(f.name)
             json.dump(document, f)
-        os.replace(f.name, path)
+        os.replace(draft, path)
     except OSError:
-        pass
+        if draft is not None:
+            draft.unlink(missing_ok=True)
 
 
 def read_probes(path: Path) -> tuple[dict[str, RoleLayout], str] | None:

@@ -386,3 +386,18 @@ def test_a_kept_probes_outcome_is_used_without_rendering(tokenizer, tmp_path, mo
     monkeypatch.setattr(chat, "_probed", chat.weakref.WeakKeyDictionary())
     ChatEncoder(tokenizer, probes=path)
     assert renders and chat.read_probes(path) is not None
+
+
+def test_a_probes_file_that_cannot_be_written_is_left_out(tokenizer, tmp_path, monkeypatch):
+    """Where the probes' file cannot be written (a full disk), the encoder probes as usual and
+    leaves no temporary file behind."""
+    import fixed_sft.chat as chat
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(chat.os, "replace", full)
+    monkeypatch.setattr(chat, "_probed", chat.weakref.WeakKeyDictionary())
+    folder = tmp_path / "probes"
+    ChatEncoder(tokenizer, probes=folder / "kept.json")
+    assert list(folder.iterdir()) == []
