@@ -454,6 +454,10 @@ def main(argv: list[str] | None = None) -> int:
     From the main thread, Ctrl-C and SIGTERM are handled by ``_Stop`` meanwhile."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # no "PyTorch was not found" notice
+    # No BLAS here: without this, each process that imports numpy (this one, the workers' fork
+    # server, the plots' process) starts a thread per core that spins ~0.1 s (0.1 CPU-s a
+    # process on 2 cores, 15 threads a process on 16).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     if not argv or argv[0] not in (*COMMANDS, "-h", "--help"):
         argv.insert(0, "build")
     stop, _Stop.said = _Stop(), False

@@ -204,6 +204,18 @@ def test_default_workers_are_the_cores_this_process_may_use(monkeypatch):
     assert parser().parse_args(["build"]).workers == 1024  # the most a build takes
 
 
+@pytest.mark.parametrize("set_by_user", [None, "4"])
+def test_the_processes_of_a_command_start_no_blas_threads_unless_asked(monkeypatch, capsys, set_by_user):
+    """numpy's OpenBLAS spins a thread per core as it loads; a build does no linear algebra."""
+    if set_by_user is None:
+        monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OPENBLAS_NUM_THREADS", set_by_user)
+    with pytest.raises(SystemExit):
+        main(["build", "--help"])
+    assert os.environ["OPENBLAS_NUM_THREADS"] == (set_by_user or "1")
+
+
 def test_ctrl_c_exits_130(monkeypatch, capsys):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
