@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import arrow
+from .reader import bare_metadata
 from .source import COLUMNS, Source, SourceError, changed, unreadable
 
 # A string column a build also reads, for the dataset card's source mix only (Tulu 3's rows
@@ -220,7 +221,7 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
         file = pq.ParquetFile(path, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
         names = file.schema_arrow.names
         columns = [c for c in COLUMNS if c in names]
-        if _small_source_column(file):
+        if _small_source_column(file, path):
             columns.append(SOURCE_COLUMN)
         first = decoded = 0
         for group in range(file.num_row_groups):
@@ -248,11 +249,11 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
                     pa.default_memory_pool().release_unused()
                     decoded = 0
             first += meta.num_rows
-    except (pa.ArrowException, OSError) as error:
+    except (pa.ArrowException, OSError, ValueError) as error:
         raise SourceError(f"{path}: cannot read Parquet ({error})") from None
 
 
-def _small_source_column(file: pq.ParquetFile) -> bool:
+def _small_source_column(file: pq.ParquetFile, path: Path) -> bool:
     """Whether the file has a string ``source`` column whose column chunks each hold at
     most ``SHARED_PAGE_BYTES`` uncompressed (so that decoding it adds little; a larger one is
     not read, and its rows count as without a ``source``)."""
@@ -265,7 +266,7 @@ def _small_source_column(file: pq.ParquetFile) -> bool:
     if kind not in (pa.string(), pa.large_string(), pa.string_view()):
         return False
     leaf = next(n for n in range(len(file.schema)) if file.schema.column(n).path == SOURCE_COLUMN)
-    meta = file.metadata
+    meta = bare_metadata(path)  # (not ``file.metadata``: a column's, asked for, may abort the process)
     return all(
         meta.row_group(g).column(leaf).total_uncompressed_size <= SHARED_PAGE_BYTES for g in range(meta.num_row_groups)
     )

@@ -117,6 +117,59 @@ def _schema(footer: bytes) -> tuple[tuple[int, int], list]:
     raise ValueError("the footer has no schema")
 
 
+# The fields of a row group, of its column chunks and of their metadata that pyarrow reads
+# the values by. pyarrow checks some others (a column's size statistics) only as a column's
+# metadata is asked for, where an error aborts the process (pyarrow 26): it is given none.
+_READ_FIELDS = (
+    {1, 2, 3, 5, 6, 7},  # RowGroup: columns, sizes, rows, offset, ordinal
+    {1, 2, 3},  # ColumnChunk: file path, offset, metadata
+    {1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 13},  # ColumnMetaData: type to sizes, page offsets, encoding stats
+)
+
+
+def bare_footer(footer: bytes, schema: list | None = None) -> bytes:
+    """A Parquet footer (a FileMetaData) whose row groups hold only ``_READ_FIELDS``, with the
+    elements ``schema`` in place of its own where given. ``ValueError``: not a Thrift struct."""
+    fields = thrift.Reader(footer).struct()
+    for n, (field, kind, value) in enumerate(fields):
+        if field == _SCHEMA_FIELD and schema is not None:
+            fields[n] = (field, kind, (thrift.STRUCT, schema))
+        elif field == _ROW_GROUPS and kind == thrift.LIST and value[0] == thrift.STRUCT:
+            fields[n] = (field, kind, (thrift.STRUCT, [_kept(group, 0) for group in value[1]]))
+    return thrift.write_struct(fields)
+
+
+def bare_metadata(path: Path) -> pq.FileMetaData:
+    """The metadata of the Parquet file ``path`` from its footer made bare (``bare_footer``):
+    asking it for a column's metadata cannot abort the process. ``ValueError`` where the
+    file has no footer; ``pyarrow.ArrowException`` where pyarrow cannot read it."""
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(size - 8, 0))
+        tail = f.read(8)
+        length = int.from_bytes(tail[:4], "little")
+        if size < 12 or tail[4:] != MAGIC or length > size - 12:
+            raise ValueError("no Parquet footer at its end")
+        f.seek(size - 8 - length)
+        footer = bare_footer(f.read(length))
+    return pq.ParquetFile(pa.BufferReader(MAGIC + footer + len(footer).to_bytes(4, "little") + MAGIC)).metadata
+
+
+def _kept(struct: thrift.Fields, level: int) -> thrift.Fields:
+    """A row group (``level`` 0), column chunk (1) or column metadata (2) with only its
+    ``_READ_FIELDS``, and so its column chunks and their metadata."""
+    kept: thrift.Fields = []
+    for field, kind, value in struct:
+        if field not in _READ_FIELDS[level]:
+            continue
+        if (level, field, kind) == (0, 1, thrift.LIST) and value[0] == thrift.STRUCT:
+            value = thrift.STRUCT, [_kept(chunk, 1) for chunk in value[1]]
+        elif (level, field, kind) == (1, 3, thrift.STRUCT):
+            value = _kept(value, 2)
+        kept.append((field, kind, value))
+    return kept
+
+
 def _comparable(element: list) -> tuple:
     """A schema element without its field id (9), which says nothing of the values."""
     return tuple((f, k, v) for f, k, v in element if f != 9)
@@ -207,14 +260,14 @@ class RowFile:
             raise SchemaDiffers(
                 f"schema differs from the format's ({', '.join(f'{f.name}: {f.type}' for f in self.arrow_schema)})"
             )
-        (start, end), elements = _schema(footer)
+        _, elements = _schema(footer)
         self._check_schema(elements)
         # The footer pyarrow reads: the mask's column without its UINT_8 annotation, so
-        # its values read as the INT32s stored.
+        # its values read as the INT32s stored; bare (``bare_footer``).
         leaves = [n for n, e in enumerate(elements) if thrift.get(e, 5) is None]
         mask = leaves[_format_leaves(self.boundaries).index(MASK)]
         elements[mask] = [(f, k, v) for f, k, v in elements[mask] if f not in (6, 10)]
-        spliced = footer[:start] + thrift.write_value(thrift.LIST, (thrift.STRUCT, elements)) + footer[end:]
+        spliced = bare_footer(footer, elements)
         source = _Spliced(f, self._data_end, spliced + len(spliced).to_bytes(4, "little") + MAGIC)
         self._parquet = pq.ParquetFile(source, buffer_size=1 << 20, pre_buffer=False, read_dictionary=list(STRINGS))
         self.metadata = self._parquet.metadata

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from .conversation import is_unicode
 from .hub import HubUnreachable, download_dataset, is_hub_id, raise_cache_damage
 from .pages import largest_page
+from .reader import bare_metadata
 
 SUFFIXES = (".parquet", ".jsonl")
 COLUMNS = ("id", "messages", "tools")  # the Parquet columns a build encodes
@@ -201,7 +202,7 @@ def _check_parquet_pages(path: Path) -> int:
     naming the row group and column for a page over ``MAX_PAGE_BYTES``."""
     try:
         file = pq.ParquetFile(path)
-        meta = file.metadata
+        meta = bare_metadata(path)  # (not ``file.metadata``: a column's, asked for, may abort the process)
         leaves = 0
         read: list[int] = []  # the column indices a build reads
         for field in file.schema_arrow:
@@ -232,7 +233,7 @@ def _check_parquet_pages(path: Path) -> int:
                             )
                     bound = max(bound, largest)
         return bound
-    except (pa.ArrowException, OSError) as error:
+    except (pa.ArrowException, OSError, ValueError) as error:
         raise SourceError(f"{path}: not a readable Parquet file ({error})") from None
 
 

@@ -87,3 +87,22 @@ def cache_link(snapshot: Path, name: str, blob: bytes, etag: str | None = None) 
     link.parent.mkdir(parents=True, exist_ok=True)
     link.symlink_to(os.path.relpath(target, link.parent))
     return link
+
+
+def shorten_size_statistics(path: Path) -> None:
+    """Rewrite the Parquet file ``path`` with the first column's size statistics one level
+    short of its schema's, in row group 0: pyarrow reads its values, but aborts the process
+    where that column's metadata is asked for (``RowGroupMetaData.column``)."""
+    from fixed_sft import thrift
+
+    data = path.read_bytes()
+    length = int.from_bytes(data[-8:-4], "little")
+    footer = thrift.Reader(data[-8 - length : -8]).struct()
+    column = thrift.get(thrift.get(thrift.get(footer, 4)[1][0], 1)[1][0], 3)
+    sizes = thrift.get(column, 16)
+    assert sizes is not None, f"pyarrow wrote no size statistics in {path}"
+    last = max(n for n, (_, kind, _) in enumerate(sizes) if kind == thrift.LIST)
+    field, kind, (element, counts) = sizes[last]
+    sizes[last] = (field, kind, (element, counts[:-1]))
+    written = thrift.write_struct(footer)
+    path.write_bytes(data[: -8 - length] + written + len(written).to_bytes(4, "little") + b"PAR1")

@@ -431,3 +431,26 @@ def test_a_band_of_one_row_group_holds_a_batch_not_the_files_column_chunks(tmp_p
     assert compressed > 30 << 20 and len(first) == table.num_rows < 300
     assert held < compressed / 2, (held, compressed)
     assert table.num_rows + sum(t.num_rows for _, t in batches) == len(rows)
+
+
+def test_a_parquet_file_whose_size_statistics_pyarrow_refuses_is_a_one_line_error(tmp_path, kimi_dir):
+    """A file whose first column's size statistics disagree with its schema: pyarrow aborts
+    the process where that column's metadata is asked for (the source's checks ask it of a
+    footer without them, ``reader.bare_metadata``) and refuses to read its values, which
+    the build says in one line naming the file."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT, shorten_size_statistics
+
+    [path] = synthetic.write_parquet(synthetic.conversations(40, seed=2), tmp_path / "rows.parquet")
+    shorten_size_statistics(path)
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "generate_fixed_sft.py"), "build", "--source", str(path), "--tokenizer",
+         str(kimi_dir), "--rows", "1", "--row-tokens", "64", "--no-cache", "--quiet", "--out", str(out)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("\n") == 1 and str(path) in result.stderr, result.stderr
+    assert not out.exists()
