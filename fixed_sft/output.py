@@ -36,9 +36,10 @@ QUEUED_VALUES = 1 << 22
 # longer than 65536 tokens, so that a reader decodes a bounded amount at once.
 GROUP_VALUES = 1 << 23
 WRITE_BATCH_VALUES = 1 << 20  # values per encoding batch: a row group's column in few pages (~10% less CPU)
-# Only the token ids are dictionary-encoded: for the mask (two values) and the metadata,
-# zstd alone gives files as small with ~15% less writer CPU.
-DICTIONARY_COLUMNS = ["metadata.input_ids.list.element"]
+# Every column is zstd-compressed, none dictionary-encoded. The token ids are split into their
+# 4 byte planes first (BYTE_STREAM_SPLIT; readers: Arrow >= 17, polars): their high bytes are
+# nearly constant. On 42M tokens, against a dictionary: 20% less writer CPU, files 3% larger.
+ENCODINGS = {"metadata.input_ids.list.element": "BYTE_STREAM_SPLIT"}
 
 SEGMENT = pa.struct([("source_index", pa.int64()), ("id", pa.string()), ("start", pa.int32()), ("end", pa.int32())])
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
@@ -97,7 +98,8 @@ def parquet_writer(path: Path, boundaries: bool) -> pq.ParquetWriter:
             path,
             schema(boundaries),
             compression="zstd",
-            use_dictionary=DICTIONARY_COLUMNS,
+            use_dictionary=False,
+            column_encoding=ENCODINGS,
             write_statistics=False,
             write_batch_size=WRITE_BATCH_VALUES,
         )

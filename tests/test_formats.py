@@ -84,7 +84,7 @@ def test_parquet_is_zstd_compressed(built):
 
 def test_parquet_writer_settings(built):
     """The settings the Parquet bytes depend on, beside the codec: no column statistics,
-    ``ROWS_PER_GROUP`` rows a group, dictionary-encoded ids and nothing else."""
+    ``ROWS_PER_GROUP`` rows a group, no dictionary, the ids' bytes split into planes."""
     from fixed_sft.output import ROWS_PER_GROUP
 
     out, manifest = built
@@ -95,7 +95,8 @@ def test_parquet_writer_settings(built):
     assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == [
         min(ROWS_PER_GROUP, rows - start) for start in range(0, rows, ROWS_PER_GROUP)
     ]
-    assert [column.path_in_schema for column in columns if "RLE_DICTIONARY" in column.encodings] == [
+    assert not any("RLE_DICTIONARY" in column.encodings for column in columns)
+    assert [column.path_in_schema for column in columns if "BYTE_STREAM_SPLIT" in column.encodings] == [
         "metadata.input_ids.list.element"
     ] * meta.num_row_groups
 
