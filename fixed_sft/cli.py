@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import os
 import signal
 import sys
@@ -252,6 +253,7 @@ def _report_published(manifest: dict, published: dict, name: str) -> bool:
 def _build(args: argparse.Namespace) -> int:
     from .build import build
 
+    gc.freeze()  # (what the imports made lives to the end: the collector need not go over it, ~0.1 CPU-s)
     config, out, published = _config(args)
     start = time.monotonic()
     with _hub_bars(not args.quiet):  # (a download's bars: huggingface_hub's own)

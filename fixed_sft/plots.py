@@ -9,6 +9,7 @@ process that has matplotlib loaded already draws itself.
 
 from __future__ import annotations
 
+import gc
 import io
 import pickle
 import subprocess
@@ -142,7 +143,9 @@ def same(a: Inputs, b: Inputs) -> bool:
 
 def _serve() -> None:
     """The drawing process: load matplotlib, draw the ``Inputs`` read from stdin (none: the
-    build is gone or needs none), write the plots to stdout."""
+    build is gone or needs none), write the plots to stdout. It collects no garbage: it
+    ends soon (~0.05 CPU-s less)."""
+    gc.disable()
     import matplotlib.backends.backend_agg  # noqa: F401  (what savefig draws with)
     import matplotlib.figure  # noqa: F401
 
