@@ -253,11 +253,14 @@ def _report_published(manifest: dict, published: dict, name: str) -> bool:
 def _build(args: argparse.Namespace) -> int:
     from .build import build
 
-    gc.freeze()  # (what the imports made lives to the end: the collector need not go over it, ~0.1 CPU-s)
     config, out, published = _config(args)
     start = time.monotonic()
-    with _hub_bars(not args.quiet):  # (a download's bars: huggingface_hub's own)
-        manifest = build(config, out, progress=not args.quiet)
+    gc.freeze()  # (what the imports made outlives the build: the collector need not go over it, ~0.1 CPU-s)
+    try:
+        with _hub_bars(not args.quiet):  # (a download's bars: huggingface_hub's own)
+            manifest = build(config, out, progress=not args.quiet)
+    finally:
+        gc.unfreeze()  # (what was garbage then is collected, where main() is called again)
     stats = manifest["stats"]
     print(
         f"built {out}: {stats['rows']} rows x {config.row_tokens} tokens, "

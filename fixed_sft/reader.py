@@ -29,7 +29,7 @@ import io
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -125,26 +125,75 @@ _READ_FIELDS = (
     {1, 2, 3},  # ColumnChunk: file path, offset, metadata
     {1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 13},  # ColumnMetaData: type to sizes, page offsets, encoding stats
 )
+_ENCRYPTED = {8, 9}  # ColumnChunk: its key, or its metadata encrypted (refused: not read)
 
 
 def bare_footer(footer: bytes, schema: list | None = None) -> bytes:
     """A Parquet footer (a FileMetaData) whose row groups hold only ``_READ_FIELDS``, with the
-    elements ``schema`` in place of its own where given. ``ValueError``: not a Thrift struct."""
-    fields = thrift.Reader(footer).struct()
-    for n, (field, kind, value) in enumerate(fields):
-        if field == _SCHEMA_FIELD and schema is not None:
-            fields[n] = (field, kind, (thrift.STRUCT, schema))
-        elif field == _ROW_GROUPS and kind == thrift.LIST and value[0] == thrift.STRUCT:
-            fields[n] = (field, kind, (thrift.STRUCT, [_kept(group, 0) for group in value[1]]))
+    elements ``schema`` in place of its own where given; the rest as it is, copied. ``ValueError``:
+    not a Thrift struct, or a column chunk is encrypted."""
+    fields: thrift.Fields = []
+    for field, kind, start, end in thrift.Reader(footer).spans():
+        value: thrift.Value = kind == thrift.TRUE if kind in (thrift.TRUE, thrift.FALSE) else None
+        if field == _SCHEMA_FIELD and kind == thrift.LIST and schema is not None:
+            value = (thrift.STRUCT, schema)
+        elif field == _ROW_GROUPS and kind == thrift.LIST:
+            value = _bare_list(footer, start, end, 0)
+        elif value is None:
+            value = thrift.Written(footer[start:end])
+        fields.append((field, kind, value))
     return thrift.write_struct(fields)
+
+
+def _bare_list(data: bytes, start: int, end: int, level: int) -> thrift.Written:
+    """The list of structs at ``data[start:end]`` (row groups: ``level`` 0; column chunks: 1),
+    each with only its ``_READ_FIELDS``; a list of another type as it is."""
+    reader = thrift.Reader(data, start)
+    element, size = reader.list_header()
+    if element != thrift.STRUCT:
+        return thrift.Written(data[start:end])
+    items = []
+    for _ in range(size):
+        item, reader.pos = _bare_struct(data, reader.pos, level)
+        items.append(item)
+    return thrift.Written(thrift.write_value(thrift.LIST, (thrift.STRUCT, items)))
+
+
+def _bare_struct(data: bytes, pos: int, level: int) -> tuple[thrift.Written, int]:
+    """The row group (``level`` 0), column chunk (1) or column metadata (2) at ``pos`` with
+    only its ``_READ_FIELDS``, and where it ends."""
+    reader, kept = thrift.Reader(data, pos), []
+    for field, kind, start, end in reader.spans():
+        if level == 1 and field in _ENCRYPTED:
+            raise ValueError("a column chunk is encrypted")
+        if field not in _READ_FIELDS[level]:
+            continue
+        value: thrift.Value
+        if kind in (thrift.TRUE, thrift.FALSE):
+            value = kind == thrift.TRUE
+        elif (level, field, kind) == (0, 1, thrift.LIST):
+            value = _bare_list(data, start, end, 1)
+        elif (level, field, kind) == (1, 3, thrift.STRUCT):
+            value, _ = _bare_struct(data, start, 2)
+        else:
+            value = thrift.Written(data[start:end])
+        kept.append((field, kind, value))
+    return thrift.Written(thrift.write_struct(kept)), reader.pos
 
 
 def bare_metadata(path: Path) -> pq.FileMetaData:
     """The metadata of the Parquet file ``path`` from its footer made bare (``bare_footer``):
     asking it for a column's metadata cannot abort the process. ``ValueError`` where the
     file has no footer; ``pyarrow.ArrowException`` where pyarrow cannot read it."""
+    status = path.stat()
+    return _bare_metadata(path, status.st_size, status.st_mtime_ns)
+
+
+@lru_cache(maxsize=64)
+def _bare_metadata(path: Path, size: int, mtime_ns: int) -> pq.FileMetaData:
+    """``bare_metadata`` of the file as it is at ``size`` and ``mtime_ns`` (a build reads a
+    file's footer once a band)."""
     with path.open("rb") as f:
-        size = os.fstat(f.fileno()).st_size
         f.seek(max(size - 8, 0))
         tail = f.read(8)
         length = int.from_bytes(tail[:4], "little")
@@ -153,21 +202,6 @@ def bare_metadata(path: Path) -> pq.FileMetaData:
         f.seek(size - 8 - length)
         footer = bare_footer(f.read(length))
     return pq.ParquetFile(pa.BufferReader(MAGIC + footer + len(footer).to_bytes(4, "little") + MAGIC)).metadata
-
-
-def _kept(struct: thrift.Fields, level: int) -> thrift.Fields:
-    """A row group (``level`` 0), column chunk (1) or column metadata (2) with only its
-    ``_READ_FIELDS``, and so its column chunks and their metadata."""
-    kept: thrift.Fields = []
-    for field, kind, value in struct:
-        if field not in _READ_FIELDS[level]:
-            continue
-        if (level, field, kind) == (0, 1, thrift.LIST) and value[0] == thrift.STRUCT:
-            value = thrift.STRUCT, [_kept(chunk, 1) for chunk in value[1]]
-        elif (level, field, kind) == (1, 3, thrift.STRUCT):
-            value = _kept(value, 2)
-        kept.append((field, kind, value))
-    return kept
 
 
 def _comparable(element: list) -> tuple:
@@ -258,7 +292,7 @@ class RowFile:
         self.arrow_schema = pq.read_schema(pa.BufferReader(MAGIC + footer + tail))
         if not self.arrow_schema.equals(schema(self.boundaries), check_metadata=False):
             raise SchemaDiffers(
-                f"schema differs from the format's ({', '.join(f'{f.name}: {f.type}' for f in self.arrow_schema)})"
+                f"schema differs from the format's ({', '.join(f'{f.name!r}: {f.type}' for f in self.arrow_schema)})"
             )
         _, elements = _schema(footer)
         self._check_schema(elements)
@@ -296,6 +330,8 @@ class RowFile:
             rows = group.num_rows
             if rows < 0:
                 raise self._refuse(f"row group {g} has {rows} rows")
+            if group.num_columns != len(paths):
+                raise self._refuse(f"row group {g} has {group.num_columns} columns, the format {len(paths)}; not read")
             firsts.append(first)
             where = f"row group {g} (rows {first} to {first + rows - 1})"
             decoded = 0

@@ -69,11 +69,7 @@ class Reader:
         if kind == BINARY:
             return self._bytes(self.varint())
         if kind in (LIST, SET):
-            header = self._byte()
-            size, element = header >> 4, header & 0x0F
-            if size == 15:
-                size = self.varint()
-            self._check_size(size)
+            element, size = self.list_header()
             return element, [self.value(element, depth + 1) for _ in range(size)]
         if kind == MAP:
             size = self.varint()
@@ -84,6 +80,15 @@ class Reader:
         if kind == STRUCT:
             return self.struct(depth + 1)
         raise ValueError(f"unknown Thrift type {kind}")
+
+    def list_header(self) -> tuple[int, int]:
+        """A list's (or set's) element type and size, read from its header."""
+        header = self._byte()
+        size, element = header >> 4, header & 0x0F
+        if size == 15:
+            size = self.varint()
+        self._check_size(size)
+        return element, size
 
     def _check_size(self, size: int) -> None:
         if size > len(self.data) - self.pos:  # every element takes a byte at least
@@ -157,7 +162,8 @@ class Reader:
 
 
 class Written(bytes):
-    """A struct written already (``write_struct``): written again as these bytes."""
+    """A value written already (a struct by ``write_struct``, or a value's bytes as read):
+    written again as these bytes."""
 
 
 def write_varint(n: int) -> bytes:
@@ -175,6 +181,8 @@ def _zigzag(n: int) -> bytes:
 
 
 def write_value(kind: int, value: Value) -> bytes:
+    if isinstance(value, Written):
+        return bytes(value)
     if kind in (TRUE, FALSE):
         return bytes([TRUE if value else FALSE])
     if kind == BYTE:
@@ -203,7 +211,7 @@ def write_value(kind: int, value: Value) -> bytes:
             + b"".join(write_value(key, k) + write_value(val, v) for k, v in items)
         )
     if kind == STRUCT:
-        return bytes(value) if isinstance(value, Written) else write_struct(value)
+        return write_struct(value)
     raise ValueError(f"unknown Thrift type {kind}")
 
 

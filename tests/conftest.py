@@ -90,19 +90,16 @@ def cache_link(snapshot: Path, name: str, blob: bytes, etag: str | None = None) 
 
 
 def shorten_size_statistics(path: Path) -> None:
-    """Rewrite the Parquet file ``path`` with the first column's size statistics one level
-    short of its schema's, in row group 0: pyarrow reads its values, but aborts the process
-    where that column's metadata is asked for (``RowGroupMetaData.column``)."""
+    """Rewrite the Parquet file ``path`` with size statistics of one level (a definition
+    level histogram of one count) for its first column in row group 0, short of its
+    schema's levels: pyarrow reads its values, but aborts the process where that column's
+    metadata is asked for (``RowGroupMetaData.column``)."""
     from fixed_sft import thrift
 
     data = path.read_bytes()
     length = int.from_bytes(data[-8:-4], "little")
     footer = thrift.Reader(data[-8 - length : -8]).struct()
     column = thrift.get(thrift.get(thrift.get(footer, 4)[1][0], 1)[1][0], 3)
-    sizes = thrift.get(column, 16)
-    assert sizes is not None, f"pyarrow wrote no size statistics in {path}"
-    last = max(n for n, (_, kind, _) in enumerate(sizes) if kind == thrift.LIST)
-    field, kind, (element, counts) = sizes[last]
-    sizes[last] = (field, kind, (element, counts[:-1]))
+    column[:] = [f for f in column if f[0] != 16] + [(16, thrift.STRUCT, [(3, thrift.LIST, (thrift.I64, [0]))])]
     written = thrift.write_struct(footer)
     path.write_bytes(data[: -8 - length] + written + len(written).to_bytes(4, "little") + b"PAR1")
