@@ -32,6 +32,7 @@ def _stitched(tmp_path: Path, rows: list[Row], boundaries: bool) -> bytes:
         part = tmp_path / f"part-{first}.parquet"
         write_part(part, rows[first : first + group], first, boundaries)
         stitcher.append(part)
+        part.unlink()  # (as a build does: the part is copied from its open file)
     stitcher.close()
     data = (tmp_path / "stitched.parquet").read_bytes()
     assert stitcher.sha256 == hashlib.sha256(data).hexdigest()  # (hashed as the parts were appended)
@@ -53,6 +54,22 @@ def test_parts_join_into_the_writers_file(tmp_path: Path, count: int, width: int
     table = pq.read_table(tmp_path / "stitched.parquet")
     assert table.column("metadata").combine_chunks().field("row").to_pylist() == list(range(count))
     assert pq.ParquetFile(tmp_path / "stitched.parquet").num_row_groups == -(-count // rows_per_group(width))
+
+
+def test_parts_join_the_same_where_the_kernel_cannot_copy_between_files(tmp_path: Path, monkeypatch) -> None:
+    """Without ``copy_file_range`` between the files (another file system, say), the parts
+    are copied through the process, into the same bytes."""
+    import errno
+    import os
+
+    def refused(*args: object) -> int:
+        raise OSError(errno.EXDEV, "cross-device link")
+
+    rows = _rows(300, 64, seed=5)
+    joined = _stitched(tmp_path, rows, False)
+    monkeypatch.setattr(os, "copy_file_range", refused)
+    (tmp_path / "stitched.parquet").unlink()
+    assert _stitched(tmp_path, rows, False) == joined
 
 
 def test_a_part_that_is_not_parquet_is_refused(tmp_path: Path) -> None:
