@@ -93,6 +93,7 @@ PARALLEL_PACKING_WORKERS = 4
 CHECKS_APART_WORKERS = 8
 CHECKED_BY = 4
 CHECKS_APART_EVERY = 16  # and where at most 1 row in this many is checked (the rows given back stay few)
+CHECKS_WAITING_BYTES = 32 << 20  # the most source bytes of rows given back that wait for a checker
 # Packing in this process takes conversations a block at a time (``_block``): at most this many,
 # and this many tokens (or one conversation), so that the per-row work is done once per block.
 BLOCK_UNITS = 1024
@@ -192,7 +193,7 @@ def _fill(
         _streamed(store, encoding, source, wanted, tokenized)
     else:
         encoders, checkers = encoding.start(), None
-        checks: list[Future] = []
+        checks: list[tuple[Future, int]] = []  # each check and the source bytes of its rows
         if encoding.checks_apart and encoding.check_every:  # (fixed_sft.fill)
             checkers = encoding.checkers()
             tasks = [task._replace(check_every=0, apart=encoding.check_every) for task in tasks]
@@ -200,13 +201,19 @@ def _fill(
             for filled in done:
                 tokenized.update(filled.conversations)
                 if checkers is not None and filled.sampled:
-                    checks.append(checkers.submit(check_apart, CheckTask(filled.sampled, str(store.folder))))
-                    while len(running := [check for check in checks if not check.done()]) > 2 * checkers.workers:
-                        wait(running, return_when=FIRST_COMPLETED)  # (the rows given back wait here, bounded)
+                    checked = checkers.submit(check_apart, CheckTask(filled.sampled, str(store.folder)))
+                    checks.append((checked, filled.sampled_bytes))
+                    # the rows given back wait here, up to CHECKS_WAITING_BYTES (not a count of checks:
+                    # while the checkers start, importing their renderer, that held the fill back)
+                    while True:
+                        running = [(check, size) for check, size in checks if not check.done()]
+                        if len(running) <= 1 or sum(size for _, size in running) <= CHECKS_WAITING_BYTES:
+                            break
+                        wait([check for check, _ in running], return_when=FIRST_COMPLETED)
                 if not filled.writable:  # (the rest is read by bands)
                     store.turn_off(f"cannot write segments in {store.folder}")
                     break
-        if not all(check.result().writable for check in checks):
+        if not all(check.result().writable for check, _ in checks):
             store.turn_off(f"cannot write segments in {store.folder}")
     store.refresh()
     store.compare(again, before)  # (a copy unlike its encoding now stops the build, as without the fill)

@@ -68,6 +68,7 @@ class Filled(NamedTuple):
     conversations: int
     writable: bool
     sampled: list[Record] = []
+    sampled_bytes: int = 0  # the source bytes of those rows
 
 
 class CheckTask(NamedTuple):
@@ -100,15 +101,17 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
     inside = np.zeros(task.rows, bool)
     inside[task.local] = True
     writer = SegmentWriter(Path(task.folder), quiet=True)  # (the build's process says it once)
-    conversations = 0
+    conversations = apart_bytes = 0
     apart: list[Record] = []
     for batch in read_file_rows(Path(task.path), task.start, inside):
         for rows in Band([batch], [np.arange(batch.num_rows)]).chunks(task.chunk_rows, task.chunk_bytes):
             picked = set()
             if task.apart:
-                given = records(rows.filter(pa.array(sampled(arrow.to_numpy(rows.column("index")), task.apart))))
+                given_rows = rows.filter(pa.array(sampled(arrow.to_numpy(rows.column("index")), task.apart)))
+                given = records(given_rows)
                 picked = {index for index, _ in given}
                 apart += given
+                apart_bytes += sum(given_rows.column("bytes").to_pylist())
             try:
                 for item in encode_rows(encoder, Chunk(rows, task.check_every)):
                     if item.source_index not in picked:  # (a row given back is stored by its check)
@@ -120,7 +123,7 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
                 return Filled(conversations, False)
         del batch
     writer.flush()
-    return Filled(conversations, writer.writable, apart)
+    return Filled(conversations, writer.writable, apart, apart_bytes)
 
 
 def import_renderer(encoder: Encoder, _: None) -> None:

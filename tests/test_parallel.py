@@ -542,6 +542,28 @@ def test_the_sampled_rows_are_checked_apart_where_the_probes_are_kept(
     assert set(np.flatnonzero(sampled(np.arange(N), cfg.check_every)).tolist()) <= passed
 
 
+def test_rows_given_back_wait_for_their_checkers_up_to_a_bound(
+    corpus, kimi_dir, tmp_path, token_store, packed, apart, monkeypatch
+) -> None:
+    """Rows given back to be checked wait in the build's process up to
+    ``CHECKS_WAITING_BYTES`` of source bytes: with none allowed, the fill waits for a check
+    before it goes on, whenever two are running, and the bytes are the same."""
+    cfg = _config(corpus, kimi_dir)
+    one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
+    build(dataclasses.replace(cfg, workers=2), tmp_path / "first")  # (keeps the probes)
+    shutil.rmtree(token_store / "tokens")
+    monkeypatch.setattr(build_module, "CHECKS_WAITING_BYTES", 0)
+    waited, wait = [], build_module.wait
+
+    def recorded(futures, **kwargs):
+        waited.append(len(futures))
+        return wait(futures, **kwargs)
+
+    monkeypatch.setattr(build_module, "wait", recorded)
+    assert build(dataclasses.replace(cfg, workers=2), tmp_path / "apart") == one
+    assert waited and all(count >= 2 for count in waited)
+
+
 def test_a_failed_check_apart_stops_the_build(kimi_dir, tmp_path, token_store, packed, apart) -> None:
     """A sampled row the template refuses, checked apart, stops a ``--rows all`` build with
     the error of one conversation at a time: also where an invalid row comes after it in
