@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from . import thrift
 from .output import GROUP_VALUES, schema, tokens
 from .pages import HEADER_BYTES
+from .stitch import footer_bytes
 
 MAGIC = b"PAR1"
 PAGE_BYTES = 64 << 20  # the most a page may hold, compressed or not (a build's pages hold a few MiB)
@@ -193,14 +194,7 @@ def bare_metadata(path: Path) -> pq.FileMetaData:
 def _bare_metadata(path: Path, size: int, mtime_ns: int) -> pq.FileMetaData:
     """``bare_metadata`` of the file as it is at ``size`` and ``mtime_ns`` (a build reads a
     file's footer once a band)."""
-    with path.open("rb") as f:
-        f.seek(max(size - 8, 0))
-        tail = f.read(8)
-        length = int.from_bytes(tail[:4], "little")
-        if size < 12 or tail[4:] != MAGIC or length > size - 12:
-            raise ValueError("no Parquet footer at its end")
-        f.seek(size - 8 - length)
-        footer = bare_footer(f.read(length))
+    footer = bare_footer(footer_bytes(path)[0])
     return pq.ParquetFile(pa.BufferReader(MAGIC + footer + len(footer).to_bytes(4, "little") + MAGIC)).metadata
 
 

@@ -215,9 +215,9 @@ def _check_parquet_pages(path: Path) -> int:
         bound = 0
         with path.open("rb") as f:
             for group in range(meta.num_row_groups):
-                if meta.row_group(group).num_columns != meta.num_columns:
-                    raise SourceError(f"{path}: row group {group} has {meta.row_group(group).num_columns} columns, "
-                                      f"its schema {meta.num_columns}")  # fmt: skip
+                columns = meta.row_group(group).num_columns
+                if columns != meta.num_columns:
+                    raise SourceError(f"{path}: row group {group} has {columns} columns, its schema {meta.num_columns}")
                 for column in read:
                     chunk = meta.row_group(group).column(column)
                     largest = chunk.total_uncompressed_size

@@ -33,18 +33,28 @@ MAX_FOOTER = 64 << 20
 COPY_UNSUPPORTED = {errno.ENOSYS, errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF}
 
 
-def footer(path: Path) -> tuple[Fields, int]:
-    """A Parquet file's ``FileMetaData`` and where it starts."""
+def footer_bytes(path: Path) -> tuple[bytes, int]:
+    """A Parquet file's footer (its Thrift ``FileMetaData``, as stored) and where it starts;
+    ``ValueError`` where the file has none."""
     with path.open("rb") as f:
         size = os.fstat(f.fileno()).st_size
         f.seek(max(0, size - 8))
         tail = f.read(8)
         length = int.from_bytes(tail[:4], "little")
         if size < 12 or tail[4:] != MAGIC or not 0 < length <= min(MAX_FOOTER, size - 12):
-            raise ValueError(f"{path}: not a Parquet file")
+            raise ValueError("not a Parquet file")
         start = size - 8 - length
         f.seek(start)
-        return thrift.Reader(f.read(length)).struct(), start
+        return f.read(length), start
+
+
+def footer(path: Path) -> tuple[Fields, int]:
+    """A Parquet file's ``FileMetaData`` and where it starts."""
+    try:
+        data, start = footer_bytes(path)
+    except ValueError:
+        raise ValueError(f"{path}: not a Parquet file") from None
+    return thrift.Reader(data).struct(), start
 
 
 def _shifted(fields: Fields, offsets: set[int], delta: int) -> Fields:
