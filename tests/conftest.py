@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib.figure  # noqa: F401  (loaded: builds in the test processes draw their plots here, not in a
@@ -89,6 +90,19 @@ def cache_link(snapshot: Path, name: str, blob: bytes, etag: str | None = None) 
     return link
 
 
+def edit_footer(path: Path, edit: Callable[[list], None]) -> None:
+    """Rewrite the Parquet file ``path`` with ``edit`` applied to its footer's fields (as
+    ``fixed_sft.thrift`` reads them)."""
+    from fixed_sft import thrift
+
+    data = path.read_bytes()
+    length = int.from_bytes(data[-8:-4], "little")
+    footer = thrift.Reader(data[-8 - length : -8]).struct()
+    edit(footer)
+    written = thrift.write_struct(footer)
+    path.write_bytes(data[: -8 - length] + written + len(written).to_bytes(4, "little") + b"PAR1")
+
+
 def shorten_size_statistics(path: Path) -> None:
     """Rewrite the Parquet file ``path`` with size statistics of one level (a definition
     level histogram of one count) for its first column in row group 0, short of its
@@ -96,10 +110,8 @@ def shorten_size_statistics(path: Path) -> None:
     metadata is asked for (``RowGroupMetaData.column``)."""
     from fixed_sft import thrift
 
-    data = path.read_bytes()
-    length = int.from_bytes(data[-8:-4], "little")
-    footer = thrift.Reader(data[-8 - length : -8]).struct()
-    column = thrift.get(thrift.get(thrift.get(footer, 4)[1][0], 1)[1][0], 3)
-    column[:] = [f for f in column if f[0] != 16] + [(16, thrift.STRUCT, [(3, thrift.LIST, (thrift.I64, [0]))])]
-    written = thrift.write_struct(footer)
-    path.write_bytes(data[: -8 - length] + written + len(written).to_bytes(4, "little") + b"PAR1")
+    def edit(footer: list) -> None:
+        column = thrift.get(thrift.get(thrift.get(footer, 4)[1][0], 1)[1][0], 3)
+        column[:] = [f for f in column if f[0] != 16] + [(16, thrift.STRUCT, [(3, thrift.LIST, (thrift.I64, [0]))])]
+
+    edit_footer(path, edit)

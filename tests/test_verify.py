@@ -702,22 +702,12 @@ def test_column_metadata_that_pyarrow_checks_lazily_does_not_abort_verify(copy):
     assert result.returncode == 0, result.stderr
 
 
-def _edit_footer(path, edit):
-    """Rewrite the Parquet file ``path`` with ``edit`` applied to its footer's fields (``thrift``)."""
-    from fixed_sft import thrift
-
-    data = path.read_bytes()
-    length = int.from_bytes(data[-8:-4], "little")
-    footer = thrift.Reader(data[-8 - length : -8]).struct()
-    edit(footer)
-    written = thrift.write_struct(footer)
-    path.write_bytes(data[: -8 - length] + written + len(written).to_bytes(4, "little") + b"PAR1")
-
-
 @pytest.mark.parametrize("damage", ["encrypted", "a column short"])
 def test_a_footer_pyarrow_would_read_otherwise_is_refused_in_one_line(copy, damage):
     """A column chunk with an encryption key (pyarrow cannot read its values), or a row
     group with a column fewer than the format's: verify refuses the file, naming it."""
+    from conftest import edit_footer
+
     from fixed_sft import thrift
 
     def edit(footer):
@@ -727,7 +717,7 @@ def test_a_footer_pyarrow_would_read_otherwise_is_refused_in_one_line(copy, dama
         else:
             del chunks[-1]
 
-    _edit_footer(copy / "train.parquet", edit)
+    edit_footer(copy / "train.parquet", edit)
     _resave_bytes(copy)
     problems = verify(copy)
     assert len(problems) == 1 and "train.parquet" in problems[0] and "\n" not in problems[0], problems
