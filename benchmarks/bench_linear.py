@@ -1,16 +1,17 @@
 """Cost of a ``--rows all`` build against the source's size: the store's one pass beside bands.
 
 Writes synthetic Tulu-like Parquet sources (``tests/synthetic.py``) of N, 2N and 4N
-conversations and builds each whole (``rows`` all), each build in a fresh process, with
-bands of ``--band-mib`` (``fixed_sft.build.BAND_BYTES``, lowered so that a small source
+conversations and builds each whole (``rows`` all), each build in a fresh process run as
+the CLI runs it (``fixed_sft.cli.main``), with bands of ``--band-mib`` (``fixed_sft.build.BAND_BYTES``, lowered so that a small source
 is several bands; a real source is several bands of 384 MiB):
 
 * ``store``: with an empty token store, which the build fills in one pass over the source;
 * ``bands``: ``--no-cache``, which reads the source once per band.
 
 For each, the seconds (and where they went: filling the store, packing one conversation
-at a time, the parallel packing's index and write passes, the rest) and the source rows
-decoded (Parquet batches counted in the build's process), median and range of
+at a time, the parallel packing's index and write passes, the rest), the CPU seconds the
+machine was busy meanwhile (all the build's processes, and anything else running) and the
+source rows decoded (Parquet batches counted in the build's process), median and range of
 ``--repeats``; then each size's time over N's. Linear cost: 4N takes about 4x N's time,
 and decodes 4N rows. Both must give the same rows, else the
 script exits 1.
@@ -44,12 +45,15 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-# the build of one case, in a fresh interpreter: argv = config JSON, out, band bytes
+# the build of one case, in a fresh interpreter, as the command line runs it: argv = the CLI's
+# arguments as JSON, band bytes
 CHILD = """
-import json, sys, time
+import json, os, sys, time
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # (as fixed_sft.cli.main does: numpy is imported here first)
 from pathlib import Path
 import pyarrow.parquet as pq
 import fixed_sft.build as build_module
+from fixed_sft import cli
 
 decoded = []
 iter_batches = pq.ParquetFile.iter_batches
@@ -60,7 +64,7 @@ def counting(self, *args, **kwargs):
         yield batch
 
 pq.ParquetFile.iter_batches = counting
-build_module.BAND_BYTES = float(sys.argv[3])
+build_module.BAND_BYTES = float(sys.argv[2])
 phases = {}
 
 def timed(module, name):
@@ -83,12 +87,38 @@ for module, name in (
     (build_module, "_pack"),
 ):
     timed(module, name)
+argv = json.loads(sys.argv[1])
 start = time.perf_counter()
-manifest = build_module.build(build_module.BuildConfig(**json.loads(sys.argv[1])), Path(sys.argv[2]))
+code = cli.main(argv)
 seconds = time.perf_counter() - start
+assert code == 0, code
 phases["other"] = seconds - sum(phases.values())
+manifest = json.loads((Path(argv[argv.index("--out") + 1]) / "manifest.json").read_text())
 print(json.dumps({"seconds": seconds, "decoded": sum(decoded), "sha": manifest["rows_sha256"], "phases": phases}))
 """
+
+
+def _arguments(config: dict) -> list[str]:
+    """The CLI's ``build`` arguments for ``config`` (flag name -> value; ``True``: a bare flag)."""
+    argv = ["build"]
+    for key, value in config.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is not False and value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _busy_seconds() -> float:
+    """CPU seconds the machine has been busy (``/proc/stat``: all but idle and I/O wait), so
+    far: over a build, its processes' (the fork server's workers are no child this process
+    waits for) and whatever else runs; 0 where there is no ``/proc/stat``."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return 0.0
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def _short(row: dict, k: int) -> dict:
@@ -135,9 +165,9 @@ def main() -> int:
                 pq.write_table(pq.read_table(path), path, row_group_size=args.row_group_rows)
         probes = folder / "probes-root"
         if not args.cold_probes:  # (a build of a few rows keeps them: fixed_sft.chat.read_probes)
-            warm = dict(name="warm", source=str(folder / f"source-{sizes[0]}"), tokenizer=str(args.tokenizer), rows=1)
-            warm |= dict(row_tokens=64, seed=1, workers=1, no_card=True, cache_dir=str(probes))
-            command = [sys.executable, "-c", CHILD, json.dumps(warm), str(folder / "warm"), str(1 << 30)]
+            warm = dict(source=folder / f"source-{sizes[0]}", tokenizer=args.tokenizer, rows=1, row_tokens=64)
+            warm |= dict(seed=1, workers=1, no_card=True, cache_dir=probes, out=folder / "warm")
+            command = [sys.executable, "-c", CHILD, json.dumps(_arguments(warm)), str(1 << 30)]
             subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
         for repeat in range(args.repeats):
             for size in sizes:
@@ -145,20 +175,22 @@ def main() -> int:
                     for mode in modes:
                         name = f"{mode}-{size}-w{workers}-{repeat}"
                         config = dict(
-                            name="linear",
-                            source=str(folder / f"source-{size}"),
-                            tokenizer=str(args.tokenizer),
-                            rows=args.rows,
+                            source=folder / f"source-{size}",
+                            tokenizer=args.tokenizer,
+                            rows=args.rows or "all",
                             row_tokens=4096,
                             seed=1,
                             workers=workers,
                             no_card=True,
                             no_cache=mode == "bands",
-                            cache_dir=str(folder / f"store-{name}"),
+                            cache_dir=folder / f"store-{name}",
+                            quiet=True,
+                            out=folder / name,
                         )
                         if (probes / "probes").is_dir():
                             shutil.copytree(probes / "probes", folder / f"store-{name}" / "probes")
-                        command = [sys.executable, "-c", CHILD, json.dumps(config), str(folder / name)]
+                        command = [sys.executable, "-c", CHILD, json.dumps(_arguments(config))]
+                        before = _busy_seconds()
                         done = subprocess.run(
                             [*command, str(args.band_mib * (1 << 20))],
                             check=True,
@@ -167,10 +199,13 @@ def main() -> int:
                             cwd=ROOT,
                         )
                         result = json.loads(done.stdout.splitlines()[-1])
+                        result["busy_cpu_seconds"] = _busy_seconds() - before
                         runs.append({"mode": mode, "size": size, "workers": workers, **result})
                         phases = ", ".join(f"{k.strip('_')} {v:.2f}" for k, v in result["phases"].items())
+                        busy = result["busy_cpu_seconds"]
                         print(
-                            f"  {name}: {result['seconds']:.2f} s ({phases}), {result['decoded']:,} rows decoded",
+                            f"  {name}: {result['seconds']:.2f} s ({phases}), machine busy {busy:.1f} CPU-s, "
+                            f"{result['decoded']:,} rows decoded",
                             flush=True,
                         )
                         shutil.rmtree(folder / name, ignore_errors=True)
