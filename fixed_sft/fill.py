@@ -107,7 +107,7 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
         for rows in Band([batch], [np.arange(batch.num_rows)]).chunks(task.chunk_rows, task.chunk_bytes):
             picked = set()
             if task.apart:
-                given_rows = rows.filter(pa.array(sampled(arrow.to_numpy(rows.column("index")), task.apart)))
+                given_rows = rows.filter(arrow.numbers(sampled(arrow.to_numpy(rows.column("index")), task.apart), pa.bool_()))
                 given = records(given_rows)
                 picked = {index for index, _ in given}
                 apart += given

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import doctest
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -64,14 +67,17 @@ def test_what_the_buffers_cannot_hold_is_refused() -> None:
 
 
 def test_a_build_loads_no_pandas(kimi_dir, tmp_path) -> None:
-    write_parquet(conversations(60, seed=5), tmp_path / "source", rows_per_file=20)
+    write_parquet(conversations(60, seed=5), tmp_path / "source", rows_per_file=6)  # (a fill task per file)
     script = (
         "import sys; from fixed_sft.cli import main; "
         "code = main(sys.argv[1:]); assert 'pandas' not in sys.modules, 'pandas loaded'; sys.exit(code)"
     )
-    for workers in ("1", "2"):
+    for workers in ("1", "2", "8"):
         args = ["build", "--source", str(tmp_path / "source"), "--tokenizer", str(kimi_dir), "--rows", "all"]
         args += ["--row-tokens", "256", "--workers", workers, "--no-card", "--out", str(tmp_path / f"out-{workers}")]
+        if workers == "8":  # (a store to fill, the probes kept: its workers give sampled rows to checkers)
+            shutil.copytree(Path(os.environ["FIXED_SFT_CACHE"]) / "probes", tmp_path / "store" / "probes")
+            args += ["--cache-dir", str(tmp_path / "store")]
         # (-X importtime reaches the workers too: their imports are listed on stderr)
         command = [sys.executable, "-X", "importtime", "-c", script, *args]
         result = subprocess.run(command, capture_output=True, text=True)
