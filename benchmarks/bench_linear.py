@@ -2,8 +2,9 @@
 
 Writes synthetic Tulu-like Parquet sources (``tests/synthetic.py``) of N, 2N and 4N
 conversations and builds each whole (``rows`` all), each build in a fresh process run as
-the CLI runs it (``fixed_sft.cli.main``), with bands of ``--band-mib`` (``fixed_sft.build.BAND_BYTES``, lowered so that a small source
-is several bands; a real source is several bands of 384 MiB):
+the CLI runs it (``fixed_sft.cli.main``), with bands of ``--band-mib``
+(``fixed_sft.build.BAND_BYTES``, lowered so that a small source is several bands; a real
+source is several bands of 384 MiB):
 
 * ``store``: with an empty token store, which the build fills in one pass over the source;
 * ``bands``: ``--no-cache``, which reads the source once per band.

@@ -23,12 +23,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import arrow
-from .reader import bare_metadata
-from .source import COLUMNS, Source, SourceError, changed, unreadable
+from .source import COLUMNS, SOURCE_COLUMN, Source, SourceError, changed, unreadable
 
 # A string column a build also reads, for the dataset card's source mix only (Tulu 3's rows
 # name their subset in it); it is not part of a row's size, and another type is not read.
-SOURCE_COLUMN = "source"
 READ_BATCH_ROWS = 4096
 # Parquet rows are decoded in batches of at most this many bytes (by the row group's bytes per
 # row), and column chunks read from the file in pieces of PARQUET_BUFFER_BYTES, not whole: not
@@ -181,21 +179,21 @@ def _read_selected(source: Source, rank: np.ndarray, select: Callable[[int, int]
     its row count, which of its rows to read."""
     starts = np.concatenate(([0], np.cumsum(source.row_counts)[:-1]))
 
-    def read_file(path: Path, start: int, count: int) -> tuple[list[pa.Table], np.ndarray] | None:
+    def read_file(path: Path, start: int, count: int, source_column: bool) -> tuple[list[pa.Table], np.ndarray] | None:
         positions = rank[start : start + count]
         inside = select(start, count)
         if not inside.any():
             return None
-        reader = _read_parquet if path.suffix == ".parquet" else _read_jsonl
         tables, kept = [], []
-        for local, table in reader(path, inside):
+        for local, table in _read_file(path, inside, source_column):
             tables.append(table.append_column("index", arrow.numbers(local + start, pa.int64())))
             kept.append(positions[local])
         return tables, np.concatenate(kept)
 
     threads = 1 if source.page_bytes > SHARED_PAGE_BYTES else READ_THREADS  # (large pages: decoded one at a time)
     with ThreadPoolExecutor(min(len(source.files), os.cpu_count() or 1, threads)) as pool:
-        found = [part for part in pool.map(read_file, source.files, starts.tolist(), source.row_counts) if part]
+        files = source.files, starts.tolist(), source.row_counts, source_columns(source)
+        found = [part for part in pool.map(read_file, *files) if part]
     memory = pa.default_memory_pool()
     memory.release_unused()  # the freed decode buffers, before the copies (larger blocks) are allocated
     parts, positions = [], []
@@ -212,8 +210,19 @@ def _read_selected(source: Source, rank: np.ndarray, select: Callable[[int, int]
     return Band(parts, positions)
 
 
-def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa.Table]]:
-    """``(local indices, rows)`` of the wanted rows, streamed in record batches of at most
+def source_columns(source: Source) -> tuple[bool, ...]:
+    """Per file of ``source``, whether its ``source`` column is read (JSONL: read with the line)."""
+    return source.source_columns or (False,) * len(source.files)
+
+
+def _read_file(path: Path, inside: np.ndarray, source_column: bool) -> Iterator[tuple[np.ndarray, pa.Table]]:
+    """``_read_parquet`` or ``_read_jsonl``, by the file's suffix."""
+    return _read_parquet(path, inside, source_column) if path.suffix == ".parquet" else _read_jsonl(path, inside)
+
+
+def _read_parquet(path: Path, inside: np.ndarray, source_column: bool) -> Iterator[tuple[np.ndarray, pa.Table]]:
+    """``(local indices, rows)`` of the wanted rows (with the ``source`` column where
+    ``source_column``: ``Source.source_columns``), streamed in record batches of at most
     ``READ_BATCH_BYTES`` (by the row group's bytes per row) from column chunks read in
     pieces (not pre-buffered), so that memory holds one batch of the file, whatever its
     row-group and row sizes; a row over ``MAX_CONVERSATION_BYTES`` is dropped from the batch (``_bounded``)."""
@@ -221,7 +230,7 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
         file = pq.ParquetFile(path, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
         names = file.schema_arrow.names
         columns = [c for c in COLUMNS if c in names]
-        if _small_source_column(file, path):
+        if source_column:
             columns.append(SOURCE_COLUMN)
         first = decoded = 0
         for group in range(file.num_row_groups):
@@ -251,25 +260,6 @@ def _read_parquet(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, 
             first += meta.num_rows
     except (pa.ArrowException, OSError, ValueError) as error:
         raise SourceError(f"{path}: cannot read Parquet ({error})") from None
-
-
-def _small_source_column(file: pq.ParquetFile, path: Path) -> bool:
-    """Whether the file has a string ``source`` column whose column chunks each hold at
-    most ``SHARED_PAGE_BYTES`` uncompressed (so that decoding it adds little; a larger one is
-    not read, and its rows count as without a ``source``)."""
-    schema = file.schema_arrow
-    if SOURCE_COLUMN not in schema.names:
-        return False
-    kind = schema.field(SOURCE_COLUMN).type
-    if pa.types.is_dictionary(kind):
-        kind = kind.value_type
-    if kind not in (pa.string(), pa.large_string(), pa.string_view()):
-        return False
-    leaf = next(n for n in range(len(file.schema)) if file.schema.column(n).path == SOURCE_COLUMN)
-    meta = bare_metadata(path)  # (not ``file.metadata``: a column's, asked for, may abort the process)
-    return all(
-        meta.row_group(g).column(leaf).total_uncompressed_size <= SHARED_PAGE_BYTES for g in range(meta.num_row_groups)
-    )
 
 
 def _bounded(table: pa.Table, wanted: np.ndarray) -> pa.Table:
@@ -385,12 +375,12 @@ def _read_jsonl(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa
         yield batch()
 
 
-def read_file_rows(path: Path, start: int, inside: np.ndarray) -> Iterator[pa.Table]:
+def read_file_rows(path: Path, start: int, inside: np.ndarray, source_column: bool) -> Iterator[pa.Table]:
     """The rows of one source file that ``inside`` marks (its first row is source row
-    ``start``), in batches of at most ``READ_BATCH_BYTES``, with the columns of ``read_band``:
-    memory holds a batch, whatever the file's size."""
-    reader = _read_parquet if path.suffix == ".parquet" else _read_jsonl
-    for local, table in reader(path, inside):
+    ``start``), in batches of at most ``READ_BATCH_BYTES``, with the columns of ``read_band``
+    (``source_column``: its ``Source.source_columns``): memory holds a batch, whatever the
+    file's size."""
+    for local, table in _read_file(path, inside, source_column):
         if table.num_rows:
             yield table.append_column("index", arrow.numbers(local + start, pa.int64()))
 

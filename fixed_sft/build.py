@@ -26,7 +26,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from . import __version__, parallel
-from .bands import Band, band_bytes, file_bytes, read_band, read_file_rows, read_rows
+from .bands import Band, band_bytes, file_bytes, read_band, read_file_rows, read_rows, source_columns
 from .chat import MASK_TYPES as KIMI_MASK_TYPES
 from .chat import ChatEncoder, read_probes
 from .encode import IN_FLIGHT_BYTES, Chunk, Encoded, EncoderConfig, Encoders, encode_rows
@@ -226,8 +226,8 @@ def _streamed(store: TokenStore, encoding: _Encoding, source: Source, wanted: np
 
     def chunks() -> Iterator[pa.Table]:
         start = 0
-        for path, count in zip(source.files, source.row_counts):
-            for batch in read_file_rows(path, start, wanted[start : start + count]):
+        for path, count, source_column in zip(source.files, source.row_counts, source_columns(source)):
+            for batch in read_file_rows(path, start, wanted[start : start + count], source_column):
                 yield from Band([batch], [np.arange(batch.num_rows)]).chunks(CHUNK_ROWS, CHUNK_BYTES)
             start += count
 

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import arrow
-from .bands import Band, read_file_rows, row_groups
+from .bands import Band, read_file_rows, row_groups, source_columns
 from .encode import Chunk, Encoded, Record, encode_records, encode_rows, release_after, sampled
 from .encoding import RENDERER_MODULE, Encoder, TemplateMismatch
 from .parallel import Block, Indexed
@@ -59,6 +59,7 @@ class FillTask(NamedTuple):
     chunk_bytes: int
     folder: str
     apart: int = 0
+    source_column: bool = False  # whether the file's ``source`` column is read (``Source.source_columns``)
 
 
 class Filled(NamedTuple):
@@ -85,14 +86,14 @@ def fill_tasks(
     """The tasks that store the source rows ``wanted`` marks, in source order: one per row
     group holding one; ``chunks``: their ``chunk_rows`` and ``chunk_bytes``."""
     start = 0
-    for path, count in zip(source.files, source.row_counts):
+    for path, count, source_column in zip(source.files, source.row_counts, source_columns(source)):
         local = np.flatnonzero(wanted[start : start + count])
         if len(local):
             ends = np.asarray(row_groups(path, count))
             groups = np.searchsorted(ends, local, side="right")  # each row's row group
             cuts = np.flatnonzero(np.diff(groups)) + 1
             for part in np.split(local, cuts):
-                yield FillTask(str(path), start, count, part, check_every, *chunks, str(folder))
+                yield FillTask(str(path), start, count, part, check_every, *chunks, str(folder), 0, source_column)
         start += count
 
 
@@ -103,11 +104,12 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
     writer = SegmentWriter(Path(task.folder), quiet=True)  # (the build's process says it once)
     conversations = apart_bytes = 0
     apart: list[Record] = []
-    for batch in read_file_rows(Path(task.path), task.start, inside):
+    for batch in read_file_rows(Path(task.path), task.start, inside, task.source_column):
         for rows in Band([batch], [np.arange(batch.num_rows)]).chunks(task.chunk_rows, task.chunk_bytes):
             picked = set()
             if task.apart:
-                given_rows = rows.filter(arrow.numbers(sampled(arrow.to_numpy(rows.column("index")), task.apart), pa.bool_()))
+                chosen = sampled(arrow.to_numpy(rows.column("index")), task.apart)
+                given_rows = rows.filter(arrow.numbers(chosen, pa.bool_()))
                 given = records(given_rows)
                 picked = {index for index, _ in given}
                 apart += given

@@ -28,6 +28,11 @@ from .reader import bare_metadata
 
 SUFFIXES = (".parquet", ".jsonl")
 COLUMNS = ("id", "messages", "tools")  # the Parquet columns a build encodes
+SOURCE_COLUMN = "source"  # a row's origin in a mixture: counted in the manifest, not encoded
+# A file's ``source`` column is read where it holds strings and each of its column chunks at most
+# this many bytes uncompressed (so that decoding it adds little); a larger one is not read, and
+# its rows count as without a ``source``.
+SOURCE_CHUNK_BYTES = 16 << 20
 _DATA_PATTERNS = tuple(f"*{suffix}" for suffix in SUFFIXES)
 # The largest Parquet page (uncompressed) of the columns a build reads: a reader decodes a whole
 # page, taking about 4 times its size in memory with the values it gives, before any value of it
@@ -76,6 +81,7 @@ class Source:
     stamps: tuple[tuple[int, int], ...]  # each file's (bytes, modification time in ns) when opened
     patterns: tuple[str, ...] | None = None  # the globs that chose the files (None: every data file)
     page_bytes: int = 0  # at least the largest Parquet page of the columns read (0: JSONL)
+    source_columns: tuple[bool, ...] = ()  # per Parquet file: whether its ``source`` column is read
 
     @property
     def num_rows(self) -> int:
@@ -120,15 +126,32 @@ def open_source(
     try:
         stamps = tuple(_stamp(f) for f in files)
         counts = tuple(_count_rows(f) for f in files)
-        page_bytes = 0
+        page_bytes, source_columns = 0, ()
         if files[0].suffix == ".parquet":
             _check_parquet_types(files)
-            page_bytes = max(_check_parquet_pages(f) for f in files)
+            page_bytes_each, source_columns = zip(*map(_check_parquet_file, files))
+            page_bytes = max(page_bytes_each)
     except SourceError:
         raise_cache_damage(files, SourceError)  # a damaged cached file explains the error better
         raise
-    return Source(
-        source, revision, license, path if path.is_dir() else path.parent, files, counts, stamps, patterns, page_bytes
+    folder = path if path.is_dir() else path.parent
+    return Source(source, revision, license, folder, files, counts, stamps, patterns, page_bytes, source_columns)
+
+
+def _small_source_column(file: pq.ParquetFile, meta: pq.FileMetaData) -> bool:
+    """Whether ``file`` has a string ``source`` column whose chunks each hold at most
+    ``SOURCE_CHUNK_BYTES`` uncompressed (``meta``: its bare metadata)."""
+    schema = file.schema_arrow
+    if SOURCE_COLUMN not in schema.names:
+        return False
+    kind = schema.field(SOURCE_COLUMN).type
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if kind not in (pa.string(), pa.large_string(), pa.string_view()):
+        return False
+    leaf = next(n for n in range(len(file.schema)) if file.schema.column(n).path == SOURCE_COLUMN)
+    return all(
+        meta.row_group(g).column(leaf).total_uncompressed_size <= SOURCE_CHUNK_BYTES for g in range(meta.num_row_groups)
     )
 
 
@@ -195,11 +218,12 @@ def _check_parquet_types(files: tuple[Path, ...]) -> None:
                 ) from None
 
 
-def _check_parquet_pages(path: Path) -> int:
-    """At least the largest page (uncompressed) in the columns a build reads (``id`` and
+def _check_parquet_file(path: Path) -> tuple[int, bool]:
+    """At least the largest page (uncompressed) in the columns a build encodes (``id`` and
     ``messages``, ``tools``): the largest such column chunk's size, or where one is larger than
     ``MAX_PAGE_BYTES``, its largest page, read a page header at a time; ``SourceError``
-    naming the row group and column for a page over ``MAX_PAGE_BYTES``."""
+    naming the row group and column for a page over ``MAX_PAGE_BYTES``. And whether the
+    file's ``source`` column is read (``SOURCE_CHUNK_BYTES``)."""
     try:
         file = pq.ParquetFile(path)
         meta = bare_metadata(path)  # (not ``file.metadata``: a column's, asked for, may abort the process)
@@ -235,7 +259,7 @@ def _check_parquet_pages(path: Path) -> int:
                                 "path, write_batch_size=1) writes it, or as JSONL"
                             )
                     bound = max(bound, largest)
-        return bound
+        return bound, _small_source_column(file, meta)
     except (pa.ArrowException, OSError, ValueError) as error:
         raise SourceError(f"{path}: not a readable Parquet file ({error})") from None
 

@@ -38,7 +38,7 @@ def source(tmp_path_factory):
 
 def config(source, kimi_dir, **overrides) -> BuildConfig:
     values = dict(name="custom", source=str(source), tokenizer=str(kimi_dir), rows=12, row_tokens=1024, seed=5)
-    values.update(workers=1, **overrides)
+    values.update({"workers": 1, **overrides})
     return BuildConfig(**values)
 
 
@@ -160,6 +160,33 @@ def test_a_source_without_a_source_column_records_no_mix(kimi_dir, tmp_path):
     assert not (tmp_path / "out" / "source_mix.png").exists()
     assert "have no `source` column" in _card(tmp_path / "out")[1]
     assert verify(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_source_column_of_large_chunks_is_not_read(source, kimi_dir, tmp_path, monkeypatch, workers):
+    """Its rows count as without a ``source``: the source's rule, which the workers follow too."""
+    from fixed_sft import source as source_module
+
+    rows = source[1][:200] + [{**row, "source": row["source"] + "/" + "x" * 100} for row in source[1][200:400]]
+    paths = synthetic.write_parquet(rows, tmp_path / "source", rows_per_file=200)
+    for path in paths:  # (row groups enough for a fill task per worker)
+        pq.write_table(pq.read_table(path), path, row_group_size=50)
+    chunks = [_largest_source_chunk(path) for path in paths]
+    monkeypatch.setattr(source_module, "SOURCE_CHUNK_BYTES", chunks[0])  # (the second file's are larger)
+    assert source_module.open_source(str(tmp_path / "source")).source_columns == (True, False)
+    extra = dict(rows=None, workers=workers, cache_dir=str(tmp_path / "store"))
+    manifest = build(config(tmp_path / "source", kimi_dir, **extra), tmp_path / "out")
+    metadata = pq.read_table(tmp_path / "out" / "train.parquet").column("metadata").to_pylist()
+    first = {segment["source_index"] for row in metadata for segment in row["segments"]}
+    expected = Counter(rows[index]["source"] if index < 200 else None for index in first)
+    assert {share["source"]: share["conversations"] for share in manifest["source_mix"]} == expected
+
+
+def _largest_source_chunk(path: Path) -> int:
+    """The largest uncompressed ``source`` column chunk of a Parquet file."""
+    meta = pq.ParquetFile(path).metadata
+    leaf = next(n for n in range(meta.num_columns) if meta.schema.column(n).path == "source")
+    return max(meta.row_group(g).column(leaf).total_uncompressed_size for g in range(meta.num_row_groups))
 
 
 def test_a_source_mix_of_too_many_values_is_not_recorded(source, kimi_dir, tmp_path, monkeypatch):

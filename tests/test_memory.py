@@ -437,5 +437,7 @@ def test_parquet_batches_are_sized_by_bytes(tmp_path, monkeypatch):
         tmp_path / "rows.parquet",
         write_batch_size=1,
     )
-    batches = [len(local) for local, _ in bands_module._read_parquet(tmp_path / "rows.parquet", np.ones(40, bool))]
+    batches = [
+        len(local) for local, _ in bands_module._read_parquet(tmp_path / "rows.parquet", np.ones(40, bool), False)
+    ]
     assert batches == [3] * 13 + [1]

@@ -425,7 +425,7 @@ def test_a_band_of_one_row_group_holds_a_batch_not_the_files_column_chunks(tmp_p
     monkeypatch.setattr(bands_module, "READ_BATCH_BYTES", 1 << 20)  # batches of about 250 rows
     pool = pa.default_memory_pool()
     before = pool.bytes_allocated()
-    batches = bands_module._read_parquet(path, np.ones(len(rows), bool))
+    batches = bands_module._read_parquet(path, np.ones(len(rows), bool), False)
     first, table = next(batches)
     held = pool.bytes_allocated() - before
     assert compressed > 30 << 20 and len(first) == table.num_rows < 300
