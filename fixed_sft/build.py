@@ -166,7 +166,7 @@ def _fill(
     large_rows: bool,
     tokenized: tqdm,
     reach: int | None = None,
-) -> None:
+) -> parallel.Indexes | None:
     """Encode into ``store`` every source row it does not hold, in one pass over the source,
     the sampled ones checked too (``encode.sampled``): so that a build of all rows then
     takes them from the store in packing order, rather than read the source once per band.
@@ -178,20 +178,23 @@ def _fill(
     such, and a conversation whose check fails is not: the build stops at the first of
     either in packing order, as without the store. A stored conversation encoded again to
     check it must be its stored copy (``StoreMismatch``). With ``reach``, only the rows at
-    packing positions before it."""
+    packing positions before it. Returns the index of what the fill tasks stored
+    (``parallel.Indexes``; ``None`` where this process read the source)."""
     held, check = store.plan(encoding.check_every)
     wanted = ~(held & ~check)
     if reach is not None:
         wanted[order[reach:]] = False
     tokenized.update(int(np.count_nonzero(~wanted)))
     if not wanted.any():
-        return
+        return None
+    indexes = None
     again = order[(check & wanted)[order]]  # (held, encoded again to check them: in packing order)
     before = (list(store.segments), store.segment[again], store.slot[again])
     tasks = list(fill_tasks(source, wanted, encoding.check_every, (CHUNK_ROWS, CHUNK_BYTES), store.folder))
     if large_rows or len(tasks) < encoding.workers:
         _streamed(store, encoding, source, wanted, tokenized)
     else:
+        indexes = parallel.Indexes(source.num_rows)
         encoders, checkers = encoding.start(), None
         checks: list[tuple[Future, int]] = []  # each check and the source bytes of its rows
         if encoding.checks_apart and encoding.check_every:  # (fixed_sft.fill)
@@ -200,6 +203,7 @@ def _fill(
         with closing(encoders.run(fill, tasks)) as done:
             for filled in done:
                 tokenized.update(filled.conversations)
+                indexes.parts += filled.indexed
                 if checkers is not None and filled.sampled:
                     checked = checkers.submit(check_apart, CheckTask(filled.sampled, str(store.folder)))
                     checks.append((checked, filled.sampled_bytes))
@@ -213,10 +217,13 @@ def _fill(
                 if not filled.writable:  # (the rest is read by bands)
                     store.turn_off(f"cannot write segments in {store.folder}")
                     break
-        if not all(check.result().writable for check, _ in checks):
+        for checked, _ in checks:
+            indexes.parts += checked.result().indexed
+        if not all(checked.result().writable for checked, _ in checks):
             store.turn_off(f"cannot write segments in {store.folder}")
     store.refresh()
     store.compare(again, before)  # (a copy unlike its encoding now stops the build, as without the fill)
+    return indexes
 
 
 def _streamed(store: TokenStore, encoding: _Encoding, source: Source, wanted: np.ndarray, tokenized: tqdm) -> None:
@@ -413,6 +420,7 @@ def _pack_stored(
     folder: Path,
     bar: tqdm,
     tallied: Callable[[parallel.Packed], None] | None = None,
+    indexes: parallel.Indexes | None = None,
 ) -> parallel.Packed | None:
     """Pack from the store in the workers (``fixed_sft.parallel``), where the store gives
     (``held``) the conversations the rows need and the build has started at least
@@ -420,7 +428,8 @@ def _pack_stored(
     them damaged, ``None``: the build packs one conversation at a time. (A build that
     encodes nothing starts no workers: on the 16-core machine, a later build of 40,000
     conversations took 5.58 s in them, against 4.19 s one at a time.) An invalid
-    conversation that stops the build raises its error here."""
+    conversation that stops the build raises its error here. Where the fill just indexed
+    every source row (``indexes``), that index stands for the index pass."""
     separator_id, encoding = setup
     if encoding.workers < PARALLEL_PACKING_WORKERS or encoding.encoders is None:
         return None  # (too few to pay; or none started, as nothing is encoded: their start costs more)
@@ -428,7 +437,9 @@ def _pack_stored(
         return None
 
     run = encoding.start().run
-    blocks = parallel.stored(store, order, held, config.rows, config.row_tokens, run, encoding.workers)
+    blocks = indexes.blocks(order) if indexes is not None and held.all() else None
+    if blocks is None:
+        blocks = parallel.stored(store, order, held, config.rows, config.row_tokens, run, encoding.workers)
     return _pack_blocks(config, store, order, blocks, (separator_id, run), source, folder / PARQUET_NAME, bar, tallied)
 
 
@@ -796,17 +807,18 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
                 tqdm(total=every, unit="conv", disable=shown, desc="tokenize", position=0) as tokenized,
                 tqdm(total=config.rows, unit="row", disable=shown, desc=f"write {config.name}", position=1) as bar,
             ):
+                indexes = None
                 if fill:
                     assert store is not None
                     large_rows = encoding.workers > 1 and bytes_row > LARGE_ROW_BYTES
-                    _fill(store, encoding, source, order, large_rows, tokenized, reach)
+                    indexes = _fill(store, encoding, source, order, large_rows, tokenized, reach)
                     held, check = store.plan(config.check_every)
                     skip = held & ~check if held.any() else None
                     tokenized = tqdm(disable=True)  # (counted as filled)
                 packed = None
                 if store is not None and skip is not None:
                     setup = (separator_id, encoding)
-                    packed = _pack_stored(config, store, order, skip, setup, source, folder, bar, tallied)
+                    packed = _pack_stored(config, store, order, skip, setup, source, folder, bar, tallied, indexes)
                 elif store is not None and config.rows is not None:
                     setup = (separator_id, encoding)
                     reading = (fed_chunks, fed_wanted)

@@ -5,7 +5,8 @@ pass over the source. Its tasks are cut by row group (a JSONL file is one task):
 the rows the store lacks from its group, a batch at a time, encodes them (those
 ``encode.sampled`` picks also through the template) and writes them as segments of its
 own. The build's process only hands out tasks, so the pass runs in as many workers as
-there are row groups.
+there are row groups. Each task gives back the index of what it stored
+(``parallel.Indexes``), so that packing need not read it back.
 
 With many workers (``build.CHECKS_APART_WORKERS``) and the template's probes kept
 (``fixed_sft.chat.read_probes``), the workers do not import the template renderer: they
@@ -64,12 +65,19 @@ class FillTask(NamedTuple):
 
 class Filled(NamedTuple):
     """What a task did: the conversations it encoded, whether it could write them
-    (``SegmentWriter.writable``), and the rows it gives back to be checked apart."""
+    (``SegmentWriter.writable``), the rows it gives back to be checked apart, and the index
+    of those it stored (``parallel.Indexes``: a part per chunk)."""
 
     conversations: int
     writable: bool
     sampled: list[Record] = []
     sampled_bytes: int = 0  # the source bytes of those rows
+    indexed: list[tuple[np.ndarray, Indexed]] = []
+
+
+def _indexed(items: list[Encoded]) -> tuple[np.ndarray, Indexed]:
+    """Source rows and index of stored conversations (an index part of ``Filled``)."""
+    return np.array([item.source_index for item in items], np.int64), Indexed.of(items)
 
 
 class CheckTask(NamedTuple):
@@ -104,6 +112,7 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
     writer = SegmentWriter(Path(task.folder), quiet=True)  # (the build's process says it once)
     conversations = apart_bytes = 0
     apart: list[Record] = []
+    index = []
     for batch in read_file_rows(Path(task.path), task.start, inside, task.source_column):
         for rows in Band([batch], [np.arange(batch.num_rows)]).chunks(task.chunk_rows, task.chunk_bytes):
             picked = set()
@@ -114,18 +123,22 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
                 picked = {index for index, _ in given}
                 apart += given
                 apart_bytes += sum(given_rows.column("bytes").to_pylist())
+            stored: list[Encoded] = []
             try:
                 for item in encode_rows(encoder, Chunk(rows, task.check_every)):
                     if item.source_index not in picked:  # (a row given back is stored by its check)
                         writer.add(item)
+                        stored.append(item)
                     conversations += 1
             except TemplateMismatch:
-                continue  # (reached in packing order, where it stops the build)
+                pass  # (reached in packing order, where it stops the build)
             if not writer.writable:
                 return Filled(conversations, False)
+            if stored:
+                index.append(_indexed(stored))
         del batch
     writer.flush()
-    return Filled(conversations, writer.writable, apart, apart_bytes)
+    return Filled(conversations, writer.writable, apart, apart_bytes, index)
 
 
 def import_renderer(encoder: Encoder, _: None) -> None:
@@ -137,13 +150,15 @@ def check_apart(encoder: Encoder, task: CheckTask) -> Filled:
     """Encode, check and store rows given back by a ``FillTask``: up to the first whose
     check fails (reached in packing order, where it stops the build)."""
     writer = SegmentWriter(Path(task.folder), quiet=True)
+    stored: list[Encoded] = []
     try:
         for item in encode_records(encoder, task.rows, itertools.repeat(True)):
             writer.add(item)
+            stored.append(item)
     except TemplateMismatch:
         pass
     writer.flush()
-    return Filled(len(task.rows), writer.writable)
+    return Filled(len(task.rows), writer.writable, indexed=[_indexed(stored)] if stored else [])
 
 
 class FreshTask(NamedTuple):

@@ -9,7 +9,9 @@ each a task per block, run in those workers:
    This process then keeps the valid conversations (an invalid one, or one whose id an
    earlier one used, stops the build or is recorded and left out, as ``build._valid``
    does), cuts rows from the prefix sums of their sizes (``fixed_sft.cuts``), and keeps
-   those with a supervised token after token 0, up to the rows asked for.
+   those with a supervised token after token 0, up to the rows asked for. Where the
+   build's fill has just encoded and stored every source row, it kept their index
+   (``Indexes``): its blocks stand for this pass, which then reads nothing back.
 2. ``write``: a row group of kept rows, read again from the store, assembled as
    ``fixed_sft.pack`` assembles them, hashed, and written as a Parquet file of its own;
    this process joins the files in order (``fixed_sft.stitch``).
@@ -138,6 +140,51 @@ class Block(NamedTuple):
 
     indexed: Indexed
     mismatch: TemplateMismatch | None = None
+
+
+class Indexes:
+    """The index of the conversations a fill encoded and stored (``fixed_sft.fill``), a
+    part per chunk, by source row: where it holds every source row, its blocks in packing
+    order (``blocks``) are those the index pass would read back from the store."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.parts: list[tuple[np.ndarray, Indexed]] = []  # (source rows, their index)
+
+    def blocks(self, order: np.ndarray) -> Iterator[Block] | None:
+        """Blocks of ``order``'s conversations, as ``stored`` gives them; ``None`` where a
+        source row is not indexed (a chunk stopped at a failed template check, say)."""
+        if sum(len(rows) for rows, _ in self.parts) != self.rows:
+            return None
+        found = np.concatenate([rows for rows, _ in self.parts])
+        where = np.full(self.rows, -1, np.int64)
+        where[found] = np.arange(self.rows)
+        if where.min() < 0:  # (then another was indexed twice)
+            return None
+        parts = [indexed for _, indexed in self.parts]
+        tokens, counts = np.concatenate([p.tokens for p in parts]), np.concatenate([p.counts for p in parts])
+        begins, ends = np.concatenate([p.begins for p in parts]), np.concatenate([p.ends for p in parts])
+        ids, values, invalid = ([v for p in parts for v in getattr(p, name)] for name in ("ids", "values", "invalid"))
+        first_run = np.cumsum(counts) - counts
+
+        def block(positions: np.ndarray) -> Block:
+            k = where[positions]
+            n = counts[k]
+            taken = np.repeat(first_run[k] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+            listed = k.tolist()
+            return Block(
+                Indexed(
+                    tokens[k],
+                    [ids[i] for i in listed],
+                    [values[i] for i in listed],
+                    [invalid[i] for i in listed],
+                    n,
+                    begins[taken],
+                    ends[taken],
+                )
+            )
+
+        return (block(order[start : start + BLOCK]) for start in range(0, len(order), BLOCK))
 
 
 def index(_: object, task: Stored) -> Block:

@@ -30,6 +30,7 @@ from fixed_sft.encoding import TemplateMismatch
 from fixed_sft.order import permutation
 from fixed_sft.output import RowWriter
 from fixed_sft.pack import Packer
+from fixed_sft.parallel import Indexed
 from fixed_sft.store import SegmentWriter, TokenStore
 
 N = 300
@@ -110,11 +111,14 @@ def _prefill(cfg: BuildConfig, out: Path) -> None:
 
 @pytest.mark.parametrize("case", CASES)
 def test_rows_packed_by_the_workers_are_those_of_one_at_a_time(
-    case, corpus, kimi_dir, tmp_path, token_store, packed
+    case, corpus, kimi_dir, tmp_path, token_store, packed, monkeypatch
 ) -> None:
     """Rows packed in the workers after they filled the store (all rows), or after they
     encoded the checks of conversations stored unchecked (some rows)."""
     cfg = _config(corpus, kimi_dir, **CASES[case])
+    passes: list[int] = []
+    index_pass = fixed_sft.parallel.stored
+    monkeypatch.setattr(fixed_sft.parallel, "stored", lambda *args: passes.append(1) or index_pass(*args))
     one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")  # (one conversation at a time)
     assert one["stats"]["invalid_rows_skipped"] >= 3  # (positions 1, 4 and 6 come before every case's end)
     if cfg.row_tokens == 64:
@@ -128,6 +132,8 @@ def test_rows_packed_by_the_workers_are_those_of_one_at_a_time(
         assert manifest == one
         assert _files(tmp_path / f"w{workers}") == _files(tmp_path / "one")
     assert packed == ["packed"] * len(counts)
+    # (a build that filled the store with every row takes the index its fill kept, read back none)
+    assert len(passes) == (0 if cfg.rows is None else len(counts))
 
 
 FIRST = {
@@ -364,8 +370,10 @@ def _one_at_a_time(items, order, wanted, skip, check_every, shape, out):
 def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
     """On random streams (invalid rows, repeated ids, empty and unsupervised conversations,
     rows of 1 token up), packing from a real store entry in blocks of 3 gives the tally,
-    statistics and Parquet bytes of packing one conversation at a time, or the same error.
-    (A long run: ``FIXED_SFT_PACKING_EXAMPLES=5000``, benchmarks/README.md.)"""
+    statistics and Parquet bytes of packing one conversation at a time, or the same error;
+    whether the blocks come from the index pass or from the index a fill kept, in parts of
+    any sizes (``Indexes``). (A long run: ``FIXED_SFT_PACKING_EXAMPLES=5000``,
+    benchmarks/README.md.)"""
     n = data.draw(st.integers(1, 40))
     pool = [f"id{k}" for k in range(max(1, n // 3))]
     items = []
@@ -382,6 +390,12 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
     skip = data.draw(st.booleans())
     check_every = data.draw(st.sampled_from([0, 1, 3]))
     shape = (data.draw(st.sampled_from([1, 2, 3, 7, 16])), 1, data.draw(st.booleans()))
+    filled = None
+    if data.draw(st.booleans()):  # (the index a fill kept: parts of its tasks' chunks, in any order)
+        cuts = sorted(data.draw(st.sets(st.integers(1, n - 1), max_size=4))) if n > 1 else []
+        chunks = data.draw(st.permutations(np.split(np.arange(n), cuts)))
+        filled = fixed_sft.parallel.Indexes(n)
+        filled.parts = [(chunk, Indexed.of([items[i] for i in chunk.tolist()])) for chunk in chunks]
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         (folder / "entry").mkdir()
@@ -398,7 +412,9 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(fixed_sft.parallel, "BLOCK", 3)
             patch.setattr(fixed_sft.parallel, "MIN_BLOCK", 3)
-            blocks = fixed_sft.parallel.stored(store, order, np.ones(n, bool), wanted, shape[0], in_process, 1)
+            blocks = filled.blocks(order) if filled is not None else None
+            if blocks is None:
+                blocks = fixed_sft.parallel.stored(store, order, np.ones(n, bool), wanted, shape[0], in_process, 1)
             packed, stop = fixed_sft.parallel.pack(
                 store, order, blocks, wanted, skip, check_every, shape, in_process,
                 folder / "packed" / "train.parquet", lambda rows: None,
@@ -423,6 +439,21 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
         assert (got.stats(), got.source_mix()) == (expected.stats(), expected.source_mix())
         assert (folder / "packed" / "train.parquet").read_bytes() == one.read_bytes()
         assert sorted(p.name for p in (folder / "packed").iterdir()) == ["train.parquet"]
+
+
+def test_the_index_a_fill_kept_stands_for_the_index_pass_only_whole() -> None:
+    """A source row no fill task indexed (a chunk stopped at a failed check), or one indexed
+    twice: no blocks, so the build reads the index back from the store."""
+    items = [Encoded(i, f"id{i}", np.arange(3, dtype=np.int32), np.array([0, 1, 1], np.uint8)) for i in range(4)]
+    indexes = fixed_sft.parallel.Indexes(4)
+    indexes.parts = [(np.array([0, 1]), Indexed.of(items[:2])), (np.array([3]), Indexed.of(items[3:]))]
+    assert indexes.blocks(np.arange(4)) is None
+    indexes.parts.append((np.array([1]), Indexed.of(items[1:2])))
+    assert indexes.blocks(np.arange(4)) is None
+    indexes.parts[-1] = (np.array([2]), Indexed.of(items[2:3]))
+    (block,) = indexes.blocks(np.array([3, 2, 1, 0]))
+    assert block.indexed.ids == ["id3", "id2", "id1", "id0"] and block.indexed.counts.tolist() == [1, 1, 1, 1]
+    assert (block.indexed.begins.tolist(), block.indexed.ends.tolist()) == ([1] * 4, [3] * 4)
 
 
 def test_a_conversation_damaged_between_the_passes_stops_the_build(tmp_path) -> None:
