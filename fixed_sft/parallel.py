@@ -136,10 +136,12 @@ class Indexed(NamedTuple):
 
 class Block(NamedTuple):
     """A block of the stream, indexed; ``mismatch``: the template check that failed at the
-    conversation after it (the block of an encode task stops there), if any."""
+    conversation after it (the block of an encode task stops there), if any; ``distinct``:
+    every conversation of the stream is valid, with an id no other one has."""
 
     indexed: Indexed
     mismatch: TemplateMismatch | None = None
+    distinct: bool = False
 
 
 class Indexes:
@@ -164,27 +166,26 @@ class Indexes:
         parts = [indexed for _, indexed in self.parts]
         tokens, counts = np.concatenate([p.tokens for p in parts]), np.concatenate([p.counts for p in parts])
         begins, ends = np.concatenate([p.begins for p in parts]), np.concatenate([p.ends for p in parts])
-        ids, values, invalid = ([v for p in parts for v in getattr(p, name)] for name in ("ids", "values", "invalid"))
+        ids, values, invalid = (_objects([v for p in parts for v in getattr(p, name)]) for name in Indexed._fields[1:4])
         first_run = np.cumsum(counts) - counts
+        named = set(ids.tolist())
+        distinct = len(named) == self.rows and None not in named and tokens.min() >= 0
 
         def block(positions: np.ndarray) -> Block:
             k = where[positions]
             n = counts[k]
             taken = np.repeat(first_run[k] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
-            listed = k.tolist()
-            return Block(
-                Indexed(
-                    tokens[k],
-                    [ids[i] for i in listed],
-                    [values[i] for i in listed],
-                    [invalid[i] for i in listed],
-                    n,
-                    begins[taken],
-                    ends[taken],
-                )
-            )
+            lists = ids[k].tolist(), values[k].tolist(), invalid[k].tolist()
+            return Block(Indexed(tokens[k], *lists, n, begins[taken], ends[taken]), distinct=distinct)
 
         return (block(order[start : start + BLOCK]) for start in range(0, len(order), BLOCK))
+
+
+def _objects(values: list) -> np.ndarray:
+    """``values`` as a numpy array of Python objects (taken by index at numpy's speed)."""
+    array = np.empty(len(values), object)
+    array[:] = values
+    return array
 
 
 def index(_: object, task: Stored) -> Block:
@@ -305,10 +306,26 @@ class _Stream:
         self.bad: list[tuple[int, Invalid]] = []  # (position, why) of each conversation left out
         self.seen: dict[str, int] = {}
 
-    def add(self, indices: np.ndarray, block: Indexed) -> None:
+    def add(self, indices: np.ndarray, block: Indexed, distinct: bool = False) -> None:
         """Take a block's conversations: an invalid one, or one whose id an earlier valid
         one used, is left out (``bad``). A block of valid conversations with ids new and
-        distinct is taken at once (``left_out`` leaves none of them out)."""
+        distinct is taken at once (``left_out`` leaves none of them out), as are those of a
+        stream ``distinct`` whole (``Block.distinct``)."""
+        if distinct:
+            self.valid += [True] * len(block.ids)
+        else:
+            self._check(indices, block)
+        for value in dict.fromkeys(block.values):
+            self.values.setdefault(value, len(self.values))
+        self.codes += map(self.values.__getitem__, block.values)
+        self.indices.append(indices)
+        self.tokens.append(block.tokens)
+        self.counts.append(block.counts)
+        self.begins.append(block.begins)
+        self.ends.append(block.ends)
+
+    def _check(self, indices: np.ndarray, block: Indexed) -> None:
+        """``add``'s rule for a block's conversations, where the stream may leave some out."""
         fresh: dict[str | None, int] = dict(zip(block.ids, indices.tolist()))
         if (
             len(fresh) == len(block.ids)
@@ -318,21 +335,13 @@ class _Stream:
         ):
             self.seen.update(fresh)  # type: ignore[arg-type]  # (None is not among them)
             self.valid += [True] * len(block.ids)
-        else:
-            given = zip(indices.tolist(), block.tokens.tolist(), block.ids, block.invalid)
-            for index, tokens, row_id, invalid in given:
-                reason = left_out(index, row_id, invalid if tokens < 0 else None, self.seen)
-                if reason is not None:
-                    self.bad.append((len(self.valid), Invalid(index, row_id, reason)))
-                self.valid.append(reason is None)
-        for value in dict.fromkeys(block.values):
-            self.values.setdefault(value, len(self.values))
-        self.codes += map(self.values.__getitem__, block.values)
-        self.indices.append(indices)
-        self.tokens.append(block.tokens)
-        self.counts.append(block.counts)
-        self.begins.append(block.begins)
-        self.ends.append(block.ends)
+            return
+        given = zip(indices.tolist(), block.tokens.tolist(), block.ids, block.invalid)
+        for index, tokens, row_id, invalid in given:
+            reason = left_out(index, row_id, invalid if tokens < 0 else None, self.seen)
+            if reason is not None:
+                self.bad.append((len(self.valid), Invalid(index, row_id, reason)))
+            self.valid.append(reason is None)
 
 
 @dataclass
@@ -490,7 +499,7 @@ def _index(
         for block in blocks:
             indexed = block.indexed
             start = len(stream.valid)
-            stream.add(order[start : start + len(indexed.tokens)], indexed)
+            stream.add(order[start : start + len(indexed.tokens)], indexed, block.distinct)
             fed.conversations = len(stream.valid)
             fed.tokens += int((indexed.tokens[np.array(stream.valid[start:], bool)] + 1).sum())
             if stream.bad and not skip_invalid:

@@ -454,6 +454,9 @@ def test_the_index_a_fill_kept_stands_for_the_index_pass_only_whole() -> None:
     (block,) = indexes.blocks(np.array([3, 2, 1, 0]))
     assert block.indexed.ids == ["id3", "id2", "id1", "id0"] and block.indexed.counts.tolist() == [1, 1, 1, 1]
     assert (block.indexed.begins.tolist(), block.indexed.ends.tolist()) == ([1] * 4, [3] * 4)
+    assert block.distinct  # (every id given once, every conversation valid: no id is looked up)
+    indexes.parts[-1] = (np.array([2]), Indexed.of([items[2]._replace(id="id0")]))
+    assert not next(iter(indexes.blocks(np.arange(4)))).distinct
 
 
 def test_a_conversation_damaged_between_the_passes_stops_the_build(tmp_path) -> None:
