@@ -25,6 +25,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
+from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -417,6 +418,14 @@ def release_after(chunk: pa.Table) -> None:
 WORKER_MODULES = [__name__, RENDERER_MODULE]  # what the fork server imports once, for every worker
 
 
+def start_fork_server(config: EncoderConfig, renderer: bool = True) -> BaseContext:
+    """The context ``Encoders`` forks its workers from: multiprocessing's fork server, started
+    now unless it runs, importing this module (and, with ``renderer``, the template renderer)
+    and loading ``config``'s encoder while this process goes on."""
+    preload = {PRELOAD_VARIABLE: config.to_json(), BUILDER_VARIABLE: str(os.getpid())}
+    return forkserver_context(WORKER_MODULES if renderer else [__name__], preload)
+
+
 class Encoders:
     """Where conversations are encoded (those ``sampled`` by ``check_every`` also through
     the template): in this process (``workers == 1``), one
@@ -430,9 +439,8 @@ class Encoders:
         self.check_every = check_every
         self.engine: InProcess | ProcessPool = InProcess(config.load)
         if workers > 1:
-            preload = {PRELOAD_VARIABLE: config.to_json(), BUILDER_VARIABLE: str(os.getpid())}
             # (without the renderer, a worker imports it when it first renders: to check a conversation)
-            context = forkserver_context(WORKER_MODULES if renderer else [__name__], preload)
+            context = start_fork_server(config, renderer)
             self.engine = ProcessPool(workers, partial(_worker_setup, config), context)
 
     def __enter__(self) -> Encoders:

@@ -576,6 +576,26 @@ def test_the_sampled_rows_are_checked_apart_where_the_probes_are_kept(
     assert set(np.flatnonzero(sampled(np.arange(N), cfg.check_every)).tolist()) <= passed
 
 
+@pytest.mark.parametrize("rows", [None, 30])
+def test_a_build_that_fills_apart_starts_its_fork_server_first(
+    rows, corpus, kimi_dir, tmp_path, token_store, packed, apart, monkeypatch
+) -> None:
+    """With the probes kept, a build of every row starts its workers' fork server (without
+    the renderer) before it opens the source; a build of some rows when its workers start."""
+    cfg = _config(corpus, kimi_dir, rows=rows, row_tokens=1024)
+    build(dataclasses.replace(cfg, rows=1, workers=1, no_card=True), tmp_path / "probes")  # (keeps them)
+    events: list[str] = []
+    start, open_source = build_module.start_fork_server, build_module.open_source
+    early = lambda *args, **kwargs: events.append("fork server") or start(*args, **kwargs)  # noqa: E731
+    monkeypatch.setattr(build_module, "start_fork_server", early)
+    monkeypatch.setattr(build_module, "open_source", lambda *a: events.append("source") or open_source(*a))
+    one = build(dataclasses.replace(cfg, no_cache=True, workers=1), tmp_path / "one")
+    events.clear()
+    assert build(dataclasses.replace(cfg, workers=2), tmp_path / "two") == one
+    assert events == (["fork server", "source"] if rows is None else ["source"])
+    assert _files(tmp_path / "two") == _files(tmp_path / "one")
+
+
 def test_rows_given_back_wait_for_their_checkers_up_to_a_bound(
     corpus, kimi_dir, tmp_path, token_store, packed, apart, monkeypatch
 ) -> None:
