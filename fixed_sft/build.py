@@ -194,7 +194,7 @@ def _fill(
     if large_rows or len(tasks) < encoding.workers:
         _streamed(store, encoding, source, wanted, tokenized)
     else:
-        indexes = parallel.Indexes(source.num_rows)
+        indexes = parallel.Indexes(source.num_rows) if wanted.all() else None  # (else it cannot cover them all)
         encoders, checkers = encoding.start(), None
         checks: list[tuple[Future, int]] = []  # each check and the source bytes of its rows
         if encoding.checks_apart and encoding.check_every:  # (fixed_sft.fill)
@@ -203,7 +203,8 @@ def _fill(
         with closing(encoders.run(fill, tasks)) as done:
             for filled in done:
                 tokenized.update(filled.conversations)
-                indexes.parts += filled.indexed
+                if indexes is not None:
+                    indexes.parts += filled.indexed
                 if checkers is not None and filled.sampled:
                     checked = checkers.submit(check_apart, CheckTask(filled.sampled, str(store.folder)))
                     checks.append((checked, filled.sampled_bytes))
@@ -218,7 +219,8 @@ def _fill(
                     store.turn_off(f"cannot write segments in {store.folder}")
                     break
         for checked, _ in checks:
-            indexes.parts += checked.result().indexed
+            if indexes is not None:
+                indexes.parts += checked.result().indexed
         if not all(checked.result().writable for checked, _ in checks):
             store.turn_off(f"cannot write segments in {store.folder}")
     store.refresh()

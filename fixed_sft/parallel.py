@@ -147,15 +147,17 @@ class Block(NamedTuple):
 class Indexes:
     """The index of the conversations a fill encoded and stored (``fixed_sft.fill``), a
     part per chunk, by source row: where it holds every source row, its blocks in packing
-    order (``blocks``) are those the index pass would read back from the store."""
+    order (``blocks``) are those the index pass would read back from the store. (Nothing is
+    then read back before the write pass, which checks each conversation as it reads it.)"""
 
     def __init__(self, rows: int) -> None:
         self.rows = rows
         self.parts: list[tuple[np.ndarray, Indexed]] = []  # (source rows, their index)
 
     def blocks(self, order: np.ndarray) -> Iterator[Block] | None:
-        """Blocks of ``order``'s conversations, as ``stored`` gives them; ``None`` where a
-        source row is not indexed (a chunk stopped at a failed template check, say)."""
+        """Blocks of ``order``'s conversations, as ``stored`` gives them (the parts are
+        let go); ``None`` where a source row is not indexed (a chunk stopped at a failed
+        template check, say)."""
         if sum(len(rows) for rows, _ in self.parts) != self.rows:
             return None
         found = np.concatenate([rows for rows, _ in self.parts])
@@ -164,6 +166,7 @@ class Indexes:
         if where.min() < 0:  # (then another was indexed twice)
             return None
         parts = [indexed for _, indexed in self.parts]
+        self.parts = []  # (held once, concatenated, while the blocks are taken)
         tokens, counts = np.concatenate([p.tokens for p in parts]), np.concatenate([p.counts for p in parts])
         begins, ends = np.concatenate([p.begins for p in parts]), np.concatenate([p.ends for p in parts])
         ids, values, invalid = (_objects([v for p in parts for v in getattr(p, name)]) for name in Indexed._fields[1:4])

@@ -376,9 +376,10 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
     benchmarks/README.md.)"""
     n = data.draw(st.integers(1, 40))
     pool = [f"id{k}" for k in range(max(1, n // 3))]
+    distinct = data.draw(st.booleans())  # (every id its own: the stream needs no id looked up)
     items = []
     for i in range(n):
-        row_id = data.draw(st.sampled_from([*pool, None, f"own{i}"]))
+        row_id = f"own{i}" if distinct else data.draw(st.sampled_from([*pool, None, f"own{i}"]))
         value = data.draw(st.sampled_from([None, "a", "b"]))
         if data.draw(st.integers(0, 9)) == 0:
             items.append(Encoded(i, row_id, None, None, "not a conversation", True, value))
@@ -455,8 +456,10 @@ def test_the_index_a_fill_kept_stands_for_the_index_pass_only_whole() -> None:
     assert block.indexed.ids == ["id3", "id2", "id1", "id0"] and block.indexed.counts.tolist() == [1, 1, 1, 1]
     assert (block.indexed.begins.tolist(), block.indexed.ends.tolist()) == ([1] * 4, [3] * 4)
     assert block.distinct  # (every id given once, every conversation valid: no id is looked up)
-    indexes.parts[-1] = (np.array([2]), Indexed.of([items[2]._replace(id="id0")]))
-    assert not next(iter(indexes.blocks(np.arange(4)))).distinct
+    rest = (np.array([0, 1, 3]), Indexed.of([items[0], items[1], items[3]]))
+    for other in (items[2]._replace(id="id0"), items[2]._replace(id=None), items[2]._replace(mask=None, invalid="x")):
+        indexes.parts = [rest, (np.array([2]), Indexed.of([other]))]  # (an id given twice, none, an invalid one)
+        assert not next(iter(indexes.blocks(np.arange(4)))).distinct, other
 
 
 def test_a_conversation_damaged_between_the_passes_stops_the_build(tmp_path) -> None:
@@ -586,13 +589,13 @@ def test_a_build_that_fills_apart_starts_its_fork_server_first(
     build(dataclasses.replace(cfg, rows=1, workers=1, no_card=True), tmp_path / "probes")  # (keeps them)
     events: list[str] = []
     start, open_source = build_module.start_fork_server, build_module.open_source
-    early = lambda *args, **kwargs: events.append("fork server") or start(*args, **kwargs)  # noqa: E731
+    early = lambda *args, **kwargs: events.append(f"fork server {kwargs}") or start(*args, **kwargs)  # noqa: E731
     monkeypatch.setattr(build_module, "start_fork_server", early)
     monkeypatch.setattr(build_module, "open_source", lambda *a: events.append("source") or open_source(*a))
     one = build(dataclasses.replace(cfg, no_cache=True, workers=1), tmp_path / "one")
     events.clear()
     assert build(dataclasses.replace(cfg, workers=2), tmp_path / "two") == one
-    assert events == (["fork server", "source"] if rows is None else ["source"])
+    assert events == (["fork server {'renderer': False}", "source"] if rows is None else ["source"])
     assert _files(tmp_path / "two") == _files(tmp_path / "one")
 
 
