@@ -80,16 +80,33 @@ class Stored(NamedTuple):
         return cls(tuple(str(store.segments[n]) for n in used), local, store.slot[indices], indices)
 
     def read(self) -> Iterator[tuple[int, Any]]:
-        """``(source row, Encoded)`` of each conversation; ``Unheld`` where one does not match its digest."""
+        """``(source row, Encoded)`` of each conversation, one at a time; ``Unheld`` where
+        one does not match its digest."""
         reader = SegmentReader(self.paths)
         try:
             for number, slot, index in zip(self.numbers.tolist(), self.slots.tolist(), self.indices.tolist()):
-                item = reader.read(number, slot, index)
-                if item is None:
-                    raise Unheld(f"source row {index}: damaged in the token store")
-                yield index, item
+                yield index, self._read(reader, number, slot, index)
         finally:
             reader.close()
+
+    def read_all(self) -> list[Any]:
+        """``Encoded`` of each conversation, in order; read a segment at a time, in record
+        order (rows in packing order come from more segments than a reader keeps open)."""
+        reader = SegmentReader(self.paths)
+        items: list[Any] = [None] * len(self.indices)
+        try:
+            for k in np.lexsort((self.slots, self.numbers)).tolist():
+                items[k] = self._read(reader, int(self.numbers[k]), int(self.slots[k]), int(self.indices[k]))
+        finally:
+            reader.close()
+        return items
+
+    @staticmethod
+    def _read(reader: SegmentReader, number: int, slot: int, index: int) -> Any:
+        item = reader.read(number, slot, index)
+        if item is None:
+            raise Unheld(f"source row {index}: damaged in the token store")
+        return item
 
 
 class Indexed(NamedTuple):
@@ -217,7 +234,7 @@ class WriteTask(NamedTuple):
 def write(_: object, task: WriteTask) -> tuple[list[bytes], tuple[Fields, int]]:
     """Assemble, hash and write a row group (module docstring, pass 2); its rows' digests,
     and the part's footer (read here, in the worker: ``Stitcher.append`` needs it)."""
-    units = [(index, item.id, item.ids, item.mask) for index, item in task.units.read()]
+    units = [(item.source_index, item.id, item.ids, item.mask) for item in task.units.read_all()]
     rows, digests = [], []
     for r in range(len(task.first)):
         first, last = int(task.first[r]), int(task.last[r])

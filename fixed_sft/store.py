@@ -87,7 +87,26 @@ MAX_TOKENS = 1 << 40  # a record of more tokens, or of more bytes of metadata, i
 MAX_META = 1 << 31
 SEGMENT_BYTES = 16 << 20  # a build writes a segment once it has this many bytes of conversations
 SEGMENT_CONVERSATIONS = 4096  # or this many conversations
-OPEN_FILES = 64  # segment files a build keeps open at once
+
+
+def _open_files() -> int:
+    """Segment files a reader keeps open at once: a quarter of the process's limit on open
+    files, from 64 to 4,096. A fill writes a segment per task, and rows in packing order
+    come from all of them (313 segments, 40,000 conversations, 64 open: 31,990 opens).
+
+    >>> 64 <= _open_files() <= 4096
+    True
+    """
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 64
+    return 4096 if soft == resource.RLIM_INFINITY else min(4096, max(64, soft // 4))
+
+
+OPEN_FILES = _open_files()
 BLOCK_ROWS = 4096  # stored conversations a build reads at once (``Stream``): at most this many
 BLOCK_BYTES = 16 << 20  # and of at most this many bytes of ids and masks (or one)
 STALE_SECONDS = 24 * 3600  # a temporary file this old is a killed build's: removed
@@ -368,10 +387,12 @@ class TokenStore:
     def lookup_many(self, indices: Sequence[int]) -> list[Encoded | None]:
         """``lookup`` of each of source rows ``indices``, at once: each by the record this
         store read as it opened (a record out of bounds is not held), in one read of its
-        bytes; their metadata parsed together."""
+        bytes; their metadata parsed together. Read a segment at a time, in offset order:
+        rows in packing order come from more segments than the reader keeps open."""
         rows = np.asarray(indices, np.int64).reshape(-1)
         found: list[Encoded | None] = [None] * len(rows)
         held = np.flatnonzero(self.segment[rows] >= 0)
+        held = held[np.lexsort((self.offset[rows[held]], self.segment[rows[held]]))]
         at_rows = rows[held]
         read: list[tuple[int, int, int, bytes, bool]] = []  # (position in indices, row, tokens, payload, passed)
         columns: list[np.ndarray] = [self.segment, self.offset, self.tokens, self.meta, self.passed, self.digest]

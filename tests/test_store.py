@@ -557,3 +557,30 @@ def test_lookups_a_block_at_a_time_are_lookups_one_at_a_time(tmp_path):
     assert many.taken == one.taken + len(held) and one.taken == len(held) == len(items) - 1
     assert one.damaged == many.damaged == 4  # the flipped one, and the three metadata not stored so
     assert (many.segment[[60, 62, 64]] == -1).all()  # (forgotten, as a damaged one is)
+
+
+def test_rows_in_any_order_are_read_a_segment_at_a_time(tmp_path, monkeypatch) -> None:
+    """Stored conversations come back in the order asked, whatever segments hold them, and
+    each segment is opened once by a reader that keeps fewer open than there are segments."""
+    from fixed_sft.encode import Encoded
+    from fixed_sft.parallel import Stored
+
+    monkeypatch.setattr(store_module, "SEGMENT_CONVERSATIONS", 5)
+    monkeypatch.setattr(store_module, "OPEN_FILES", 2)
+    writer = SegmentWriter(tmp_path)
+    for i in range(40):
+        writer.add(Encoded(i, f"id{i}", np.arange(i % 7, dtype=np.int32) + i, np.ones(i % 7, np.uint8)))
+    writer.flush()
+    opened: list[str] = []
+    real_open = store_module.os.open
+    monkeypatch.setattr(store_module.os, "open", lambda path, *a: opened.append(str(path)) or real_open(path, *a))
+    order = permutation(5, 40)
+    store = TokenStore(tmp_path, 40)
+    found = store.lookup_many(order.tolist())
+    assert [item.id for item in found] == [f"id{i}" for i in order.tolist()]
+    assert [item.ids.tolist() for item in found] == [list(range(i, i + i % 7)) for i in order.tolist()]
+    assert sorted(opened) == sorted(set(opened)) and len(opened) == 8  # (40 conversations, 5 a segment)
+    opened.clear()
+    items = Stored.of(store, order).read_all()
+    assert [item.source_index for item in items] == order.tolist() and len(opened) == 8
+    store.close()
