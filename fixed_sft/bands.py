@@ -25,8 +25,6 @@ import pyarrow.parquet as pq
 from . import arrow
 from .source import COLUMNS, SOURCE_COLUMN, Source, SourceError, changed, unreadable
 
-# A string column a build also reads, for the dataset card's source mix only (Tulu 3's rows
-# name their subset in it); it is not part of a row's size, and another type is not read.
 READ_BATCH_ROWS = 4096
 # Parquet rows are decoded in batches of at most this many bytes (by the row group's bytes per
 # row), and column chunks read from the file in pieces of PARQUET_BUFFER_BYTES, not whole: not

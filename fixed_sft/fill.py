@@ -101,7 +101,9 @@ def fill_tasks(
             groups = np.searchsorted(ends, local, side="right")  # each row's row group
             cuts = np.flatnonzero(np.diff(groups)) + 1
             for part in np.split(local, cuts):
-                yield FillTask(str(path), start, count, part, check_every, *chunks, str(folder), 0, source_column)
+                yield FillTask(
+                    str(path), start, count, part, check_every, *chunks, str(folder), source_column=source_column
+                )
         start += count
 
 

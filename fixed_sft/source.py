@@ -28,7 +28,9 @@ from .reader import bare_metadata
 
 SUFFIXES = (".parquet", ".jsonl")
 COLUMNS = ("id", "messages", "tools")  # the Parquet columns a build encodes
-SOURCE_COLUMN = "source"  # a row's origin in a mixture: counted in the manifest, not encoded
+# A string column a build also reads, for the dataset card's source mix only (Tulu 3's rows
+# name their subset in it); it is not part of a row's size, and another type is not read.
+SOURCE_COLUMN = "source"
 # A file's ``source`` column is read where it holds strings and each of its column chunks at most
 # this many bytes uncompressed (so that decoding it adds little); a larger one is not read, and
 # its rows count as without a ``source``.
