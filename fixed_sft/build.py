@@ -87,6 +87,11 @@ LARGE_ROW_BYTES = CHUNK_BYTES // CHUNK_ROWS
 # pays from this many workers; fewer pack one conversation at a time (benchmarks/README.md: with
 # 2 workers on 2 cores a later build took 4.72 s against 3.31 s with 1).
 PARALLEL_PACKING_WORKERS = 4
+# A build that encodes nothing starts its workers to pack only where its rows hold this many tokens
+# (and the machine has PARALLEL_PACKING_WORKERS cores): their start costs it 1-2 s. On the 16-core
+# machine, 40,000 conversations (42M tokens) took 5.58 s in 16 workers against 4.19 s one at a
+# time; 256,000 (268M tokens) took 14.60 s one at a time.
+STORED_PACKING_TOKENS = 1 << 26
 # With this many workers, a build whose template probes are kept fills the store without the
 # template renderer in its workers (its import took 1.2-2.9 s on the 16-core machine, while every
 # worker waited): a checker per CHECKED_BY workers, at least 2, checks the sampled rows (fixed_sft.fill).
@@ -428,8 +433,7 @@ def _pack_stored(
     (``held``) the conversations the rows need and the build has started at least
     ``PARALLEL_PACKING_WORKERS`` workers to encode. Else, or where the store holds one of
     them damaged, ``None``: the build packs one conversation at a time. (A build that
-    encodes nothing starts no workers: on the 16-core machine, a later build of 40,000
-    conversations took 5.58 s in them, against 4.19 s one at a time.) An invalid
+    encodes nothing starts workers only for many tokens: ``STORED_PACKING_TOKENS``.) An invalid
     conversation that stops the build raises its error here. Where the fill just indexed
     every source row (``indexes``), that index stands for the index pass."""
     separator_id, encoding = setup
@@ -618,12 +622,13 @@ class _Encoding:
         self.loaded: Encoder | None = None
         self.checks_apart = False  # whether the store's fill checks the sampled rows apart (``start``)
 
-    def start(self, checks_apart: bool = False) -> Encoders:
-        """The encoders, started now unless they are; with ``checks_apart``, workers without
-        the template renderer (``fixed_sft.fill``), where none has started yet."""
+    def start(self, checks_apart: bool = False, renderer: bool = True) -> Encoders:
+        """The encoders, started now unless they are; with ``checks_apart`` (or not
+        ``renderer``), workers without the template renderer (``fixed_sft.fill``), where none
+        has started yet."""
         if self.encoders is None:
             self.checks_apart = checks_apart
-            encoders = Encoders(self.config, self.workers, self.check_every, renderer=not checks_apart)
+            encoders = Encoders(self.config, self.workers, self.check_every, renderer=renderer and not checks_apart)
             self.encoders = self.stack.enter_context(encoders)
         return self.encoders
 
@@ -682,6 +687,18 @@ def _fills_apart(config: BuildConfig, encoder: EncoderConfig) -> bool:
     )
 
 
+def _packs_stored_apart(config: BuildConfig, store: TokenStore) -> bool:
+    """Whether a build that encodes nothing (the store gives every conversation it needs)
+    starts workers to pack: with ``PARALLEL_PACKING_WORKERS`` of them and as many cores,
+    where its rows hold at least ``STORED_PACKING_TOKENS`` tokens (all rows: the store's)."""
+    cores = min(config.workers, usable_cores())
+    if config.rows is not None:
+        tokens = config.rows * config.row_tokens
+    else:
+        tokens = int(np.maximum(store.tokens, 0).sum()) + len(store.tokens)  # (each with its separator)
+    return cores >= PARALLEL_PACKING_WORKERS and tokens >= STORED_PACKING_TOKENS
+
+
 def _probes_kept(encoder: EncoderConfig) -> bool:
     """Whether the Kimi probes' outcome for ``encoder`` is kept (``fixed_sft.chat.read_probes``)."""
     return encoder.probes is not None and read_probes(Path(encoder.probes)) is not None
@@ -737,6 +754,8 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
         if skip is None or not skip.all():  # (conversations are to be encoded: at once, beside the reading)
             apart = fill and config.workers >= CHECKS_APART_WORKERS and config.check_every >= CHECKS_APART_EVERY
             encoding.start(checks_apart=apart and _probes_kept(encoder_config))
+        elif store is not None and _packs_stored_apart(config, store):
+            encoding.start(renderer=False)  # (workers that only pack: nothing to render)
         packer = Packer(config.row_tokens, separator_id)
         tally = _Tally(row_tokens=config.row_tokens)
 

@@ -105,7 +105,8 @@ CASES = {
 def _prefill(cfg: BuildConfig, out: Path) -> None:
     """Store every conversation of ``cfg``'s source, unchecked (``check_every`` 0), at another
     seed: so that a build of ``cfg`` with workers encodes (the checks of its sample), and
-    then packs in the same workers. (A build that encodes nothing packs one at a time.)"""
+    then packs in the same workers. (A build that encodes nothing packs one at a time,
+    unless its rows hold ``build.STORED_PACKING_TOKENS``.)"""
     build(dataclasses.replace(cfg, rows=None, seed=cfg.seed + 100, workers=1, no_card=True, check_every=0), out)
 
 
@@ -597,6 +598,34 @@ def test_a_build_that_fills_apart_starts_its_fork_server_first(
     assert build(dataclasses.replace(cfg, workers=2), tmp_path / "two") == one
     assert events == (["fork server {'renderer': False}", "source"] if rows is None else ["source"])
     assert _files(tmp_path / "two") == _files(tmp_path / "one")
+
+
+@pytest.mark.parametrize("rows", [None, 30])
+def test_a_build_that_encodes_nothing_packs_in_its_workers_where_its_rows_are_many(
+    rows, corpus, kimi_dir, tmp_path, packed, monkeypatch
+) -> None:
+    """A build whose store gives every conversation starts workers (without the renderer)
+    to pack only where its rows hold ``STORED_PACKING_TOKENS`` tokens and the machine has
+    the cores: the same bytes either way."""
+    cfg = _config(corpus, kimi_dir, rows=rows, row_tokens=1024)
+    one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
+    build(dataclasses.replace(cfg, seed=cfg.seed + 1, rows=None), tmp_path / "first")  # (stores every row, checked)
+    started: list[dict] = []
+    start = build_module._Encoding.start
+    monkeypatch.setattr(build_module._Encoding, "start", lambda *a, **k: started.append(k) or start(*a, **k))
+    needed = None if rows is None else rows * cfg.row_tokens
+    cases = [(1 << 40, 2, []), (1, 1, []), (1, 2, [{"renderer": False}])]
+    if needed is not None:  # (the rows' tokens: those asked for)
+        cases += [(needed + 1, 2, []), (needed, 2, [{"renderer": False}])]
+    for number, (threshold, cores, expected) in enumerate(cases):
+        monkeypatch.setattr(build_module, "STORED_PACKING_TOKENS", threshold)
+        monkeypatch.setattr(build_module, "usable_cores", lambda cores=cores: cores)
+        started.clear()
+        packed.clear()
+        assert build(dataclasses.replace(cfg, workers=2), tmp_path / f"later-{number}") == one
+        assert _files(tmp_path / f"later-{number}") == _files(tmp_path / "one")
+        assert started[:1] == expected  # (then taken again as they pack)
+        assert packed == (["packed"] if expected else [])
 
 
 def test_rows_given_back_wait_for_their_checkers_up_to_a_bound(
