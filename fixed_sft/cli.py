@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 USAGE_ERROR, FAILURE = 2, 1
 INTERRUPTED, TERMINATED = 130, 143  # 128 + SIGINT, 128 + SIGTERM
+# A build of this many workers, on as many cores, starts their fork server before its own imports
+# (``_start_workers_early``): on the 16-core machine each side imports for 0.4-0.7 s.
+EARLY_WORKERS = 8
 
 
 class Terminated(BaseException):
@@ -490,8 +493,29 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signum, handler)
 
 
+def _start_workers_early(argv: list[str]) -> None:
+    """Start the workers' fork server before the build's imports (``fixed_sft.early``), for
+    a build of at least ``EARLY_WORKERS`` workers (``--workers``, else the cores) on as
+    many cores: with fewer, a build that then forks no worker would pay the server's imports."""
+    if argv[:1] != ["build"] or {"-h", "--help"} & set(argv):
+        return
+    from .engine import usable_cores
+
+    given = [argv[k + 1] for k, arg in enumerate(argv[:-1]) if arg == "--workers"]
+    given += [arg.partition("=")[2] for arg in argv if arg.startswith("--workers=")]
+    try:
+        workers = int(given[-1]) if given else usable_cores()
+    except ValueError:
+        return  # (the parser names the error)
+    if min(workers, usable_cores()) >= EARLY_WORKERS:
+        from .early import start
+
+        start()
+
+
 def _command(argv: list[str], stop: _Stop) -> int:
     try:
+        _start_workers_early(argv)
         args = parser().parse_args(argv)  # (imports, which Ctrl-C may interrupt too)
         return COMMANDS[args.command](args)
     finally:

@@ -18,6 +18,7 @@ process is gone.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import threading
@@ -32,9 +33,10 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from . import arrow
+from . import arrow, early
 from .chat import ChatEncoder
 from .conversation import Conversation, InvalidRow, conversation, is_unicode
+from .early import BUILDER_VARIABLE
 from .encoding import RENDERER_MODULE, BatchEncoder, Encoder, TemplateMismatch
 from .engine import InProcess, ProcessPool, Task, forkserver_context
 from .errors import UsageError
@@ -337,21 +339,27 @@ IN_FLIGHT_BYTES = 17 << 20
 RELEASE_CHUNK_BYTES = 4 << 20
 
 PRELOAD_VARIABLE = "FIXED_SFT_PRELOAD_ENCODER"  # an EncoderConfig as JSON, for the fork server only
-BUILDER_VARIABLE = "FIXED_SFT_PRELOAD_BUILDER"  # the pid of the build's process, which starts the fork server
 
 
-def preload(text: str | None, builder: int | None = None) -> tuple[str, Encoder] | None:
+def preload(text: str | None, builder: int | None = None, awaited: str | None = None) -> tuple[str, Encoder] | None:
     """``text`` (``EncoderConfig.to_json``) and the encoder it names, loaded; ``None`` for
     no ``text``, or when loading fails (each worker then loads its own encoder, and
-    reports the error). Meanwhile this process exits as soon as its parent is not
-    ``builder`` (by default the parent it has now): the build is gone (killed, or
+    reports the error). With ``awaited`` (a server started early: ``fixed_sft.early``),
+    the text is what the build writes to that file, waited for, and the renderer is
+    imported first where it asks. Meanwhile this process exits as soon as its parent is
+    not ``builder`` (by default the parent it has now): the build is gone (killed, or
     stopped by a signal), and a template may take for ever to render."""
-    if not text:
+    if not text and not awaited:
         return None
     loaded = threading.Event()
     watcher = threading.Thread(target=_exit_unless_child_of, args=(builder or os.getppid(), loaded), daemon=True)
     watcher.start()
     try:
+        if awaited:
+            text, renderer = early.awaited(Path(awaited))
+            if renderer:
+                importlib.import_module(RENDERER_MODULE)
+        assert text is not None
         return text, EncoderConfig.from_json(text).load()
     except Exception:  # an error here would end the fork server, and every worker start with it
         return None
@@ -369,7 +377,8 @@ def _exit_unless_child_of(builder: int, loaded: threading.Event) -> None:
 
 # set only while the fork server starts (``start_forkserver``); taken out of the environment its workers inherit
 _builder = os.environ.pop(BUILDER_VARIABLE, None)
-_preloaded = preload(os.environ.pop(PRELOAD_VARIABLE, None), int(_builder) if _builder else None)
+_awaited = os.environ.pop(early.AWAIT_VARIABLE, None)
+_preloaded = preload(os.environ.pop(PRELOAD_VARIABLE, None), int(_builder) if _builder else None, _awaited)
 
 
 def worker_encoder(config: EncoderConfig) -> Encoder | Exception:
@@ -422,6 +431,7 @@ def start_fork_server(config: EncoderConfig, renderer: bool = True) -> BaseConte
     """The context ``Encoders`` forks its workers from: multiprocessing's fork server, started
     now unless it runs, importing this module (and, with ``renderer``, the template renderer)
     and loading ``config``'s encoder while this process goes on."""
+    early.give(config.to_json(), renderer)  # (to a server started early, which waits for it)
     preload = {PRELOAD_VARIABLE: config.to_json(), BUILDER_VARIABLE: str(os.getpid())}
     return forkserver_context(WORKER_MODULES if renderer else [__name__], preload)
 

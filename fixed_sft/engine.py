@@ -37,8 +37,15 @@ from typing import Any, Protocol, TypeVar
 from .exits import remove_on_exit
 
 R = TypeVar("R")
+MAX_WORKERS = 1024  # the most worker processes a build may ask for
 START_HOLD_S = 0.05  # how long each worker started on entering is held by its start-up task
 Task = tuple[Any, ...]
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one), at most ``MAX_WORKERS``."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(cores, MAX_WORKERS)
 
 
 def always(in_flight: Sequence[Any], weight: Any) -> bool:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from .chat import MASK_TYPES as KIMI_MASK_TYPES
+from .engine import MAX_WORKERS, usable_cores
 from .errors import UsageError
 from .fields import hints
 from .hf_chat import MASK_TYPES as HF_MASK_TYPES
@@ -26,7 +26,6 @@ from .manifest import Globs, Manifest
 from .tokenizer import BPES
 
 MAX_ROW_TOKENS = 1 << 20
-MAX_WORKERS = 1024
 
 
 class Range:
@@ -134,12 +133,6 @@ def param(
 def flag(name: str) -> str:
     """The flag that sets parameter ``name``: ``--row-tokens``."""
     return "--" + name.replace("_", "-")
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the OS has one), at most ``MAX_WORKERS``."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return min(cores, MAX_WORKERS)
 
 
 @dataclass

@@ -674,6 +674,67 @@ print(json.dumps([first["rows_sha256"], took, second["rows_sha256"]]))
     assert second == build(one_worker, tmp_path / "one")["rows_sha256"] != first
 
 
+def test_a_build_of_many_workers_starts_their_fork_server_before_its_imports(corpus, kimi_dir, tmp_path):
+    """From ``EARLY_WORKERS`` workers, the command line starts the fork server before it
+    imports the build (``fixed_sft.early``); the server waits until the build names its
+    encoder, loads it, and the workers take it: the rows are those of one worker. A build
+    that then forks no worker (the store gives it all) leaves it waiting, and exits."""
+    one = build(config(corpus[0] / "parquet", kimi_dir, rows=None, no_cache=True), tmp_path / "one")
+    argv = ["build", "--source", str(corpus[0] / "parquet"), "--tokenizer", str(kimi_dir), "--rows", "all"]
+    argv += ["--row-tokens", "1024", "--seed", "5", "--check-every", "8", "--no-card", "--quiet", "--workers", "2"]
+    argv += ["--cache-dir", str(tmp_path / "store")]
+
+    def run(out: str) -> list:
+        script = f"""
+import json, sys
+from fixed_sft import cli, early
+cli.EARLY_WORKERS = 2
+seen, start = [], early.start
+early.start = lambda: seen.append(sorted(m for m in ("fixed_sft.build", "numpy") if m in sys.modules)) or start()
+code = cli.main({argv + ["--out", str(tmp_path / out)]!r})
+given = early._awaited is None
+from fixed_sft import encode
+from fixed_sft.build import encoder_setup
+config = cli._config(cli.parser().parse_args({argv!r}))[0]
+with encode.Encoders(encoder_setup(config).encoder, 2, 8) as encoders:
+    took = encoders.engine._pool.submit(eval, {TOOK_PRELOADED!r}).result()
+print(json.dumps([code, seen, given, took]))
+"""
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.splitlines()[-1])
+
+    import subprocess
+
+    assert run("first") == [0, [[]], True, True]  # (it encodes: in the workers)
+    assert run("later") == [0, [[]], False, True]  # (it encodes nothing: given only to the Encoders after it)
+    for out in ("first", "later"):
+        assert json.loads((tmp_path / out / "manifest.json").read_text())["rows_sha256"] == one["rows_sha256"]
+
+
+@pytest.mark.parametrize(
+    "argv, cores, started",
+    [
+        (["build"], 8, True),
+        (["build"], 7, False),
+        (["build", "--workers", "8"], 16, True),
+        (["build", "--workers=4"], 16, False),
+        (["build", "--workers", "16"], 4, False),
+        (["build", "--workers", "many"], 16, False),
+        (["build", "--help"], 16, False),
+        (["verify", "out"], 16, False),
+    ],
+)
+def test_the_fork_server_starts_early_for_builds_of_many_workers(argv, cores, started, monkeypatch) -> None:
+    from fixed_sft import cli, early, engine
+
+    calls: list[int] = []
+    monkeypatch.setattr(early, "start", lambda: calls.append(1))
+    monkeypatch.setattr(engine, "usable_cores", lambda: cores)
+    cli._start_workers_early(argv)
+    assert calls == ([1] if started else [])
+
+
 def test_rows_all_packs_everything(corpus, kimi_dir, tmp_path, encoder):
     """Every full row of the whole stream; the partial last one is dropped."""
     from fixed_sft.order import permutation
