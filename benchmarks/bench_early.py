@@ -1,13 +1,14 @@
 """A first build's workers, their fork server started before the build's imports against after them, whole process.
 
 Writes a synthetic source (``tests/synthetic.py``; ``--corpus short``: short dialogs, as
-``bench_linear.py``) and times pairs of first builds (``--rows all``, each from an empty
-store, each in a fresh process as the CLI runs it), the two ways alternating: the fork
-server started as the command line is read (``fixed_sft.early``; ``cli.EARLY_WORKERS`` at
-its value) and started once the build knows its encoder (``EARLY_WORKERS`` past any worker
-count). Both ways must give the same rows, else the script exits 1; it exits 2 where the
-workers or cores are fewer than ``EARLY_WORKERS``. Prints the median and range of each and
-the ratio of the medians.
+``bench_linear.py``; row groups of 1,000 and 4,000 rows, a fill task each) and times pairs
+of first builds (``--rows all``, each from an empty store but for the template probes, each
+in a fresh process as the CLI runs it), the two ways alternating: the fork server started
+as the command line is read (``fixed_sft.early``; ``cli.EARLY_WORKERS`` at its value) and
+started once the build knows its encoder (``EARLY_WORKERS`` past any worker count). Both
+ways must give the same rows, else the script exits 1; it exits 2 where the workers or
+cores are fewer than ``EARLY_WORKERS``. Prints the median and range of each and the ratio
+of the medians.
 
     python benchmarks/bench_early.py [--conversations 64000] [--corpus tulu|short] [--workers 16] [--repeats 2]
 """
@@ -27,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
+ROW_GROUPS = {"tulu": 1000, "short": 4000}  # rows per row group, as the 16-core rows of bench_linear.py
 WAYS = {"early": "cli.EARLY_WORKERS", "after the imports": "1 << 62"}  # EARLY_WORKERS in the build's process
 
 
@@ -41,11 +43,13 @@ def main() -> int:
     parser.add_argument("--conversations", type=int, default=64000)
     parser.add_argument("--corpus", choices=("tulu", "short"), default="tulu")
     parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--row-group-rows", type=int, help="Parquet row group size (default: 1,000; short: 4,000)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--tokenizer", type=Path, default=ROOT.parent / "shared" / "tokenizers" / "kimi-k2.6")
     parser.add_argument("--json", type=Path, help="write the plan and every time here")
     args = parser.parse_args()
 
+    import pyarrow.parquet as pq
     import synthetic
     from bench_linear import _short
 
@@ -63,6 +67,8 @@ def main() -> int:
         if args.corpus == "short":
             rows = [_short(row, k) for k, row in enumerate(rows)]
         synthetic.write_parquet(rows, folder / "source", rows_per_file=max(1, args.conversations // 4))
+        for path in sorted((folder / "source").glob("*.parquet")):  # (a fill task per row group, as bench_linear)
+            pq.write_table(pq.read_table(path), path, row_group_size=args.row_group_rows or ROW_GROUPS[args.corpus])
         common = ["--source", str(folder / "source"), "--tokenizer", str(args.tokenizer), "--rows", "all"]
         common += ["--row-tokens", "4096", "--seed", "1", "--workers", str(args.workers), "--no-card", "--quiet"]
         _build([*common, "--rows", "1", "--cache-dir", str(folder / "probes"), "--out", str(folder / "warm")], "early")
