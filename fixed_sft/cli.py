@@ -501,10 +501,14 @@ def _start_workers_early(argv: list[str]) -> None:
         return
     from .engine import usable_cores
 
-    given = [argv[k + 1] for k, arg in enumerate(argv[:-1]) if arg == "--workers"]
-    given += [arg.partition("=")[2] for arg in argv if arg.startswith("--workers=")]
+    given = None  # (the last one given, as the parser takes it)
+    for k, arg in enumerate(argv):
+        if arg == "--workers" and k + 1 < len(argv):
+            given = argv[k + 1]
+        elif arg.startswith("--workers="):
+            given = arg.partition("=")[2]
     try:
-        workers = int(given[-1]) if given else usable_cores()
+        workers = usable_cores() if given is None else int(given)
     except ValueError:
         return  # (the parser names the error)
     if min(workers, usable_cores()) >= EARLY_WORKERS:

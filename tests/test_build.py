@@ -719,6 +719,8 @@ print(json.dumps([code, seen, given, took]))
         (["build"], 7, False),
         (["build", "--workers", "8"], 16, True),
         (["build", "--workers=4"], 16, False),
+        (["build", "--workers=4", "--workers", "8"], 16, True),
+        (["build", "--workers", "8", "--workers=4"], 16, False),
         (["build", "--workers", "16"], 4, False),
         (["build", "--workers", "many"], 16, False),
         (["build", "--help"], 16, False),
