@@ -119,7 +119,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import synthetic  # noqa: E402
 
-from fixed_sft.params import usable_cores  # noqa: E402
+from fixed_sft.engine import usable_cores  # noqa: E402
 
 DEFAULT_TOKENIZER = ROOT.parent / "shared" / "tokenizers" / "kimi-k2.6"
 DEFAULT_ROWS = 6_400

@@ -34,7 +34,8 @@ WAYS = {"early": "cli.EARLY_WORKERS", "after the imports": "1 << 62"}  # EARLY_W
 
 def _build(args: list[str], way: str) -> None:
     """The CLI's build of ``args`` in a fresh process, ``EARLY_WORKERS`` set for ``way``."""
-    code = f"import sys; from fixed_sft import cli; cli.EARLY_WORKERS = {WAYS[way]}; sys.exit(cli.main(sys.argv[1:]))"
+    code = f"import sys; from fixed_sft import cli; cli.EARLY_WORKERS = {WAYS[way]}; "
+    code += "sys.exit(cli.main(sys.argv[1:], early=True))"
     subprocess.run([sys.executable, "-c", code, "build", *args], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
 
 

@@ -35,7 +35,7 @@ def _build(args: list[str], way: str) -> None:
     code = (
         "import sys, fixed_sft.build as build; "
         f"build.STORED_PACKING_TOKENS = {WAYS[way]}; "
-        "from fixed_sft.cli import main; sys.exit(main(sys.argv[1:]))"
+        "from fixed_sft.cli import main; sys.exit(main(sys.argv[1:], early=True))"
     )
     subprocess.run([sys.executable, "-c", code, "build", *args], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
 
@@ -55,7 +55,7 @@ def main() -> int:
     from bench_linear import _short
 
     from fixed_sft.build import PARALLEL_PACKING_WORKERS
-    from fixed_sft.params import usable_cores
+    from fixed_sft.engine import usable_cores
 
     if min(args.workers, usable_cores()) < PARALLEL_PACKING_WORKERS:
         print(f"error: packing in the workers needs {PARALLEL_PACKING_WORKERS} workers and cores", file=sys.stderr)

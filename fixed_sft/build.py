@@ -31,6 +31,7 @@ from .chat import MASK_TYPES as KIMI_MASK_TYPES
 from .chat import ChatEncoder, read_probes
 from .encode import IN_FLIGHT_BYTES, Chunk, Encoded, EncoderConfig, Encoders, encode_rows, start_fork_server
 from .encoding import Encoder, TemplateMismatch
+from .engine import usable_cores
 from .errors import BuildError, UsageError
 from .fill import CheckTask, FreshTask, check_apart, fill, fill_tasks, fresh, import_renderer
 from .folder import transaction
@@ -55,7 +56,7 @@ from .memory import map_large_allocations, system_allocator
 from .order import permutation, positions
 from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter, format_of, naming
 from .pack import Packer, Row, Unit
-from .params import RECORDED, BuildConfig, to_json, usable_cores
+from .params import RECORDED, BuildConfig, to_json
 from .plots import Inputs, Plotter
 from .source import Source, SourceError, open_source, unreadable
 from .specs import BUILDS, HF, ResolvedTokenizer, build_spec, resolve_tokenizer
@@ -89,8 +90,8 @@ LARGE_ROW_BYTES = CHUNK_BYTES // CHUNK_ROWS
 PARALLEL_PACKING_WORKERS = 4
 # A build that encodes nothing starts its workers to pack only where its rows hold this many tokens
 # (and the machine has PARALLEL_PACKING_WORKERS cores): their start costs it 1-2 s. On the 16-core
-# machine, 40,000 conversations (42M tokens) took 5.58 s in 16 workers against 4.19 s one at a
-# time; 256,000 (268M tokens) took 14.60 s one at a time.
+# machine (bench_stored_packing.py), a later build of 64,000 Tulu-like conversations (67M tokens)
+# took 2.56 s in 16 workers against 3.05 s one at a time; of 256,000, 4.22 s against 10.42 s.
 STORED_PACKING_TOKENS = 1 << 26
 # With this many workers, a build whose template probes are kept fills the store without the
 # template renderer in its workers (its import took 1.2-2.9 s on the 16-core machine, while every
@@ -431,14 +432,14 @@ def _pack_stored(
 ) -> parallel.Packed | None:
     """Pack from the store in the workers (``fixed_sft.parallel``), where the store gives
     (``held``) the conversations the rows need and the build has started at least
-    ``PARALLEL_PACKING_WORKERS`` workers to encode. Else, or where the store holds one of
-    them damaged, ``None``: the build packs one conversation at a time. (A build that
-    encodes nothing starts workers only for many tokens: ``STORED_PACKING_TOKENS``.) An invalid
+    ``PARALLEL_PACKING_WORKERS`` workers: to encode, or, where it encodes nothing, to pack
+    rows of at least ``STORED_PACKING_TOKENS`` tokens. Else, or where the store holds one of
+    them damaged, ``None``: the build packs one conversation at a time. An invalid
     conversation that stops the build raises its error here. Where the fill just indexed
     every source row (``indexes``), that index stands for the index pass."""
     separator_id, encoding = setup
     if encoding.workers < PARALLEL_PACKING_WORKERS or encoding.encoders is None:
-        return None  # (too few to pay; or none started, as nothing is encoded: their start costs more)
+        return None  # (too few to pay; or none started: their start costs more than they save)
     if parallel.reachable(store, order, held, config.row_tokens) < (config.rows or math.inf):
         return None
 

@@ -361,7 +361,7 @@ def _verify(args: argparse.Namespace) -> int:
         print("\n".join(lines))
         same = proven and same
     elif args.rebuild:
-        from .params import usable_cores
+        from .engine import usable_cores
 
         workers = usable_cores() if args.workers is None else args.workers
         proven, lines = report(rebuild(args.folder, args.source, args.tokenizer, workers, not args.quiet))
@@ -457,9 +457,12 @@ def _push(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, early: bool = False) -> int:
     """Run the command line (``build`` when no command is named); return the exit code.
-    From the main thread, Ctrl-C and SIGTERM are handled by ``_Stop`` meanwhile."""
+    From the main thread, Ctrl-C and SIGTERM are handled by ``_Stop`` meanwhile. With
+    ``early`` (the program itself: ``run``), a build of many workers starts their fork
+    server first (``_start_workers_early``): a caller that goes on after ``main`` would
+    keep a server that waits."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # no "PyTorch was not found" notice
     # No BLAS here: without this, each process that imports numpy (this one, the workers' fork
@@ -471,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     stop, _Stop.said = _Stop(), False
     previous = {signum: signal.signal(signum, stop) for signum in SIGNALS} if _owns_signals() else {}
     try:
-        return _command(argv, stop)
+        return _command(argv, stop, early)
     except (KeyboardInterrupt, Terminated) as stopped:
         code, message = SIGNALS[signal.SIGINT if isinstance(stopped, KeyboardInterrupt) else signal.SIGTERM]
         _Stop.said = True  # (first: a signal from here on exits without a second line)
@@ -501,25 +504,22 @@ def _start_workers_early(argv: list[str]) -> None:
         return
     from .engine import usable_cores
 
-    given = None  # (the last one given, as the parser takes it)
-    for k, arg in enumerate(argv):
-        if arg == "--workers" and k + 1 < len(argv):
-            given = argv[k + 1]
-        elif arg.startswith("--workers="):
-            given = arg.partition("=")[2]
+    workers = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    workers.add_argument("--workers", type=int)  # (read as the parser reads it, abbreviated or not)
     try:
-        workers = usable_cores() if given is None else int(given)
-    except ValueError:
+        given = workers.parse_known_args(argv[1:])[0].workers
+    except argparse.ArgumentError:
         return  # (the parser names the error)
-    if min(workers, usable_cores()) >= EARLY_WORKERS:
+    if min(usable_cores() if given is None else given, usable_cores()) >= EARLY_WORKERS:
         from .early import start
 
         start()
 
 
-def _command(argv: list[str], stop: _Stop) -> int:
+def _command(argv: list[str], stop: _Stop, early: bool = False) -> int:
     try:
-        _start_workers_early(argv)
+        if early:
+            _start_workers_early(argv)
         args = parser().parse_args(argv)  # (imports, which Ctrl-C may interrupt too)
         return COMMANDS[args.command](args)
     finally:
@@ -547,7 +547,7 @@ def run() -> NoReturn:
     after = _Stop(over=True)
     for signum in SIGNALS:
         signal.signal(signum, after)
-    code = main()
+    code = main(early=True)
     if code in (INTERRUPTED, TERMINATED):
         exit_now(code)
     sys.exit(code)

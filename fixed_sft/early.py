@@ -33,8 +33,9 @@ def start() -> None:
     if _awaited is not None:
         return
     path = Path(util.get_temp_dir()) / "encoder.json"  # (multiprocessing's folder, removed at exit)
+    path.unlink(missing_ok=True)  # (an earlier server's, in this process)
+    _awaited = path  # (first: a signal as the server starts must not leave it waiting for nothing)
     forkserver_context([ENCODER_MODULE], {AWAIT_VARIABLE: str(path), BUILDER_VARIABLE: str(os.getpid())})
-    _awaited = path
 
 
 def give(encoder: str, renderer: bool) -> None:

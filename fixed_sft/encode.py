@@ -36,7 +36,6 @@ import pyarrow as pa
 from . import arrow, early
 from .chat import ChatEncoder
 from .conversation import Conversation, InvalidRow, conversation, is_unicode
-from .early import BUILDER_VARIABLE
 from .encoding import RENDERER_MODULE, BatchEncoder, Encoder, TemplateMismatch
 from .engine import InProcess, ProcessPool, Task, forkserver_context
 from .errors import UsageError
@@ -343,7 +342,7 @@ PRELOAD_VARIABLE = "FIXED_SFT_PRELOAD_ENCODER"  # an EncoderConfig as JSON, for 
 
 def preload(text: str | None, builder: int | None = None, awaited: str | None = None) -> tuple[str, Encoder] | None:
     """``text`` (``EncoderConfig.to_json``) and the encoder it names, loaded; ``None`` for
-    no ``text``, or when loading fails (each worker then loads its own encoder, and
+    neither ``text`` nor ``awaited``, or when loading fails (each worker then loads its own encoder, and
     reports the error). With ``awaited`` (a server started early: ``fixed_sft.early``),
     the text is what the build writes to that file, waited for, and the renderer is
     imported first where it asks. Meanwhile this process exits as soon as its parent is
@@ -376,7 +375,7 @@ def _exit_unless_child_of(builder: int, loaded: threading.Event) -> None:
 
 
 # set only while the fork server starts (``start_forkserver``); taken out of the environment its workers inherit
-_builder = os.environ.pop(BUILDER_VARIABLE, None)
+_builder = os.environ.pop(early.BUILDER_VARIABLE, None)
 _awaited = os.environ.pop(early.AWAIT_VARIABLE, None)
 _preloaded = preload(os.environ.pop(PRELOAD_VARIABLE, None), int(_builder) if _builder else None, _awaited)
 
@@ -432,7 +431,7 @@ def start_fork_server(config: EncoderConfig, renderer: bool = True) -> BaseConte
     now unless it runs, importing this module (and, with ``renderer``, the template renderer)
     and loading ``config``'s encoder while this process goes on."""
     early.give(config.to_json(), renderer)  # (to a server started early, which waits for it)
-    preload = {PRELOAD_VARIABLE: config.to_json(), BUILDER_VARIABLE: str(os.getpid())}
+    preload = {PRELOAD_VARIABLE: config.to_json(), early.BUILDER_VARIABLE: str(os.getpid())}
     return forkserver_context(WORKER_MODULES if renderer else [__name__], preload)
 
 

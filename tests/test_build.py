@@ -628,7 +628,8 @@ def test_workers_take_the_fork_servers_encoder_only_for_its_own_config(kimi_dir,
 def test_starting_the_fork_server_leaves_ctrl_c_and_the_environment_as_they_were(kimi_dir):
     import signal
 
-    from fixed_sft.encode import BUILDER_VARIABLE, PRELOAD_VARIABLE, WORKER_MODULES
+    from fixed_sft.early import BUILDER_VARIABLE
+    from fixed_sft.encode import PRELOAD_VARIABLE, WORKER_MODULES
     from fixed_sft.engine import forkserver_context
 
     handler, mask = signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, [])
@@ -675,41 +676,74 @@ print(json.dumps([first["rows_sha256"], took, second["rows_sha256"]]))
 
 
 def test_a_build_of_many_workers_starts_their_fork_server_before_its_imports(corpus, kimi_dir, tmp_path):
-    """From ``EARLY_WORKERS`` workers, the command line starts the fork server before it
-    imports the build (``fixed_sft.early``); the server waits until the build names its
-    encoder, loads it, and the workers take it: the rows are those of one worker. A build
-    that then forks no worker (the store gives it all) leaves it waiting, and exits."""
+    """From ``EARLY_WORKERS`` workers, the program starts the fork server before it imports
+    the build (``fixed_sft.early``); the server waits until the build names its encoder,
+    loads it, and the workers take it: the rows are those of one worker. A build that then
+    forks no worker (the store gives it all) leaves it waiting, and exits."""
     one = build(config(corpus[0] / "parquet", kimi_dir, rows=None, no_cache=True), tmp_path / "one")
     argv = ["build", "--source", str(corpus[0] / "parquet"), "--tokenizer", str(kimi_dir), "--rows", "all"]
     argv += ["--row-tokens", "1024", "--seed", "5", "--check-every", "8", "--no-card", "--quiet", "--workers", "2"]
     argv += ["--cache-dir", str(tmp_path / "store")]
 
-    def run(out: str) -> list:
+    def run(out: str, took: bool) -> list:
         script = f"""
 import json, sys
-from fixed_sft import cli, early
+from fixed_sft import cli, early, engine
 cli.EARLY_WORKERS = 2
+engine.usable_cores = lambda: 2
 seen, start = [], early.start
 early.start = lambda: seen.append(sorted(m for m in ("fixed_sft.build", "numpy") if m in sys.modules)) or start()
-code = cli.main({argv + ["--out", str(tmp_path / out)]!r})
-given = early._awaited is None
-from fixed_sft import encode
-from fixed_sft.build import encoder_setup
-config = cli._config(cli.parser().parse_args({argv!r}))[0]
-with encode.Encoders(encoder_setup(config).encoder, 2, 8) as encoders:
-    took = encoders.engine._pool.submit(eval, {TOOK_PRELOADED!r}).result()
-print(json.dumps([code, seen, given, took]))
+code = cli.main({argv + ["--out", str(tmp_path / out)]!r}, early=True)
+result = [code, seen, early._awaited is None]
+if {took!r}:  # (whether a worker takes the server's encoder)
+    from fixed_sft import encode
+    from fixed_sft.build import encoder_setup
+    config = cli._config(cli.parser().parse_args({argv!r}))[0]
+    with encode.Encoders(encoder_setup(config).encoder, 2, 8) as encoders:
+        result.append(encoders.engine._pool.submit(eval, {TOOK_PRELOADED!r}).result())
+print(json.dumps(result))
 """
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout.splitlines()[-1])
 
     import subprocess
 
-    assert run("first") == [0, [[]], True, True]  # (it encodes: in the workers)
-    assert run("later") == [0, [[]], False, True]  # (it encodes nothing: given only to the Encoders after it)
+    assert run("first", True) == [0, [[]], True, True]  # (it encodes, in the workers: the server was given)
+    assert run("later", False) == [0, [[]], False]  # (it encodes nothing: the server waited, and the process ended)
     for out in ("first", "later"):
         assert json.loads((tmp_path / out / "manifest.json").read_text())["rows_sha256"] == one["rows_sha256"]
+
+
+def test_a_signal_as_the_early_fork_server_starts_leaves_it_to_be_given(corpus, kimi_dir, tmp_path):
+    """A Ctrl-C as ``early.start`` starts the server (raised once it is unblocked) leaves
+    the server named as waiting: a build in the same process then gives it its encoder,
+    rather than wait for ever on workers that wait for it."""
+    values = {**vars(config(corpus[0] / "parquet", kimi_dir)), "workers": 2}
+    script = f"""
+import json
+from pathlib import Path
+from fixed_sft import early
+from fixed_sft.build import BuildConfig, build
+real = early.forkserver_context
+def interrupted(*args):
+    real(*args)
+    raise KeyboardInterrupt
+early.forkserver_context = interrupted
+try:
+    early.start()
+except KeyboardInterrupt:
+    pass
+early.forkserver_context = real
+manifest = build(BuildConfig(**{values!r}), Path({str(tmp_path / "two")!r}))
+print(json.dumps([manifest["rows_sha256"], early._awaited is None]))
+"""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows, given = json.loads(done.stdout.splitlines()[-1])
+    assert given and rows == build(config(corpus[0] / "parquet", kimi_dir), tmp_path / "one")["rows_sha256"]
 
 
 @pytest.mark.parametrize(
@@ -721,6 +755,8 @@ print(json.dumps([code, seen, given, took]))
         (["build", "--workers=4"], 16, False),
         (["build", "--workers=4", "--workers", "8"], 16, True),
         (["build", "--workers", "8", "--workers=4"], 16, False),
+        (["build", "--work", "2"], 16, False),
+        (["build", "--workers"], 16, False),
         (["build", "--workers", "16"], 4, False),
         (["build", "--workers", "many"], 16, False),
         (["build", "--help"], 16, False),

@@ -648,7 +648,7 @@ def test_a_signal_during_a_start_up_that_never_ends_stops_the_build(
 # Ctrl-C surely lands in the interpreter's shutdown (as it may when threads are joined).
 SLOW_SHUTDOWN = (
     "import atexit, sys, time; import fixed_sft.cli as cli; command = cli.main; "
-    "cli.main = lambda argv=None: (command(argv), atexit.register(time.sleep, 1))[0]; cli.run()"
+    "cli.main = lambda argv=None, early=False: (command(argv, early), atexit.register(time.sleep, 1))[0]; cli.run()"
 )
 
 
