@@ -342,12 +342,12 @@ PRELOAD_VARIABLE = "FIXED_SFT_PRELOAD_ENCODER"  # an EncoderConfig as JSON, for 
 
 def preload(text: str | None, builder: int | None = None, awaited: str | None = None) -> tuple[str, Encoder] | None:
     """``text`` (``EncoderConfig.to_json``) and the encoder it names, loaded; ``None`` for
-    neither ``text`` nor ``awaited``, or when loading fails (each worker then loads its own encoder, and
-    reports the error). With ``awaited`` (a server started early: ``fixed_sft.early``),
-    the text is what the build writes to that file, waited for, and the renderer is
-    imported first where it asks. Meanwhile this process exits as soon as its parent is
-    not ``builder`` (by default the parent it has now): the build is gone (killed, or
-    stopped by a signal), and a template may take for ever to render."""
+    neither ``text`` nor ``awaited``, or when loading fails (each worker then loads its own
+    encoder, and reports the error). With ``awaited`` (a server started early:
+    ``fixed_sft.early``), the text is what the build writes to that file, waited for, and
+    the renderer is imported first where it asks. Meanwhile this process exits as soon as
+    its parent is not ``builder`` (by default the parent it has now): the build is gone
+    (killed, or stopped by a signal), and a template may take for ever to render."""
     if not text and not awaited:
         return None
     loaded = threading.Event()
