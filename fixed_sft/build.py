@@ -88,11 +88,14 @@ LARGE_ROW_BYTES = CHUNK_BYTES // CHUNK_ROWS
 # pays from this many workers; fewer pack one conversation at a time (benchmarks/README.md: with
 # 2 workers on 2 cores a later build took 4.72 s against 3.31 s with 1).
 PARALLEL_PACKING_WORKERS = 4
-# A build that encodes nothing starts its workers to pack only where its rows hold this many tokens
-# (and the machine has PARALLEL_PACKING_WORKERS cores): their start costs it 1-2 s. On the 16-core
-# machine (bench_stored_packing.py), a later build of 64,000 Tulu-like conversations (67M tokens)
-# took 2.56 s in 16 workers against 3.05 s one at a time; of 256,000, 4.22 s against 10.42 s.
+# A build that encodes nothing starts its workers to pack only where its rows hold this many tokens,
+# with at least STORED_PACKING_CORES workers and cores: their start costs it 1-2 s, and one at a
+# time it keeps 2 cores busy (its thread and the Parquet writer's). On the 16-core machine
+# (bench_stored_packing.py), a later build of 64,000 Tulu-like conversations (67M tokens) took
+# 2.56 s in 16 workers against 3.05 s one at a time; of 256,000, 4.22 s against 10.42 s. Fewer
+# cores than 8 were not measured.
 STORED_PACKING_TOKENS = 1 << 26
+STORED_PACKING_CORES = 8
 # With this many workers, a build whose template probes are kept fills the store without the
 # template renderer in its workers (its import took 1.2-2.9 s on the 16-core machine, while every
 # worker waited): a checker per CHECKED_BY workers, at least 2, checks the sampled rows (fixed_sft.fill).
@@ -433,7 +436,7 @@ def _pack_stored(
     """Pack from the store in the workers (``fixed_sft.parallel``), where the store gives
     (``held``) the conversations the rows need and the build has started at least
     ``PARALLEL_PACKING_WORKERS`` workers: to encode, or, where it encodes nothing, to pack
-    rows of at least ``STORED_PACKING_TOKENS`` tokens. Else, or where the store holds one of
+    many tokens (``_packs_stored_apart``). Else, or where the store holds one of
     them damaged, ``None``: the build packs one conversation at a time. An invalid
     conversation that stops the build raises its error here. Where the fill just indexed
     every source row (``indexes``), that index stands for the index pass."""
@@ -690,14 +693,14 @@ def _fills_apart(config: BuildConfig, encoder: EncoderConfig) -> bool:
 
 def _packs_stored_apart(config: BuildConfig, store: TokenStore) -> bool:
     """Whether a build that encodes nothing (the store gives every conversation it needs)
-    starts workers to pack: with ``PARALLEL_PACKING_WORKERS`` of them and as many cores,
-    where its rows hold at least ``STORED_PACKING_TOKENS`` tokens (all rows: the store's)."""
+    starts workers to pack: with ``STORED_PACKING_CORES`` of them and as many cores, where
+    its rows hold at least ``STORED_PACKING_TOKENS`` tokens (all rows: the store's)."""
     cores = min(config.workers, usable_cores())
     if config.rows is not None:
         tokens = config.rows * config.row_tokens
     else:
         tokens = int(np.maximum(store.tokens, 0).sum()) + len(store.tokens)  # (each with its separator)
-    return cores >= PARALLEL_PACKING_WORKERS and tokens >= STORED_PACKING_TOKENS
+    return cores >= max(PARALLEL_PACKING_WORKERS, STORED_PACKING_CORES) and tokens >= STORED_PACKING_TOKENS
 
 
 def _probes_kept(encoder: EncoderConfig) -> bool:

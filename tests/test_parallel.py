@@ -605,8 +605,9 @@ def test_a_build_that_encodes_nothing_packs_in_its_workers_where_its_rows_are_ma
     rows, corpus, kimi_dir, tmp_path, packed, monkeypatch
 ) -> None:
     """A build whose store gives every conversation starts workers (without the renderer)
-    to pack only where its rows hold ``STORED_PACKING_TOKENS`` tokens and the machine has
-    the cores: the same bytes either way."""
+    to pack only where its rows hold ``STORED_PACKING_TOKENS`` tokens, with
+    ``STORED_PACKING_CORES`` workers and cores: the same bytes either way."""
+    monkeypatch.setattr(build_module, "STORED_PACKING_CORES", 2)
     cfg = _config(corpus, kimi_dir, rows=rows, row_tokens=1024)
     one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
     build(dataclasses.replace(cfg, seed=cfg.seed + 1, rows=None), tmp_path / "first")  # (stores every row, checked)
