@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
 import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.context import BaseContext
 from pathlib import Path
+from types import TracebackType
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -374,8 +376,18 @@ def _exit_unless_child_of(builder: int, loaded: threading.Event) -> None:
     os._exit(1)
 
 
+def _lost_build(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
+    """The fork server's ``sys.excepthook``: a build that vanished in the middle of a
+    request (stopped as a worker started: the request's files end early) ends the server
+    quietly, as the build ends too; any other error is printed as Python prints it."""
+    if not issubclass(kind, (EOFError, ConnectionError)):
+        sys.__excepthook__(kind, error, trace)
+
+
 # set only while the fork server starts (``start_forkserver``); taken out of the environment its workers inherit
 _builder = os.environ.pop(early.BUILDER_VARIABLE, None)
+if _builder:  # (this process is the fork server)
+    sys.excepthook = _lost_build
 _awaited = os.environ.pop(early.AWAIT_VARIABLE, None)
 _preloaded = preload(os.environ.pop(PRELOAD_VARIABLE, None), int(_builder) if _builder else None, _awaited)
 

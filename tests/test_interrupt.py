@@ -625,6 +625,29 @@ def test_a_signal_while_workers_pack_from_the_store_stops_the_build(source, kimi
     assert stopped
 
 
+def test_the_fork_server_ends_quietly_when_a_build_vanishes_mid_request() -> None:
+    """A build stopped as one of its workers starts may close its fork server's connection
+    before it sends the worker's files: the server ends (the build is going), with no
+    traceback on the build's terminal. (Seen as an EOFError's traceback after "interrupted".)"""
+    script = """
+import os, socket, sys, time
+from multiprocessing import forkserver
+from fixed_sft.early import BUILDER_VARIABLE
+from fixed_sft.engine import forkserver_context
+forkserver_context(["fixed_sft.encode"], {BUILDER_VARIABLE: str(os.getpid())})
+server = forkserver._forkserver
+client = socket.socket(socket.AF_UNIX)
+client.connect(server._forkserver_address)
+client.close()  # (a request, ended before its files)
+deadline = time.monotonic() + 30
+while os.waitpid(server._forkserver_pid, os.WNOHANG) == (0, 0):
+    assert time.monotonic() < deadline, "the fork server did not end"
+    time.sleep(0.01)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_signal_during_a_start_up_that_never_ends_stops_the_build(
     workers, long_source, never_ending_tokenizer, tmp_path
