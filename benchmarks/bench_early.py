@@ -31,10 +31,8 @@ def main() -> int:
     args = pairs.arguments(__doc__.splitlines()[0], conversations=64000).parse_args()
 
     from fixed_sft.cli import EARLY_WORKERS
-    from fixed_sft.engine import usable_cores
 
-    if min(args.workers, usable_cores()) < EARLY_WORKERS:
-        print(f"error: the early start needs {EARLY_WORKERS} workers and cores", file=sys.stderr)
+    if not pairs.enough(args.workers, EARLY_WORKERS, "the early start"):
         return 2
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)

@@ -34,6 +34,16 @@ def arguments(description: str, conversations: int) -> argparse.ArgumentParser:
     return parser
 
 
+def enough(workers: int, needed: int, what: str) -> bool:
+    """Whether ``workers`` (at most one a core here) reach ``needed``; else the error, said."""
+    from fixed_sft.engine import usable_cores
+
+    if min(workers, usable_cores()) >= needed:
+        return True
+    print(f"error: {what} needs {needed} workers and cores", file=sys.stderr)
+    return False
+
+
 def write_source(folder: Path, conversations: int, corpus: str) -> Path:
     """A synthetic source of ``conversations`` (``short``: short dialogs, as ``bench_linear.py``)
     in 4 Parquet files of ``ROW_GROUPS`` rows per row group."""
