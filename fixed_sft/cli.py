@@ -510,7 +510,8 @@ def _start_workers_early(argv: list[str]) -> None:
         given = workers.parse_known_args(argv[1:])[0].workers
     except argparse.ArgumentError:
         return  # (the parser names the error)
-    if min(usable_cores() if given is None else given, usable_cores()) >= EARLY_WORKERS:
+    cores = usable_cores()
+    if min(cores if given is None else given, cores) >= EARLY_WORKERS:
         from .early import start
 
         start()
