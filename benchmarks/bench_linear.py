@@ -9,8 +9,10 @@ source is several bands of 384 MiB):
 * ``store``: with an empty token store, which the build fills in one pass over the source;
 * ``bands``: ``--no-cache``, which reads the source once per band.
 
-For each, the seconds (and where they went: filling the store, packing one conversation
-at a time, the parallel packing's index and write passes, the rest), the CPU seconds the
+For each, the seconds of ``main`` once the build's modules are imported (and where they
+went: filling the store, packing one conversation at a time, the parallel packing's index
+and write passes, the rest), the seconds of the whole process (the interpreter's start,
+the imports and the exit too, as a user waits for them), the CPU seconds the
 machine was busy meanwhile (all the build's processes, and anything else running) and the
 source rows decoded (Parquet batches counted in the build's process), median and range of
 ``--repeats``; then each size's time over N's. Linear cost: 4N takes about 4x N's time,
@@ -39,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -191,7 +194,7 @@ def main() -> int:
                         if (probes / "probes").is_dir():
                             shutil.copytree(probes / "probes", folder / f"store-{name}" / "probes")
                         command = [sys.executable, "-c", CHILD, json.dumps(_arguments(config))]
-                        before = _busy_seconds()
+                        before, begin = _busy_seconds(), time.perf_counter()
                         done = subprocess.run(
                             [*command, str(args.band_mib * (1 << 20))],
                             check=True,
@@ -199,13 +202,16 @@ def main() -> int:
                             text=True,
                             cwd=ROOT,
                         )
+                        whole = time.perf_counter() - begin
                         result = json.loads(done.stdout.splitlines()[-1])
+                        result["whole_seconds"] = whole
                         result["busy_cpu_seconds"] = _busy_seconds() - before
                         runs.append({"mode": mode, "size": size, "workers": workers, **result})
                         phases = ", ".join(f"{k.strip('_')} {v:.2f}" for k, v in result["phases"].items())
                         busy = result["busy_cpu_seconds"]
                         print(
-                            f"  {name}: {result['seconds']:.2f} s ({phases}), machine busy {busy:.1f} CPU-s, "
+                            f"  {name}: {result['seconds']:.2f} s ({phases}), whole process {whole:.2f} s, "
+                            f"machine busy {busy:.1f} CPU-s, "
                             f"{result['decoded']:,} rows decoded",
                             flush=True,
                         )
@@ -224,11 +230,14 @@ def main() -> int:
                 seconds = of(mode, size, workers, "seconds")
                 median = statistics.median(seconds)
                 scaling = statistics.median(of(mode, size, worker_counts[0], "seconds")) / median
+                whole = statistics.median(of(mode, size, workers, "whole_seconds"))
+                whole_scaling = statistics.median(of(mode, size, worker_counts[0], "whole_seconds")) / whole
                 print(
                     f"{mode:>6} {size:>7,} conversations, {workers:>2} workers: {median:6.2f} s "
                     f"({min(seconds):.2f}-{max(seconds):.2f}), {median / base:.2f}x N's time, "
                     f"{scaling:.2f}x {worker_counts[0]} worker(s); decoded in the build's process "
-                    f"{statistics.median(of(mode, size, workers, 'decoded')):,.0f} rows"
+                    f"{statistics.median(of(mode, size, workers, 'decoded')):,.0f} rows; whole process "
+                    f"{whole:.2f} s, {whole_scaling:.2f}x {worker_counts[0]} worker(s)"
                 )
     same = all(len({r["sha"] for r in runs if r["size"] == size}) == 1 for size in sizes)
     print("rows the same with the store and with bands: " + ("yes" if same else "NO"))

@@ -1,6 +1,6 @@
 """Two ways of one build, timed in alternating pairs, each build in a fresh process as the program runs it.
 
-The helpers of ``bench_early.py`` and ``bench_stored_packing.py``: a way is a Python
+The helpers of ``bench_early.py``, ``bench_stored_packing.py`` and ``bench_parts.py``: a way is a Python
 statement run in the build's process before the CLI (a module constant set), and the two
 ways of a pair must give the same rows.
 """

@@ -92,7 +92,7 @@ def rows_per_group(row_tokens: int) -> int:
 
 
 def parquet_writer(path: Path, boundaries: bool) -> pq.ParquetWriter:
-    """A writer of a build's Parquet file (or of one row group of it: ``write_part``)."""
+    """A writer of a build's Parquet file (or of a part of it: ``write_part``)."""
     with naming(path):
         return pq.ParquetWriter(
             path,
@@ -147,13 +147,16 @@ def _prompts(count: int) -> pa.Array:
 
 
 def write_part(path: Path, rows: list[Row], first: int, boundaries: bool) -> None:
-    """``rows`` (numbered from ``first``) as a Parquet file of one row group, written as
-    ``RowWriter`` writes that row group: ``fixed_sft.stitch`` joins such files into the
-    file ``RowWriter`` would have written."""
+    """``rows`` (numbered from ``first``) as a Parquet file of row groups of
+    ``rows_per_group`` rows (the last may hold fewer), written as ``RowWriter`` writes those
+    row groups: ``fixed_sft.stitch`` joins such files into the file ``RowWriter`` would have
+    written, where only the last part ends with a shorter group."""
+    group = rows_per_group(len(rows[0].ids))
     writer = parquet_writer(path, boundaries)
     with naming(path):
         try:
-            writer.write_table(rows_table(rows, first, boundaries))
+            for start in range(0, len(rows), group):
+                writer.write_table(rows_table(rows[start : start + group], first + start, boundaries))
         finally:
             writer.close()
 

@@ -12,9 +12,9 @@ each a task per block, run in those workers:
    those with a supervised token after token 0, up to the rows asked for. Where the
    build's fill has just encoded and stored every source row, it kept their index
    (``Indexes``): its blocks stand for this pass, which then reads nothing back.
-2. ``write``: a row group of kept rows, read again from the store, assembled as
-   ``fixed_sft.pack`` assembles them, hashed, and written as a Parquet file of its own;
-   this process joins the files in order (``fixed_sft.stitch``).
+2. ``write``: one or more row groups of kept rows (``groups_per_part``), read again from
+   the store, assembled as ``fixed_sft.pack`` assembles them, hashed, and written as a
+   Parquet file of its own; this process joins the files in order (``fixed_sft.stitch``).
 
 The rows, the Parquet file and the manifest are those of packing one conversation at a
 time (``tests/test_parallel.py``), for any number of workers (a build packs so from
@@ -49,6 +49,8 @@ from .store import SegmentReader, TokenStore
 from .thrift import Fields
 
 BLOCK = 4096  # packing positions per index task: at most this many
+PART_VALUES = 1 << 22  # tokens a write task writes: at most this many, in whole row groups (``groups_per_part``)
+WRITE_TASKS = 128  # and as few row groups a task as keep this many tasks
 MIN_BLOCK = 256  # and at least this many (or the rest)
 ZERO = np.zeros(1, np.uint8)
 Run = Callable[[Callable[[Any, Any], Any], Iterable[Any]], Iterator[Any]]  # maps fn(state, task) over tasks, in order
@@ -214,7 +216,7 @@ def index(_: object, task: Stored) -> Block:
 
 
 class WriteTask(NamedTuple):
-    """A row group: rows numbered from ``first_row``, each units ``first..last`` of
+    """Row groups (a part): rows numbered from ``first_row``, each units ``first..last`` of
     ``units`` (the task's conversations, in stream order) from token ``head`` of the first
     to token ``tail`` (exclusive) of the last; ``trainable`` what the index said of each."""
 
@@ -232,7 +234,7 @@ class WriteTask(NamedTuple):
 
 
 def write(_: object, task: WriteTask) -> tuple[list[bytes], tuple[Fields, int]]:
-    """Assemble, hash and write a row group (module docstring, pass 2); its rows' digests,
+    """Assemble, hash and write a part's row groups (module docstring, pass 2); its rows' digests,
     and the part's footer (read here, in the worker: ``Stitcher.append`` needs it)."""
     units = [(item.source_index, item.id, item.ids, item.mask) for item in task.units.read_all()]
     rows, digests = [], []
@@ -603,6 +605,18 @@ def _tally(stream: _Stream, rows: _Rows, check_every: int) -> Packed:
     return packed
 
 
+def groups_per_part(rows: int, row_tokens: int) -> int:
+    """Row groups a write task writes, as one part: as many as hold ``PART_VALUES`` tokens,
+    while ``rows`` kept rows still make ``WRITE_TASKS`` tasks (at least 1). Each task's
+    part costs this process a round trip and a join, so short rows come in fewer parts.
+
+    >>> groups_per_part(66_000, 4096), groups_per_part(17_000, 4096), groups_per_part(66_000, 65_536)
+    (4, 1, 1)
+    """
+    group = rows_per_group(row_tokens)
+    return max(1, min(PART_VALUES // (group * row_tokens), rows // group // WRITE_TASKS))
+
+
 def _write(
     store: TokenStore,
     order: np.ndarray,
@@ -617,14 +631,14 @@ def _write(
     row_tokens, eos_id, boundaries = shape
     cuts = rows.cuts
     kept = np.flatnonzero(rows.kept)
-    group = rows_per_group(row_tokens)
+    part_rows = rows_per_group(row_tokens) * groups_per_part(len(kept), row_tokens)
     parts = out.parent / PARTS_NAME  # (removed with the folder where a build stops: fixed_sft.folder)
     parts.mkdir()
     sources = order[rows.units]
 
     def tasks() -> Iterator[WriteTask]:
-        for number, start in enumerate(range(0, len(kept), group)):
-            chosen = kept[start : start + group]
+        for number, start in enumerate(range(0, len(kept), part_rows)):
+            chosen = kept[start : start + part_rows]
             first, last = cuts.first[chosen], cuts.last[chosen]
             units = _covered(first, last)
             yield WriteTask(

@@ -5,9 +5,9 @@ the footer's length and ``PAR1``. Pages hold no file offsets; the footer does (e
 chunk's page offsets, each row group's ``file_offset`` and ``ordinal``). Joining parts
 copies each part's column chunks after the last, shifts their offsets by where they land,
 and writes the first part's footer with every part's row groups and the total row count.
-Parts written by one ``pyarrow`` writer with the same settings and schema, one row group
-each, so join into the bytes that writer gives when it writes the row groups into one
-file (``tests/test_stitch.py``).
+Parts written by one ``pyarrow`` writer with the same settings and schema, whole row
+groups each, so join into the bytes that writer gives when it writes the row groups into
+one file (``tests/test_stitch.py``).
 """
 
 from __future__ import annotations

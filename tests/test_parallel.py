@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 import fixed_sft.build as build_module
 import fixed_sft.fill
+import fixed_sft.output
 import fixed_sft.parallel
 import fixed_sft.plots
 from fixed_sft.build import BuildConfig, BuildError, build
@@ -373,8 +374,8 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
     rows of 1 token up), packing from a real store entry in blocks of 3 gives the tally,
     statistics and Parquet bytes of packing one conversation at a time, or the same error;
     whether the blocks come from the index pass or from the index a fill kept, in parts of
-    any sizes (``Indexes``). (A long run: ``FIXED_SFT_PACKING_EXAMPLES=5000``,
-    benchmarks/README.md.)"""
+    any sizes (``Indexes``), and whatever the row groups a written part holds. (A long run:
+    ``FIXED_SFT_PACKING_EXAMPLES=5000``, benchmarks/README.md.)"""
     n = data.draw(st.integers(1, 40))
     pool = [f"id{k}" for k in range(max(1, n // 3))]
     distinct = data.draw(st.booleans())  # (every id its own: the stream needs no id looked up)
@@ -392,6 +393,8 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
     skip = data.draw(st.booleans())
     check_every = data.draw(st.sampled_from([0, 1, 3]))
     shape = (data.draw(st.sampled_from([1, 2, 3, 7, 16])), 1, data.draw(st.booleans()))
+    group_rows = data.draw(st.sampled_from([1, 2, 3, 128]))  # (rows a row group, and its parts)
+    write_tasks = data.draw(st.sampled_from([1, 2, 128]))
     filled = None
     if data.draw(st.booleans()):  # (the index a fill kept: parts of its tasks' chunks, in any order)
         cuts = sorted(data.draw(st.sets(st.integers(1, n - 1), max_size=4))) if n > 1 else []
@@ -409,9 +412,11 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
         (folder / "one").mkdir()
         (folder / "packed").mkdir()
         one = folder / "one" / "train.parquet"
-        expected, rows = _one_at_a_time(items, order, wanted, skip, check_every, shape, one)
         in_process = lambda fn, tasks: (fn(None, task) for task in tasks)  # noqa: E731
         with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fixed_sft.output, "ROWS_PER_GROUP", group_rows)
+            patch.setattr(fixed_sft.parallel, "WRITE_TASKS", write_tasks)
+            expected, rows = _one_at_a_time(items, order, wanted, skip, check_every, shape, one)
             patch.setattr(fixed_sft.parallel, "BLOCK", 3)
             patch.setattr(fixed_sft.parallel, "MIN_BLOCK", 3)
             blocks = filled.blocks(order) if filled is not None else None

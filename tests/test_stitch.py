@@ -1,4 +1,4 @@
-"""Parquet parts of one row group each, joined by their bytes, are the file ``RowWriter`` writes."""
+"""Parquet parts of whole row groups, joined by their bytes, are the file ``RowWriter`` writes."""
 
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ def _rows(count: int, width: int, seed: int) -> list[Row]:
     return rows
 
 
-def _stitched(tmp_path: Path, rows: list[Row], boundaries: bool) -> bytes:
-    group = rows_per_group(len(rows[0].ids))
+def _stitched(tmp_path: Path, rows: list[Row], boundaries: bool, groups: int = 1) -> bytes:
+    part_rows = rows_per_group(len(rows[0].ids)) * groups
     stitcher = Stitcher(tmp_path / "stitched.parquet")
-    for first in range(0, len(rows), group):
+    for first in range(0, len(rows), part_rows):
         part = tmp_path / f"part-{first}.parquet"
-        write_part(part, rows[first : first + group], first, boundaries)
+        write_part(part, rows[first : first + part_rows], first, boundaries)
         stitcher.append(part)
         part.unlink()  # (as a build does: the part is copied from its open file)
     stitcher.close()
@@ -40,17 +40,27 @@ def _stitched(tmp_path: Path, rows: list[Row], boundaries: bool) -> bytes:
 
 
 @pytest.mark.parametrize(
-    ("count", "width", "boundaries"),
-    [(300, 64, False), (300, 64, True), (1, 8, False), (128, 16, False), (5, 70_000, True)],
+    ("count", "width", "boundaries", "groups"),
+    [
+        (300, 64, False, 1),
+        (300, 64, True, 1),
+        (1, 8, False, 1),
+        (128, 16, False, 1),
+        (5, 70_000, True, 1),
+        (700, 64, False, 3),  # (parts of 3 row groups; the last part holds 2, the last group 60 rows)
+        (5, 70_000, True, 2),
+    ],
 )
-def test_parts_join_into_the_writers_file(tmp_path: Path, count: int, width: int, boundaries: bool) -> None:
+def test_parts_join_into_the_writers_file(
+    tmp_path: Path, count: int, width: int, boundaries: bool, groups: int
+) -> None:
     rows = _rows(count, width, seed=count + width)
     writer = RowWriter(tmp_path / "written.parquet", boundaries)
     for row in rows:
         writer.write(row)
     writer.close()
     written = (tmp_path / "written.parquet").read_bytes()
-    assert _stitched(tmp_path, rows, boundaries) == written
+    assert _stitched(tmp_path, rows, boundaries, groups) == written
     table = pq.read_table(tmp_path / "stitched.parquet")
     assert table.column("metadata").combine_chunks().field("row").to_pylist() == list(range(count))
     assert pq.ParquetFile(tmp_path / "stitched.parquet").num_row_groups == -(-count // rows_per_group(width))
