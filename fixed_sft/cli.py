@@ -499,22 +499,25 @@ def main(argv: list[str] | None = None, early: bool = False) -> int:
 def _start_workers_early(argv: list[str]) -> None:
     """Start the workers' fork server before the build's imports (``fixed_sft.early``), for
     a build of at least ``EARLY_WORKERS`` workers (``--workers``, else the cores) on as
-    many cores: with fewer, a build that then forks no worker would pay the server's imports."""
+    many cores: with fewer, a build that then forks no worker would pay the server's imports.
+    The server is told ``--tokenizer`` and ``--bpe``, to load that tokenizer meanwhile."""
     if argv[:1] != ["build"] or {"-h", "--help"} & set(argv):
         return
     from .engine import usable_cores
 
-    workers = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-    workers.add_argument("--workers", type=int)  # (read as the parser reads it, abbreviated or not)
+    early = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    early.add_argument("--workers", type=int)  # (read as the parser reads them, abbreviated or not)
+    early.add_argument("--tokenizer")
+    early.add_argument("--bpe")
     try:
-        given = workers.parse_known_args(argv[1:])[0].workers
+        given = early.parse_known_args(argv[1:])[0]
     except argparse.ArgumentError:
         return  # (the parser names the error)
     cores = usable_cores()
-    if min(cores if given is None else given, cores) >= EARLY_WORKERS:
+    if min(cores if given.workers is None else given.workers, cores) >= EARLY_WORKERS:
         from .early import start
 
-        start()
+        start(given.tokenizer, given.bpe)
 
 
 def _command(argv: list[str], stop: _Stop, early: bool = False) -> int:

@@ -2,7 +2,10 @@
 
 A build of many workers starts its fork server as its command line is read (``start``):
 the server imports the encoder's module while the build imports its own (0.4-0.7 s each on
-the 16-core machine), then waits. Once the build has resolved its encoder, ``give`` writes
+the 16-core machine), then loads the Kimi tokenizer of the folder the command line names,
+if it names one (``HINT_VARIABLE``: a guess, kept by ``tokenizer.load_kimi`` for those
+files, so that the encoder the build names later loads at once), and waits. Once the
+build has resolved its encoder, ``give`` writes
 it (and whether the workers want the template renderer) into the server's file; the server
 imports the renderer where asked, loads the encoder, and forks the workers from then on. A
 server given nothing ends with the build (it watches the build's process meanwhile).
@@ -20,22 +23,28 @@ from .engine import forkserver_context
 
 BUILDER_VARIABLE = "FIXED_SFT_PRELOAD_BUILDER"  # the pid of the build's process, which starts the fork server
 AWAIT_VARIABLE = "FIXED_SFT_PRELOAD_AWAIT"  # the file a fork server started early waits for (``give``)
+HINT_VARIABLE = "FIXED_SFT_PRELOAD_HINT"  # the tokenizer folder and BPE the command line names, as JSON
 ENCODER_MODULE = "fixed_sft.encode"  # what such a server imports first
 WAIT_S = 0.005  # how often the server looks for its file
 
 _awaited: Path | None = None  # in the build's process: the file its early server waits for, until given
 
 
-def start() -> None:
-    """Start the workers' fork server now, importing ``ENCODER_MODULE``, which then waits
-    for ``give`` (where a fork server runs already in this process, ``give`` is not read)."""
+def start(tokenizer: str | None = None, bpe: str | None = None) -> None:
+    """Start the workers' fork server now, importing ``ENCODER_MODULE``, which then loads
+    the Kimi tokenizer of the folder ``tokenizer`` with ``bpe`` (where it holds
+    ``tiktoken.model``) and waits for ``give`` (where a fork server runs already in this
+    process, ``give`` is not read)."""
     global _awaited
     if _awaited is not None:
         return
     path = Path(util.get_temp_dir()) / "encoder.json"  # (multiprocessing's folder, removed at exit)
     path.unlink(missing_ok=True)  # (an earlier server's, in this process)
     _awaited = path  # (first: a signal as the server starts must not leave it waiting for nothing)
-    forkserver_context([ENCODER_MODULE], {AWAIT_VARIABLE: str(path), BUILDER_VARIABLE: str(os.getpid())})
+    environment = {AWAIT_VARIABLE: str(path), BUILDER_VARIABLE: str(os.getpid())}
+    if tokenizer is not None and (Path(tokenizer) / "tiktoken.model").is_file():
+        environment[HINT_VARIABLE] = json.dumps([tokenizer, bpe])
+    forkserver_context([ENCODER_MODULE], environment)
 
 
 def give(encoder: str, renderer: bool) -> None:

@@ -342,12 +342,15 @@ RELEASE_CHUNK_BYTES = 4 << 20
 PRELOAD_VARIABLE = "FIXED_SFT_PRELOAD_ENCODER"  # an EncoderConfig as JSON, for the fork server only
 
 
-def preload(text: str | None, builder: int | None = None, awaited: str | None = None) -> tuple[str, Encoder] | None:
+def preload(
+    text: str | None, builder: int | None = None, awaited: str | None = None, hint: str | None = None
+) -> tuple[str, Encoder] | None:
     """``text`` (``EncoderConfig.to_json``) and the encoder it names, loaded; ``None`` for
     neither ``text`` nor ``awaited``, or when loading fails (each worker then loads its own
     encoder, and reports the error). With ``awaited`` (a server started early:
     ``fixed_sft.early``), the text is what the build writes to that file, waited for, and
-    the renderer is imported first where it asks. Meanwhile this process exits as soon as
+    the renderer is imported first where it asks; before it waits, the Kimi tokenizer that
+    ``hint`` names is loaded (``_guess``). Meanwhile this process exits as soon as
     its parent is not ``builder`` (by default the parent it has now): the build is gone
     (killed, or stopped by a signal), and a template may take for ever to render."""
     if not text and not awaited:
@@ -357,6 +360,8 @@ def preload(text: str | None, builder: int | None = None, awaited: str | None = 
     watcher.start()
     try:
         if awaited:
+            if hint:
+                _guess(hint)
             text, renderer = early.awaited(Path(awaited))
             if renderer:
                 importlib.import_module(RENDERER_MODULE)
@@ -367,6 +372,18 @@ def preload(text: str | None, builder: int | None = None, awaited: str | None = 
     finally:
         loaded.set()
         watcher.join()  # (the fork server forks its workers from a single thread)
+
+
+def _guess(hint: str) -> None:
+    """Load the Kimi tokenizer of the folder and BPE that ``hint`` names (``early.HINT_VARIABLE``),
+    while the build resolves its encoder: ``load_kimi`` keeps it for those files, so the
+    encoder loads at once if the build names them. A guess that fails or misses costs
+    only its time (the build's own error, if any, is the one said)."""
+    try:
+        folder, bpe = json.loads(hint)
+        load_kimi(Path(folder), bpe)
+    except Exception:  # (a folder the build refuses, or never loads)
+        pass
 
 
 def _exit_unless_child_of(builder: int, loaded: threading.Event) -> None:
@@ -389,7 +406,8 @@ _builder = os.environ.pop(early.BUILDER_VARIABLE, None)
 if _builder:  # (this process is the fork server)
     sys.excepthook = _lost_build
 _awaited = os.environ.pop(early.AWAIT_VARIABLE, None)
-_preloaded = preload(os.environ.pop(PRELOAD_VARIABLE, None), int(_builder) if _builder else None, _awaited)
+_hint = os.environ.pop(early.HINT_VARIABLE, None)
+_preloaded = preload(os.environ.pop(PRELOAD_VARIABLE, None), int(_builder) if _builder else None, _awaited, _hint)
 
 
 def worker_encoder(config: EncoderConfig) -> Encoder | Exception:

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -692,7 +693,8 @@ from fixed_sft import cli, early, engine
 cli.EARLY_WORKERS = 2
 engine.usable_cores = lambda: 2
 seen, start = [], early.start
-early.start = lambda: seen.append(sorted(m for m in ("fixed_sft.build", "numpy") if m in sys.modules)) or start()
+modules = ("fixed_sft.build", "numpy")
+early.start = lambda *hint: seen.append(sorted(m for m in modules if m in sys.modules)) or start(*hint)
 code = cli.main({argv + ["--out", str(tmp_path / out)]!r}, early=True)
 result = [code, seen, early._awaited is None]
 if {took!r}:  # (whether a worker takes the server's encoder)
@@ -715,6 +717,48 @@ print(json.dumps(result))
         assert json.loads((tmp_path / out / "manifest.json").read_text())["rows_sha256"] == one["rows_sha256"]
 
 
+@pytest.mark.parametrize("named", [True, False])
+def test_the_early_fork_server_loads_the_tokenizer_it_is_told_of_while_it_waits(
+    corpus, kimi_dir, tmp_path, monkeypatch, named
+) -> None:
+    """A server started early loads the tokenizer of the folder the command line names
+    before the build gives it its encoder, which then takes that tokenizer as loaded; a
+    folder that holds no tokenizer is passed over, and the given encoder loads as before."""
+    from fixed_sft import encode
+    from fixed_sft.build import encoder_setup
+
+    given = encoder_setup(config(corpus[0] / "parquet", kimi_dir)).encoder
+    awaited = tmp_path / "encoder.json"
+    first: list = []
+    real = encode.load_kimi
+
+    def give() -> None:  # (as the build does, once: as the first load ends, else after a while)
+        draft = tmp_path / "draft.json"
+        draft.write_text(json.dumps({"encoder": given.to_json(), "renderer": False}))
+        draft.replace(awaited)
+
+    def load_kimi(*args):
+        loaded = real(*args)
+        if not first:
+            first.append((awaited.exists(), loaded))
+            give()
+        return loaded
+
+    monkeypatch.setattr(encode, "load_kimi", load_kimi)
+    hint = json.dumps([str(kimi_dir if named else tmp_path), None])
+    timer = threading.Timer(1.0, lambda: None if first else give())
+    timer.start()
+    try:
+        text, loaded = encode.preload(None, None, str(awaited), hint)
+    finally:
+        timer.cancel()
+    assert text == given.to_json()
+    if named:
+        assert first[0] == (False, loaded.tokenizer)  # (loaded before the file was given, and taken)
+    else:
+        assert first[0][1] is loaded.tokenizer
+
+
 def test_a_signal_as_the_early_fork_server_starts_leaves_it_to_be_given(corpus, kimi_dir, tmp_path):
     """A Ctrl-C as ``early.start`` starts the server (raised once it is unblocked) leaves
     the server named as waiting: a build in the same process then gives it its encoder,
@@ -722,6 +766,7 @@ def test_a_signal_as_the_early_fork_server_starts_leaves_it_to_be_given(corpus, 
     values = {**vars(config(corpus[0] / "parquet", kimi_dir)), "workers": 2}
     script = f"""
 import json
+import threading
 from pathlib import Path
 from fixed_sft import early
 from fixed_sft.build import BuildConfig, build
@@ -767,7 +812,7 @@ def test_the_fork_server_starts_early_for_builds_of_many_workers(argv, cores, st
     from fixed_sft import cli, early, engine
 
     calls: list[int] = []
-    monkeypatch.setattr(early, "start", lambda: calls.append(1))
+    monkeypatch.setattr(early, "start", lambda tokenizer, bpe: calls.append(1))
     monkeypatch.setattr(engine, "usable_cores", lambda: cores)
     cli._start_workers_early(argv)
     assert calls == ([1] if started else [])
