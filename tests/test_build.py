@@ -737,16 +737,22 @@ def test_the_early_fork_server_loads_the_tokenizer_it_is_told_of_while_it_waits(
         draft.write_text(json.dumps({"encoder": given.to_json(), "renderer": False}))
         draft.replace(awaited)
 
+    loading: list[bool] = []
+
     def load_kimi(*args):
-        loaded = real(*args)
-        if not first:
-            first.append((awaited.exists(), loaded))
-            give()
+        loading.append(True)
+        try:
+            loaded = real(*args)
+            if not first:
+                first.append((awaited.exists(), loaded))
+                give()
+        finally:
+            loading.pop()
         return loaded
 
     monkeypatch.setattr(encode, "load_kimi", load_kimi)
     hint = json.dumps([str(kimi_dir if named else tmp_path), None])
-    timer = threading.Timer(1.0, lambda: None if first else give())
+    timer = threading.Timer(1.0, lambda: None if loading or first else give())  # (without a guess: no hang)
     timer.start()
     try:
         text, loaded = encode.preload(None, None, str(awaited), hint)
@@ -816,6 +822,38 @@ def test_the_fork_server_starts_early_for_builds_of_many_workers(argv, cores, st
     monkeypatch.setattr(engine, "usable_cores", lambda: cores)
     cli._start_workers_early(argv)
     assert calls == ([1] if started else [])
+
+
+@pytest.mark.parametrize(
+    "argv, told",
+    [
+        (["--workers", "8"], (None, None)),
+        (["--tokenizer", "KIMI", "--bpe", "tiktoken"], ("KIMI", "tiktoken")),
+        (["--tok", "KIMI"], ("KIMI", None)),
+        (["--tokenizer", "ELSEWHERE"], ("ELSEWHERE", None)),
+    ],
+)
+def test_the_early_fork_server_is_told_the_tokenizer_folder(argv, told, kimi_dir, tmp_path, monkeypatch) -> None:
+    """The early start passes ``--tokenizer`` and ``--bpe`` on; the server is told of a
+    folder only where it holds ``tiktoken.model`` (a spec name, a Hub id or a Hugging Face
+    folder is left to the build)."""
+    from fixed_sft import cli, early, engine
+
+    names = {"KIMI": str(kimi_dir), "ELSEWHERE": str(tmp_path)}
+    argv = [names.get(arg, arg) for arg in argv]
+    told = tuple(names.get(arg, arg) if arg else arg for arg in told)
+    calls: list[tuple] = []
+    start = early.start
+    monkeypatch.setattr(early, "start", lambda *given: calls.append(given))
+    monkeypatch.setattr(engine, "usable_cores", lambda: 8)
+    cli._start_workers_early(["build", *argv])
+    assert calls == [told]
+    environments: list[dict] = []
+    monkeypatch.setattr(early, "_awaited", None)
+    monkeypatch.setattr(early, "forkserver_context", lambda modules, environment: environments.append(environment))
+    start(*told)
+    hint = environments[0].get(early.HINT_VARIABLE)
+    assert hint == (json.dumps(list(told)) if told[0] == str(kimi_dir) else None)
 
 
 def test_rows_all_packs_everything(corpus, kimi_dir, tmp_path, encoder):

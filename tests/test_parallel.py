@@ -448,6 +448,42 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
         assert sorted(p.name for p in (folder / "packed").iterdir()) == ["train.parquet"]
 
 
+def test_parts_of_several_row_groups_join_into_the_bytes_of_one_writer(tmp_path, monkeypatch) -> None:
+    """Where the rows are many, each write task writes a part of several row groups
+    (``groups_per_part``): the file is the one writer's, byte for byte, in its row groups."""
+    n = 60
+    rng = np.random.default_rng(7)
+    items = [
+        Encoded(i, f"id{i}", np.arange(k, dtype=np.int32) + 5, (rng.random(k) < 0.7).astype(np.uint8), None, True)
+        for i, k in enumerate(rng.integers(3, 30, n).tolist())
+    ]
+    (tmp_path / "entry").mkdir()
+    writer = SegmentWriter(tmp_path / "entry")
+    for item in items:
+        writer.add(item)
+    writer.flush()
+    store = TokenStore(tmp_path / "entry", n)
+    order, shape = permutation(1, n), (4, 1, False)
+    monkeypatch.setattr(fixed_sft.output, "ROWS_PER_GROUP", 5)
+    monkeypatch.setattr(fixed_sft.parallel, "WRITE_TASKS", 3)
+    one = tmp_path / "one.parquet"
+    _, rows = _one_at_a_time(items, order, None, False, 0, shape, one)
+    parts: list[int] = []
+    real = fixed_sft.parallel.write_part
+    monkeypatch.setattr(
+        fixed_sft.parallel, "write_part", lambda path, rs, *a: parts.append(len(rs)) or real(path, rs, *a)
+    )
+    in_process = lambda fn, tasks: (fn(None, task) for task in tasks)  # noqa: E731
+    blocks = fixed_sft.parallel.stored(store, order, np.ones(n, bool), None, shape[0], in_process, 1)
+    (tmp_path / "packed").mkdir()
+    out = tmp_path / "packed" / "train.parquet"
+    packed, stop = fixed_sft.parallel.pack(store, order, blocks, None, False, 0, shape, in_process, out, lambda r: None)
+    assert stop is None and packed.rows == rows > 60
+    groups = fixed_sft.parallel.groups_per_part(rows, shape[0])
+    assert groups > 1 and parts[:-1] == [5 * groups] * (len(parts) - 1) and sum(parts) == rows
+    assert out.read_bytes() == one.read_bytes()
+
+
 def test_the_index_a_fill_kept_stands_for_the_index_pass_only_whole() -> None:
     """A source row no fill task indexed (a chunk stopped at a failed check), or one indexed
     twice: no blocks, so the build reads the index back from the store."""

@@ -47,8 +47,8 @@ def _stitched(tmp_path: Path, rows: list[Row], boundaries: bool, groups: int = 1
         (1, 8, False, 1),
         (128, 16, False, 1),
         (5, 70_000, True, 1),
-        (700, 64, False, 3),  # (parts of 3 row groups; the last part holds 2, the last group 60 rows)
-        (5, 70_000, True, 2),
+        (700, 64, False, 3),  # (parts of 3 row groups of 128 rows; the last group holds 60)
+        (250, 16, True, 2),  # (one part of 2 row groups)
     ],
 )
 def test_parts_join_into_the_writers_file(
