@@ -5,10 +5,10 @@ the server imports the encoder's module while the build imports its own (0.4-0.7
 the 16-core machine), then loads the Kimi tokenizer of the folder the command line names,
 if it names one (``HINT_VARIABLE``: a guess, kept by ``tokenizer.load_kimi`` for those
 files, so that the encoder the build names later loads at once), and waits. Once the
-build has resolved its encoder, ``give`` writes
-it (and whether the workers want the template renderer) into the server's file; the server
-imports the renderer where asked, loads the encoder, and forks the workers from then on. A
-server given nothing ends with the build (it watches the build's process meanwhile).
+build has resolved its encoder, ``give`` writes it (and whether the workers want the
+template renderer) into the server's file; the server imports the renderer where asked,
+loads the encoder, and forks the workers from then on. A server given nothing ends with
+the build (it watches the build's process meanwhile).
 """
 
 from __future__ import annotations

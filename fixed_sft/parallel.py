@@ -49,9 +49,9 @@ from .store import SegmentReader, TokenStore
 from .thrift import Fields
 
 BLOCK = 4096  # packing positions per index task: at most this many
+MIN_BLOCK = 256  # and at least this many (or the rest)
 PART_VALUES = 1 << 22  # tokens a write task writes: whole row groups of at most this many, or one (``groups_per_part``)
 WRITE_TASKS = 128  # and as few row groups a task as keep this many tasks
-MIN_BLOCK = 256  # and at least this many (or the rest)
 ZERO = np.zeros(1, np.uint8)
 Run = Callable[[Callable[[Any, Any], Any], Iterable[Any]], Iterator[Any]]  # maps fn(state, task) over tasks, in order
 
@@ -607,8 +607,9 @@ def _tally(stream: _Stream, rows: _Rows, check_every: int) -> Packed:
 
 def groups_per_part(rows: int, row_tokens: int) -> int:
     """Row groups a write task writes, as one part: as many as hold ``PART_VALUES`` tokens,
-    while ``rows`` kept rows still make ``WRITE_TASKS`` tasks (at least 1, whatever its tokens). Each task's
-    part costs this process a round trip and a join, so short rows come in fewer parts.
+    while ``rows`` kept rows still make ``WRITE_TASKS`` tasks (at least 1, whatever its
+    tokens). Each part costs this process a round trip and a join, so many rows come in
+    fewer parts.
 
     >>> groups_per_part(66_000, 4096), groups_per_part(17_000, 4096), groups_per_part(66_000, 65_536)
     (4, 1, 1)
