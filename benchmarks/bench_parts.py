@@ -15,8 +15,6 @@ script exits 1; it exits 2 with fewer workers or cores than packing in the worke
 from __future__ import annotations
 
 import sys
-import tempfile
-from pathlib import Path
 
 import pairs
 
@@ -35,18 +33,7 @@ def main() -> int:
 
     if not pairs.enough(args.workers, PARALLEL_PACKING_WORKERS, "packing in the workers"):
         return 2
-    with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(scratch)
-        source = pairs.write_source(folder, args.conversations, args.corpus)
-        common = ["--source", str(source), "--tokenizer", str(args.tokenizer), "--rows", "all", "--row-tokens", "4096"]
-        common += ["--workers", str(args.workers), "--no-card", "--quiet", "--cache-dir", str(folder / "store")]
-        pairs.build([*common, "--seed", "1", "--out", str(folder / "first")], WAYS["several a part"])
-
-        def run(name: str, way: str, repeat: int) -> str:
-            out = folder / f"{name}-{repeat}".replace(" ", "-")
-            return pairs.build([*common, "--seed", str(10 + repeat), "--out", str(out)], way)
-
-        times, same = pairs.alternate(WAYS, args.repeats, run)
+    times, same = pairs.later_builds(args, WAYS, APART)
     title = f"{args.conversations:,} {args.corpus} conversations, a later build at {args.workers} workers"
     return pairs.report(title, times, same, args)
 

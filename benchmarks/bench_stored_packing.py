@@ -16,8 +16,6 @@ each and the ratio of the medians: the figures the two constants rest on.
 from __future__ import annotations
 
 import sys
-import tempfile
-from pathlib import Path
 
 import pairs
 
@@ -36,19 +34,7 @@ def main() -> int:
 
     if not pairs.enough(args.workers, PARALLEL_PACKING_WORKERS, "packing in the workers"):
         return 2
-    with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(scratch)
-        source = pairs.write_source(folder, args.conversations, args.corpus)
-        common = ["--source", str(source), "--tokenizer", str(args.tokenizer), "--rows", "all"]
-        common += ["--row-tokens", str(args.row_tokens), "--workers", str(args.workers), "--no-card", "--quiet"]
-        common += ["--cache-dir", str(folder / "store")]
-        pairs.build([*common, "--seed", "1", "--out", str(folder / "first")], WAYS["workers"])  # (fills the store)
-
-        def run(name: str, way: str, repeat: int) -> str:
-            out = folder / f"{name}-{repeat}".replace(" ", "-")
-            return pairs.build([*common, "--seed", str(10 + repeat), "--out", str(out)], way)
-
-        times, same = pairs.alternate(WAYS, args.repeats, run)
+    times, same = pairs.later_builds(args, WAYS, WAYS["workers"], args.row_tokens)
     title = f"{args.conversations:,} {args.corpus} conversations, a later build at {args.workers} workers"
     return pairs.report(title, times, same, args)
 

@@ -1,8 +1,8 @@
 """Two ways of one build, timed in alternating pairs, each build in a fresh process as the program runs it.
 
-The helpers of ``bench_early.py``, ``bench_stored_packing.py`` and ``bench_parts.py``: a way is a Python
-statement run in the build's process before the CLI (a module constant set), and the two
-ways of a pair must give the same rows.
+The helpers of ``bench_early.py``, ``bench_stored_packing.py`` and ``bench_parts.py``: a
+way is a Python statement run in the build's process before the CLI (a module constant
+set), and the two ways of a pair must give the same rows.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -81,6 +82,27 @@ def alternate(ways: dict[str, str], repeats: int, run: Callable[[str, str, int],
             times[name].append(time.perf_counter() - start)
         same &= len(hashes) == 1
     return times, same
+
+
+def later_builds(
+    args: argparse.Namespace, ways: dict[str, str], fill: str, row_tokens: int = 4096
+) -> tuple[dict, bool]:
+    """Fill a store from a synthetic source (``write_source``) with a first build at
+    ``args.workers`` after the statement ``fill``, then time later builds at other seeds
+    (``alternate``)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        source = write_source(folder, args.conversations, args.corpus)
+        common = ["--source", str(source), "--tokenizer", str(args.tokenizer), "--rows", "all"]
+        common += ["--row-tokens", str(row_tokens), "--workers", str(args.workers), "--no-card", "--quiet"]
+        common += ["--cache-dir", str(folder / "store")]
+        build([*common, "--seed", "1", "--out", str(folder / "first")], fill)
+
+        def run(name: str, way: str, repeat: int) -> str:
+            out = folder / f"{name}-{repeat}".replace(" ", "-")
+            return build([*common, "--seed", str(10 + repeat), "--out", str(out)], way)
+
+        return alternate(ways, args.repeats, run)
 
 
 def report(title: str, times: dict[str, list[float]], same: bool, args: argparse.Namespace) -> int:

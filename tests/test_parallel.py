@@ -340,6 +340,16 @@ def test_a_build_that_samples_more_checks_them_then_packs_from_the_store(
     assert 0 < added <= np.count_nonzero(sampled(np.arange(N), 3) & ~sampled(np.arange(N), 6))
 
 
+def _stored(items: list[Encoded], folder: Path) -> TokenStore:
+    """A store entry ``folder`` holding ``items`` (source rows ``0..len(items)-1``), in one segment."""
+    folder.mkdir()
+    writer = SegmentWriter(folder)
+    for item in items:
+        writer.add(item)
+    writer.flush()
+    return TokenStore(folder, len(items))
+
+
 def _one_at_a_time(items, order, wanted, skip, check_every, shape, out):
     """``build``'s own packing of ``items`` (as encoded) in ``order``: its tally and rows,
     or the invalid row's problem."""
@@ -403,12 +413,7 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
         filled.parts = [(chunk, Indexed.of([items[i] for i in chunk.tolist()])) for chunk in chunks]
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        (folder / "entry").mkdir()
-        writer = SegmentWriter(folder / "entry")
-        for item in items:
-            writer.add(item)
-        writer.flush()
-        store = TokenStore(folder / "entry", n)
+        store = _stored(items, folder / "entry")
         (folder / "one").mkdir()
         (folder / "packed").mkdir()
         one = folder / "one" / "train.parquet"
@@ -457,12 +462,7 @@ def test_parts_of_several_row_groups_join_into_the_bytes_of_one_writer(tmp_path,
         Encoded(i, f"id{i}", np.arange(k, dtype=np.int32) + 5, (rng.random(k) < 0.7).astype(np.uint8), None, True)
         for i, k in enumerate(rng.integers(3, 30, n).tolist())
     ]
-    (tmp_path / "entry").mkdir()
-    writer = SegmentWriter(tmp_path / "entry")
-    for item in items:
-        writer.add(item)
-    writer.flush()
-    store = TokenStore(tmp_path / "entry", n)
+    store = _stored(items, tmp_path / "entry")
     order, shape = permutation(1, n), (4, 1, False)
     monkeypatch.setattr(fixed_sft.output, "ROWS_PER_GROUP", 5)
     monkeypatch.setattr(fixed_sft.parallel, "WRITE_TASKS", 3)
@@ -510,12 +510,7 @@ def test_a_conversation_damaged_between_the_passes_stops_the_build(tmp_path) -> 
     items = [
         Encoded(i, f"c{i}", np.arange(20, dtype=np.int32), np.ones(20, np.uint8), None, True, None) for i in range(30)
     ]
-    (tmp_path / "entry").mkdir()
-    writer = SegmentWriter(tmp_path / "entry")
-    for item in items:
-        writer.add(item)
-    writer.flush()
-    store = TokenStore(tmp_path / "entry", len(items))
+    store = _stored(items, tmp_path / "entry")
     (segment,) = store.segments
 
     def run(fn, tasks):
