@@ -330,9 +330,15 @@ def _verify(args: argparse.Namespace) -> int:
         )
     spec = None
     if args.rows is not None:
-        from .spot import parse_rows
+        from .spot import chosen_rows, parse_rows
 
         spec = parse_rows(args.rows)
+        try:  # (a row past the build's last is a usage error before any check; an unreadable manifest, verify's)
+            rows = read_manifest(args.folder / MANIFEST_NAME)["stats"]["rows"]
+        except (OSError, ValueError, RecursionError, LookupError, TypeError):
+            rows = None
+        if isinstance(rows, int) and not isinstance(rows, bool):
+            chosen_rows(spec, rows)
     published = None
     if args.published is not None:
         try:

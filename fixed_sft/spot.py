@@ -18,25 +18,32 @@ For each chosen row K it proves:
   ``skipped_invalid``, each re-read and found invalid, or a duplicate: valid, with an id that
   a row read holds earlier in the packing order (where no row read holds it, the earlier
   copy is not looked for); no two of the conversations read and held share an id;
-- where row K - 1 is checked too, K begins where K - 1 ends in the stream: the same
-  conversation, cut at the same token, or the next one from its start; or, past rows the
-  build dropped (no supervised token after token 0), whole such rows, re-encoded, no more of
-  them than ``stats.rows_skipped``. Row 0 begins at the stream's start, so a check of rows
-  ``0-N`` proves every cut up to row N. Checked rows further apart are in packing order;
-- the last row of a build of a row count leaves ``stats.tail_tokens_dropped`` of its unit; where
-  every row of such a build is checked, the rows dropped are ``stats.rows_skipped``.
+- K begins where row K - 1 ends in the stream (where K - 1 is not checked, as the file holds
+  it: its segments, not re-encoded; row 0 at the stream's start), and row K + 1 where K ends
+  (likewise): the same conversation, cut at the same token, or the next one from its start;
+  or, past rows the build dropped (no supervised token after token 0), whole such rows,
+  re-encoded, no more of them than ``stats.rows_skipped``. So a check of rows ``0-N`` proves
+  every cut up to row N, and a row taken out of the file, or two rows swapped, is caught by
+  a check of a row beside the change: a neighbour edited to hide it fails its own check;
+- checked rows further apart are in packing order; within one conversation, the stream
+  between them holds exactly the rows between, and rows dropped;
+- the last row of a build of a row count leaves ``stats.tail_tokens_dropped`` of its unit; the
+  last row of ``rows: "all"`` leaves only dropped rows and a final partial row of
+  ``stats.tail_tokens_dropped`` tokens; where every row of a build of a row count is checked,
+  the rows dropped are ``stats.rows_skipped``.
 
-It does not prove, for a row whose previous row is not checked, where its first segment is
-cut (which conversation the stream reaches there, and at which token, follows from the lengths
-of all the conversations before it and the rows dropped); that no conversation held repeats
-the id of one outside the rows read; the stats, ``template_check`` and
-the rows of ``skipped_invalid`` outside the checked rows; nor, with ``rows: "all"``, the
-tail. The full ``--rebuild`` proves them all.
+It does not prove where the stream reaches a row when the rows before it are not all checked
+(which conversation, and at which token, follows from the lengths of all the conversations
+before it and the rows dropped); that no conversation held repeats
+the id of one outside the rows read; the stats, ``template_check`` and the rows of
+``skipped_invalid`` outside the checked rows. The full ``--rebuild`` proves them all.
+A sample's seed is drawn at random unless given (``RowsSpec``), and reported.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -77,7 +84,6 @@ from .rebuild import (
 from .source import SourceError, SourceUnreachable, open_source
 from .verify import described, read_manifest
 
-SAMPLE_SEED = 0  # the seed of ``sample:N``
 # (at most 20 digits: 2**64 has 20, and int() refuses strings of over 4,300 digits)
 _ITEM = re.compile(r"([0-9]{1,20})(?:-([0-9]{1,20}))?")
 _SAMPLE = re.compile(r"sample:([0-9]{1,20})(?::([0-9]{1,20}))?")
@@ -92,11 +98,23 @@ STORED = [
 @dataclass(frozen=True)
 class RowsSpec:
     """Rows to check: ``ranges`` of row numbers (each first to last, inclusive), or a
-    ``sample`` of that many rows drawn with ``seed``."""
+    ``sample`` of that many rows drawn with ``seed`` (``None``: one drawn at random as the
+    check starts, so that no one who edits a build knows which rows it checks)."""
 
     ranges: tuple[tuple[int, int], ...] = ()
     sample: int | None = None
-    seed: int = SAMPLE_SEED
+    seed: int | None = None
+
+    def drawn(self) -> RowsSpec:
+        """This spec, a sample's seed drawn where it has none."""
+        if self.sample is None or self.seed is not None:
+            return self
+        return RowsSpec(sample=self.sample, seed=secrets.randbits(64))
+
+    def __str__(self) -> str:
+        if self.sample is not None:
+            return f"sample:{self.sample}" + ("" if self.seed is None else f":{self.seed}")
+        return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in self.ranges)
 
 
 def parse_rows(text: str) -> RowsSpec:
@@ -106,7 +124,7 @@ def parse_rows(text: str) -> RowsSpec:
         match = _SAMPLE.fullmatch(text)
         if match is None or int(match[1]) == 0 or (match[2] is not None and int(match[2]) >= 2**64):
             raise UsageError(f"--rows {text!r}: expected sample:N or sample:N:SEED (N at least 1, SEED below 2**64)")
-        return RowsSpec(sample=int(match[1]), seed=SAMPLE_SEED if match[2] is None else int(match[2]))
+        return RowsSpec(sample=int(match[1]), seed=None if match[2] is None else int(match[2]))
     ranges = []
     for item in text.split(","):
         match = _ITEM.fullmatch(item)
@@ -122,10 +140,12 @@ def parse_rows(text: str) -> RowsSpec:
 def chosen_rows(spec: RowsSpec, rows: int) -> np.ndarray:
     """The row numbers ``spec`` chooses among a build's ``rows``, sorted, each once; a sample
     is the rows ``k`` of the ``N`` smallest ``key(seed, k)`` (the packing order's key,
-    ``fixed_sft.order``), all rows when the build has no more than ``N``. ``UsageError`` for a
-    row past the build's last."""
+    ``fixed_sft.order``; a spec without a seed draws one: ``RowsSpec.drawn``), all rows when
+    the build has no more than ``N``. ``UsageError`` for a row past the build's last."""
     if spec.sample is not None:
-        return np.sort(permutation(spec.seed, rows)[: spec.sample])
+        seed = spec.drawn().seed
+        assert seed is not None  # (drawn)
+        return np.sort(permutation(seed, rows)[: spec.sample])
     for _, last in spec.ranges:
         if last >= rows:
             raise UsageError(f"--rows: row {last} is past the build's last row, {rows - 1}")
@@ -150,7 +170,8 @@ class SpotCheck:
     inputs: list[Compared]
     problems: dict[int, str]
     duplicates: list[int] = field(default_factory=list)
-    dropped: int = 0  # the rows dropped in the stretches of the stream proven (between checked rows)
+    dropped: int = 0  # the rows dropped in the stretches of the stream proven (beside checked rows)
+    spec: RowsSpec = RowsSpec()  # the rows asked for, a sample's seed drawn
 
     @property
     def same(self) -> bool:
@@ -170,6 +191,7 @@ def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenize
     except BuildError as error:
         raise BuildError(f"{folder / MANIFEST_NAME}: cannot rebuild: {error}") from None
     manifest = check_recorded(document)
+    spec = spec.drawn()
     rows = chosen_rows(spec, manifest.stats.rows)
     check_tokenizer_files(config, manifest.tokenizer.files)
     setup = encoder_setup(config, load=True)
@@ -179,7 +201,7 @@ def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenize
         stored = _stored_rows(folder / PARQUET_NAME, manifest, rows)
         around = np.concatenate([rows - 1, rows + 1])
         around = np.setdiff1d(around[(around >= 0) & (around < manifest.stats.rows)], rows)
-        neighbours = _stored_rows(folder / PARQUET_NAME, manifest, around)  # (their segments: not re-encoded)
+        neighbours = _stored_rows(folder / PARQUET_NAME, manifest, around)  # (their segments: their rows not proven)
         try:
             opened = open_source(config.source, config.source_revision, config.source_license, config.source_files)
         except SourceUnreachable as error:
@@ -195,7 +217,7 @@ def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenize
             hashes = [hashing.submit(sha256_file, path) for path in opened.files]
             order = permutation(config.seed, opened.num_rows)
             stream = _Stream(manifest, order, positions(order), setup.separator_id)
-            needed = stream.needed(stored)
+            needed = stream.needed(stored, neighbours)
             chunk = read_rows(opened, stream.rank, needed)
             for part in chunk.chunks(max(chunk.num_rows, 1)):
                 stream.encode(encoder, part, config.check_every)
@@ -227,17 +249,14 @@ def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenize
         inputs.append(Compared("params.separator", manifest.params.separator, setup.separator, True))
     problems = {}
     for number in rows.tolist():
-        problem = stream.check(number, stored)
-        if problem is None:
-            problem = stream.order_beside(number, stored[number], neighbours)
-        if problem is not None:
+        if (problem := stream.check(number, stored, neighbours)) is not None:
             problems[number] = problem
     every = len(rows) == manifest.stats.rows  # (rows: sorted, each once)
     if every and manifest.params.rows != "all" and not problems and stream.dropped != manifest.stats.rows_skipped:
         problems[int(rows[-1])] = (
             f"the stream up to it drops {stream.dropped} rows, stats.rows_skipped says {manifest.stats.rows_skipped}"
         )
-    return SpotCheck(rows.tolist(), inputs, problems, sorted(stream.duplicates), stream.dropped)
+    return SpotCheck(rows.tolist(), inputs, problems, sorted(stream.duplicates), stream.dropped, spec)
 
 
 def _stored_rows(path: Path, manifest: Manifest, rows: np.ndarray) -> dict[int, StoredRow]:
@@ -275,6 +294,7 @@ class _Stream:
         self.rows = manifest.stats.rows
         self.rows_skipped = manifest.stats.rows_skipped
         self.tail = manifest.stats.tail_tokens_dropped if manifest.params.rows != "all" else None
+        self.tail_of_all = manifest.stats.tail_tokens_dropped if manifest.params.rows == "all" else None
         self.hashes = manifest.row_sha256
         self.bounded = manifest.params.emit_boundaries  # (the row hash then covers each row's cu_seqlens)
         listed = [row.index for row in manifest.skipped_invalid] if manifest.params.skip_invalid else []
@@ -288,57 +308,69 @@ class _Stream:
     def _in_range(self, index: int) -> bool:
         return 0 <= index < len(self.order)
 
-    def _between(self, a: int | None, b: int) -> np.ndarray:
-        """The source rows strictly between rows ``a`` (``None``: the stream's start) and ``b``
-        in packing order (none where ``b`` is not after ``a``)."""
+    def _between(self, a: int | None, b: int | None) -> np.ndarray:
+        """The source rows strictly between rows ``a`` and ``b`` in packing order (``None``:
+        the stream's start, its end); none where ``b`` is not after ``a``."""
         lo = 0 if a is None else int(self.rank[a]) + 1
-        return self.order[lo : max(lo, int(self.rank[b]))]
+        return self.order[lo : max(lo, len(self.order) if b is None else int(self.rank[b]))]
 
     def _split(self, between: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``between``'s rows listed in ``skipped_invalid``, and the others."""
         listed = np.isin(between, self.skipped)
         return between[listed], between[~listed]
 
-    def _links(self, number: int, stored: dict[int, StoredRow]) -> list[tuple[str, Point | None, Point, int]]:
+    def _links(
+        self, number: int, stored: dict[int, StoredRow], beside: dict[int, StoredRow]
+    ) -> list[tuple[str, Point | None, Point | None, int]]:
         """The stretches of the stream row ``number`` is proven against: between each two of
-        its segments (no token, no row dropped), and from where the row before ends, where it
-        is checked (or row 0: from the stream's start), with the rows that may be dropped there."""
+        its segments (no token, no row dropped); from where the row before ends, where it is
+        checked (or row 0: from the stream's start), else as the file holds it (``beside``);
+        to where the row after begins, where it is not checked, as the file holds it (the
+        last row of ``rows: "all"``: to the stream's end). A stretch to ``None`` ends the
+        stream; each comes with the rows that may be dropped there."""
         segments = stored[number].segments
-        links: list[tuple[str, Point | None, Point, int]] = [
+        first, last = segments[0], segments[-1]
+        links: list[tuple[str, Point | None, Point | None, int]] = [
             (f"between segments {i - 1} and {i}", (a.index, a.end), (b.index, b.start), 0)
             for i, (a, b) in enumerate(zip(segments, segments[1:]), 1)
         ]
+        before = stored.get(number - 1) or beside.get(number - 1)
         if number == 0:
-            links.insert(
-                0, ("from the stream's start", None, (segments[0].index, segments[0].start), self.rows_skipped)
-            )
-        elif number - 1 in stored and stored[number - 1].segments:
-            last = stored[number - 1].segments[-1]
-            links.insert(
-                0,
-                (
-                    f"from row {number - 1}'s end",
-                    (last.index, last.end),
-                    (segments[0].index, segments[0].start),
-                    self.rows_skipped,
-                ),
-            )
+            links.insert(0, ("from the stream's start", None, (first.index, first.start), self.rows_skipped))
+        elif before is not None and before.segments:  # (a row's own stretches first, where it is not checked)
+            end = before.segments[-1]
+            held = number - 1 in stored
+            where = f"from row {number - 1}'s end" + ("" if held else ", as the file holds it")
+            link = (where, (end.index, end.end), (first.index, first.start), self.rows_skipped)
+            links.insert(len(links) * (not held), link)
+        after = beside.get(number + 1)
+        if number + 1 not in stored and after is not None and after.segments:
+            start = after.segments[0]
+            where = f"to row {number + 1}'s start, as the file holds it"
+            links.append((where, (last.index, last.end), (start.index, start.start), self.rows_skipped))
+        elif self.tail_of_all is not None and number == self.rows - 1:
+            links.append(("to the stream's end", (last.index, last.end), None, self.rows_skipped))
         return links
 
-    def needed(self, stored: dict[int, StoredRow]) -> np.ndarray:
-        """The source rows to read: the stored rows' segments', and those between the places
-        ``_links`` proves them against (a stretch too long for the rows it may drop needs none)."""
+    def needed(self, stored: dict[int, StoredRow], beside: dict[int, StoredRow]) -> np.ndarray:
+        """The source rows to read: the stored rows' segments', the ends of the stretches
+        ``_links`` proves them against, and the rows between those ends (a stretch too long
+        for the rows it may drop needs none)."""
         wanted: list[np.ndarray] = []
         for number, row in stored.items():
             wanted.append(np.array([s.index for s in row.segments if self._in_range(s.index)], np.int64))
             if not row.segments:
                 continue
-            for _, a, b, drops in self._links(number, stored):
-                if not self._in_range(b[0]) or (a is not None and (not self._in_range(a[0]) or a[0] == b[0])):
+            for _, a, b, drops in self._links(number, stored, beside):
+                ends = [p[0] for p in (a, b) if p is not None and self._in_range(p[0])]
+                wanted.append(np.array(ends, np.int64))
+                if b is not None and not self._in_range(b[0]):
                     continue
-                listed, others = self._split(self._between(None if a is None else a[0], b[0]))
+                if a is not None and (not self._in_range(a[0]) or (b is not None and a[0] == b[0])):
+                    continue
+                listed, others = self._split(self._between(None if a is None else a[0], None if b is None else b[0]))
                 wanted.append(listed)
-                if len(others) <= drops * self.row_tokens:
+                if len(others) <= (drops + (b is None)) * self.row_tokens:
                     wanted.append(others)
         return np.unique(np.concatenate([np.zeros(0, np.int64), *wanted]))
 
@@ -402,25 +434,30 @@ class _Stream:
             )
         return None
 
-    def _stretch(self, a: Point | None, b: Point, drops: int) -> tuple[str | None, int]:
-        """The problem with the stream from ``a`` (``None``: its start) to ``b``, where at most
-        ``drops`` rows may have been dropped, and the rows dropped there."""
+    def _stretch(self, a: Point | None, b: Point | None, drops: int, kept: int = 0) -> tuple[str | None, int]:
+        """The problem with the stream from ``a`` (``None``: its start) to ``b`` (``None``: its
+        end), and the rows dropped there. Cut into rows, it holds ``kept`` rows with a
+        supervised token after their first (rows the build kept, not checked here) and at
+        most ``drops`` others (rows it dropped); to the end, then the final partial row of
+        ``stats.tail_tokens_dropped`` tokens."""
         pieces: list[tuple[np.ndarray, np.ndarray]] = []
-        if a is not None and a[0] == b[0]:
+        if a is not None and b is not None and a[0] == b[0]:
             if b[1] < a[1]:
                 return f"source row {b[0]} goes on at token {b[1]}, before token {a[1]}, where it stopped", 0
             unit = self._unit(b[0])
             assert not isinstance(unit, str)  # (a segment's unit: checked valid before)
             pieces.append((unit[0][a[1] : b[1]], unit[1][a[1] : b[1]]))
         else:
-            if a is not None and self.rank[b[0]] <= self.rank[a[0]]:
+            if a is not None and b is not None and self.rank[b[0]] <= self.rank[a[0]]:
                 return (
                     f"source row {b[0]} (packing position {self.rank[b[0]]}) comes before source row "
                     f"{a[0]} (position {self.rank[a[0]]}) in the packing order",
                     0,
                 )
-            listed, others = self._split(self._between(None if a is None else a[0], b[0]))
-            if len(others) > drops * self.row_tokens:
+            listed, others = self._split(self._between(None if a is None else a[0], None if b is None else b[0]))
+            if len(others) > (drops + kept + (b is None)) * self.row_tokens:
+                if b is None:
+                    return f"{len(others)} source rows follow it in the packing order: more than a partial row", 0
                 return (
                     f"source row {others[0]} (packing position {self.rank[others[0]]}) comes between them, "
                     "and neither a segment nor skipped_invalid names it",
@@ -430,25 +467,50 @@ class _Stream:
                 if (problem := self._skip_problem(index)) is not None:
                     return problem, 0
             ends = [] if a is None else [(a[0], a[1], None)]
-            for index, start, end in [*ends, *((i, 0, None) for i in others.tolist()), (b[0], 0, b[1])]:
+            last = [] if b is None else [(b[0], 0, b[1])]
+            for index, start, end in [*ends, *((i, 0, None) for i in others.tolist()), *last]:
                 unit = self._unit(index)
                 if isinstance(unit, str):
                     return unit, 0
-                if index != b[0] and (a is None or index != a[0]) and (problem := self._repeated(index)):
+                if (b is None or index != b[0]) and (a is None or index != a[0]) and (problem := self._repeated(index)):
                     return f"source row {index}: {problem}", 0
                 pieces.append((unit[0][start:end], unit[1][start:end]))
         mask = np.concatenate([np.zeros(0, np.uint8), *(m for _, m in pieces)])
-        tokens, size = len(mask), self.row_tokens
-        if tokens % size:
-            return f"{tokens} tokens of the stream lie between them, not whole rows of {size}", 0
-        if tokens // size > drops:
-            return f"{tokens // size} rows of the stream lie between them, more than stats.rows_skipped leaves", 0
-        if any(mask[k * size + 1 : (k + 1) * size].any() for k in range(tokens // size)):
-            return "a row of the stream between them has supervised tokens after its first, which a build keeps", 0
-        return None, tokens // size
+        size = self.row_tokens
+        rows, partial = divmod(len(mask), size)
+        if b is None and partial != self.tail_of_all:
+            tail = self.tail_of_all
+            return f"the stream ends {partial} tokens after whole rows, stats.tail_tokens_dropped says {tail}", 0
+        if b is not None and partial:
+            return f"{len(mask)} tokens of the stream lie between them, not whole rows of {size}", 0
+        where = "between them" if b is not None else "after it"
+        trained = sum(bool(mask[k * size + 1 : (k + 1) * size].any()) for k in range(rows))
+        if trained != kept and not kept:
+            return f"a row of the stream {where} has supervised tokens after its first, which a build keeps", 0
+        if trained != kept:
+            return f"{trained} rows of the stream {where}, not {kept}, have supervised tokens after their first", 0
+        if rows - kept > drops:
+            return f"{rows - kept} rows of the stream lie {where}, more than stats.rows_skipped leaves", 0
+        return None, rows - kept
 
-    def check(self, number: int, stored: dict[int, StoredRow]) -> str | None:
-        """The first problem of stored row ``number`` (``None``: it is proven)."""
+    def _declared(self, row: int, point: Point, end: bool) -> str | None:
+        """Why the file's row ``row`` (not checked) cannot begin (``end``: end) at ``point``."""
+        index, token = point
+        side = "ends" if end else "begins"
+        if not self._in_range(index):
+            return f"row {row} {side} in source row {index}, but the source has {len(self.order)} rows"
+        unit = self._unit(index)
+        if isinstance(unit, str):
+            return f"row {row} {side} in source row {index}, which a row cannot hold: {unit}"
+        if self.skipped.size and np.isin(index, self.skipped):
+            return f"row {row} {side} in source row {index}, which skipped_invalid lists"
+        if not (0 < token <= len(unit[0]) if end else 0 <= token < len(unit[0])):
+            return f"row {row} {side} at token {token} of source row {index}, whose unit holds {len(unit[0])} tokens"
+        return None
+
+    def check(self, number: int, stored: dict[int, StoredRow], beside: dict[int, StoredRow]) -> str | None:
+        """The first problem of stored row ``number`` (``None``: it is proven); ``beside``: the
+        rows next to the checked ones, as the file holds them."""
         row = stored[number]
         segments = row.segments
         if not segments:
@@ -474,9 +536,17 @@ class _Stream:
             if i < len(segments) - 1 and s.end != len(unit[0]):
                 return f"{at}: ends before its unit's end ({len(unit[0])}), but another segment follows it"
             pieces.append((unit[0][s.start : s.end], unit[1][s.start : s.end]))
-        for where, a, b, drops in self._links(number, stored):
-            if a is not None and not self._in_range(a[0]):
-                continue  # (the row before names a row the source lacks: its own check says so)
+        for where, a, b, drops in self._links(number, stored, beside):
+            if where.startswith("from row") and number - 1 in stored:
+                assert a is not None  # (a row's end)
+                if not self._in_range(a[0]):
+                    continue  # (the row before names a row the source lacks: its own check says so)
+            elif where.startswith("from row") and a is not None:
+                if (problem := self._declared(number - 1, a, end=True)) is not None:
+                    return f"{where}: {problem}"
+            elif where.startswith("to row") and b is not None:
+                if (problem := self._declared(number + 1, b, end=False)) is not None:
+                    return f"{where}: {problem}"
             problem, dropped = self._stretch(a, b, max(0, drops - self.dropped) if drops else 0)
             if problem is not None:
                 return f"{where}: {problem}"
@@ -497,32 +567,11 @@ class _Stream:
                 return f"its last segment leaves {left} tokens of its unit, stats.tail_tokens_dropped says {self.tail}"
         return None
 
-    def order_beside(self, number: int, row: StoredRow, neighbours: dict[int, StoredRow]) -> str | None:
-        """The problem when row ``number`` and a row beside it that is not checked (its stored
-        segments, as the file holds them) are out of the packing order: the row before must
-        end, and the row after begin, no later and no earlier in the stream than this row.
-        So two rows swapped in the file, their hashes recomputed, are caught checking either."""
-        for k, first, second in (
-            (number - 1, neighbours.get(number - 1), row),
-            (number + 1, row, neighbours.get(number + 1)),
-        ):
-            if first is None or second is None or not first.segments or not second.segments:
-                continue
-            a, b = first.segments[-1], second.segments[0]
-            if not (self._in_range(a.index) and self._in_range(b.index)):
-                continue
-            if (a.index == b.index and b.start < a.end) or (
-                a.index != b.index and self.rank[b.index] < self.rank[a.index]
-            ):
-                side, other = ("before", "after") if k < number else ("after", "before")
-                return (
-                    f"row {k}, {side} it in the file, holds source rows that come {other} its own in the packing order"
-                )
-        return None
-
     def _order_after_earlier(self, number: int, stored: dict[int, StoredRow]) -> str | None:
         """Where the checked row before ``number`` is not ``number - 1``: the problem when
-        ``number`` does not come after it in the stream, by at least the rows between."""
+        ``number`` does not come after it in the stream; within one conversation, when the
+        stream between them does not hold exactly the rows between (each with a supervised
+        token after its first), and no more dropped rows than ``stats.rows_skipped``."""
         earlier = [k for k in stored if k < number - 1]
         if not earlier or number - 1 in stored:
             return None
@@ -531,12 +580,9 @@ class _Stream:
         if not self._in_range(a.index):
             return None
         if a.index == b.index:
-            gap, between = b.start - a.end, number - k - 1
-            if gap < between * self.row_tokens or gap % self.row_tokens:
-                return (
-                    f"source row {b.index} goes on at token {b.start}, which {between} rows after row {k} "
-                    f"(ended at token {a.end}) cannot reach"
-                )
+            problem, _ = self._stretch((a.index, a.end), (b.index, b.start), self.rows_skipped, number - k - 1)
+            if problem is not None:
+                return f"from row {k}'s end: {problem}"
         elif self.rank[b.index] <= self.rank[a.index]:
             return (
                 f"source row {b.index}, where it starts, comes before source row {a.index}, where row {k} "
@@ -563,7 +609,8 @@ def report(result: SpotCheck) -> tuple[bool, list[str]]:
     """Whether the rows are proven, and a line per input compared and per row."""
     verdict = "proves them" if result.same else "does not prove them"
     count = f"{len(result.rows)} row{'s' if len(result.rows) != 1 else ''}"
-    lines = [f"the spot check of {count} from the recorded inputs {verdict}"]
+    drawn = f" (--rows {result.spec} draws them again)" if result.spec.sample is not None else ""
+    lines = [f"the spot check of {count}{drawn} from the recorded inputs {verdict}"]
     for c in result.inputs:
         lines.append(f"  {c.key}: same" if c.same else f"  {c.key}: differs ({difference(c.here, c.rebuilt)})")
     for number in result.rows:

@@ -177,7 +177,8 @@ def test_only_the_conversations_of_the_rows_are_encoded(builds, kimi_dir, monkey
 
 def _forge(folder, change):
     """Apply ``change`` to the row dicts of train.parquet, write them with pyarrow, and
-    re-record everything the manifest derives from the rows, so that verify finds nothing."""
+    re-record everything the manifest derives from the rows (their count too), so that
+    verify finds nothing."""
     from fixed_sft.hashes import row_digest
 
     parquet = folder / "train.parquet"
@@ -194,9 +195,14 @@ def _forge(folder, change):
     manifest["row_sha256"] = [d.hex() for d in digests]
     manifest["rows_sha256"] = hashlib.sha256(b"".join(digests)).hexdigest()
     manifest["parquet"].update(bytes=parquet.stat().st_size, sha256=sha256_file(parquet))
+    if manifest["params"]["rows"] != "all":
+        manifest["params"]["rows"] = len(rows)
+    tokens = sum(len(m["input_ids"]) for m in metadata)
     manifest["stats"].update(
+        rows=len(rows),
+        tokens=tokens,
         supervised_tokens=supervised,
-        supervised_token_ratio=supervised / manifest["stats"]["tokens"],
+        supervised_token_ratio=supervised / tokens,
         trainable_tokens=sum(sum(m["loss_mask"][1:]) for m in metadata),
         conversations=len(runs),
         conversations_split=sum(n > 1 for n in runs),
@@ -293,14 +299,94 @@ def test_two_rows_swapped_are_caught_by_a_spot_check_of_either(builds, kimi_dir,
         assert f"  row {k}: differs (" in capsys.readouterr().out
 
 
+def _drop(rows, k):
+    """Row ``k`` taken out of the file, the rows after it renumbered."""
+    del rows[k]
+    for number, row in enumerate(rows):
+        row["metadata"]["row"] = number
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_a_row_taken_out_is_caught_by_a_spot_check_beside_it(builds, kimi_dir, tmp_path, capsys, kind):
+    """Row 5 taken out, the rows after it renumbered, every manifest hash and count
+    recomputed: a check of the row before the gap, or of the one after it, names it (each
+    row's place is proven against where the rows beside it begin and end in the file)."""
+    folder, source, _ = _copy(builds, kind, tmp_path)
+    _forge(folder, lambda rows: _drop(rows, 5))
+    for k, says in ((4, "to row 5's start, as the file holds it: "), (5, "from row 4's end, as the file holds it: ")):
+        capsys.readouterr()
+        assert _spot(folder, source, kimi_dir, str(k)) == 1
+        assert f"  row {k}: differs ({says}" in capsys.readouterr().out
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, "0-3") == 0  # (the rows before the gap are the build's)
+
+
+def test_two_rows_swapped_are_caught_when_a_neighbour_is_forged_to_match(builds, kimi_dir, tmp_path, capsys):
+    """Rows 5 and 6 swapped, and row 6's segments rewritten to begin where row 5 now ends:
+    a check of row 5 alone still names it, from where row 4 ends."""
+    folder, source, _ = _copy(builds, "jsonl", tmp_path)
+
+    def change(rows):
+        rows[5]["metadata"], rows[6]["metadata"] = (
+            {**rows[6]["metadata"], "row": 5},
+            {**rows[5]["metadata"], "row": 6},
+        )
+        last, segments = rows[5]["metadata"]["segments"][-1], rows[6]["metadata"]["segments"]
+        size = segments[0]["end"] - segments[0]["start"]
+        segments[0] = {**last, "start": last["end"], "end": last["end"] + size}
+
+    _forge(folder, change)
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, "5") == 1
+    assert "  row 5: differs (from row 4's end, as the file holds it: " in capsys.readouterr().out
+
+
+def test_rows_cut_off_the_end_of_an_all_rows_build_are_caught(builds, kimi_dir, tmp_path, capsys):
+    """A ``rows: "all"`` build with its last rows taken off, the counts recomputed: a check
+    of its last row finds the source rows that follow it in the stream, which fill more rows."""
+    folder, source, manifest = _copy(builds, "parquet", tmp_path)
+    assert manifest["params"]["rows"] == "all"
+    last = manifest["stats"]["rows"] - 1
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, f"{last - 1},{last}") == 0  # (the build's own tail is proven)
+
+    def cut(rows):
+        del rows[last - 3 :]
+
+    _forge(folder, cut)
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, str(last - 4)) == 1
+    assert f"  row {last - 4}: differs (to the stream's end: " in capsys.readouterr().out
+
+
+def test_the_rows_between_two_checked_rows_in_one_conversation_are_counted(builds, kimi_dir, tmp_path, capsys):
+    """Two checked rows inside one long conversation, a row between them taken out: the
+    stream between them holds one row more than the file does."""
+    folder, source, _ = _copy(builds, "jsonl", tmp_path)
+    rows = pq.read_table(folder / "train.parquet").column("metadata").to_pylist()
+    k = next(  # rows k to k + 3 inside one conversation
+        k
+        for k in range(1, len(rows) - 4)
+        if len({s["source_index"] for r in rows[k : k + 4] for s in r["segments"]}) == 1
+    )
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, f"{k},{k + 2}") == 0
+    _forge(folder, lambda rows: _drop(rows, k + 1))
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, f"{k},{k + 2}") == 1
+    assert f"  row {k + 2}: differs (" in capsys.readouterr().out
+
+
 def test_sample_k_is_rows_sample_k(builds, kimi_dir, capsys):
     folder, source, _ = builds["jsonl"]
     common = ["verify", str(folder), "--rebuild", "--source", str(source), "--tokenizer", str(kimi_dir)]
     capsys.readouterr()
     assert main([*common, "--sample", "3"]) == 0
     sampled = capsys.readouterr().out
-    assert main([*common, "--rows", "sample:3"]) == 0
-    assert capsys.readouterr().out == sampled and sampled.count(": same\n") >= 3
+    drawn = re.search(r"\(--rows (sample:3:[0-9]+) draws them again\)", sampled)
+    assert drawn is not None and sampled.count(": same\n") >= 3
+    assert main([*common, "--rows", drawn[1]]) == 0
+    assert capsys.readouterr().out == sampled
     assert main([*common, "--sample", "3", "--rows", "0"]) == 2
     assert "give one" in capsys.readouterr().err
 
@@ -392,11 +478,12 @@ def test_a_held_row_listed_as_skipped_is_named(builds, kimi_dir, tmp_path, capsy
     ],
 )
 def test_a_bad_spec_is_a_usage_error(builds, kimi_dir, capsys, spec, says):
+    """Before any check: nothing is printed but the error."""
     folder, source, _ = builds["jsonl"]
     capsys.readouterr()
     assert _spot(folder, source, kimi_dir, spec) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"error: {says}") and len(err.strip().splitlines()) == 1
+    out, err = capsys.readouterr()
+    assert err.startswith(f"error: {says}") and len(err.strip().splitlines()) == 1 and out == ""
 
 
 def test_rows_without_rebuild_is_a_usage_error(builds, capsys):
@@ -408,7 +495,7 @@ def test_rows_without_rebuild_is_a_usage_error(builds, capsys):
 
 def test_the_spec_chooses_rows_as_documented():
     """Ranges are inclusive; a sample is the rows of the N smallest keys of the documented
-    splitmix64 rule with seed 0 (computed here in plain Python integers)."""
+    splitmix64 rule with its seed (computed here in plain Python integers)."""
     from fixed_sft.spot import chosen_rows, parse_rows
 
     assert chosen_rows(parse_rows("17,0,100-103,2-3,3"), 200).tolist() == [0, 2, 3, 17, 100, 101, 102, 103]
@@ -419,10 +506,24 @@ def test_the_spec_chooses_rows_as_documented():
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % m
         return z ^ (z >> 31)
 
-    for seed, text in ((0, "sample:7"), (12345, "sample:7:12345")):
+    for seed, text in ((0, "sample:7:0"), (12345, "sample:7:12345")):
         keys = [mix((mix(seed) + (k + 1) * 0x9E3779B97F4A7C15) % m) for k in range(300)]
         assert chosen_rows(parse_rows(text), 300).tolist() == sorted(sorted(range(300), key=keys.__getitem__)[:7])
     assert chosen_rows(parse_rows("sample:50"), 20).tolist() == list(range(20))
+
+
+def test_a_sample_without_a_seed_draws_one_at_random():
+    """``sample:N`` draws its seed as the check starts, so that no one who edits a build
+    knows which rows it checks; the seed drawn names the rows again."""
+    from fixed_sft.spot import chosen_rows, parse_rows
+
+    spec = parse_rows("sample:7")
+    assert spec.seed is None and str(spec) == "sample:7"
+    seeds = {spec.drawn().seed for _ in range(4)}
+    assert len(seeds) == 4  # (the same 64-bit seed twice: about once in 2**62 runs)
+    drawn = spec.drawn()
+    assert str(drawn) == f"sample:7:{drawn.seed}" and parse_rows(str(drawn)) == drawn
+    assert chosen_rows(drawn, 10_000).tolist() == chosen_rows(parse_rows(str(drawn)), 10_000).tolist()
 
 
 CHATML = (
