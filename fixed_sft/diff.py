@@ -9,7 +9,8 @@ The first row whose hash differs is read from both Parquet files: the first toke
 the ids or the mask differ, the segments (source row and id) that hold it in each, and
 the tokens around it decoded with each build's tokenizer (its files from the Hugging Face
 cache or ``--tokenizer``; shown as ids where none can be had). A row only one build has
-is named as such.
+is named as such. Where every row has the same tokens but the files differ, the first row
+whose segments differ is named (the row hashes cover tokens, not provenance).
 """
 
 from __future__ import annotations
@@ -131,10 +132,33 @@ def diff(a: Path, b: Path, tokenizer: str | None = None) -> tuple[bool, list[str
             where = "" if segment is None else f" (source row {segment['source_index']}, id {segment['id']})"
             lines.append(f"  {name}: id {int(row.ids[token])}, mask {int(row.mask[token])}{where}")
             lines.append(f"    {_around(folder, manifest, row, token, tokenizer)}")
-    elif len(hashes_a) != len(hashes_b):
+    else:
         shorter = min(len(hashes_a), len(hashes_b))
-        lines.append(f"the first {shorter} rows are the same")
+        if len(hashes_a) != len(hashes_b):
+            lines.append(f"the first {shorter} rows are the same")
+        if one.get("parquet") != two.get("parquet"):
+            lines += _provenance(a, first, b, second, shorter)
     return not lines, lines or [f"same: {a} and {b} hold the same rows and manifest"]
+
+
+def _provenance(a: Path, first: Manifest, b: Path, second: Manifest, rows: int) -> list[str]:
+    """Where the files of two builds whose first ``rows`` rows have the same tokens first
+    differ in a row's segments (the row hashes do not cover them), if they do."""
+    for number, (x, y) in enumerate(zip(inspect_rows.segments(a, first), inspect_rows.segments(b, second))):
+        if number >= rows:
+            break
+        if x != y:
+            return [
+                f"row {number}: the same tokens, other segments (source rows and ids)",
+                f"  {a}: {_spans(x)}",
+                f"  {b}: {_spans(y)}",
+            ]
+    return []
+
+
+def _spans(segments: list[dict]) -> str:
+    """A row's segments, shown short."""
+    return "; ".join(f"source row {s['source_index']} ({s['id']}) tokens {s['start']}-{s['end']}" for s in segments)
 
 
 def _value(document: dict, path: KeyPath) -> str:

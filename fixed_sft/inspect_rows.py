@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -224,6 +224,20 @@ def read_row(folder: Path, manifest: Manifest, number: int) -> tuple[np.ndarray,
     ids = pc.list_flatten(row.field("input_ids")).to_numpy(zero_copy_only=False)
     mask = pc.list_flatten(row.field("loss_mask")).to_numpy(zero_copy_only=False)
     return ids, mask, row.field("segments").to_pylist()[0]
+
+
+SEGMENT_COLUMNS = [f"metadata.segments.list.element.{key}" for key in ("source_index", "id", "start", "end")]
+
+
+def segments(folder: Path, manifest: Manifest) -> Iterator[list[dict]]:
+    """Each row's segments in order, read a row group at a time (``BuildError`` where the
+    file cannot be read)."""
+    try:
+        with _rows(folder, manifest) as file:
+            for group in file.groups(SEGMENT_COLUMNS):
+                yield from group.column("metadata").field("segments").to_pylist()
+    except (Refused, OSError, ValueError) as error:
+        raise _unreadable(folder, error) from None
 
 
 def row_view(folder: Path, number: int, tokenizer: str | None = None) -> RowView:

@@ -71,6 +71,33 @@ def test_the_same_build_twice_is_the_same(pair, tmp_path, capsys):
     assert capsys.readouterr().out.startswith("same: ")
 
 
+def test_rows_of_the_same_tokens_from_other_conversations_are_named(pair, tmp_path, capsys):
+    """A copy whose row 5 names another id in its segments (its tokens kept, the file's
+    hash recorded): the row hashes agree, and the row whose provenance differs is named."""
+    import pyarrow as pa
+
+    from fixed_sft.hashes import sha256_file
+    from fixed_sft.verify import verify
+
+    copy = tmp_path / "copy"
+    shutil.copytree(pair[0], copy)
+    parquet = copy / "train.parquet"
+    table = pq.read_table(parquet)
+    rows = table.to_pylist()
+    rows[5]["metadata"]["segments"][0]["id"] = "someone else"
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), parquet)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["parquet"].update(bytes=parquet.stat().st_size, sha256=sha256_file(parquet))
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    assert verify(copy) == []
+    capsys.readouterr()
+    assert main(["diff", str(pair[0]), str(copy)]) == 1
+    out = capsys.readouterr().out
+    assert "row hashes" not in out and "row 5: the same tokens, other segments (source rows and ids)\n" in out
+    assert f"  {copy}: source row " in out and "(someone else) tokens " in out
+    assert "manifest parquet.sha256:" in out
+
+
 def test_other_parameters_are_named_field_by_field(pair, tmp_path, kimi_dir, capsys):
     rows = synthetic.conversations(60, seed=9)
     other = _build(tmp_path, rows, kimi_dir, "a", seed=5)
