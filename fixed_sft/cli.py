@@ -388,8 +388,11 @@ def _inspect(args: argparse.Namespace) -> int:
         return 0
     view = row_view(args.folder, args.row, args.tokenizer)
     if args.html is not None:
-        with naming(args.html):
-            args.html.write_text(page(view), encoding="utf-8")
+        from .folder import new_file
+
+        new_file(args.html)
+        with naming(args.html), args.html.open("x", encoding="utf-8") as f:
+            f.write(page(view))
         print(f"wrote {args.html}: {view.title()}")
     elif sys.stdout.isatty():
         print_coloured(view)

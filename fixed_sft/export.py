@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from .errors import BuildError, UsageError
 from .exits import removed_on_exit
-from .folder import is_build
+from .folder import new_file
 from .hashes import boundaries, row_digest
 from .manifest import Manifest, read
 from .output import MANIFEST_NAME, PARQUET_NAME, naming
@@ -176,15 +176,7 @@ def export(folder: str | Path, to: str, out: str | Path) -> Exported:
     if to not in TARGETS:
         raise UsageError(f"unknown export target {to!r}; choose one of {', '.join(TARGETS)}")
     target = TARGETS[to]
-    if os.path.lexists(out):
-        raise UsageError(f"{out} exists; choose another output file or remove it")
-    if not out.parent.is_dir():
-        raise UsageError(f"{out.parent}: no such folder")
-    parent = out.parent.resolve()
-    if (inside := next((f for f in (parent, *parent.parents) if is_build(f)), None)) is not None:
-        raise UsageError(
-            f"{out} is inside the build {inside}, which would no longer be one; choose another output file"
-        )
+    new_file(out)
     problems = verify(folder)
     if problems:
         raise BuildError(f"{folder} does not verify, so it is not exported: {problems[0]}")

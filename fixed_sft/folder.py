@@ -89,6 +89,20 @@ def is_build(path: Path) -> bool:
     return not_a_build(path) is None
 
 
+def new_file(out: Path) -> None:
+    """``UsageError`` unless ``out`` may be written as a new file: nothing is there, its
+    folder exists, and no build holds it (which would no longer be one)."""
+    if os.path.lexists(out):
+        raise UsageError(f"{out} exists; choose another output file or remove it")
+    if not out.parent.is_dir():
+        raise UsageError(f"{out.parent}: no such folder")
+    parent = out.parent.resolve()
+    if (inside := next((f for f in (parent, *parent.parents) if is_build(f)), None)) is not None:
+        raise UsageError(
+            f"{out} is inside the build {inside}, which would no longer be one; choose another output file"
+        )
+
+
 def _not_replaceable(out: Path) -> str | None:
     """``None`` when a build may replace ``out`` (a previous build, or an empty folder);
     else why not."""

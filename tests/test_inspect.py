@@ -165,6 +165,28 @@ def test_html_page_escapes_every_text(hostile, kimi_dir, tmp_path, capsys):
     assert '<span class="supervised">' in html
 
 
+def test_html_never_replaces_a_file_or_writes_into_a_build(built, kimi_dir, tmp_path, capsys):
+    """``--html`` writes a new file only: not over the build's manifest, a source file or an
+    earlier page, and not inside a build folder (which would no longer be one)."""
+    out, _ = built
+    manifest = (out / "manifest.json").read_bytes()
+    earlier = tmp_path / "earlier.html"
+    earlier.write_text("kept")
+    common = ["inspect", str(out), "--row", "0", "--tokenizer", str(kimi_dir), "--html"]
+    for target, says in (
+        (out / "manifest.json", "exists; choose another output file"),
+        (earlier, "exists; choose another output file"),
+        (out / "row.html", "is inside the build"),
+        (tmp_path / "absent" / "row.html", "no such folder"),
+    ):
+        capsys.readouterr()
+        assert main([*common, str(target)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1
+    assert (out / "manifest.json").read_bytes() == manifest and earlier.read_text() == "kept"
+    assert not (out / "row.html").exists() and main(["verify", str(out)]) == 0
+
+
 def test_errors_are_one_line(built, tmp_path, capsys):
     out, _ = built
     assert main(["inspect", str(out), "--row", "12"]) == 2
