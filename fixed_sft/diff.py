@@ -123,6 +123,11 @@ def diff(a: Path, b: Path, tokenizer: str | None = None) -> tuple[bool, list[str
         )
         row_a, row_b = read_row(a, first, number), read_row(b, second, number)
         token = first_token(row_a, row_b)
+        if token == len(row_a.ids) == len(row_b.ids):  # (both verified: a hash that covers the boundaries too)
+            lines.append(f"row {number}: the same ids and mask; one build's row hashes cover its boundaries too")
+            bounded = (show(m.params.emit_boundaries) for m in (first, second))
+            lines.append("  params.emit_boundaries: " + " | ".join(bounded))
+            return False, lines
         lines.append(f"row {number}, token {token}: first differing id or mask")
         for name, folder, manifest, row in ((a, a, first, row_a), (b, b, second, row_b)):
             if token >= len(row.ids):

@@ -71,6 +71,17 @@ def test_the_same_build_twice_is_the_same(pair, tmp_path, capsys):
     assert capsys.readouterr().out.startswith("same: ")
 
 
+def test_builds_apart_only_in_their_boundaries_say_so(pair, tmp_path, kimi_dir, capsys):
+    """The same rows with ``--emit-boundaries``: the row hashes differ (they cover each row's
+    boundaries too), the ids and masks do not, and no token is named."""
+    bounded = _build(tmp_path, synthetic.conversations(60, seed=9), kimi_dir, "a", emit_boundaries=True)
+    capsys.readouterr()
+    assert main(["diff", str(pair[0]), str(bounded)]) == 1
+    out = capsys.readouterr().out
+    assert "row 0: the same ids and mask; one build's row hashes cover its boundaries too\n" in out
+    assert "  params.emit_boundaries: false | true\n" in out and ", token " not in out
+
+
 def test_rows_of_the_same_tokens_from_other_conversations_are_named(pair, tmp_path, capsys):
     """A copy whose row 5 names another id in its segments (its tokens kept, the file's
     hash recorded): the row hashes agree, and the row whose provenance differs is named."""
