@@ -114,7 +114,7 @@ def open_source(
     files whose path matches one of ``patterns`` (all when ``None``), and count their rows."""
     path = Path(source)
     if not path.exists():
-        if not is_hub_id(source):
+        if not is_hub_id(source) or path.suffix in SUFFIXES:  # (a data file's name: a path, mistyped)
             raise SourceError(f"source {source!r}: no such file or folder")
         if not revision:
             raise SourceError(
@@ -291,7 +291,8 @@ def _is_id_type(kind: pa.DataType) -> bool:
 
 def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Path, ...]:
     """A file, or a folder's .parquet/.jsonl files sorted by their path relative to the
-    folder as a '/'-separated string (code point order); with ``patterns``, those whose
+    folder as a '/'-separated string (code point order), but for those under a name that
+    starts with ``.`` (hidden, as the datasets library leaves them); with ``patterns``, those whose
     path (a file's: its name) matches one of them, as huggingface_hub's ``allow_patterns``
     match (``fnmatch``, where ``*`` also matches '/', and ``dir/`` means ``dir/*``). Each
     must be a regular file or a link to one: a FIFO or a link to nothing of such a name
@@ -306,13 +307,18 @@ def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Pa
     found = (
         [path]
         if path.is_file()
-        else [  # every entry but folders (whose files are found in turn)
-            p for p in path.rglob("*") if p.suffix in SUFFIXES and (p.is_symlink() or not p.is_dir())
+        else [  # every entry but folders (whose files are found in turn), and none hidden
+            p
+            for p in path.rglob("*")
+            if p.suffix in SUFFIXES
+            and (p.is_symlink() or not p.is_dir())
+            and not any(part.startswith(".") for part in p.relative_to(path).parts)
         ]
     )
     chosen = filter_repo_objects(found, allow_patterns=None if patterns is None else list(patterns), key=name)
     files = sorted(chosen, key=name)
     if not path.is_file():
+        _no_builds_in(path, files)
         for p in files:
             if not p.is_symlink() and not p.is_file():
                 raise _not_regular(p)
@@ -331,6 +337,20 @@ def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Pa
     if len({f.suffix for f in files}) > 1:
         raise SourceError(f"{path} mixes .parquet and .jsonl files; use one format")
     return tuple(files)
+
+
+def _no_builds_in(path: Path, files: list[Path]) -> None:
+    """``SourceError`` where a file of source folder ``path`` lies in a fixed-sft build (the
+    folder itself, or one inside it): its rows are packed tokens, not conversations."""
+    from .folder import is_build
+
+    folders = {f.parent for f in files}
+    for folder in sorted({a for f in folders for a in (f, *f.parents) if a == path or path in a.parents}):
+        if is_build(folder):
+            raise SourceError(
+                f"{folder} is a fixed-sft build, not a chat source; move it out of {path} or choose files "
+                "with --source-files"
+            )
 
 
 def _not_regular(path: Path) -> SourceError:

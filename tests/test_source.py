@@ -253,10 +253,37 @@ def test_file_paths_are_relative_to_the_source_folder(tmp_path):
     assert open_source(str(tmp_path / "data" / "train.jsonl")).root == tmp_path / "data"
 
 
-@pytest.mark.parametrize("name", ["./missing", "/no/such/folder", "missing.parquet"])
+@pytest.mark.parametrize("name", ["./missing", "/no/such/folder", "missing.parquet", "data/missing.jsonl"])
 def test_a_missing_local_source_is_named(name):
     with pytest.raises(SourceError, match="no such file or folder"):
         open_source(name)
+
+
+def test_hidden_files_and_folders_are_not_read(tmp_path):
+    """As the datasets library leaves them: a name that starts with '.', anywhere in the path."""
+    rows = synthetic.conversations(6, seed=2)
+    for name in ("a.jsonl", ".b.jsonl", ".git/c.jsonl", "d/.cache/e.jsonl", "d/f.jsonl"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        synthetic.write_jsonl(rows[:2], tmp_path / name)
+    src = open_source(str(tmp_path))
+    assert [f.relative_to(tmp_path).as_posix() for f in src.files] == ["a.jsonl", "d/f.jsonl"]
+
+
+def test_a_build_in_a_source_folder_is_refused(tmp_path, kimi_dir):
+    """Its rows are packed tokens, not conversations: a build inside the folder, or the
+    folder itself, is named rather than read."""
+    from fixed_sft.build import BuildConfig, build
+
+    source = tmp_path / "chats"
+    synthetic.write_jsonl(synthetic.conversations(20, seed=2), source / "a.jsonl")
+    config = BuildConfig(name="t", source=str(source), tokenizer=str(kimi_dir), rows=2, row_tokens=64, workers=1)
+    build(config, tmp_path / "prev")
+    shutil.copytree(tmp_path / "prev", source / "old" / "prev")
+    with pytest.raises(SourceError, match=re.escape(f"{source / 'old' / 'prev'} is a fixed-sft build, not a chat")):
+        open_source(str(source))
+    with pytest.raises(SourceError, match=re.escape(f"{tmp_path / 'prev'} is a fixed-sft build, not a chat")):
+        open_source(str(tmp_path / "prev"))
+    assert [f.name for f in open_source(str(source), patterns=("a.jsonl",)).files] == ["a.jsonl"]
 
 
 def test_a_file_of_another_kind_is_refused(tmp_path):
