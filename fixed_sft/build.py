@@ -355,10 +355,12 @@ def _valid(stream: Iterator[Encoded], source: Source, skip_invalid: bool, tally:
 
 
 def _invalid_row(source: Source, index: int, row_id: str | None, reason: str) -> InvalidSourceRow:
-    """The error that names an invalid row's file and row (source row ``index``), and says why."""
+    """The error that names an invalid row's file and row (source row ``index``, and its id
+    where it has one read), and says why."""
     path, row = source.locate(index)
     place = f"line {row + 1}" if path.suffix == ".jsonl" else f"row {row}"
-    return InvalidSourceRow(f"{path}: {place} (source row {index}, id {row_id}): {reason}")
+    named = "" if row_id is None else f", id {row_id}"
+    return InvalidSourceRow(f"{path}: {place} (source row {index}{named}): {reason}")
 
 
 def _pack(
@@ -880,7 +882,9 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
         if written == 0 or (config.rows is not None and written < config.rows):
             asked = f"--rows is {config.rows}" if config.rows is not None else "a build needs at least one"
             filled = f"the source fills only {written} rows of {config.row_tokens} tokens"
-            raise BuildError(f"{filled} with supervised tokens; {asked}")
+            skipped = len(tally.skipped_invalid)
+            invalid = f" ({skipped} source rows skipped as invalid, of {source.num_rows})" if skipped else ""
+            raise BuildError(f"{filled} with supervised tokens{invalid}; {asked}")
         if config.check_every and not tally.template_checked:
             _check_first(encoding, source, rank, tally, store)
         source_files = recorded_files(source, source_hashes)

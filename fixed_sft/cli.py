@@ -420,8 +420,10 @@ def _pin(args: argparse.Namespace) -> int:
             value = loads(args.template_kwargs)
         except ValueError as error:
             raise UsageError(f"--template-kwargs is not JSON ({error})") from None
-        if not isinstance(value, dict):
-            raise UsageError("--template-kwargs must be a JSON object")
+        from .params import RENDERER_ARGUMENTS, JsonObject
+
+        if (problem := JsonObject(RENDERER_ARGUMENTS).problem("--template-kwargs", value)) is not None:
+            raise UsageError(problem)
         kwargs = value
     spec = pin_tokenizer(
         args.tokenizer, args.revision, args.repo, args.name, kwargs, args.loss_mask_type, args.trust_remote_code

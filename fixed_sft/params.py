@@ -74,11 +74,32 @@ class OneOf(Range):
 
 
 class JsonObject(Range):
-    """A JSON object, or ``None``."""
+    """A JSON object, or ``None``; none of ``reserved`` among its keys."""
+
+    def __init__(self, reserved: tuple[str, ...] = ()):
+        self.reserved = reserved
 
     def problem(self, label: str, value: Any) -> str | None:
         shown = value if isinstance(value, str) else json.dumps(value)
-        return None if value is None or isinstance(value, dict) else f"{label} must be a JSON object, got {shown}"
+        if value is not None and not isinstance(value, dict):
+            return f"{label} must be a JSON object, got {shown}"
+        taken = [key for key in self.reserved if value is not None and key in value]
+        if taken:
+            return f"{label} may not set {taken[0]!r}: the renderer sets it ({', '.join(self.reserved)})"
+        return None
+
+
+# what transformers' renderer passes its template, or takes as its own arguments: not template variables
+RENDERER_ARGUMENTS = (
+    "messages",
+    "tools",
+    "documents",
+    "add_generation_prompt",
+    "conversations",
+    "chat_template",
+    "continue_final_message",
+    "return_assistant_tokens_mask",
+)
 
 
 class LicenseId(Range):
@@ -199,7 +220,7 @@ class BuildConfig:
         '{{"thinking": true, "preserve_thinking": false}})',
         spec=True,
         recorded="loss_mask.template_kwargs",
-        range=JsonObject(),
+        range=JsonObject(RENDERER_ARGUMENTS),
         metavar="JSON",
     )
     rows: int | None = param(

@@ -356,6 +356,21 @@ def test_template_variables_that_are_not_a_json_object_are_a_usage_error(value, 
     assert err.count("\n") == 1 and "--template-kwargs must be a JSON object" in err
 
 
+@pytest.mark.parametrize("name", ["tools", "messages", "add_generation_prompt", "chat_template"])
+def test_template_variables_the_renderer_sets_are_a_usage_error(name, tmp_path, capsys):
+    """A variable the renderer passes itself (or takes as its own argument) would clash as
+    it renders: refused by name before anything is read, for a build and for a pin."""
+    from fixed_sft.cli import main
+
+    value = json.dumps({name: [1]})
+    assert main(["build", "--source", "none.jsonl", "--template-kwargs", value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--template-kwargs may not set {name!r}: the renderer sets it" in err
+    pin = ["pin-tokenizer", "org/model", "--revision", "a" * 40, "--out", str(tmp_path / "spec.json")]
+    assert main([*pin, "--template-kwargs", value]) == 2
+    assert f"--template-kwargs may not set {name!r}" in capsys.readouterr().err
+
+
 def test_a_named_build_pins_its_template_variables(tmp_path, monkeypatch):
     """A spec's ``template_kwargs`` are the build's unless the flag overrides them; a spec
     whose value is not an object is named."""

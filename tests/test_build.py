@@ -1024,8 +1024,14 @@ def test_an_output_inside_a_build_or_a_source_folder_is_refused(corpus, kimi_dir
 
 def test_a_source_that_fills_no_row_is_an_error(kimi_dir, tmp_path):
     synthetic.write_jsonl(synthetic.conversations(1, seed=1), tmp_path / "one.jsonl")
-    with pytest.raises(BuildError, match="fills only 0 rows of 8192 tokens .*; a build needs at least one"):
+    with pytest.raises(BuildError, match="fills only 0 rows of 8192 tokens with supervised tokens; a build needs"):
         build(config(tmp_path / "one.jsonl", kimi_dir, rows=None, row_tokens=8192), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    bad = ['{"id": "a", "messages": [{"role": "robot", "content": "x"}]}', '{"id": "b", "messages": []}', '{"id": "c"}']
+    (tmp_path / "bad.jsonl").write_text("\n".join(bad) + "\n")
+    says = r"fills only 0 rows of 4 tokens with supervised tokens \(3 source rows skipped as invalid, of 3\); a build"
+    with pytest.raises(BuildError, match=says):
+        build(config(tmp_path / "bad.jsonl", kimi_dir, rows=None, row_tokens=4, skip_invalid=True), tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
