@@ -422,8 +422,9 @@ def _pin(args: argparse.Namespace) -> int:
             raise UsageError(f"--template-kwargs is not JSON ({error})") from None
         from .params import RENDERER_ARGUMENTS, JsonObject
 
-        if (problem := JsonObject(RENDERER_ARGUMENTS).problem("--template-kwargs", value)) is not None:
-            raise UsageError(problem)
+        problem = JsonObject(RENDERER_ARGUMENTS).problem("--template-kwargs", value)
+        if problem is not None or not isinstance(value, dict):
+            raise UsageError(problem or "--template-kwargs must be a JSON object, got null")
         kwargs = value
     spec = pin_tokenizer(
         args.tokenizer, args.revision, args.repo, args.name, kwargs, args.loss_mask_type, args.trust_remote_code

@@ -51,13 +51,26 @@ def unique_keys(pairs: list[tuple[str, object]]) -> dict:
     return document
 
 
-STRICT_JSON = json.JSONDecoder(object_pairs_hook=unique_keys)  # its ``decode`` reads as ``loads`` does
+STRICT_JSON = json.JSONDecoder(object_pairs_hook=unique_keys)  # (source rows: NaN as Python writes it, is read)
+
+
+def _not_json(constant: str) -> object:
+    raise ValueError(f"{constant} is not JSON")
+
+
+STANDARD_JSON = json.JSONDecoder(object_pairs_hook=unique_keys, parse_constant=_not_json)
 
 
 def loads(text: str) -> object:
-    """The JSON document ``text``; ``DuplicateKey`` (a ``ValueError``) for an object that
-    repeats a key."""
-    return STRICT_JSON.decode(text)
+    """The JSON document ``text``; a ``ValueError`` for an object that repeats a key
+    (``DuplicateKey``) or a number JSON does not have (``NaN``, ``Infinity``).
+
+    >>> loads('{"a": NaN}')
+    Traceback (most recent call last):
+    ...
+    ValueError: NaN is not JSON
+    """
+    return STANDARD_JSON.decode(text)
 
 
 def read_json_object(path: Path, error: type[Exception]) -> dict:

@@ -21,7 +21,9 @@ PARQUET: ParquetName = "train.parquet"
 assert get_args(Format) == (FORMAT, BOUNDARIES_FORMAT) and FORMAT == THIS_FORMAT
 assert get_args(ParquetName) == (PARQUET_NAME,) == (PARQUET,)
 
-Count = Annotated[int, Within(0, 2**63 - 1, "0 .. 2**63 - 1")]  # a count verify uses
+Count = Annotated[int, Within(0, 2**63 - 1, "0 .. 2**63 - 1")]  # a count, or a size
+Seed = Annotated[int, Within(0, 2**64 - 1, "0 .. 2**64 - 1")]  # the order's seed (fixed_sft.order)
+RowCount = Annotated[int, Within(1, 2**63 - 1, "1 .. 2**63 - 1")]
 Globs = Annotated[list[str], NonEmptyStrings()]
 
 
@@ -42,9 +44,9 @@ class CodeVersion:
 class Params:
     """The parameters the rows depend on."""
 
-    rows: int | Literal["all"]
+    rows: RowCount | Literal["all"]
     row_tokens: Count
-    seed: int
+    seed: Seed
     order: str
     loss_mask_type: str
     skip_invalid: bool
@@ -57,7 +59,7 @@ class SourceFile:
     """A source file: its path (relative, with ``/``), size and sha256."""
 
     path: str
-    bytes: int
+    bytes: Count
     sha256: str
 
 
@@ -69,7 +71,7 @@ class SourceRecord:
     revision: str | None
     license: str | None
     file_patterns: None | Globs = None  # (manifests before globs lack it: every file)
-    rows: int
+    rows: Count
     files: list[SourceFile]
 
 
@@ -77,7 +79,7 @@ class SourceRecord:
 class FileHash:
     """A file's size and sha256."""
 
-    bytes: int
+    bytes: Count
     sha256: str
 
 
@@ -108,8 +110,8 @@ class TemplateCheck:
     ``encode.sampled`` picks (manifests before it lack it: the conversations at packing
     positions that are multiples of ``every``)."""
 
-    every: int
-    checked: int
+    every: Count
+    checked: Count
     sample: Literal["source_row"] | None = omitted()
 
 
@@ -118,23 +120,23 @@ class Stats:
     """What the rows hold."""
 
     rows: Count
-    tokens: int
+    tokens: Count
     supervised_tokens: Count
     supervised_token_ratio: float
-    trainable_tokens: int
-    padding_tokens: int
-    conversations: int
-    conversations_split: int
-    rows_skipped: int
-    tail_tokens_dropped: int
-    invalid_rows_skipped: int
+    trainable_tokens: Count
+    padding_tokens: Count
+    conversations: Count
+    conversations_split: Count
+    rows_skipped: Count
+    tail_tokens_dropped: Count
+    invalid_rows_skipped: Count
 
 
 @dataclass
 class SkippedRow:
     """A source row skipped as invalid: its index, id and why."""
 
-    index: int
+    index: Count
     id: str | None
     reason: str
 

@@ -3,7 +3,8 @@
 Checks, in order: the manifest is a regular file no larger, and of no more values, than a
 build's (``read_manifest``), reads, repeats no key, and has the format's fields and no
 other (``manifest.read``), each of its type (``1`` is not ``1.0``), with each row hash 64
-lowercase hex digits; values derived from others (tokens, padding, ratio, rows) agree, and
+lowercase hex digits, each count and size at least 0 and the seed within the order's;
+values derived from others (tokens, padding, ratio, rows, the mask type) agree, and
 ``rows_sha256`` equals the hash of its own row hashes, and the source mix's conversations and
 tokens add up to the stats'; the dataset card's files (``card.files``) are regular files of
 the recorded sizes and sha256s, and no card file lies beside them that it does not record; the Parquet file exists with
@@ -16,7 +17,8 @@ as stored, and hashes to its recorded row hash (the first bad row is named); the
 (the footer's) and supervised-token count match; each row's ``metadata.row`` is its number
 and its segments, each a non-empty span from a non-negative start, cover ``row_tokens``
 tokens; the conversations the segments name (each run of segments naming one source row,
-as a build lays them), and those in more than one row, are the stats' counts. In a build
+as a build lays them), and those in more than one row, are the stats' counts, and each
+source row named is one of ``source.rows``. In a build
 with boundaries (``params.emit_boundaries``; its format must then be ``fixed-sft/3``, else
 ``fixed-sft/2``), the schema is the one with ``metadata.cu_seqlens``, each row's hash covers
 them, and they must be 0 and the end of each of its segments. No value may
@@ -120,6 +122,11 @@ def verify(folder: str | Path) -> list[str]:
         problems.append(f"{parquet}: {checks.trainable} trainable tokens, manifest says {stats.trainable_tokens}")
     problems += checks.problems("messages", "metadata")
     if read_all and not any(p.startswith("row ") for p in checks.problems("metadata")):
+        if checks.counted.highest >= manifest.source.rows:
+            problems.append(
+                f"{parquet}: a segment names source row {checks.counted.highest}, "
+                f"but source.rows is {manifest.source.rows}"
+            )
         held = {"conversations": checks.conversations, "conversations_split": checks.split}
         problems += [
             f"{MANIFEST_NAME}: stats.{key} is {getattr(stats, key)}, the rows hold {value}"
@@ -231,6 +238,7 @@ class Conversations:
 
     def __init__(self) -> None:
         self.conversations = self.split = 0
+        self.highest = -1  # the highest source row a segment names
         self._last: object = None  # the source row of the last segment seen, and how many segments in a row name it
         self._run = 0
 
@@ -240,6 +248,7 @@ class Conversations:
         values = arrow.to_numpy(arrow.filled(indices, -1))  # (a null is noted by _check_metadata)
         if not len(values):
             return
+        self.highest = max(self.highest, int(values.max()))
         starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))
         lengths = np.diff(np.concatenate([starts, [len(values)]]))
         if values[0] == self._last:  # the first run goes on from the last group's
@@ -353,7 +362,7 @@ def _check_stats(manifest: Manifest, rows: int, row_tokens: int) -> list[str]:
     """Manifest values that follow from others must agree with them."""
     stats, params = manifest.stats, manifest.params
     tokens = rows * row_tokens
-    derived: dict[str, tuple[int | float, int | float]] = {
+    derived: dict[str, tuple[int | float | str, int | float | str]] = {
         "stats.tokens": (stats.tokens, tokens),
         "stats.padding_tokens": (stats.padding_tokens, 0),
         "stats.supervised_token_ratio": (
@@ -363,6 +372,7 @@ def _check_stats(manifest: Manifest, rows: int, row_tokens: int) -> list[str]:
     }
     if params.rows != "all":
         derived["params.rows"] = (params.rows, rows)
+    derived["loss_mask.type"] = (manifest.loss_mask.type, params.loss_mask_type)
     # a build without --skip-invalid stops at an invalid row: it skips none
     derived["the skipped_invalid rows"] = (len(manifest.skipped_invalid), stats.invalid_rows_skipped)
     if not params.skip_invalid:
@@ -414,7 +424,8 @@ def described(error: BaseException) -> str:
 def _check_metadata(metadata: pa.StructArray, first: int, row_tokens: int) -> str | None:
     """The first problem of rows ``metadata`` (row ``first`` on): a null, a ``metadata.row``
     that is not its row's number, a segment that is not a non-empty span from a
-    non-negative start, or segments that do not cover ``row_tokens``."""
+    non-negative start or names a negative source row, or segments that do not cover
+    ``row_tokens``."""
     try:
         rows, segments = (pc.struct_field(metadata, key) for key in ("row", "segments"))
         spans = segments.flatten()
@@ -441,6 +452,9 @@ def _check_metadata(metadata: pa.StructArray, first: int, row_tokens: int) -> st
     bad = np.flatnonzero((spans <= 0) | (arrow.to_numpy(starts) < 0))
     if len(bad):
         return f"row {first + parents[bad[0]]}: a metadata segment spans [{starts[bad[0]]}, {ends[bad[0]]})"
+    bad = np.flatnonzero(arrow.to_numpy(fields["source_index"]) < 0)
+    if len(bad):
+        return f"row {first + parents[bad[0]]}: a metadata segment names source row {fields['source_index'][bad[0]]}"
     covered = np.bincount(parents, weights=spans, minlength=len(numbers))
     bad = np.flatnonzero(covered != row_tokens)
     if len(bad):

@@ -243,12 +243,51 @@ def _edit_manifest(folder, keys, value):
         (["params", "row_tokens"], 10**400, "params.row_tokens is 1000"),
         (["stats", "rows"], -1, "stats.rows is -1, outside 0 .. 2**63 - 1"),
         (["parquet", "bytes"], 2**63, "parquet.bytes is 9223372036854775808, outside 0 .. 2**63 - 1"),
+        (["params", "seed"], -1, "params.seed is -1, outside 0 .. 2**64 - 1"),
+        (["params", "seed"], 2**64, "params.seed is 18446744073709551616, outside 0 .. 2**64 - 1"),
+        (["params", "rows"], 0, "params.rows is 0, outside 1 .. 2**63 - 1"),
+        (["stats", "tail_tokens_dropped"], -1, "stats.tail_tokens_dropped is -1, outside 0 .. 2**63 - 1"),
+        (["template_check", "checked"], -5, "template_check.checked is -5, outside 0 .. 2**63 - 1"),
+        (["source", "rows"], -2, "source.rows is -2, outside 0 .. 2**63 - 1"),
     ],
 )
 def test_malformed_manifest_fields(copy, keys, value, says):
     _edit_manifest(copy, keys, value)
     (problem,) = verify(copy)
     assert problem.startswith(f"{copy / 'manifest.json'}: {says}")
+
+
+def test_numbers_json_does_not_have_are_refused(copy):
+    """Python's json writes NaN; JSON has no such number, and readers disagree on it."""
+    text = (copy / "manifest.json").read_text()
+    (copy / "manifest.json").write_text(text.replace('"thinking": true', '"thinking": NaN'))
+    (problem,) = verify(copy)
+    assert problem == f"{copy / 'manifest.json'}: unreadable (ValueError: NaN is not JSON)"
+
+
+def test_a_mask_type_recorded_twice_must_agree(copy):
+    _edit_manifest(copy, ["loss_mask", "type"], "other")
+    assert verify(copy) == ['manifest.json: loss_mask.type is "other", expected "kimi_k25"']
+
+
+def test_a_segment_must_name_a_row_of_the_source(copy):
+    """The source's row count bounds the rows the segments name; a negative row is none."""
+    manifest = json.loads((copy / "manifest.json").read_text())
+    named = max(
+        s["source_index"]
+        for row in pq.read_table(copy / "train.parquet").to_pylist()
+        for s in row["metadata"]["segments"]
+    )
+    _edit_manifest(copy, ["source", "rows"], named)
+    assert verify(copy) == [f"{copy / 'train.parquet'}: a segment names source row {named}, but source.rows is {named}"]
+    _edit_manifest(copy, ["source", "rows"], manifest["source"]["rows"])
+
+    def negative(rows):
+        rows[3]["metadata"]["segments"][0]["source_index"] = -4
+        return rows
+
+    _rewrite(copy, negative)
+    assert "row 3: a metadata segment names source row -4" in verify(copy)
 
 
 def test_a_manifest_nested_too_deep_to_read(copy):
