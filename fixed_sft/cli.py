@@ -321,6 +321,8 @@ def _verify(args: argparse.Namespace) -> int:
     if args.sample is not None:
         if args.rows is not None:
             raise UsageError("--rows and --sample name the rows to check two ways; give one")
+        if args.sample < 1:
+            raise UsageError(f"--sample is {args.sample}: check at least 1 row")
         args.rows = f"sample:{args.sample}"
     if not args.rebuild and (
         args.source or args.tokenizer or args.workers is not None or args.quiet or args.rows is not None

@@ -87,14 +87,17 @@ def first_token(a: Row, b: Row) -> int:
     return int(differs[0]) if len(differs) else n
 
 
-def _around(folder: Path, manifest: Manifest, row: Row, token: int, tokenizer: str | None) -> str:
-    """The tokens around ``token``, decoded (the differing one between ``⟦`` and ``⟧``), or as ids."""
+def _around(folder: Path, manifest: Manifest, row: Row, token: int, tokenizer: str | None, said: set[str]) -> str:
+    """The tokens around ``token``, decoded (the differing one between ``⟦`` and ``⟧``), or as
+    ids and why (a reason in ``said`` already given is not given again)."""
     lo, hi = max(0, token - CONTEXT_TOKENS), min(len(row.ids), token + CONTEXT_TOKENS + 1)
     pieces = [row.ids[lo:token].tolist(), row.ids[token : token + 1].tolist(), row.ids[token + 1 : hi].tolist()]
     try:
         decode = decoder(manifest, tokenizer)
     except (BuildError, UsageError) as error:
-        return f"ids {pieces[0]} ⟦{pieces[1]}⟧ {pieces[2]} (not decoded: {error})"
+        why = "as above" if str(error) in said else str(error)
+        said.add(str(error))
+        return f"ids {pieces[0]} ⟦{pieces[1]}⟧ {pieces[2]} (not decoded: {why})"
     before, at, after = (visible(decode(ids)) for ids in pieces)
     return f"{before!r} ⟦{at!r}⟧ {after!r}"
 
@@ -129,6 +132,7 @@ def diff(a: Path, b: Path, tokenizer: str | None = None) -> tuple[bool, list[str
             lines.append("  params.emit_boundaries: " + " | ".join(bounded))
             return False, lines
         lines.append(f"row {number}, token {token}: first differing id or mask")
+        said: set[str] = set()
         for name, folder, manifest, row in ((a, a, first, row_a), (b, b, second, row_b)):
             if token >= len(row.ids):
                 lines.append(f"  {name}: the row ends before token {token}")
@@ -136,7 +140,7 @@ def diff(a: Path, b: Path, tokenizer: str | None = None) -> tuple[bool, list[str
             segment = row.segment_at(token)
             where = "" if segment is None else f" (source row {segment['source_index']}, id {segment['id']})"
             lines.append(f"  {name}: id {int(row.ids[token])}, mask {int(row.mask[token])}{where}")
-            lines.append(f"    {_around(folder, manifest, row, token, tokenizer)}")
+            lines.append(f"    {_around(folder, manifest, row, token, tokenizer, said)}")
     else:
         shorter = min(len(hashes_a), len(hashes_b))
         if len(hashes_a) != len(hashes_b):

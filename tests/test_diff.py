@@ -118,6 +118,20 @@ def test_other_parameters_are_named_field_by_field(pair, tmp_path, kimi_dir, cap
     assert "(not decoded:" in out or "⟦" in out  # without --tokenizer: decoded from the cache, or shown as ids
 
 
+def test_a_reason_for_ids_not_decoded_is_given_once(pair, monkeypatch, capsys):
+    import fixed_sft.diff as diff_module
+    from fixed_sft.errors import BuildError
+
+    def no_tokenizer(manifest, tokenizer):
+        raise BuildError("the tokenizer files are not in the cache (a long reason)")
+
+    monkeypatch.setattr(diff_module, "decoder", no_tokenizer)
+    assert main(["diff", str(pair[0]), str(pair[1])]) == 1
+    out = capsys.readouterr().out
+    assert out.count("(not decoded: the tokenizer files are not in the cache (a long reason))") == 1
+    assert out.count("(not decoded: as above)") == 1
+
+
 def test_fields_compare_as_json():
     assert fields({"a": [1, {"b": True}]}, {"a": [1, {"b": 1}]}) == [("a",)]
     assert fields({"a": {"b": 1, "c": 2}}, {"a": {"b": 1}}) == [("a", "c")]

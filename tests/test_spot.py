@@ -389,6 +389,8 @@ def test_sample_k_is_rows_sample_k(builds, kimi_dir, capsys):
     assert capsys.readouterr().out == sampled
     assert main([*common, "--sample", "3", "--rows", "0"]) == 2
     assert "give one" in capsys.readouterr().err
+    assert main([*common, "--sample", "0"]) == 2
+    assert "--sample is 0: check at least 1 row" in capsys.readouterr().err
 
 
 def test_a_segments_id_and_cut_are_checked(builds, kimi_dir, tmp_path, capsys):
