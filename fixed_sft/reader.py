@@ -307,10 +307,11 @@ class RowFile:
         names = _paths(want)
         for n, (here, there) in enumerate(zip(got[1:], want[1:]), 1):
             if here != there:
-                raise SchemaDiffers(
-                    f"its Parquet schema differs from the format's at {names[n]} "
-                    f"({_describe(here)}, not {_describe(there)})"
-                )
+                said, wanted = _describe(here), _describe(there)
+                if said == wanted:  # (a difference the description leaves out: the name, say)
+                    said, wanted = _fields_apart(here, there)
+                at = names[n]
+                raise SchemaDiffers(f"its Parquet schema differs from the format's at {at} ({said}, not {wanted})")
         if len(got) != len(want):
             raise SchemaDiffers(f"its Parquet schema has {len(got)} elements, the format's {len(want)}")
 
@@ -493,6 +494,23 @@ def _describe(element: tuple) -> str:
     if 10 in fields:
         parts.append(f"logical type {_logical(fields[10])}")
     return " ".join(parts)
+
+
+ELEMENT_FIELDS = {1: "type", 2: "type_length", 3: "repetition", 4: "name", 5: "num_children", 6: "converted_type"}
+ELEMENT_FIELDS |= {7: "scale", 8: "precision", 10: "logical_type"}
+
+
+def _fields_apart(here: tuple, there: tuple) -> tuple[str, str]:
+    """The fields in which two schema elements differ, as each has them (``missing``: without it)."""
+    a, b = ({f: v for f, _, v in e} for e in (here, there))
+    apart = [f for f in sorted(a.keys() | b.keys()) if a.get(f) != b.get(f)]
+
+    def shown(fields: dict, f: int) -> str:
+        value = fields.get(f, "missing")
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        return f"{ELEMENT_FIELDS.get(f, f'field {f}')} {text!r}"
+
+    return ", ".join(shown(a, f) for f in apart), ", ".join(shown(b, f) for f in apart)
 
 
 def _logical(union: list) -> str:

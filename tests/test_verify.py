@@ -709,6 +709,28 @@ def test_parquet_types_other_than_the_formats_are_named(copy, monkeypatch):
     ]
 
 
+def test_a_schema_element_named_otherwise_is_named(copy, monkeypatch):
+    """A list's middle level named other than the format names it reads as the same
+    column; the difference the description would leave out is named field by field."""
+    from fixed_sft import thrift
+
+    path = copy / "train.parquet"
+    head, footer = _footer(path)
+    elements = thrift.get(footer, 2)[1]
+    n = next(
+        n
+        for n, e in enumerate(elements)
+        if thrift.get(e, 4) == b"list" and thrift.get(elements[n - 1], 4) == b"messages"
+    )
+    elements[n] = [(f, k, b"lisu" if f == 4 else v) for f, k, v in elements[n]]
+    _write_footer(path, head, footer)
+    _resave_bytes(copy)
+    _no_decoding(monkeypatch)
+    assert verify(copy) == [
+        f"{path}: its Parquet schema differs from the format's at messages.list (name 'lisu', not name 'list')"
+    ]
+
+
 def test_a_row_group_of_long_rows_holds_at_most_group_values_tokens(tmp_path, monkeypatch):
     """So that verify's bound on what it decodes at once holds for any build's row group."""
     import fixed_sft.output
