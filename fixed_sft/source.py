@@ -12,6 +12,7 @@ checks against the schema.
 from __future__ import annotations
 
 import codecs
+import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -322,8 +323,12 @@ def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Pa
         for p in files:
             if not p.is_symlink() and not p.is_file():
                 raise _not_regular(p)
-            if not p.exists():
-                raise SourceError(f"{p}: a link to a file that does not exist")
+            try:
+                p.stat()
+            except OSError as error:  # (to nothing, or in a loop)
+                missing = error.errno == errno.ENOENT
+                reason = "to a file that does not exist" if missing else os.strerror(error.errno or 0)
+                raise SourceError(f"{p}: a link that cannot be followed ({reason})") from None
             if not p.is_file():
                 raise SourceError(f"{p}: a link to something that is not a file")
     if not files:

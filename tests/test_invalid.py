@@ -320,7 +320,16 @@ def test_a_link_in_a_source_folder_to_no_file_is_named(kimi_dir, tmp_path):
     synthetic.write_parquet(synthetic.conversations(10, seed=2), tmp_path / "src" / "a.parquet")
     (tmp_path / "src" / "b.parquet").symlink_to(tmp_path / "gone.parquet")
     with pytest.raises(
-        SourceError, match=re.escape(f"{tmp_path / 'src' / 'b.parquet'}: a link to a file that does not exist")
+        SourceError,
+        match=re.escape(
+            f"{tmp_path / 'src' / 'b.parquet'}: a link that cannot be followed (to a file that does not exist)"
+        ),
+    ):
+        build(_config(tmp_path / "src", kimi_dir), tmp_path / "out")
+    (tmp_path / "src" / "b.parquet").unlink()
+    (tmp_path / "src" / "b.parquet").symlink_to(tmp_path / "src" / "b.parquet")  # (a loop)
+    with pytest.raises(
+        SourceError, match=re.escape(f"{tmp_path / 'src' / 'b.parquet'}: a link that cannot be followed (")
     ):
         build(_config(tmp_path / "src", kimi_dir), tmp_path / "out")
     (tmp_path / "src" / "b.parquet").unlink()
