@@ -237,18 +237,19 @@ class SegmentReader:
 
     def __init__(self, paths: Sequence[Path | str]):
         self.paths = paths
-        self._files: OrderedDict[int, int] = OrderedDict()
+        self._files: OrderedDict[int, tuple[int, int]] = OrderedDict()  # segment: its descriptor and size
 
-    def _fd(self, number: int) -> int:
-        fd = self._files.get(number)
-        if fd is None:
+    def _open(self, number: int) -> tuple[int, int]:
+        """Segment ``number``'s descriptor and size (as it was opened)."""
+        opened = self._files.get(number)
+        if opened is None:
             fd = os.open(self.paths[number], os.O_RDONLY)
-            self._files[number] = fd
+            opened = self._files[number] = (fd, os.fstat(fd).st_size)
             if len(self._files) > OPEN_FILES:
-                os.close(self._files.popitem(last=False)[1])
+                os.close(self._files.popitem(last=False)[1][0])
         else:
             self._files.move_to_end(number)
-        return fd
+        return opened
 
     def read(self, number: int, slot: int, index: int) -> Encoded | None:
         """Source row ``index``, held by record ``slot`` of segment ``number`` (``checked``:
@@ -266,15 +267,22 @@ class SegmentReader:
         return _decode(index, tokens, payload, bool(flags & PASSED), _meta(payload[5 * max(tokens, 0) :]))
 
     def payload(self, number: int, offset: int, size: int) -> bytes | None:
-        """``size`` bytes of segment ``number`` from ``offset``; ``None`` where it has fewer."""
+        """``size`` bytes of segment ``number`` from ``offset``; ``None`` where it has fewer.
+        Nothing is read past the file's end: a damaged record's size is not allocated."""
         try:
-            payload = os.pread(self._fd(number), size, offset)
+            fd, length = self._open(number)
+            if offset + size > length:
+                length = os.fstat(fd).st_size  # (grown since it was opened, or damaged)
+                self._files[number] = (fd, length)
+                if offset + size > length:
+                    return None
+            payload = os.pread(fd, size, offset)
         except OSError:
             return None
         return payload if len(payload) == size else None
 
     def close(self) -> None:
-        for fd in self._files.values():
+        for fd, _ in self._files.values():
             os.close(fd)
         self._files.clear()
 

@@ -188,14 +188,18 @@ def test_other_template_kwargs_encode_again(corpus, kimi_dir, tmp_path, encoded)
     assert len(encoded) == first >= manifest["stats"]["conversations"]
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "header"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "header", "record tokens", "record meta"])
 def test_a_damaged_entry_is_encoded_again_and_stored_anew(corpus, kimi_dir, tmp_path, token_store, encoded, damage):
+    """Whatever bytes are damaged; a record's size too, which is never read past the file's end."""
     cfg = config(corpus[0], kimi_dir)
     golden = build(cfg, tmp_path / "a")
     [segment] = _segments(token_store)
     data = bytearray(segment.read_bytes())
     if damage == "flip":
         data[len(data) // 2] ^= 0x01  # a byte of some conversation's ids
+    elif damage.startswith("record"):  # the first record's tokens (2**36 more) or metadata bytes (2**28 more)
+        field = store_module.RECORD.fields[damage.split()[1]][1]
+        data[store_module.HEADER_BYTES + field + (4 if damage == "record tokens" else 3)] ^= 0x10
     elif damage == "truncate":
         data = data[: len(data) * 2 // 3]
     else:
