@@ -29,8 +29,8 @@ For each chosen row K it proves:
   between them holds exactly the rows between, and rows dropped;
 - the last row of a build of a row count leaves ``stats.tail_tokens_dropped`` of its unit; the
   last row of ``rows: "all"`` leaves only dropped rows and a final partial row of
-  ``stats.tail_tokens_dropped`` tokens; where every row of a build of a row count is checked,
-  the rows dropped are ``stats.rows_skipped``.
+  ``stats.tail_tokens_dropped`` tokens; where every row is checked, the rows dropped are
+  ``stats.rows_skipped``.
 
 It does not prove where the stream reaches a row when the rows before it are not all checked
 (which conversation, and at which token, follows from the lengths of all the conversations
@@ -252,7 +252,7 @@ def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenize
         if (problem := stream.check(number, stored, neighbours)) is not None:
             problems[number] = problem
     every = len(rows) == manifest.stats.rows  # (rows: sorted, each once)
-    if every and manifest.params.rows != "all" and not problems and stream.dropped != manifest.stats.rows_skipped:
+    if every and not problems and stream.dropped != manifest.stats.rows_skipped:  # (rows: all, to the stream's end)
         problems[int(rows[-1])] = (
             f"the stream up to it drops {stream.dropped} rows, stats.rows_skipped says {manifest.stats.rows_skipped}"
         )
@@ -576,6 +576,8 @@ class _Stream:
         if not earlier or number - 1 in stored:
             return None
         k = max(earlier)
+        if not stored[k].segments or not stored[number].segments:
+            return None  # (a row without segments: its own check says so)
         a, b = stored[k].segments[-1], stored[number].segments[0]
         if not self._in_range(a.index):
             return None

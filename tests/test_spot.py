@@ -130,8 +130,9 @@ def test_every_row_checked_proves_the_whole_stream(builds, kimi_dir, kind):
         assert result.dropped == manifest["stats"]["rows_skipped"] > 0
 
 
-def test_misstated_dropped_rows_are_named_when_every_row_is_checked(builds, kimi_dir, tmp_path, capsys):
-    folder, source, manifest = _copy(builds, "jsonl", tmp_path)
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])  # (a row count; rows: all, to the stream's end)
+def test_misstated_dropped_rows_are_named_when_every_row_is_checked(builds, kimi_dir, tmp_path, capsys, kind):
+    folder, source, manifest = _copy(builds, kind, tmp_path)
     text = json.loads((folder / "manifest.json").read_text())
     text["stats"]["rows_skipped"] += 1
     (folder / "manifest.json").write_text(json.dumps(text, indent=1))
@@ -375,6 +376,20 @@ def test_the_rows_between_two_checked_rows_in_one_conversation_are_counted(build
     capsys.readouterr()
     assert _spot(folder, source, kimi_dir, f"{k},{k + 2}") == 1
     assert f"  row {k + 2}: differs (" in capsys.readouterr().out
+
+
+def test_a_row_without_segments_is_named_not_raised(builds, kimi_dir, tmp_path):
+    """Through the API (the CLI's verify stops first): a checked row with no segments, and
+    a later checked row that looks back to it."""
+    import fixed_sft.spot as spot
+
+    folder, source, _ = _copy(builds, "jsonl", tmp_path)
+    table = pq.read_table(folder / "train.parquet")
+    rows = table.to_pylist()
+    rows[3]["metadata"]["segments"] = []
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), folder / "train.parquet")
+    result = spot.spot_check(folder, spot.parse_rows("3,10"), str(source), str(kimi_dir))
+    assert result.problems == {3: "it has no segments"}
 
 
 def test_sample_k_is_rows_sample_k(builds, kimi_dir, capsys):
