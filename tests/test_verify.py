@@ -685,24 +685,34 @@ def test_a_mask_value_stored_as_257_is_not_read_as_1(copy):
     assert verify(copy) == [f"row {position // 512}: a loss_mask value is 257, not 0 or 1"]
 
 
-def test_parquet_types_other_than_the_formats_are_named(copy, monkeypatch):
-    """The ids stored as INT32 annotated INT_32 read as the same int32 column; the
-    Parquet schema must still be the format's, element by element."""
+def _edit_schema_element(copy, monkeypatch, name, above, back, change):
+    """``change`` applied to the footer's schema element ``name`` whose element ``back``
+    places before it is named ``above``; the manifest re-recorded, decoding stubbed."""
     from fixed_sft import thrift
 
     path = copy / "train.parquet"
     head, footer = _footer(path)
     elements = thrift.get(footer, 2)[1]
-    element = next(
-        e
-        for n, e in enumerate(elements)
-        if thrift.get(e, 4) == b"element" and thrift.get(elements[n - 2], 4) == b"input_ids"
+    n = next(
+        n for n, e in enumerate(elements) if thrift.get(e, 4) == name and thrift.get(elements[n - back], 4) == above
     )
-    element.append((6, thrift.I32, 17))  # ConvertedType INT_32
+    elements[n] = change(elements[n])
     _write_footer(path, head, footer)
-    assert pq.read_schema(path).equals(SCHEMA, check_metadata=False)
     _resave_bytes(copy)
     _no_decoding(monkeypatch)
+    return path
+
+
+def test_parquet_types_other_than_the_formats_are_named(copy, monkeypatch):
+    """The ids stored as INT32 annotated INT_32 read as the same int32 column; the
+    Parquet schema must still be the format's, element by element."""
+    from fixed_sft import thrift
+
+    def annotated(element):
+        return [*element, (6, thrift.I32, 17)]  # ConvertedType INT_32
+
+    path = _edit_schema_element(copy, monkeypatch, b"element", b"input_ids", 2, annotated)
+    assert pq.read_schema(path).equals(SCHEMA, check_metadata=False)
     assert verify(copy) == [
         f"{path}: its Parquet schema differs from the format's at metadata.input_ids.list.element "
         "(optional INT32 converted type 17, not optional INT32)"
@@ -712,20 +722,11 @@ def test_parquet_types_other_than_the_formats_are_named(copy, monkeypatch):
 def test_a_schema_element_named_otherwise_is_named(copy, monkeypatch):
     """A list's middle level named other than the format names it reads as the same
     column; the difference the description would leave out is named field by field."""
-    from fixed_sft import thrift
 
-    path = copy / "train.parquet"
-    head, footer = _footer(path)
-    elements = thrift.get(footer, 2)[1]
-    n = next(
-        n
-        for n, e in enumerate(elements)
-        if thrift.get(e, 4) == b"list" and thrift.get(elements[n - 1], 4) == b"messages"
-    )
-    elements[n] = [(f, k, b"lisu" if f == 4 else v) for f, k, v in elements[n]]
-    _write_footer(path, head, footer)
-    _resave_bytes(copy)
-    _no_decoding(monkeypatch)
+    def renamed(element):
+        return [(f, k, b"lisu" if f == 4 else v) for f, k, v in element]
+
+    path = _edit_schema_element(copy, monkeypatch, b"list", b"messages", 1, renamed)
     assert verify(copy) == [
         f"{path}: its Parquet schema differs from the format's at messages.list (name 'lisu', not name 'list')"
     ]
