@@ -284,6 +284,18 @@ def _stored_rows(path: Path, manifest: Manifest, rows: np.ndarray) -> dict[int, 
 Point = tuple[int, int]  # a place in the stream: a source row's unit, and a token of it
 
 
+class Link(NamedTuple):
+    """A stretch of the stream a row is proven against: from ``a`` to ``b`` (``None``: the
+    stream's start, its end), where at most ``drops`` rows may be dropped; ``declared``:
+    the unchecked row beside it whose end (``a``) or start (``b``) the file gives."""
+
+    where: str
+    a: Point | None
+    b: Point | None
+    drops: int
+    declared: int | None = None
+
+
 class _Stream:
     """The packing order, the re-encoded units of the source rows read, and the checks of
     stored rows against them."""
@@ -319,37 +331,35 @@ class _Stream:
         listed = np.isin(between, self.skipped)
         return between[listed], between[~listed]
 
-    def _links(
-        self, number: int, stored: dict[int, StoredRow], beside: dict[int, StoredRow]
-    ) -> list[tuple[str, Point | None, Point | None, int]]:
+    def _links(self, number: int, stored: dict[int, StoredRow], beside: dict[int, StoredRow]) -> list[Link]:
         """The stretches of the stream row ``number`` is proven against: between each two of
         its segments (no token, no row dropped); from where the row before ends, where it is
         checked (or row 0: from the stream's start), else as the file holds it (``beside``);
         to where the row after begins, where it is not checked, as the file holds it (the
-        last row of ``rows: "all"``: to the stream's end). A stretch to ``None`` ends the
-        stream; each comes with the rows that may be dropped there."""
+        last row of ``rows: "all"``: to the stream's end)."""
         segments = stored[number].segments
         first, last = segments[0], segments[-1]
-        links: list[tuple[str, Point | None, Point | None, int]] = [
-            (f"between segments {i - 1} and {i}", (a.index, a.end), (b.index, b.start), 0)
+        links = [
+            Link(f"between segments {i - 1} and {i}", (a.index, a.end), (b.index, b.start), 0)
             for i, (a, b) in enumerate(zip(segments, segments[1:]), 1)
         ]
         before = stored.get(number - 1) or beside.get(number - 1)
         if number == 0:
-            links.insert(0, ("from the stream's start", None, (first.index, first.start), self.rows_skipped))
+            links.insert(0, Link("from the stream's start", None, (first.index, first.start), self.rows_skipped))
         elif before is not None and before.segments:  # (a row's own stretches first, where it is not checked)
             end = before.segments[-1]
             held = number - 1 in stored
             where = f"from row {number - 1}'s end" + ("" if held else ", as the file holds it")
-            link = (where, (end.index, end.end), (first.index, first.start), self.rows_skipped)
+            declared = None if held else number - 1
+            link = Link(where, (end.index, end.end), (first.index, first.start), self.rows_skipped, declared)
             links.insert(len(links) * (not held), link)
         after = beside.get(number + 1)
         if number + 1 not in stored and after is not None and after.segments:
             start = after.segments[0]
             where = f"to row {number + 1}'s start, as the file holds it"
-            links.append((where, (last.index, last.end), (start.index, start.start), self.rows_skipped))
+            links.append(Link(where, (last.index, last.end), (start.index, start.start), self.rows_skipped, number + 1))
         elif self.tail_of_all is not None and number == self.rows - 1:
-            links.append(("to the stream's end", (last.index, last.end), None, self.rows_skipped))
+            links.append(Link("to the stream's end", (last.index, last.end), None, self.rows_skipped))
         return links
 
     def needed(self, stored: dict[int, StoredRow], beside: dict[int, StoredRow]) -> np.ndarray:
@@ -361,7 +371,7 @@ class _Stream:
             wanted.append(np.array([s.index for s in row.segments if self._in_range(s.index)], np.int64))
             if not row.segments:
                 continue
-            for _, a, b, drops in self._links(number, stored, beside):
+            for _, a, b, drops, _ in self._links(number, stored, beside):
                 ends = [p[0] for p in (a, b) if p is not None and self._in_range(p[0])]
                 wanted.append(np.array(ends, np.int64))
                 if b is not None and not self._in_range(b[0]):
@@ -536,17 +546,14 @@ class _Stream:
             if i < len(segments) - 1 and s.end != len(unit[0]):
                 return f"{at}: ends before its unit's end ({len(unit[0])}), but another segment follows it"
             pieces.append((unit[0][s.start : s.end], unit[1][s.start : s.end]))
-        for where, a, b, drops in self._links(number, stored, beside):
-            if where.startswith("from row") and number - 1 in stored:
-                assert a is not None  # (a row's end)
-                if not self._in_range(a[0]):
-                    continue  # (the row before names a row the source lacks: its own check says so)
-            elif where.startswith("from row") and a is not None:
-                if (problem := self._declared(number - 1, a, end=True)) is not None:
+        for where, a, b, drops, declared in self._links(number, stored, beside):
+            if declared is not None:  # (a point of a row beside it, as the file holds it)
+                point = a if declared < number else b
+                assert point is not None
+                if (problem := self._declared(declared, point, end=declared < number)) is not None:
                     return f"{where}: {problem}"
-            elif where.startswith("to row") and b is not None:
-                if (problem := self._declared(number + 1, b, end=False)) is not None:
-                    return f"{where}: {problem}"
+            elif a is not None and not self._in_range(a[0]):
+                continue  # (the checked row before names a row the source lacks: its own check says so)
             problem, dropped = self._stretch(a, b, max(0, drops - self.dropped) if drops else 0)
             if problem is not None:
                 return f"{where}: {problem}"
