@@ -146,16 +146,14 @@ def diff(a: Path, b: Path, tokenizer: str | None = None) -> tuple[bool, list[str
         if len(hashes_a) != len(hashes_b):
             lines.append(f"the first {shorter} rows are the same")
         if one.get("parquet") != two.get("parquet"):
-            lines += _provenance(a, first, b, second, shorter)
+            lines += _provenance(a, first, b, second)
     return not lines, lines or [f"same: {a} and {b} hold the same rows and manifest"]
 
 
-def _provenance(a: Path, first: Manifest, b: Path, second: Manifest, rows: int) -> list[str]:
-    """Where the files of two builds whose first ``rows`` rows have the same tokens first
-    differ in a row's segments (the row hashes do not cover them), if they do."""
+def _provenance(a: Path, first: Manifest, b: Path, second: Manifest) -> list[str]:
+    """Where the files of two builds whose common rows have the same tokens first differ
+    in a row's segments (the row hashes do not cover them), if they do."""
     for number, (x, y) in enumerate(zip(inspect_rows.segments(a, first), inspect_rows.segments(b, second))):
-        if number >= rows:
-            break
         if x != y:
             return [
                 f"row {number}: the same tokens, other segments (source rows and ids)",
