@@ -13,8 +13,9 @@ An entry holds segment files. Each is written whole by one build under a tempora
 then renamed: readers see complete files only, and builds sharing a store never write the
 same file. Each conversation in a segment carries the sha256 of its record and bytes; one
 that does not match (a flipped byte, a truncated file) is never used: the build encodes it
-again and adds it anew, and the newer copy is the one found next time. A conversation is
-stored as having passed the template check only where its build checked it. A sampled
+again and adds it anew, in a segment named to be read after every segment the build
+found (``SegmentWriter``), so the newer copy is the one found next time. A conversation
+is stored as having passed the template check only where its build checked it. A sampled
 one (``encode.sampled``) stored without a passed check is given at once and also encoded
 again, which checks it; the check is settled before the build writes its manifest
 (``Stream``), and a failure stops the build as it would without the store.
@@ -175,12 +176,16 @@ class SegmentWriter:
     """Writes conversations into an entry's ``folder`` as segments: each written whole under
     a temporary name, then renamed, once it holds ``SEGMENT_BYTES`` or
     ``SEGMENT_CONVERSATIONS`` (and at ``flush``). Any number of writers, in any processes,
-    may write into one entry: their files never share a name. A segment that cannot be
-    written turns the writer off (``writable``), with a warning."""
+    may write into one entry: their files never share a name. A segment's name starts with
+    the clock's nanoseconds, or with one more than ``after`` where that is later: a store
+    reads its segments in name order, so a conversation written again (its copy damaged)
+    is found before that copy next time, even from a segment a clock ahead named. A segment
+    that cannot be written turns the writer off (``writable``), with a warning."""
 
     def __init__(self, folder: Path, quiet: bool = False):
         self.folder = folder
         self.quiet = quiet  # (no warning: the caller gives it)
+        self.after = 0  # the latest name stamp known in the folder (``TokenStore`` reads it)
         self.writable = True
         self.added = 0
         self._records: list[bytes] = []
@@ -213,7 +218,8 @@ class SegmentWriter:
         records = np.frombuffer(b"".join(self._records), RECORD).copy()
         start = HEADER_BYTES + len(records) * RECORD.itemsize
         records["offset"] += start
-        name = f"{time.time_ns():020d}-{os.getpid()}-{os.urandom(4).hex()}.seg"
+        self.after = max(time.time_ns(), self.after + 1)
+        name = f"{self.after:020d}-{os.getpid()}-{os.urandom(4).hex()}.seg"
         draft = self.folder / f".tmp-{name}"
         try:
             with draft.open("wb") as f:
@@ -349,6 +355,7 @@ class TokenStore:
                 continue
             if not entry.name.endswith(".seg"):
                 continue
+            self.writer.after = max(self.writer.after, _stamp(entry.name))
             records = self._read_records(Path(entry.path))
             if records is None:
                 continue
@@ -581,6 +588,16 @@ class Stream:
         close = getattr(self.misses, "close", None)
         if close is not None:
             close()
+
+
+def _stamp(name: str) -> int:
+    """The stamp a segment's name starts with (``SegmentWriter``); 0 for a name without one.
+
+    >>> _stamp("01796353815955302884-22985-3cebeeec.seg"), _stamp("old.seg")
+    (1796353815955302884, 0)
+    """
+    digits = name.split("-", 1)[0]
+    return int(digits) if digits.isdigit() and len(digits) == 20 else 0
 
 
 def _digest(head: bytes, body: bytes) -> bytes:

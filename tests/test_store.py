@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -588,3 +589,29 @@ def test_rows_in_any_order_are_read_a_segment_at_a_time(tmp_path, monkeypatch) -
     items = Stored.of(store, order).read_all()
     assert [item.source_index for item in items] == order.tolist() and len(opened) == 8
     store.close()
+
+
+def test_a_copy_written_again_is_found_before_a_damaged_one_named_ahead(tmp_path) -> None:
+    """A damaged copy in a segment named by a clock a day ahead is read, found damaged and
+    written again once: the new copy's segment is named after it, so it is the one found next."""
+    from fixed_sft.encode import Encoded
+
+    item = Encoded(3, "r3", np.arange(5, dtype=np.int32), np.ones(5, np.uint8), None, True)
+    writer = SegmentWriter(tmp_path)
+    writer.add(item)
+    writer.flush()
+    [segment] = tmp_path.glob("*.seg")
+    data = bytearray(segment.read_bytes())
+    data[-20] ^= 0x01  # (a byte of its ids)
+    ahead = time.time_ns() + 86_400 * 10**9
+    segment.with_name(f"{ahead:020d}-1-00000000.seg").write_bytes(bytes(data))
+    segment.unlink()
+
+    store = TokenStore(tmp_path, 5)
+    assert store.lookup(3) is None and store.damaged == 1
+    store.add(item)
+    store.close()
+    again = TokenStore(tmp_path, 5)
+    found = again.lookup(3)
+    assert found is not None and store_module.same_encoding(found, item) and again.damaged == 0
+    assert len(list(tmp_path.glob("*.seg"))) == 2
