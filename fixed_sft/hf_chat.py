@@ -13,13 +13,16 @@ Loss mask ``assistant``:
 
 - A template with ``{% generation %}`` blocks: transformers' ``assistant_masks``
   (``return_assistant_tokens_mask=True``): every token that overlaps a block's characters is 1.
+  A block inside a macro or a ``{% set %}``, ``{% filter %}`` or ``{% call %}`` block stops
+  the build: transformers places its characters wrongly there.
 - Any other template: assistant message ``k``'s characters are those that the rendering of
   ``messages[:k + 1]`` adds to the rendering of ``messages[:k]`` with the generation prompt;
   each token that overlaps them is 1, as transformers maps generation blocks to tokens.
   Both renderings must begin the conversation's rendering; where the generation prompt adds
-  no text, the span must begin with the message's content (else it would take in the
-  assistant's header); and each message's span must begin where the one before it ended or
-  later: otherwise the conversation is an invalid row, never a guessed mask.
+  no text, the span must begin with the message's content, shown by rendering it with a
+  marker before its content (else it would take in the assistant's header); and each
+  message's span must begin where the one before it ended or later: otherwise the
+  conversation is an invalid row, never a guessed mask.
 
 Refused: a conversation the template does not render (an error it raises, a type error) is an
 invalid row; a template that reads the clock (``strftime_now``) stops the build, naming the
@@ -87,6 +90,7 @@ RENDERER_FUNCTIONS = (
     "_alias_reasoning_fields",
     "_render_with_assistant_indices",
 )
+MARK = "\ue000\ue001"  # (private-use characters, which no template writes: where a reply's content starts)
 _PROBE = [{"role": "system", "content": "probe"}, {"role": "user", "content": "probe"}]
 _PROBE_REPLY = {"role": "assistant", "content": "probe"}
 
@@ -211,16 +215,38 @@ def token_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndar
     return mask
 
 
-def _opens_with_content(span: str, message: dict) -> bool:
-    """Whether a reply's span begins with its content (white space aside): where the
-    template adds no generation prompt, anything else first would be the reply's header
-    (``<|im_start|>assistant``), which the mask must not take in.
+def _buffered_generation(template: Any, text: str) -> str | None:
+    """Where a ``{% generation %}`` block of the template ``text`` renders into a buffer
+    rather than the output: ``line 3, inside a macro`` (or a ``{% set %}``, ``{% filter %}``
+    or ``{% call %}`` block); ``None`` where none does. transformers places a block's
+    characters by the output written so far, which there does not hold the buffer's text."""
+    import jinja2.nodes as nodes
 
-    >>> _opens_with_content(" 4</s>", {"content": "4"}), _opens_with_content("<|assistant|>\\n4", {"content": "4"})
-    (True, False)
-    """
-    content = message.get("content")
-    return isinstance(content, str) and bool(content.strip()) and span.lstrip().startswith(content.strip())
+    buffers = {nodes.Macro: "a macro", nodes.CallBlock: "a call block", nodes.AssignBlock: "a set block"}
+    buffers[nodes.FilterBlock] = "a filter block"
+
+    def is_generation(node: Any) -> bool:
+        call = getattr(node, "call", None)
+        named = getattr(call, "node", None)
+        return (
+            isinstance(node, nodes.CallBlock)
+            and isinstance(named, nodes.ExtensionAttribute)
+            and named.name == "_generation_support"
+        )
+
+    def find(node: Any, inside: str | None) -> str | None:
+        for child in node.iter_child_nodes():
+            if is_generation(child):
+                if inside:
+                    return f"line {child.lineno}, inside {inside}"
+                found = find(child, None)  # (a block inside it lies inside its span: no harm)
+            else:
+                found = find(child, buffers.get(type(child), inside))
+            if found:
+                return found
+        return None
+
+    return find(template.environment.parse(text), None)
 
 
 class HFChatEncoder:
@@ -265,7 +291,15 @@ class HFChatEncoder:
             if text not in self._compiled:
                 template = self._renderer._compile_jinja_template(text)
                 generation = GENERATION.search(text) is not None
+                buffered = _buffered_generation(template, text) if generation else None
+                if buffered:
+                    raise TokenizerError(
+                        f"the chat template cannot be used: its {{% generation %}} block at {buffered}, where "
+                        "transformers counts the block's characters from the wrong place, so its masks would be wrong"
+                    )
                 self._compiled[text] = (template, generation, clock_variables(template, text))
+        except TokenizerError:
+            raise
         except Exception as error:  # several templates and none the default, Jinja syntax
             raise TokenizerError(f"the chat template cannot be used ({type(error).__name__}: {error})") from None
         self.chat_template = text
@@ -341,10 +375,7 @@ class HFChatEncoder:
                     f"assistant message {k}: the chat template's rendering of the messages up to it does not "
                     "begin the conversation's rendering, so its span is ambiguous"
                 )
-            # (rendered without the prompt only where the span does not open with the content: most do)
-            if not _opens_with_content(through[len(before) :], message) and len(before) <= len(
-                self._before(chat, k, k, own)
-            ):
+            if len(before) <= len(self._before(chat, k, k, own)) and not self._content_first(chat, k, before, own):
                 raise InvalidRow(
                     f"assistant message {k}: the chat template adds no generation prompt before it and its text "
                     "does not begin with its content, so its span would take in its header"
@@ -354,6 +385,19 @@ class HFChatEncoder:
             spans.append((len(before), len(through)))
             end = len(through)
         return text, spans
+
+    def _content_first(self, chat: list[dict], k: int, before: str, own: Any) -> bool:
+        """Whether the text of assistant message ``k`` after ``before`` begins with its
+        content (white space aside), shown by rendering it with ``MARK`` before its content:
+        where the template adds no generation prompt, anything else first would be the
+        reply's header (``<|im_start|>assistant``), which the mask must not take in, and a
+        content that only looks like the header's start (``A`` before ``Assistant:``) does not
+        pass for it."""
+        content = chat[k].get("content")
+        if not isinstance(content, str):
+            return False
+        marked = self._before([*chat[:k], {**chat[k], "content": MARK + content}], k, k + 1, own)
+        return marked.startswith(before) and marked[len(before) :].lstrip().startswith(MARK)
 
     def _before(self, chat: list[dict], k: int, count: int, own: Any, prompt: bool = False) -> str:
         """The text of ``chat[:count]`` (with the generation prompt: ``prompt``), to find

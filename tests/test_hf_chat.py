@@ -298,8 +298,45 @@ MISTRAL = (
 def test_a_template_without_headers_needs_no_generation_prompt(encoder_of, oracle_of):
     chat = [m for m in CHAT if m["role"] != "system"]
     assert encoder_of(_plain(MISTRAL)).encode(chat) == _oracle(oracle_of(_generation(MISTRAL)), chat)
-    with pytest.raises(InvalidRow, match="adds no generation prompt before it and its text does not begin"):
-        encoder_of(_plain(MISTRAL)).encode([*chat[:1], {"role": "assistant", "content": ""}])  # (nothing to tell by)
+    empty = [*chat[:1], {"role": "assistant", "content": ""}]  # (its text is its end of sequence alone)
+    assert encoder_of(_plain(MISTRAL)).encode(empty) == _oracle(oracle_of(_generation(MISTRAL)), empty)
+
+
+# No generation prompt, and a header a reply's content can look like the start of
+HEADED = (
+    "{% for m in messages %}{% if m.role == 'user' %}{{ 'User: ' + m.content + '\\n' }}"
+    "{% elif m.role == 'assistant' %}{{ 'Assistant: ' + m.content + eos_token + '\\n' }}{% endif %}{% endfor %}"
+)
+
+
+@pytest.mark.parametrize(
+    "template, reply", [(HEADED, "A"), (HEADED, "Assist"), (HEADED, "B"), (NO_PROMPT, "<"), (NO_PROMPT, "<|im_start|>")]
+)
+def test_a_reply_that_looks_like_its_header_is_refused_not_masked_with_it(encoder_of, template, reply):
+    """A span that opens with the header is refused, whether or not the reply's content
+    happens to begin as the header does."""
+    with pytest.raises(InvalidRow, match="assistant message 1: the chat template adds no generation prompt"):
+        encoder_of(template).encode([{"role": "user", "content": "A or B?"}, {"role": "assistant", "content": reply}])
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{% macro turn(m) %}{{ '<|im_start|>' + m.role + '\\n' }}{% if m.role == 'assistant' %}{% generation %}"
+        "{{ m.content + '<|im_end|>\\n' }}{% endgeneration %}{% else %}{{ m.content + '<|im_end|>\\n' }}{% endif %}"
+        "{% endmacro %}{% for message in messages %}{{ turn(message) }}{% endfor %}",
+        "{% for m in messages %}{% set turn %}{{ '<|im_start|>' + m.role + '\\n' }}{% generation %}{{ m.content }}"
+        "{% endgeneration %}{% endset %}{{ turn }}{% endfor %}",
+        "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}{% filter trim %}{% generation %}{{ m.content }}"
+        "{% endgeneration %}{% endfilter %}{% endfor %}",
+    ],
+    ids=["macro", "set", "filter"],
+)
+def test_a_generation_block_rendered_into_a_buffer_is_refused(encoder_of, template):
+    """transformers places a block's characters by the output written so far, which inside
+    a macro or a set or filter block does not hold the text before it: its masks are wrong."""
+    with pytest.raises(TokenizerError, match=r"its \{% generation %\} block at line 1, inside a (macro|set|filter)"):
+        encoder_of(template)
 
 
 def test_a_reply_first_in_a_template_whose_prompt_comes_with_a_message_is_refused(encoder_of):
@@ -599,6 +636,9 @@ def test_pin_tokenizer_writes_a_spec_that_builds_check_files_against(folder_of, 
         resolve_tokenizer(str(changed), expected="chat-model")
     assert main(["pin-tokenizer", str(folder), "--repo", "someone/Chat-Model", "--revision", REVISION]) == 2
     assert "chat-model.json exists" in capsys.readouterr().err
+    absent = ["pin-tokenizer", str(folder), "--repo", "o/n", "--revision", REVISION, "--out", str(tmp_path / "no")]
+    assert main(absent) == 2
+    assert f"--out {tmp_path / 'no'}: no such folder" in capsys.readouterr().err
 
 
 def test_a_spec_name_downloads_its_files_at_the_pinned_revision(folder_of, spec_folder, monkeypatch):
