@@ -134,7 +134,7 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("name", nargs="?", help=f"named build in fixed_sft/builds/ (default: {DEFAULT_BUILD})")
     build.add_argument("--out", type=Path, help="output folder (default: out/NAME)")
     _add_build_flags(build)
-    build.add_argument("--quiet", action="store_true", help="no progress bar")
+    build.add_argument("--quiet", action="store_true", help="no progress bars and no closing summary")
 
     verify = commands.add_parser("verify", help="check a built folder against its manifest")
     verify.add_argument("folder", type=Path)
@@ -180,7 +180,9 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("first", type=Path, metavar="A")
     compare.add_argument("second", type=Path, metavar="B")
     compare.add_argument(
-        "--tokenizer", metavar="FOLDER|HF_REPO", help="where the tokenizer files are, to decode the tokens around"
+        "--tokenizer",
+        metavar="FOLDER|HF_REPO",
+        help="where the tokenizer files are, to decode the tokens around the first difference",
     )
 
     pin = commands.add_parser("pin-tokenizer", help="write a tokenizer spec that builds check the files against")
@@ -428,6 +430,8 @@ def _pin(args: argparse.Namespace) -> int:
         if problem is not None or not isinstance(value, dict):
             raise UsageError(problem or "--template-kwargs must be a JSON object, got null")
         kwargs = value
+    if args.out is not None and not args.out.is_dir():
+        raise UsageError(f"--out {args.out}: {'not a folder' if args.out.exists() else 'no such folder'}")
     spec = pin_tokenizer(
         args.tokenizer, args.revision, args.repo, args.name, kwargs, args.loss_mask_type, args.trust_remote_code
     )

@@ -93,7 +93,7 @@ def _around(folder: Path, manifest: Manifest, row: Row, token: int, tokenizer: s
     lo, hi = max(0, token - CONTEXT_TOKENS), min(len(row.ids), token + CONTEXT_TOKENS + 1)
     pieces = [row.ids[lo:token].tolist(), row.ids[token : token + 1].tolist(), row.ids[token + 1 : hi].tolist()]
     try:
-        decode = decoder(manifest, tokenizer)
+        decode = decoder(manifest, tokenizer, "diff")
     except (BuildError, UsageError) as error:
         why = "as above" if str(error) in said else str(error)
         said.add(str(error))

@@ -119,9 +119,16 @@ def download_folder(what: str, repo_id: str, revision: str, folder: str, suffix:
 
 
 def _unreachable(what: str, repo_id: str, revision: str, error: Exception) -> HubUnreachable:
+    """The one-line error for files the Hub and its cache cannot give (huggingface_hub's
+    own message, which spans lines, joined into one).
+
+    >>> str(_unreachable("dataset", "o/n", "main", OSError("no network\\nPlease check")))
+    'cannot get dataset o/n@main from the Hugging Face Hub or its cache (OSError: no network Please check)'
+    """
+    said = " ".join(str(error).split())
     return HubUnreachable(
         f"cannot get {what} {repo_id}@{revision} from the Hugging Face Hub or its cache "
-        f"({type(error).__name__}: {error})"
+        f"({type(error).__name__}: {said})"
     )
 
 

@@ -14,6 +14,7 @@ the terminal; the HTML page escapes every text it shows.
 from __future__ import annotations
 
 import html
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -42,13 +43,12 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 def open_build(folder: Path) -> Manifest:
     """The manifest of build folder ``folder``; ``BuildError`` (one line) for a folder
-    that is not a build, or whose manifest does not read."""
-    from .folder import not_a_build
-
+    without a manifest, or whose manifest does not read. Other files in the folder are
+    not its concern, as they are not ``verify``'s."""
     if not folder.is_dir():
         raise BuildError(f"{folder}: {'not a folder' if folder.exists() else 'no such folder'}")
-    if (why := not_a_build(folder)) is not None:
-        raise BuildError(f"{folder} is not a build folder ({why})")
+    if not os.path.lexists(folder / MANIFEST_NAME):
+        raise BuildError(f"{folder} is not a build folder (it has no {MANIFEST_NAME})")
     try:
         return read(read_manifest(folder / MANIFEST_NAME))
     except (ManifestRefused, FieldError) as error:
@@ -166,10 +166,10 @@ def visible(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
-def decoder(manifest: Manifest, tokenizer: str | None) -> Callable[[list[int]], str]:
+def decoder(manifest: Manifest, tokenizer: str | None, command: str = "inspect") -> Callable[[list[int]], str]:
     """Token ids -> text with the build's tokenizer, from the Hugging Face cache or
-    ``tokenizer`` (module docstring); ``BuildError`` or ``UsageError`` (one line) where it
-    cannot be had."""
+    ``tokenizer`` (module docstring); ``BuildError`` or ``UsageError`` (one line, naming
+    ``command``) where it cannot be had."""
     from .hub import offline
     from .rebuild import recorded_tokenizer, resolve_recorded_tokenizer
     from .source import SourceError
@@ -181,7 +181,7 @@ def decoder(manifest: Manifest, tokenizer: str | None) -> Callable[[list[int]], 
         with offline():
             found = resolve_recorded_tokenizer(name, revision, spec, manifest.tokenizer.files)
     except (SpecError, SourceError) as error:
-        raise BuildError(f"{error} (inspect reads the Hugging Face cache alone)") from None
+        raise BuildError(f"{error} ({command} reads the Hugging Face cache alone)") from None
     if found.family == HF:
         from .hf_chat import load_tokenizer
 

@@ -75,12 +75,16 @@ def _parse_json_line(line: memoryview) -> dict | InvalidRow:
     object, or an object (at any depth) that repeats a key, which readers resolve
     differently (Python's json keeps the last value, pyarrow's reader refuses the line)."""
     try:
-        record = STRICT_JSON.decode(codecs.utf_8_decode(line, "strict", True)[0])  # (the hook adds ~7%)
+        text = codecs.utf_8_decode(line, "strict", True)[0]
     except UnicodeDecodeError as error:
         return InvalidRow(f"invalid UTF-8 at byte {error.start}")
+    try:
+        record = STRICT_JSON.decode(text)  # (the hook adds ~7%)
     except DuplicateKey as error:
         return InvalidRow(f"the JSON repeats the key {error.key!r} in an object")
     except json.JSONDecodeError as error:
+        if not text.strip():
+            return InvalidRow("a blank line, not JSON")
         return InvalidRow(f"not JSON ({error.msg} at char {error.pos})")
     except ValueError as error:  # e.g. an integer past Python's digit limit
         return InvalidRow(f"not readable JSON ({error})")

@@ -221,6 +221,15 @@ def _check_parquet_types(files: tuple[Path, ...]) -> None:
                 ) from None
 
 
+def _is_rows(schema: pa.Schema) -> bool:
+    """Whether a Parquet schema is a fixed-sft build's rows (``metadata`` with ``input_ids``,
+    ``loss_mask`` and ``segments``), as a build's ``train.parquet`` or a copy of it has."""
+    index = schema.get_field_index("metadata")
+    kind = schema.field(index).type if index >= 0 else pa.null()
+    names = {kind.field(i).name for i in range(kind.num_fields)} if pa.types.is_struct(kind) else set()
+    return {"input_ids", "loss_mask", "segments"} <= names
+
+
 def _check_parquet_file(path: Path) -> tuple[int, bool]:
     """At least the largest page (uncompressed) in the columns a build encodes (``id`` and
     ``messages``, ``tools``): the largest such column chunk's size, or where one is larger than
@@ -229,6 +238,8 @@ def _check_parquet_file(path: Path) -> tuple[int, bool]:
     file's ``source`` column is read (``SOURCE_CHUNK_BYTES``)."""
     try:
         file = pq.ParquetFile(path)
+        if _is_rows(file.schema_arrow):
+            raise SourceError(f"{path} holds a fixed-sft build's rows (packed token ids), not conversations")
         meta = bare_metadata(path)  # (not ``file.metadata``: a column's, asked for, may abort the process)
         leaves = 0
         read: list[int] = []  # the column indices a build reads

@@ -116,13 +116,14 @@ def test_other_parameters_are_named_field_by_field(pair, tmp_path, kimi_dir, cap
     out = capsys.readouterr().out
     assert "manifest params.seed: 4 | 5" in out
     assert "(not decoded:" in out or "⟦" in out  # without --tokenizer: decoded from the cache, or shown as ids
+    assert "(not decoded:" not in out or ("(diff reads the Hugging Face cache alone)" in out and "inspect" not in out)
 
 
 def test_a_reason_for_ids_not_decoded_is_given_once(pair, monkeypatch, capsys):
     import fixed_sft.diff as diff_module
     from fixed_sft.errors import BuildError
 
-    def no_tokenizer(manifest, tokenizer):
+    def no_tokenizer(manifest, tokenizer, command):
         raise BuildError("the tokenizer files are not in the cache (a long reason)")
 
     monkeypatch.setattr(diff_module, "decoder", no_tokenizer)

@@ -196,7 +196,7 @@ def test_errors_are_one_line(built, tmp_path, capsys):
     (tmp_path / "notes" / "a.txt").write_text("x")
     assert main(["inspect", str(tmp_path / "notes")]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "is not a build folder" in err
+    assert err.count("\n") == 1 and "is not a build folder (it has no manifest.json)" in err
     assert main(["inspect", str(tmp_path / "absent")]) == 1
     assert "no such folder" in capsys.readouterr().err
     assert main(["inspect", str(out), "--html", str(tmp_path / "x.html")]) == 2
@@ -231,3 +231,17 @@ def test_a_tokenizer_with_other_files_is_refused(built, kimi_dir, tmp_path, caps
     (other / "chat_template.jinja").write_text("{{ messages }}")
     assert main(["inspect", str(out), "--row", "0", "--tokenizer", str(other)]) == 1
     assert "not the ones the manifest records" in capsys.readouterr().err
+
+
+def test_a_build_with_a_file_of_the_users_beside_it_is_inspected_as_verify_checks_it(built, kimi_dir, tmp_path, capsys):
+    """Other files in a build's folder are neither verify's concern nor inspect's and diff's."""
+    out, _ = built
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / "notes.txt").write_text("trained on this")
+    assert main(["verify", str(copy)]) == 0
+    assert main(["inspect", str(copy)]) == 0
+    assert main(["inspect", str(copy), "--row", "0", "--tokenizer", str(kimi_dir)]) == 0
+    capsys.readouterr()
+    assert main(["diff", str(out), str(copy)]) == 0
+    assert "hold the same rows and manifest" in capsys.readouterr().out

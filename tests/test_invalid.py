@@ -40,7 +40,8 @@ BAD_LINES = {
     ),
     38: (b'{"id": "list", "messages": ["hello"]}', "message 0 is a str, not an object"),
     41: (b"[1, 2]", "not a JSON object"),
-    40: (b"", "not JSON"),  # a blank line is a row too
+    40: (b"", "a blank line, not JSON"),  # a blank line is a row too
+    12: (b" \t\r", "a blank line, not JSON"),
     43: (b'{"id": 7.5, "messages": [{"role": "user", "content": "x"}]}', "'id' is a float, not a string or integer"),
     44: (b'{"id": true, "messages": [{"role": "user", "content": "x"}]}', "'id' is a bool, not a string or integer"),
     42: (

@@ -284,6 +284,10 @@ def test_a_build_in_a_source_folder_is_refused(tmp_path, kimi_dir):
     with pytest.raises(SourceError, match=re.escape(f"{tmp_path / 'prev'} is a fixed-sft build, not a chat")):
         open_source(str(tmp_path / "prev"))
     assert [f.name for f in open_source(str(source), patterns=("a.jsonl",)).files] == ["a.jsonl"]
+    shutil.copy(tmp_path / "prev" / "train.parquet", tmp_path / "rows.parquet")  # (its rows, anywhere)
+    for path in (tmp_path / "prev" / "train.parquet", tmp_path / "rows.parquet"):
+        with pytest.raises(SourceError, match=re.escape(f"{path} holds a fixed-sft build's rows (packed token ids)")):
+            open_source(str(path))
 
 
 def test_a_file_of_another_kind_is_refused(tmp_path):
