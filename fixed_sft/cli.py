@@ -538,11 +538,27 @@ def _start_workers_early(argv: list[str]) -> None:
         start(given.tokenizer, given.bpe)
 
 
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """``parser``'s reading of ``argv``. An argument the command does not take is named with
+    that command's usage, and the command's closest flag: ``--rows-tokens``, ``--row-tokens``."""
+    import difflib
+
+    top = parser()
+    args, extra = top.parse_known_args(argv)
+    if extra:
+        [commands] = [action for action in top._actions if isinstance(action, argparse._SubParsersAction)]
+        command: argparse.ArgumentParser = commands.choices[args.command]
+        flags = [flag for action in command._actions for flag in action.option_strings]
+        close = difflib.get_close_matches(extra[0].split("=", 1)[0], flags, n=1)
+        command.error(f"unrecognized arguments: {' '.join(extra)}" + (f" (did you mean {close[0]}?)" if close else ""))
+    return args
+
+
 def _command(argv: list[str], stop: _Stop, early: bool = False) -> int:
     try:
         if early:
             _start_workers_early(argv)
-        args = parser().parse_args(argv)  # (imports, which Ctrl-C may interrupt too)
+        args = _parse(argv)  # (imports, which Ctrl-C may interrupt too)
         return COMMANDS[args.command](args)
     finally:
         stop.over = True  # a signal from here on exits at once (``main`` catches what one raised up to here)

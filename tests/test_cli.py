@@ -113,6 +113,17 @@ def test_rows_must_be_a_number(capsys):
     assert exit_.value.code == 2
 
 
+def test_a_mistyped_flag_is_named_with_the_commands_usage_and_closest_flag(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["build", "--rows-tokens", "64"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "usage: generate_fixed_sft.py build" in err
+    assert "unrecognized arguments: --rows-tokens (did you mean --row-tokens?)" in err
+    with pytest.raises(SystemExit):
+        main(["verify", "out", "--sampel", "3"])
+    assert "usage: generate_fixed_sft.py verify" in (err := capsys.readouterr().err) and "--sample?" in err
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_source_error_exits_1(kimi_dir, tmp_path, capsys, workers):
     """The source fails while the encoder or the workers are still starting: one clear
