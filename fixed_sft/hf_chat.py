@@ -222,8 +222,12 @@ def _buffered_generation(template: Any, text: str) -> str | None:
     characters by the output written so far, which there does not hold the buffer's text."""
     import jinja2.nodes as nodes
 
-    buffers = {nodes.Macro: "a macro", nodes.CallBlock: "a call block", nodes.AssignBlock: "a set block"}
-    buffers[nodes.FilterBlock] = "a filter block"
+    buffers = {
+        nodes.Macro: "a macro",
+        nodes.CallBlock: "a call block",
+        nodes.AssignBlock: "a set block",
+        nodes.FilterBlock: "a filter block",
+    }
 
     def is_generation(node: Any) -> bool:
         call = getattr(node, "call", None)
