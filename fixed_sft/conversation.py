@@ -186,7 +186,7 @@ def _reduced(n: int, message: Message, schema: MessageSchema, row_id: str | None
     if "tool_calls" in kept:
         kept["tool_calls"] = _tool_calls(kept["tool_calls"], invalid)
     try:
-        texts = strings(kept)
+        texts = strings(kept, json_only=True)
     except ValueError as error:
         raise invalid(str(error)) from None
     if not all(text.isascii() or is_unicode(text) for text in texts):
@@ -239,7 +239,7 @@ def _tools(tools: Any, schema: MessageSchema, row_id: str | None) -> list | None
     if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
         raise InvalidRow("'tools' is not a list of objects (or a JSON string of one)", row_id)
     try:
-        texts = strings(tools)
+        texts = strings(tools, json_only=True)
     except ValueError as error:
         raise InvalidRow(f"'tools' {error}", row_id) from None
     if not all(text.isascii() or is_unicode(text) for text in texts):
@@ -247,15 +247,26 @@ def _tools(tools: Any, schema: MessageSchema, row_id: str | None) -> list | None
     return tools
 
 
-def strings(value: Any) -> list[str]:
+def strings(value: Any, json_only: bool = False) -> list[str]:
     """Every string in ``value`` (keys and values, through lists and objects); ``ValueError``
-    for a value nested deeper than ``MAX_DEPTH`` (read without recursion)."""
+    for a value nested deeper than ``MAX_DEPTH`` (read without recursion), and with
+    ``json_only`` for one of no JSON kind (a Parquet decimal or date, say).
+
+    >>> strings({"a": ["b", 1]}), strings({"x": 1.5}, json_only=True)
+    (['a', 'b'], ['x'])
+    >>> import decimal
+    >>> strings({"x": decimal.Decimal("1.5")}, json_only=True)
+    Traceback (most recent call last):
+    ValueError: holds a Decimal, which is not a JSON value
+    """
     found: list[str] = []
     stack = [(value, 0)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, str):
             found.append(item)
+        elif json_only and not isinstance(item, (dict, list, int, float, type(None))):
+            raise ValueError(f"holds a {type(item).__name__}, which is not a JSON value")
         elif isinstance(item, (dict, list)):
             if depth >= MAX_DEPTH:
                 raise ValueError(f"nests deeper than {MAX_DEPTH} levels")

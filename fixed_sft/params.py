@@ -89,7 +89,8 @@ class JsonObject(Range):
         return None
 
 
-# what transformers' renderer passes its template, or takes as its own arguments: not template variables
+# what transformers' renderer passes its template, or takes as its own arguments, and what the Kimi
+# tokenizer passes it (tools_ts_str, from the tools): not template variables
 RENDERER_ARGUMENTS = (
     "messages",
     "tools",
@@ -99,6 +100,7 @@ RENDERER_ARGUMENTS = (
     "chat_template",
     "continue_final_message",
     "return_assistant_tokens_mask",
+    "tools_ts_str",
 )
 
 

@@ -356,7 +356,7 @@ def test_template_variables_that_are_not_a_json_object_are_a_usage_error(value, 
     assert err.count("\n") == 1 and "--template-kwargs must be a JSON object" in err
 
 
-@pytest.mark.parametrize("name", ["tools", "messages", "add_generation_prompt", "chat_template"])
+@pytest.mark.parametrize("name", ["tools", "messages", "add_generation_prompt", "chat_template", "tools_ts_str"])
 def test_template_variables_the_renderer_sets_are_a_usage_error(name, tmp_path, capsys):
     """A variable the renderer passes itself (or takes as its own argument) would clash as
     it renders: refused by name before anything is read, for a build and for a pin."""
@@ -390,3 +390,23 @@ def test_a_named_build_pins_its_template_variables(tmp_path, monkeypatch):
     (tmp_path / "bad.json").write_text(json.dumps({"source": "x.jsonl", "template_kwargs": [1]}))
     with pytest.raises(SpecError, match="bad.json: template_kwargs is \\[1\\], not an object or null"):
         build_spec("bad")
+
+
+def test_a_parquet_value_of_no_json_kind_is_an_invalid_row(kimi_dir, tmp_path):
+    """A decimal in a tool call's arguments (a Parquet struct) is named as an invalid row,
+    and skipped with --skip-invalid: no internal error."""
+    import decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": decimal.Decimal("1.50")}}}
+    odd = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    odd.append({"role": "tool", "content": "r", "tool_call_id": "c1"})
+    plain = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a " * 40}]
+    rows = [{"id": "odd", "messages": odd}, *({"id": f"r{i}", "messages": plain} for i in range(6))]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rows.parquet")
+    assert _build_here(tmp_path / "rows.parquet", kimi_dir, tmp_path / "stop") == 1
+    assert _build_here(tmp_path / "rows.parquet", kimi_dir, tmp_path / "o", "--skip-invalid") == 0
+    [skipped] = json.loads((tmp_path / "o" / "manifest.json").read_text())["skipped_invalid"]
+    assert skipped["id"] == "odd" and skipped["reason"] == "message 1 holds a Decimal, which is not a JSON value"

@@ -4,6 +4,8 @@ schema's values (tool calls, tool results, reasoning, names, content parts, tool
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import json
 
 import pytest
@@ -14,6 +16,7 @@ from fixed_sft.encoding import MessageSchema
 
 CALL = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+DECIMAL, DAY = decimal.Decimal("1.50"), datetime.date(2026, 1, 2)
 PLAIN = MessageSchema(name="plain", keys=frozenset({"role", "content"}), roles=("system", "user", "assistant"))
 
 
@@ -72,6 +75,14 @@ def test_an_agentic_conversation_is_kept_with_its_tools():
         ({"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": 1}}]}, "call 0 is"),
         ({"role": "assistant", "tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}, "tool call 0 is not"),
         ({"role": "tool", "tool_call_id": "c\ud800", "content": "out"}, "has a lone surrogate"),
+        (  # (a Parquet decimal or date, as pyarrow gives it)
+            {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {"x": DECIMAL}}}]},
+            "holds a Decimal, which is not a JSON value",
+        ),
+        (
+            {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {"d": [DAY]}}}]},
+            "holds a date, which is not a JSON value",
+        ),
     ],
 )
 def test_a_message_the_encoder_would_not_render_as_given_is_refused_naming_the_row(message, reason):
@@ -88,6 +99,7 @@ def test_a_message_the_encoder_would_not_render_as_given_is_refused_naming_the_r
         ({"type": "function"}, "'tools' is not a list of objects"),
         (["f"], "'tools' is not a list of objects"),
         ([{"name": "\udc00"}], "'tools' has a lone surrogate"),
+        ([{"function": {"parameters": {"default": DECIMAL}}}], "'tools' holds a Decimal, which is not a JSON value"),
     ],
 )
 def test_tools_that_are_not_a_list_of_objects_are_refused_naming_the_row(tools, reason):
