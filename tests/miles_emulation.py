@@ -1,7 +1,8 @@
 """What miles does with a row from reading it to training on it, for tests without miles.
 
 Each piece follows radixark/miles at commit 78527b9102b3a5f15891128cbec3ac6c2dc4089e
-(2026-08-18, the recipe's); the pieces named are unchanged at 31f1ca961 (HEAD when read):
+(2026-08-18, the recipe's: the tip of release/v0.1.0); the pieces named are the same at
+31f1ca961 (main's HEAD when read):
 - ``miles/utils/types.py``: ``Sample``, a dataclass (only the fields used here);
 - ``miles/rollout/data_source.py``: ``DataSource``, an ABC with abstract ``get_samples``,
   ``add_samples``, ``save`` and ``load``; ``RolloutDataSource.get_samples``: each prompt
