@@ -11,7 +11,9 @@ included), ``--repeat`` rounds of three, in turn:
 
 - ``build --bpe gigatoken``: a default-style build of the whole source (``--rows all``:
   every conversation encoded; 8,192-token rows, seed 42, the template check on 1 in 64,
-  ``--workers W``);
+  ``--workers W``), each into an empty token store of its own (``--cache-dir``): a first
+  build, which fills it (before ``HEAD`` the user's store served every build after the
+  first, and the figures below were of such later builds);
 - ``build --bpe tiktoken``: the same build with the reference BPE;
 - raw tiktoken: a process that reads the same Parquet, loads the Kimi ranks and pattern
   into a ``tiktoken.Encoding``, and encodes every message content with
@@ -98,12 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         megabytes = source.stat().st_size / 1e6
         print(f"{args.conversations} conversations, {characters / 1e6:.1f}M content characters, {megabytes:.1f} MB")
         digests: dict[str, set[str]] = {"gigatoken": set(), "tiktoken": set()}
-        for _ in range(args.repeat):
+        for round in range(args.repeat):
             for bpe in ("gigatoken", "tiktoken"):
                 out = Path(work) / f"out-{bpe}"
+                store = Path(work) / f"store-{bpe}-{round}"  # (empty: a first build, which fills it)
                 command = [sys.executable, "generate_fixed_sft.py", "--source", str(source), "--rows", "all"]
                 command += ["--tokenizer", str(TOKENIZER), "--out", str(out), "--bpe", bpe]
-                command += ["--workers", str(args.workers), "--quiet"]
+                command += ["--workers", str(args.workers), "--quiet", "--cache-dir", str(store)]
                 took, _ = timed(command, env)
                 times[f"build --bpe {bpe}"].append(took)
                 digests[bpe].add(json.loads((out / "manifest.json").read_text())["rows_sha256"])
