@@ -509,7 +509,8 @@ def child_build(
     work: Path,
     sample_tree: bool = False,
 ) -> BuildRun:
-    """A fresh build of ``rows`` x ``row_tokens`` from ``source`` in a child process."""
+    """A fresh build of ``rows`` x ``row_tokens`` from ``source`` in a child process: a
+    first build, into an empty token store of its own."""
     config = dict(
         name=label,
         source=str(source),
@@ -518,6 +519,7 @@ def child_build(
         row_tokens=row_tokens,
         seed=ORDER_SEED,
         workers=workers,
+        cache_dir=str(work / "store" / f"{label}-{time.monotonic_ns()}"),
     )
     result, tree = run_child({"config": config, "out": str(out)}, work, sample_tree)
     run = BuildRun(
