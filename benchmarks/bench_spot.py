@@ -51,6 +51,7 @@ def main() -> int:
             row_tokens=args.row_tokens,
             seed=42,
             workers=1,
+            cache_dir=folder / "store",  # (not the user's)
         )
         manifest = build(config, folder / "out")
 
