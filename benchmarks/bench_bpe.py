@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conversations", type=int, default=6000, help="synthetic conversations (default 6000)")
     parser.add_argument("--workers", type=int, default=2, help="build workers and raw BPE threads (default 2)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (default 3)")
+    parser.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="the Kimi-K2.6 tokenizer folder")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write the times to OUT")
     args = parser.parse_args(argv)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
@@ -102,13 +103,13 @@ def main(argv: list[str] | None = None) -> int:
                 out = Path(work) / f"out-{bpe}"
                 store = Path(work) / f"store-{bpe}-{round}"  # (empty: a first build, which fills it)
                 command = [sys.executable, "generate_fixed_sft.py", "--source", str(source), "--rows", "all"]
-                command += ["--tokenizer", str(TOKENIZER), "--out", str(out), "--bpe", bpe]
+                command += ["--tokenizer", str(args.tokenizer), "--out", str(out), "--bpe", bpe]
                 command += ["--workers", str(args.workers), "--quiet", "--cache-dir", str(store)]
                 took, _ = timed(command, env)
                 times[f"build --bpe {bpe}"].append(took)
                 digests[bpe].add(json.loads((out / "manifest.json").read_text())["rows_sha256"])
             took, tokens = timed(
-                [sys.executable, "-c", RAW, str(source), str(TOKENIZER / "tiktoken.model"), str(args.workers)], env
+                [sys.executable, "-c", RAW, str(source), str(args.tokenizer / "tiktoken.model"), str(args.workers)], env
             )
             times["raw tiktoken"].append(took)
     if len(digests["gigatoken"] | digests["tiktoken"]) != 1:

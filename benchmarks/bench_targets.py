@@ -41,10 +41,11 @@ HERE = Path(__file__).resolve().parent
 GIB = 1 << 30
 
 
-def run(script: str, arguments: list[str], out: Path) -> dict:
-    """``script``'s figures: run with ``arguments`` and ``--json out``, its output shown."""
+def run(script: str, arguments: list[str], out: Path, tokenizer: Path) -> dict:
+    """``script``'s figures: run with ``arguments``, ``--tokenizer`` and ``--json out``, its output shown."""
     print(f"== {script} {' '.join(arguments)}", flush=True)
-    done = subprocess.run([sys.executable, str(HERE / script), *arguments, "--json", str(out)])
+    command = [sys.executable, str(HERE / script), *arguments, "--tokenizer", str(tokenizer), "--json", str(out)]
+    done = subprocess.run(command)
     if done.returncode:
         sys.exit(done.returncode)
     return json.loads(out.read_text())
@@ -58,6 +59,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
+    parser.add_argument("--tokenizer", type=Path, default=HERE.parents[1] / "shared" / "tokenizers" / "kimi-k2.6")
     parser.add_argument("--json", type=Path, help="write every target's figure here")
     args = parser.parse_args()
     w, repeats = str(args.workers), "1" if args.quick else "3"
@@ -70,6 +72,7 @@ def main() -> int:
             "bench_store.py",
             ["--conversations", conversations, "--workers", w, "--repeats", repeats],
             folder / "1.json",
+            args.tokenizer,
         )
         first = median(store["times"]["first"])
         for later in ("other seed", "other row length"):
@@ -78,14 +81,17 @@ def main() -> int:
 
         conversations = "6000" if args.quick else "24000"
         bpe = run(
-            "bench_bpe.py", ["--conversations", conversations, "--workers", w, "--repeat", repeats], folder / "2.json"
+            "bench_bpe.py",
+            ["--conversations", conversations, "--workers", w, "--repeat", repeats],
+            folder / "2.json",
+            args.tokenizer,
         )
         ratio = median(bpe["times"]["raw tiktoken"]) / median(bpe["times"]["build --bpe gigatoken"])
         lines.append(("2. raw tiktoken / first build", ratio, ">= 1", ratio >= 1))
 
         linear_args = ["--conversations", "2000" if args.quick else "16000", "--sizes", "1,2,4"]
         linear_args += ["--workers", f"1,{w}" if args.workers > 1 else "1", "--modes", "store", "--repeats", repeats]
-        linear = run("bench_linear.py", linear_args, folder / "3.json")
+        linear = run("bench_linear.py", linear_args, folder / "3.json", args.tokenizer)
         runs = linear["runs"]
         sizes = sorted({r["size"] for r in runs})
 
@@ -111,7 +117,7 @@ def main() -> int:
         )
 
         memory_args = ["--cases", "small" if args.quick else "normal-all", "--repeat", "1", "--workers", w]
-        memory = run("bench_memory.py", memory_args, folder / "7.json")
+        memory = run("bench_memory.py", memory_args, folder / "7.json", args.tokenizer)
         peak = max(r["tree_rss"] for r in memory["runs"])
         lines.append(("7. peak tree RSS, GiB", peak / GIB, "< 1", peak < GIB))
 
