@@ -3,7 +3,8 @@
 
 Usage::
 
-    python benchmarks/bench_targets.py [--workers W] [--quick] [--json OUT]
+    python benchmarks/bench_targets.py [--workers W] [--quick] [--repeats K] [--linear-conversations N]
+        [--tokenizer FOLDER] [--json OUT]
 
 Runs the scripts that measure each target, each in a process of its own with ``--json``,
 then prints one line per target: its figure, the target and whether it is met.
@@ -59,10 +60,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
+    parser.add_argument("--repeats", type=int, help="repeats of each script's builds (default 3; 1 with --quick)")
+    parser.add_argument(
+        "--linear-conversations", type=int, metavar="N", help="bench_linear's N (default 16000; 2000 with --quick)"
+    )
     parser.add_argument("--tokenizer", type=Path, default=HERE.parents[1] / "shared" / "tokenizers" / "kimi-k2.6")
     parser.add_argument("--json", type=Path, help="write every target's figure here")
     args = parser.parse_args()
-    w, repeats = str(args.workers), "1" if args.quick else "3"
+    w, repeats = str(args.workers), str(args.repeats or (1 if args.quick else 3))
+    linear_n = args.linear_conversations or (2000 if args.quick else 16000)
     lines: list[tuple[str, float, str, bool | None]] = []
     with tempfile.TemporaryDirectory(prefix="bench-targets-") as scratch:
         folder = Path(scratch)
@@ -89,7 +95,7 @@ def main() -> int:
         ratio = median(bpe["times"]["raw tiktoken"]) / median(bpe["times"]["build --bpe gigatoken"])
         lines.append(("2. raw tiktoken / first build", ratio, ">= 1", ratio >= 1))
 
-        linear_args = ["--conversations", "2000" if args.quick else "16000", "--sizes", "1,2,4"]
+        linear_args = ["--conversations", str(linear_n), "--sizes", "1,2,4"]
         linear_args += ["--workers", f"1,{w}" if args.workers > 1 else "1", "--modes", "store", "--repeats", repeats]
         linear = run("bench_linear.py", linear_args, folder / "3.json", args.tokenizer)
         runs = linear["runs"]
