@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="the Kimi-K2.6 tokenizer folder")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write the times to OUT")
     args = parser.parse_args(argv)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # (keeps the caller's)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
     times: dict[str, list[float]] = {"build --bpe gigatoken": [], "build --bpe tiktoken": [], "raw tiktoken": []}
     with tempfile.TemporaryDirectory(prefix="bench-bpe-") as work:
         source = Path(work) / "corpus.parquet"
