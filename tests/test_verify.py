@@ -119,11 +119,59 @@ def test_edited_manifest_row_hash(copy):
     assert any(p.startswith("row 2:") for p in problems)
 
 
-def test_edited_manifest_stats(copy):
+@pytest.mark.parametrize(
+    "stat, says", [("supervised_tokens", "supervised tokens"), ("trainable_tokens", "trainable tokens, manifest says")]
+)
+def test_edited_manifest_stats(copy, stat, says):
     manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["stats"]["supervised_tokens"] += 1
+    manifest["stats"][stat] += 1
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    assert any("supervised tokens" in p for p in verify(copy))
+    assert any(says in p for p in verify(copy))
+
+
+def _rehash_rows(folder):
+    """Record each row's hash, the file's, and the stats the rows give, as a forger who
+    knows the rules would: only the checks of the rows' content can tell."""
+    from fixed_sft.hashes import row_digest, rows_digest
+
+    rows = pq.read_table(folder / "train.parquet").column("metadata").to_pylist()
+    digests = [row_digest(np.array(r["input_ids"]), np.array(r["loss_mask"])) for r in rows]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest.update(row_sha256=[d.hex() for d in digests], rows_sha256=rows_digest(digests))
+    stats = manifest["stats"]
+    stats["supervised_tokens"] = sum(sum(r["loss_mask"]) for r in rows)
+    stats["trainable_tokens"] = sum(sum(r["loss_mask"][1:]) for r in rows)
+    stats["supervised_token_ratio"] = stats["supervised_tokens"] / stats["tokens"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_row_with_nothing_to_train_is_named_though_every_hash_matches(copy):
+    """The format skips a row with no supervised token after token 0: one forged in, its
+    hashes and counts recorded, is named."""
+
+    def untrain(rows):
+        mask = rows[4]["metadata"]["loss_mask"]
+        mask[1:] = [0] * (len(mask) - 1)
+
+    _change_rows(copy, untrain)
+    _rehash_rows(copy)
+    assert "row 4: no supervised token after token 0 (the format skips such rows)" in verify(copy)
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (lambda rows: rows[3]["messages"][0].update(content="tampered"), "row 3: messages is not"),
+        (lambda rows: rows[3]["messages"][0].update(role="assistant"), "row 3: messages is not"),
+        (
+            lambda rows: rows[2]["metadata"]["segments"][0].update(source_index=-1),
+            "row 2: a metadata segment names source row -1",
+        ),
+    ],
+)
+def test_an_edited_placeholder_or_provenance_is_named_by_its_row(copy, change, says):
+    _change_rows(copy, change)
+    assert any(p.startswith(says) for p in verify(copy))
 
 
 @pytest.mark.parametrize("skip_invalid", [False, True])
