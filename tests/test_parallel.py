@@ -531,10 +531,13 @@ def test_a_conversation_damaged_between_the_passes_stops_the_build(tmp_path) -> 
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["train.parquet"]  # (the build removes it)
 
 
-def test_a_stale_stored_copy_stops_the_build_as_one_at_a_time(corpus, kimi_dir, tmp_path, token_store, packed) -> None:
+@pytest.mark.parametrize("stale", ["ids", "mask"])
+def test_a_stale_stored_copy_stops_the_build_as_one_at_a_time(
+    corpus, kimi_dir, tmp_path, token_store, packed, stale
+) -> None:
     """A stored conversation encoded again to check it (stored unchecked) must be its stored
-    copy: one whose digest matches but whose ids differ (a key that misses an input) stops
-    the build, whether the workers check it or the build does one at a time."""
+    copy: one whose digest matches but whose ids, or mask alone, differ (a key that misses
+    an input) stops the build, whether the workers check it or the build does one at a time."""
     cfg = _config(corpus, kimi_dir, no_card=True)
     build(cfg, tmp_path / "filled")
     (entry,) = (token_store / "tokens").iterdir()
@@ -546,7 +549,8 @@ def test_a_stale_stored_copy_stops_the_build_as_one_at_a_time(corpus, kimi_dir, 
     writer = SegmentWriter(entry)
     for item in items:
         if item.ids is not None:
-            item = item._replace(ids=item.ids + 1, checked=False)  # (stale, with digests that match; unchecked)
+            changed = {"ids": item.ids + 1} if stale == "ids" else {"mask": 1 - item.mask}
+            item = item._replace(**changed, checked=False)  # (stale, with digests that match; unchecked)
         writer.add(item)
     writer.flush()
     snapshot = tmp_path / "snapshot"

@@ -153,8 +153,22 @@ def _key(kimi_dir: Path, **changes) -> str:
         {"source": ["a" * 64]},
         {"bpe": "other"},
         {"version": 2},
+        {"family": "other"},
+        {"trust_remote_code": True},
+        {"declarations": ("tool_declaration_ts.py", "0" * 64)},
     ],
-    ids=["tokenizer-file", "template-kwargs", "mask-type", "source-file", "source-files", "bpe", "encoding-version"],
+    ids=[
+        "tokenizer-file",
+        "template-kwargs",
+        "mask-type",
+        "source-file",
+        "source-files",
+        "bpe",
+        "encoding-version",
+        "family",
+        "remote-code",
+        "declarations",
+    ],
 )
 def test_each_key_part_changes_the_key(kimi_dir, monkeypatch, change):
     before = _key(kimi_dir)
