@@ -148,6 +148,21 @@ def test_misstated_dropped_rows_are_named_when_every_row_is_checked(builds, kimi
     )
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_misstated_tail_tokens_are_named_when_every_row_is_checked(builds, kimi_dir, tmp_path, capsys, kind):
+    """The tokens dropped after the last row: where the last row's unit ends (a row
+    count), or where the stream ends (rows: all), against stats.tail_tokens_dropped."""
+    folder, source, manifest = _copy(builds, kind, tmp_path)
+    text = json.loads((folder / "manifest.json").read_text())
+    text["stats"]["tail_tokens_dropped"] += 1
+    (folder / "manifest.json").write_text(json.dumps(text, indent=1))
+    assert verify(folder) == []
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, f"0-{manifest['stats']['rows'] - 1}") == 1
+    says = f"stats.tail_tokens_dropped says {manifest['stats']['tail_tokens_dropped'] + 1}"
+    assert says in capsys.readouterr().out
+
+
 def test_only_the_conversations_of_the_rows_are_encoded(builds, kimi_dir, monkeypatch):
     """One row holds a few conversations: only those (and the skipped rows between them,
     and before row 0) are read and encoded, and of a Parquet file only the row groups that hold them."""
