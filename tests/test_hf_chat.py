@@ -425,6 +425,10 @@ def test_check_compares_with_apply_chat_template(encoder_of):
     encoder.check(CHAT, ids)
     with pytest.raises(TemplateMismatch, match="differ from apply_chat_template"):
         encoder.check(CHAT, ids[:-1])
+    changed = ids.copy()
+    changed[3] += 1  # (as long as the template's)
+    with pytest.raises(TemplateMismatch, match="differ from apply_chat_template"):
+        encoder.check(CHAT, changed)
 
 
 @st.composite
