@@ -130,13 +130,20 @@ def test_every_row_checked_proves_the_whole_stream(builds, kimi_dir, kind):
         assert result.dropped == manifest["stats"]["rows_skipped"] > 0
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "parquet"])  # (a row count; rows: all, to the stream's end)
-def test_misstated_dropped_rows_are_named_when_every_row_is_checked(builds, kimi_dir, tmp_path, capsys, kind):
+def _misstated(builds, kind: str, tmp_path, stat: str):
+    """A copy of build ``kind`` whose manifest states one more ``stats[stat]``, which verify
+    alone does not tell: its folder, source and original manifest."""
     folder, source, manifest = _copy(builds, kind, tmp_path)
     text = json.loads((folder / "manifest.json").read_text())
-    text["stats"]["rows_skipped"] += 1
+    text["stats"][stat] += 1
     (folder / "manifest.json").write_text(json.dumps(text, indent=1))
     assert verify(folder) == []
+    return folder, source, manifest
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])  # (a row count; rows: all, to the stream's end)
+def test_misstated_dropped_rows_are_named_when_every_row_is_checked(builds, kimi_dir, tmp_path, capsys, kind):
+    folder, source, manifest = _misstated(builds, kind, tmp_path, "rows_skipped")
     capsys.readouterr()
     last = manifest["stats"]["rows"] - 1
     assert _spot(folder, source, kimi_dir, "3-7") == 0  # (a few rows: the count is not proven)
@@ -152,11 +159,7 @@ def test_misstated_dropped_rows_are_named_when_every_row_is_checked(builds, kimi
 def test_misstated_tail_tokens_are_named_when_every_row_is_checked(builds, kimi_dir, tmp_path, capsys, kind):
     """The tokens dropped after the last row: where the last row's unit ends (a row
     count), or where the stream ends (rows: all), against stats.tail_tokens_dropped."""
-    folder, source, manifest = _copy(builds, kind, tmp_path)
-    text = json.loads((folder / "manifest.json").read_text())
-    text["stats"]["tail_tokens_dropped"] += 1
-    (folder / "manifest.json").write_text(json.dumps(text, indent=1))
-    assert verify(folder) == []
+    folder, source, manifest = _misstated(builds, kind, tmp_path, "tail_tokens_dropped")
     capsys.readouterr()
     assert _spot(folder, source, kimi_dir, f"0-{manifest['stats']['rows'] - 1}") == 1
     says = f"stats.tail_tokens_dropped says {manifest['stats']['tail_tokens_dropped'] + 1}"
