@@ -588,6 +588,7 @@ def run() -> NoReturn:
     code = main(early=True)
     if code in (INTERRUPTED, TERMINATED):
         exit_now(code)
+    gc.freeze()  # (the exit frees what is left: the interpreter's last collection need not go over it, ~40 ms)
     sys.exit(code)
 
 
