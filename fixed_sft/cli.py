@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 USAGE_ERROR, FAILURE = 2, 1
 INTERRUPTED, TERMINATED = 130, 143  # 128 + SIGINT, 128 + SIGTERM
 # A build of this many workers, on as many cores, starts their fork server before its own imports
-# (``_start_workers_early``): on the 16-core machine each side imports for 0.4-0.7 s.
+# (``_start_early``): on the 16-core machine each side imports for 0.4-0.7 s.
 EARLY_WORKERS = 8
 
 
@@ -478,9 +478,9 @@ def _push(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None, early: bool = False) -> int:
     """Run the command line (``build`` when no command is named); return the exit code.
     From the main thread, Ctrl-C and SIGTERM are handled by ``_Stop`` meanwhile. With
-    ``early`` (the program itself: ``run``), a build of many workers starts their fork
-    server first (``_start_workers_early``): a caller that goes on after ``main`` would
-    keep a server that waits."""
+    ``early`` (the program itself: ``run``), a build starts its drawing process, and with many
+    workers their fork server, first (``_start_early``): a caller that goes on after ``main``
+    would keep processes that wait."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # no "PyTorch was not found" notice
     # No BLAS here: without this, each process that imports numpy (this one, the workers' fork
@@ -514,23 +514,30 @@ def main(argv: list[str] | None = None, early: bool = False) -> int:
             signal.signal(signum, handler)
 
 
-def _start_workers_early(argv: list[str]) -> None:
-    """Start the workers' fork server before the build's imports (``fixed_sft.early``), for
-    a build of at least ``EARLY_WORKERS`` workers (``--workers``, else the cores) on as
-    many cores: with fewer, a build that then forks no worker would pay the server's imports.
-    The server is told ``--tokenizer`` and ``--bpe``, to load that tokenizer meanwhile."""
+def _start_early(argv: list[str]) -> None:
+    """Start, before the build's imports, the process that draws the card's plots
+    (``plots.start_early``; not with ``--no-card``), and the workers' fork server
+    (``fixed_sft.early``) for a build of at least ``EARLY_WORKERS`` workers (``--workers``,
+    else the cores) on as many cores: with fewer, a build that then forks no worker would
+    pay the server's imports. The server is told ``--tokenizer`` and ``--bpe``, to load
+    that tokenizer meanwhile."""
     if argv[:1] != ["build"] or {"-h", "--help"} & set(argv):
         return
-    from .engine import usable_cores
-
     early = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     early.add_argument("--workers", type=int)  # (read as the parser reads them, abbreviated or not)
     early.add_argument("--tokenizer")
     early.add_argument("--bpe")
+    early.add_argument("--no-card", action="store_true")
     try:
         given = early.parse_known_args(argv[1:])[0]
     except argparse.ArgumentError:
         return  # (the parser names the error)
+    if not given.no_card:
+        from .plots import start_early
+
+        start_early()
+    from .engine import usable_cores
+
     cores = usable_cores()
     if min(cores if given.workers is None else given.workers, cores) >= EARLY_WORKERS:
         from .early import start
@@ -557,7 +564,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def _command(argv: list[str], stop: _Stop, early: bool = False) -> int:
     try:
         if early:
-            _start_workers_early(argv)
+            _start_early(argv)
         args = _parse(argv)  # (imports, which Ctrl-C may interrupt too)
         return COMMANDS[args.command](args)
     finally:

@@ -1,10 +1,11 @@
 """The dataset card's plots: PNG bytes from a build's figures, drawn by matplotlib's Agg backend.
 
 The plots carry no metadata that varies (no ``Software`` stamp), so the same figures give
-the same bytes in any process. Importing matplotlib takes about 0.6 s, more than a later
-build from the token store spends on some sources' rows, so a build draws in a process of
-its own (``Plotter``), started as the build starts: the import overlaps the build. A
-process that has matplotlib loaded already draws itself.
+the same bytes in any process. Importing matplotlib takes about 0.3 s, a fifth of a later
+build from the token store, so a build draws in a process of its own (``Plotter``). The
+program starts it before its own imports (``start_early``, which imports no numpy): on 2
+cores the two import side by side, before the build's writer thread needs the second core.
+A process that has matplotlib loaded already draws itself.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 PLOT_NAMES = ("supervised_ratio.png", "conversation_tokens.png", "source_mix.png")
 SUPERVISED_PLOT, LENGTHS_PLOT, MIX_PLOT = PLOT_NAMES
@@ -53,13 +55,42 @@ def draw(inputs: Inputs) -> dict[str, bytes]:
     return plots
 
 
+_early: subprocess.Popen | None = None  # the drawing process ``start_early`` started, until a Plotter takes it
+
+
+def start_early() -> None:
+    """Start the drawing process now, for the next ``Plotter`` entered in this process."""
+    global _early
+    if _early is None:
+        _early = _spawn()
+
+
+def _spawn() -> subprocess.Popen | None:
+    """A drawing process (``Plotter``); ``None`` where this process cannot start one."""
+    if not sys.executable or getattr(sys, "frozen", False):
+        return None
+    # -P and this process's sys.path: the child imports the modules this process would
+    serve = f"import sys; sys.path[:] = {sys.path!r}; from fixed_sft.plots import _serve; _serve()"
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-P", "-c", serve],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            process_group=0,
+        )
+    except OSError:
+        return None
+
+
 class Plotter:
-    """Draws a build's plots (``draw``), in a process started on entering unless this one has
-    matplotlib loaded. That process reads one pickled ``Inputs`` on stdin and writes the
-    pickled plots to stdout; it ends once it has, once its stdin closes (when this process
-    dies), or when it is killed (on leaving, and after ``DRAW_TIMEOUT_S``). It runs in a
-    process group of its own, so that a Ctrl-C meant for the build does not interrupt its
-    import. Where it cannot start or fails, this process draws."""
+    """Draws a build's plots (``draw``), in the process ``start_early`` started, else in one
+    started on entering unless this one has matplotlib loaded. That process reads one
+    pickled ``Inputs`` on stdin and writes the pickled plots to stdout; it ends once it has,
+    once its stdin closes (when this process dies), or when it is killed (on leaving, and
+    after ``DRAW_TIMEOUT_S``). It runs in a process group of its own, so that a Ctrl-C meant
+    for the build does not interrupt its import. Where it cannot start or fails, this
+    process draws."""
 
     def __init__(self) -> None:
         self._process: subprocess.Popen | None = None
@@ -67,19 +98,10 @@ class Plotter:
         self._drawn: dict[str, bytes] | None = None
 
     def __enter__(self) -> Plotter:
-        if "matplotlib.figure" not in sys.modules and sys.executable and not getattr(sys, "frozen", False):
-            # -P and this process's sys.path: the child imports the modules this process would
-            serve = f"import sys; sys.path[:] = {sys.path!r}; from fixed_sft.plots import _serve; _serve()"
-            try:
-                self._process = subprocess.Popen(
-                    [sys.executable, "-P", "-c", serve],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL,
-                    process_group=0,
-                )
-            except OSError:
-                self._process = None
+        global _early
+        self._process, _early = _early, None
+        if self._process is None and "matplotlib.figure" not in sys.modules:
+            self._process = _spawn()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -133,6 +155,8 @@ class Plotter:
 
 def same(a: Inputs, b: Inputs) -> bool:
     """Whether two plots' inputs are equal (so draw the same plots)."""
+    import numpy as np
+
     mix_a, mix_b = (None if m is None else [tuple(bar) for bar in m] for m in (a.mix, b.mix))
     return (
         (a.row_tokens, a.ratio, mix_a) == (b.row_tokens, b.ratio, mix_b)
@@ -163,11 +187,15 @@ def _png(figure: Any) -> bytes:
 def _histogram(axes: Any, values: np.ndarray, bins: np.ndarray) -> None:
     """``axes.hist(values, bins)`` drawn as one filled outline: the same pixels, without a
     patch per bin to lay out."""
+    import numpy as np
+
     counts, _ = np.histogram(values, bins)
     axes.stairs(counts, bins, fill=True, color="#3b75af")
 
 
 def _supervised(Figure: type, inputs: Inputs) -> bytes:
+    import numpy as np
+
     ratios = np.asarray(inputs.row_supervised, dtype=np.float64) / inputs.row_tokens
     figure = Figure(figsize=(6.4, 3.6))
     axes = figure.add_subplot()
@@ -182,6 +210,8 @@ def _supervised(Figure: type, inputs: Inputs) -> bytes:
 def _lengths(Figure: type, inputs: Inputs) -> bytes:
     """A histogram of the conversations' tokens, in bins even in log10 (drawn on a linear axis
     with a label per power of ten: a log axis's many tick labels take most of the drawing)."""
+    import numpy as np
+
     logs = np.log10(np.maximum(np.asarray(inputs.conversation_tokens, dtype=np.float64), 1.0))
     low, high = (float(logs.min()), float(logs.max())) if len(logs) else (0.0, 1.0)
     high = max(high, low + 1.0)

@@ -815,12 +815,38 @@ print(json.dumps([manifest["rows_sha256"], early._awaited is None]))
     ],
 )
 def test_the_fork_server_starts_early_for_builds_of_many_workers(argv, cores, started, monkeypatch) -> None:
-    from fixed_sft import cli, early, engine
+    from fixed_sft import cli, early, engine, plots
 
     calls: list[int] = []
     monkeypatch.setattr(early, "start", lambda tokenizer, bpe: calls.append(1))
+    monkeypatch.setattr(plots, "start_early", lambda: None)
     monkeypatch.setattr(engine, "usable_cores", lambda: cores)
-    cli._start_workers_early(argv)
+    cli._start_early(argv)
+    assert calls == ([1] if started else [])
+
+
+@pytest.mark.parametrize(
+    "argv, started",
+    [
+        (["build"], True),
+        (["build", "--workers", "16", "--no-cache"], True),
+        (["build", "--no-card"], False),
+        (["build", "--no-car"], False),
+        (["build", "--no-ca"], False),  # (ambiguous: the build's parser names the error)
+        (["build", "--help"], False),
+        (["verify", "out"], False),
+    ],
+)
+def test_the_drawing_process_starts_early_for_builds_with_a_card(argv, started, monkeypatch) -> None:
+    """The program starts the card's drawing process before the build's imports, as it reads
+    the command line: not for a build without a card, nor for another command."""
+    from fixed_sft import cli, early, engine, plots
+
+    calls: list[int] = []
+    monkeypatch.setattr(plots, "start_early", lambda: calls.append(1))
+    monkeypatch.setattr(early, "start", lambda tokenizer, bpe: None)
+    monkeypatch.setattr(engine, "usable_cores", lambda: 2)
+    cli._start_early(argv)
     assert calls == ([1] if started else [])
 
 
@@ -837,7 +863,7 @@ def test_the_early_fork_server_is_told_the_tokenizer_folder(argv, told, kimi_dir
     """The early start passes ``--tokenizer`` and ``--bpe`` on; the server is told of a
     folder only where it holds ``tiktoken.model`` (a spec name, a Hub id or a Hugging Face
     folder is left to the build)."""
-    from fixed_sft import cli, early, engine
+    from fixed_sft import cli, early, engine, plots
 
     names = {"KIMI": str(kimi_dir), "ELSEWHERE": str(tmp_path)}
     argv = [names.get(arg, arg) for arg in argv]
@@ -846,7 +872,8 @@ def test_the_early_fork_server_is_told_the_tokenizer_folder(argv, told, kimi_dir
     start = early.start
     monkeypatch.setattr(early, "start", lambda *given: calls.append(given))
     monkeypatch.setattr(engine, "usable_cores", lambda: 8)
-    cli._start_workers_early(["build", *argv])
+    monkeypatch.setattr(plots, "start_early", lambda: None)
+    cli._start_early(["build", *argv])
     assert calls == [told]
     environments: list[dict] = []
     monkeypatch.setattr(early, "_awaited", None)

@@ -74,6 +74,22 @@ def test_plots_started_early_are_those_drawn_when_asked():
     assert dict(line.split() for line in result.stdout.splitlines()) == there != here
 
 
+def test_a_plotter_takes_the_process_started_early():
+    """``start_early`` starts the drawing process without importing numpy or matplotlib; the
+    next Plotter entered takes it and draws these plots with it; the one after starts its own."""
+    code = "import sys\nfrom fixed_sft import plots\nplots.start_early()\nearly = plots._early\n"
+    code += 'assert early is not None and "numpy" not in sys.modules, "not started early"\n'
+    code += DRAW_IN_CHILD.replace(
+        'assert plotter._process is not None, "no drawing process"',
+        'assert plotter._process is early and plots._early is None, "not taken"',
+    )
+    code += "with Plotter() as other:\n    assert other._process not in (None, early), 'taken twice'\n"
+    result = _run(code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    here = {name: hashlib.sha256(data).hexdigest() for name, data in draw(INPUTS).items()}
+    assert dict(line.split() for line in result.stdout.splitlines()) == here
+
+
 def test_a_drawing_process_that_is_gone_leaves_the_drawing_here():
     with Plotter() as plotter:
         assert plotter._process is None  # (matplotlib is loaded in the test processes)
