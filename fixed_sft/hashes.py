@@ -52,9 +52,9 @@ class AppendedHash:
     >>> with tempfile.NamedTemporaryFile() as f:
     ...     hashed = AppendedHash(Path(f.name))
     ...     _ = f.write(b"row groups"); f.flush(); hashed.update()
-    ...     _ = f.write(b", then a footer"); f.flush()
-    ...     hashed.hexdigest() == sha256_file(Path(f.name)) and hashed.size == 25
-    True
+    ...     _ = f.write(b", then a footer"); f.flush(); hashed.update(until=4)  # (hashed already)
+    ...     hashed.size, hashed.hexdigest() == sha256_file(Path(f.name)) and hashed.size == 25
+    (10, True)
     """
 
     def __init__(self, path: Path):
@@ -64,6 +64,8 @@ class AppendedHash:
 
     def update(self, until: int | None = None) -> None:
         """Hash what the file holds past what was hashed (up to byte ``until``, where given)."""
+        if until is not None and until <= self.size:
+            return
         with self.path.open("rb") as f:
             f.seek(self.size)
             while block := f.read(1 << 22 if until is None else min(1 << 22, until - self.size)):

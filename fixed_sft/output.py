@@ -165,13 +165,15 @@ class RowWriter:
     """Appends rows to one Parquet file, a row group (``rows_per_group``) at a time. Row
     groups are compressed and written by a background thread (pyarrow releases the GIL),
     at most ``QUEUED_VALUES`` tokens behind the caller; none is written after one that failed.
+    The caller's thread hashes each group once written: the writer's thread is a later
+    build's slowest stage, the caller's waits on it.
     With ``boundaries``, each row's ``metadata.cu_seqlens`` is written too."""
 
     def __init__(self, path: Path, boundaries: bool = False):
         self.path = path
         self.boundaries = boundaries
         self._writer = parquet_writer(path, boundaries)
-        self._hash = AppendedHash(path)  # (its bytes hashed by the writer's thread, as each group is written)
+        self._hash = AppendedHash(path)  # (its bytes hashed as each group is written, by ``_wait``)
         self.sha256: str | None = None  # the file's, once closed
         self._pending: list[Row] = []
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="parquet")
@@ -193,12 +195,13 @@ class RowWriter:
         self._writing.append(self._thread.submit(self._write_group, table))
         self._pending = []
 
-    def _write_group(self, table: pa.Table) -> None:
+    def _write_group(self, table: pa.Table) -> int:
+        """Write ``table``; the file's size then (where its bytes are final)."""
         if self._failed:
-            return  # (the error is raised by the group that failed)
+            return 0  # (the error is raised by the group that failed)
         try:
             self._writer.write_table(table)
-            self._hash.update()
+            return os.stat(self.path).st_size
         except BaseException:
             self._failed = True
             raise
@@ -207,7 +210,7 @@ class RowWriter:
         """Wait until at most ``queued`` row groups are still to be written."""
         while len(self._writing) > queued:
             with naming(self.path):
-                self._writing[0].result()
+                self._hash.update(self._writing[0].result())
             self._writing.popleft()
 
     def abort(self) -> None:
