@@ -652,3 +652,114 @@ def test_a_skipped_duplicate_is_proven_by_its_earlier_copy(kimi_dir, tmp_path):
     )
     result = spot_check(tmp_path / "o", parse_rows(f"{k - 1}-{k}"), str(source), str(kimi_dir))
     assert result.same and result.duplicates == [int(order[30])]
+
+
+def _segments(folder):
+    return [row["segments"] for row in pq.read_table(folder / "train.parquet").column("metadata").to_pylist()]
+
+
+def test_a_segment_after_another_that_does_not_start_its_conversation_is_named(builds, kimi_dir, tmp_path, capsys):
+    """A row's second segment moved one token on (the same length, so the segments still
+    cover the row): a conversation after another in a row starts at its token 0."""
+    folder, source, _ = _copy(builds, "jsonl", tmp_path)
+    segments = _segments(folder)
+    k = next(  # a row whose last segment starts a conversation that the next row goes on with
+        k
+        for k in range(1, len(segments) - 1)
+        if len(segments[k]) >= 2 and segments[k + 1][0]["source_index"] == segments[k][-1]["source_index"]
+    )
+    last = len(segments[k]) - 1
+    end = segments[k][last]["end"]
+
+    def change(rows):
+        rows[k]["metadata"]["segments"][last].update(start=1, end=end + 1)
+
+    _forge(folder, change)
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, str(k)) == 1
+    index = segments[k][last]["source_index"]
+    assert (
+        f"  row {k}: differs (segment {last} (source row {index}, tokens 1 to {end + 1}): starts at 1, "
+        "but a conversation after another in a row starts at 0)"
+    ) in capsys.readouterr().out
+
+
+def test_a_segment_that_ends_before_its_conversation_with_another_after_it_is_named(builds, kimi_dir, tmp_path, capsys):
+    """A row's first segment, which starts inside its conversation, moved one token back:
+    a segment another follows in its row ends at its conversation's end."""
+    folder, source, _ = _copy(builds, "jsonl", tmp_path)
+    segments = _segments(folder)
+    k = next(k for k in range(1, len(segments)) if len(segments[k]) >= 2 and segments[k][0]["start"] > 0)
+    first = segments[k][0]
+    index, start, end = first["source_index"], first["start"], first["end"]
+
+    def change(rows):
+        rows[k]["metadata"]["segments"][0].update(start=start - 1, end=end - 1)
+
+    _forge(folder, change)
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, str(k)) == 1
+    assert (
+        f"  row {k}: differs (segment 0 (source row {index}, tokens {start - 1} to {end - 1}): ends before its "
+        f"unit's end ({end}), but another segment follows it)"
+    ) in capsys.readouterr().out
+
+
+def test_a_row_beside_that_ends_past_its_conversation_is_named(builds, kimi_dir, tmp_path, capsys):
+    """The row before a checked one, as the file holds it, ends a token past its last
+    conversation's unit (its last segment moved one token on): the checked row cannot
+    follow a point the stream does not have."""
+    folder, source, _ = _copy(builds, "jsonl", tmp_path)
+    segments = _segments(folder)
+    k = next(  # a row that starts a conversation: the row before ends at its last one's end
+        k
+        for k in range(2, len(segments))
+        if segments[k][0]["start"] == 0 and segments[k][0]["source_index"] != segments[k - 1][-1]["source_index"]
+    )
+    last = segments[k - 1][-1]
+    index, start, end = last["source_index"], last["start"], last["end"]
+
+    def change(rows):
+        rows[k - 1]["metadata"]["segments"][-1].update(start=start + 1, end=end + 1)
+
+    _forge(folder, change)
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, str(k)) == 1
+    assert (
+        f"  row {k}: differs (from row {k - 1}'s end, as the file holds it: row {k - 1} ends at token {end + 1} "
+        f"of source row {index}, whose unit holds {end} tokens)"
+    ) in capsys.readouterr().out
+
+
+def test_a_segment_of_an_earlier_conversation_after_a_later_one_is_named(builds, kimi_dir, tmp_path, capsys):
+    """A row's last segment, which starts a conversation, names instead one whole
+    conversation of an earlier row (its id too): the second comes before the first in the
+    packing order, with nothing between them to drop."""
+    folder, source, _ = _copy(builds, "jsonl", tmp_path)
+    segments = _segments(folder)
+    whole = {  # conversations a row holds whole and not last: their units' lengths, by the row
+        s["source_index"]: (k, s["id"], s["end"]) for k, row in enumerate(segments) for s in row[:-1] if s["start"] == 0
+    }
+    k, earlier = next(
+        (k, w)
+        for k in range(1, len(segments))
+        if len(segments[k]) >= 2 and segments[k][-1]["start"] == 0
+        for w, (j, _, length) in whole.items()
+        if j < k and length >= segments[k][-1]["end"] and w != segments[k][-2]["source_index"]
+    )
+    _, row_id, _ = whole[earlier]
+    later = segments[k][-2]["source_index"]
+    last = len(segments[k]) - 1
+
+    def change(rows):
+        rows[k]["metadata"]["segments"][last].update(source_index=earlier, id=row_id)
+
+    _forge(folder, change)
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, str(k)) == 1
+    out = capsys.readouterr().out
+    assert re.search(
+        rf"  row {k}: differs \(between segments {last - 1} and {last}: source row {earlier} \(packing position "
+        rf"\d+\) comes before source row {later} \(position \d+\) in the packing order\)",
+        out,
+    ), out
