@@ -388,8 +388,9 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.row is None:
         if args.tokenizer is not None or args.html is not None:
             raise UsageError("--tokenizer and --html are for a row; add --row K")
-        print("\n".join(summary(args.folder)))
-        return 0
+        found = summary(args.folder)
+        print("\n".join(found.lines))
+        return 0 if found.agrees else FAILURE
     view = row_view(args.folder, args.row, args.tokenizer)
     if args.html is not None:
         from .folder import new_file

@@ -2,7 +2,7 @@
 
 The summary counts the rows, tokens, supervised tokens and conversations from the rows
 themselves, a row group at a time (``reader``), and says where a count is not the
-manifest's; the skipped rows, the source mix and the card are the manifest's. A row is
+manifest's (``Summary.agrees``); the skipped rows, the source mix and the card are the manifest's. A row is
 decoded with the build's tokenizer, resolved as ``verify --rebuild`` resolves it (the
 recorded spec or repo, or ``--tokenizer FOLDER``; its files must be the recorded ones) but
 from the Hugging Face cache alone. Its supervised tokens are marked (in colour on a terminal,
@@ -71,8 +71,16 @@ def _unreadable(folder: Path, error: Exception) -> BuildError:
     return BuildError(str(error) if isinstance(error, Refused) else f"{folder / PARQUET_NAME}: {described(error)}")
 
 
-def summary(folder: Path) -> list[str]:
-    """The summary's lines (module docstring)."""
+@dataclass
+class Summary:
+    """The summary's lines, and whether every count from the rows is the manifest's."""
+
+    lines: list[str]
+    agrees: bool
+
+
+def summary(folder: Path) -> Summary:
+    """The summary of a build (module docstring)."""
     manifest = open_build(folder)
     stats, row_tokens = manifest.stats, manifest.params.row_tokens
     rows = tokens = supervised = 0
@@ -89,8 +97,13 @@ def summary(folder: Path) -> list[str]:
     except (Refused, OSError, ValueError) as error:
         raise _unreadable(folder, error) from None
 
+    differ: list[str] = []
+
     def figure(value: int, recorded: int) -> str:
-        return f"{value:,}" + ("" if value == recorded else f" (the manifest says {recorded:,}: run verify)")
+        if value == recorded:
+            return f"{value:,}"
+        differ.append(f"{recorded:,}")
+        return f"{value:,} (the manifest says {recorded:,}: run verify)"
 
     ratio = supervised / tokens if tokens else 0.0
     lines = [
@@ -118,7 +131,7 @@ def summary(folder: Path) -> list[str]:
             )
     card = manifest.card
     lines.append("card: none" if card is None else f"card: {', '.join(card.files)} (license {visible(card.license)})")
-    return lines
+    return Summary(lines, agrees=not differ)
 
 
 @dataclass

@@ -105,8 +105,10 @@ def test_summary_says_where_the_rows_differ_from_the_manifest(built, tmp_path, c
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["stats"]["supervised_tokens"] += 1
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    assert main(["inspect", str(copy)]) == 0
-    assert "the manifest says" in capsys.readouterr().out
+    assert main(["inspect", str(copy)]) == 1  # (as verify would: the folder is not what its manifest says)
+    out = capsys.readouterr().out
+    assert f"supervised tokens: {manifest['stats']['supervised_tokens'] - 1:,} (the manifest says " in out
+    assert out.count("the manifest says") == 1
 
 
 def test_a_row_as_plain_text_marks_the_supervised_tokens(built, kimi_dir, capsys):
