@@ -3,10 +3,11 @@ from the recorded inputs and compare), ``inspect`` (a build's summary, or a row 
 ``diff`` (where two builds differ), ``pin-tokenizer`` (write a tokenizer spec), ``export``
 (a trainer's packed layout) and ``push`` (upload to the Hub).
 
-Exit codes: 0 success; 1 build failure or verify mismatch; 2 usage error; 130 interrupted
-(Ctrl-C); 143 terminated (SIGTERM). The first Ctrl-C or SIGTERM stops the command, which
-unwinds (workers stopped, its temporary folder removed); a later one, or one once the
-command is over, exits at once (``exits.exit_now``), with the first one's code.
+Exit codes: 0 success; 1 build failure, verify mismatch, or an inspected folder whose rows
+are not what its manifest says; 2 usage error; 130 interrupted (Ctrl-C); 143 terminated
+(SIGTERM). The first Ctrl-C or SIGTERM stops the command, which unwinds (workers stopped,
+its temporary folder removed); a later one, or one once the command is over, exits at once
+(``exits.exit_now``), with the first one's code.
 """
 
 from __future__ import annotations
@@ -522,9 +523,10 @@ def _start_early(argv: list[str]) -> None:
     else the cores) on as many cores: with fewer, a build that then forks no worker would
     pay the server's imports. The server is told ``--tokenizer`` and ``--bpe``, to load
     that tokenizer meanwhile."""
-    if argv[:1] != ["build"] or {"-h", "--help"} & set(argv):
+    if argv[:1] != ["build"]:
         return
     early = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    early.add_argument("-h", "--help", action="store_true")  # (``--he`` too: the parser prints the help)
     early.add_argument("--workers", type=int)  # (read as the parser reads them, abbreviated or not)
     early.add_argument("--tokenizer")
     early.add_argument("--bpe")
@@ -533,6 +535,8 @@ def _start_early(argv: list[str]) -> None:
         given = early.parse_known_args(argv[1:])[0]
     except argparse.ArgumentError:
         return  # (the parser names the error)
+    if given.help:
+        return
     if not given.no_card:
         from .plots import start_early
 
@@ -570,6 +574,10 @@ def _command(argv: list[str], stop: _Stop, early: bool = False) -> int:
         return COMMANDS[args.command](args)
     finally:
         stop.over = True  # a signal from here on exits at once (``main`` catches what one raised up to here)
+        if early:
+            from .plots import discard_early
+
+            discard_early()  # (a command line or build that stopped before the build took it)
 
 
 COMMANDS = {

@@ -65,6 +65,16 @@ def start_early() -> None:
         _early = _spawn()
 
 
+def discard_early() -> None:
+    """End the drawing process ``start_early`` started, where no Plotter took it (the
+    command stopped before its build began)."""
+    global _early
+    process, _early = _early, None
+    if process is not None:
+        process.kill()
+        process.communicate()  # (its pipes closed, and it reaped)
+
+
 def _spawn() -> subprocess.Popen | None:
     """A drawing process (``Plotter``); ``None`` where this process cannot start one."""
     if not sys.executable or getattr(sys, "frozen", False):

@@ -1318,3 +1318,57 @@ def test_boundaries_are_the_segments_ends_and_hashed_as_documented(fixture_build
     schema = pq.read_schema(out / "train.parquet").field("metadata").type
     assert schema.field("cu_seqlens").type == pa.list_(pa.int32())
     assert pq.read_schema(plain / "train.parquet").field("metadata").type.get_field_index("cu_seqlens") == -1
+
+
+EARLY_DRAWING = """
+import json, sys
+from fixed_sft import cli, plots
+started, real = [], plots.start_early
+plots.start_early = lambda: real() or started.append(plots._early)
+try:
+    code = cli.main(ARGV, early=True)
+except SystemExit as stopped:  # (the parser's usage error)
+    code = stopped.code
+process = started[0] if started else None
+ended = process is None or process.poll() is not None
+print(json.dumps([code, len(started), plots._early is None, ended, "matplotlib" in sys.modules]))
+"""
+
+
+def _early_drawing(argv: list[str]) -> list:
+    """What the program's ``main`` does with the drawing process it starts early, in a
+    process of its own without matplotlib loaded."""
+    import subprocess
+
+    script = EARLY_DRAWING.replace("ARGV", repr(argv))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_a_build_draws_its_card_in_the_process_started_early(corpus, kimi_dir, tmp_path):
+    """The program's build takes the drawing process it started before its imports: the
+    card is drawn there (matplotlib never loaded here), as a build drawing here draws it."""
+    source = corpus[0] / "parquet"
+    argv = ["build", "--source", str(source), "--tokenizer", str(kimi_dir), "--rows", "3", "--row-tokens", "512"]
+    argv += ["--seed", "5", "--workers", "1", "--quiet", "--no-cache", "--out", str(tmp_path / "early")]
+    assert _early_drawing(argv) == [0, 1, True, True, False]
+    here = build(config(source, kimi_dir, rows=3, row_tokens=512, no_cache=True, no_card=False), tmp_path / "here")
+    early = json.loads((tmp_path / "early" / "manifest.json").read_text())
+    plots = {name: hashed for name, hashed in early["card"]["files"].items() if name.endswith(".png")}
+    assert plots and plots == {name: here["card"]["files"][name] for name in plots}
+    assert early["rows_sha256"] == here["rows_sha256"]
+
+
+@pytest.mark.parametrize(
+    "argv, started",
+    [
+        (["build", "--bogus"], 1),  # (the parser's usage error)
+        (["build", "--row-tokens", "0"], 1),  # (the build's own)
+        (["build", "--he"], 0),  # (help, abbreviated)
+    ],
+)
+def test_a_drawing_process_no_build_takes_ends_with_the_command(argv, started, tmp_path):
+    """A command line the build rejects, or a help, leaves no drawing process behind."""
+    code, count, cleared, ended, _ = _early_drawing([*argv, "--out", str(tmp_path / "out")])
+    assert code in (0, 2) and count == started and cleared and ended
