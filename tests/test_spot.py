@@ -658,6 +658,20 @@ def _segments(folder):
     return [row["segments"] for row in pq.read_table(folder / "train.parquet").column("metadata").to_pylist()]
 
 
+def _spot_forged(folder, source, kimi_dir, capsys, at: tuple[int, int], checked: int, **fields) -> str:
+    """Segment ``at`` (row, segment) forged with ``fields`` (every hash re-recorded), then a
+    spot check of row ``checked``, which fails: its output."""
+    row, segment = at
+
+    def change(rows):
+        rows[row]["metadata"]["segments"][segment].update(**fields)
+
+    _forge(folder, change)
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, str(checked)) == 1
+    return capsys.readouterr().out
+
+
 def test_a_segment_after_another_that_does_not_start_its_conversation_is_named(builds, kimi_dir, tmp_path, capsys):
     """A row's second segment moved one token on (the same length, so the segments still
     cover the row): a conversation after another in a row starts at its token 0."""
@@ -669,19 +683,12 @@ def test_a_segment_after_another_that_does_not_start_its_conversation_is_named(b
         if len(segments[k]) >= 2 and segments[k + 1][0]["source_index"] == segments[k][-1]["source_index"]
     )
     last = len(segments[k]) - 1
-    end = segments[k][last]["end"]
-
-    def change(rows):
-        rows[k]["metadata"]["segments"][last].update(start=1, end=end + 1)
-
-    _forge(folder, change)
-    capsys.readouterr()
-    assert _spot(folder, source, kimi_dir, str(k)) == 1
-    index = segments[k][last]["source_index"]
+    index, end = segments[k][last]["source_index"], segments[k][last]["end"]
+    out = _spot_forged(folder, source, kimi_dir, capsys, (k, last), k, start=1, end=end + 1)
     assert (
         f"  row {k}: differs (segment {last} (source row {index}, tokens 1 to {end + 1}): starts at 1, "
         "but a conversation after another in a row starts at 0)"
-    ) in capsys.readouterr().out
+    ) in out
 
 
 def test_a_segment_that_ends_before_its_conversation_with_another_after_it_is_named(builds, kimi_dir, tmp_path, capsys):
@@ -692,17 +699,11 @@ def test_a_segment_that_ends_before_its_conversation_with_another_after_it_is_na
     k = next(k for k in range(1, len(segments)) if len(segments[k]) >= 2 and segments[k][0]["start"] > 0)
     first = segments[k][0]
     index, start, end = first["source_index"], first["start"], first["end"]
-
-    def change(rows):
-        rows[k]["metadata"]["segments"][0].update(start=start - 1, end=end - 1)
-
-    _forge(folder, change)
-    capsys.readouterr()
-    assert _spot(folder, source, kimi_dir, str(k)) == 1
+    out = _spot_forged(folder, source, kimi_dir, capsys, (k, 0), k, start=start - 1, end=end - 1)
     assert (
         f"  row {k}: differs (segment 0 (source row {index}, tokens {start - 1} to {end - 1}): ends before its "
         f"unit's end ({end}), but another segment follows it)"
-    ) in capsys.readouterr().out
+    ) in out
 
 
 def test_a_row_beside_that_ends_past_its_conversation_is_named(builds, kimi_dir, tmp_path, capsys):
@@ -718,17 +719,11 @@ def test_a_row_beside_that_ends_past_its_conversation_is_named(builds, kimi_dir,
     )
     last = segments[k - 1][-1]
     index, start, end = last["source_index"], last["start"], last["end"]
-
-    def change(rows):
-        rows[k - 1]["metadata"]["segments"][-1].update(start=start + 1, end=end + 1)
-
-    _forge(folder, change)
-    capsys.readouterr()
-    assert _spot(folder, source, kimi_dir, str(k)) == 1
+    out = _spot_forged(folder, source, kimi_dir, capsys, (k - 1, -1), k, start=start + 1, end=end + 1)
     assert (
         f"  row {k}: differs (from row {k - 1}'s end, as the file holds it: row {k - 1} ends at token {end + 1} "
         f"of source row {index}, whose unit holds {end} tokens)"
-    ) in capsys.readouterr().out
+    ) in out
 
 
 def test_a_segment_of_an_earlier_conversation_after_a_later_one_is_named(builds, kimi_dir, tmp_path, capsys):
@@ -750,14 +745,7 @@ def test_a_segment_of_an_earlier_conversation_after_a_later_one_is_named(builds,
     _, row_id, _ = whole[earlier]
     later = segments[k][-2]["source_index"]
     last = len(segments[k]) - 1
-
-    def change(rows):
-        rows[k]["metadata"]["segments"][last].update(source_index=earlier, id=row_id)
-
-    _forge(folder, change)
-    capsys.readouterr()
-    assert _spot(folder, source, kimi_dir, str(k)) == 1
-    out = capsys.readouterr().out
+    out = _spot_forged(folder, source, kimi_dir, capsys, (k, last), k, source_index=earlier, id=row_id)
     assert re.search(
         rf"  row {k}: differs \(between segments {last - 1} and {last}: source row {earlier} \(packing position "
         rf"\d+\) comes before source row {later} \(position \d+\) in the packing order\)",
