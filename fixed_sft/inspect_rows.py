@@ -2,13 +2,13 @@
 
 The summary counts the rows, tokens, supervised tokens and conversations from the rows
 themselves, a row group at a time (``reader``), and says where a count is not the
-manifest's (``Summary.agrees``); the skipped rows, the source mix and the card are the manifest's. A row is
-decoded with the build's tokenizer, resolved as ``verify --rebuild`` resolves it (the
-recorded spec or repo, or ``--tokenizer FOLDER``; its files must be the recorded ones) but
-from the Hugging Face cache alone. Its supervised tokens are marked (in colour on a terminal,
-else between ``[[`` and ``]]``), and each segment starts with a line naming its source row and
-id. Control characters of the text are shown as escapes (``\\x1b``), so a row cannot drive
-the terminal; the HTML page escapes every text it shows.
+manifest's (``Summary.agrees``); the skipped rows, the source mix and the card are the
+manifest's. A row is decoded with the build's tokenizer, resolved as ``verify --rebuild``
+resolves it (the recorded spec or repo, or ``--tokenizer FOLDER``; its files must be the
+recorded ones) but from the Hugging Face cache alone. Its supervised tokens are marked (in
+colour on a terminal, else between ``[[`` and ``]]``), and each segment starts with a line
+naming its source row and id. Control characters of the text are shown as escapes
+(``\\x1b``), so a row cannot drive the terminal; the HTML page escapes every text it shows.
 """
 
 from __future__ import annotations
@@ -97,12 +97,13 @@ def summary(folder: Path) -> Summary:
     except (Refused, OSError, ValueError) as error:
         raise _unreadable(folder, error) from None
 
-    differ: list[str] = []
+    agrees = True
 
     def figure(value: int, recorded: int) -> str:
+        nonlocal agrees
         if value == recorded:
             return f"{value:,}"
-        differ.append(f"{recorded:,}")
+        agrees = False
         return f"{value:,} (the manifest says {recorded:,}: run verify)"
 
     ratio = supervised / tokens if tokens else 0.0
@@ -131,7 +132,7 @@ def summary(folder: Path) -> Summary:
             )
     card = manifest.card
     lines.append("card: none" if card is None else f"card: {', '.join(card.files)} (license {visible(card.license)})")
-    return Summary(lines, agrees=not differ)
+    return Summary(lines, agrees)
 
 
 @dataclass
