@@ -574,10 +574,9 @@ def _command(argv: list[str], stop: _Stop, early: bool = False) -> int:
         return COMMANDS[args.command](args)
     finally:
         stop.over = True  # a signal from here on exits at once (``main`` catches what one raised up to here)
-        if early:
-            from .plots import discard_early
-
-            discard_early()  # (a command line or build that stopped before the build took it)
+        plots = sys.modules.get("fixed_sft.plots") if early else None
+        if plots is not None:
+            plots.discard_early()  # (a command line or build that stopped before the build took it)
 
 
 COMMANDS = {
