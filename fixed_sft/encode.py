@@ -18,6 +18,7 @@ process is gone.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -425,6 +426,7 @@ def worker_encoder(config: EncoderConfig) -> Encoder | Exception:
 def _worker_setup(config: EncoderConfig) -> Encoder | Exception:
     """A worker's state: its encoder (``worker_encoder``), once its allocators are set as
     the build's process sets them, with BPE on one thread (the workers are the parallelism)."""
+    gc.freeze()  # (what it inherits: a full collection would make every page of it the worker's own copy, ~16 MB)
     pa.set_memory_pool(pa.system_memory_pool())  # as ``system_allocator`` in the build's process
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     map_large_allocations()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -146,19 +146,28 @@ def _prompts(count: int) -> pa.Array:
     return pa.ListArray.from_arrays(arrow.numbers(np.arange(count + 1), pa.int32()), structs)
 
 
-def write_part(path: Path, rows: list[Row], first: int, boundaries: bool) -> None:
+def write_part(path: Path, rows: Iterable[Row], first: int, boundaries: bool) -> int:
     """``rows`` (numbered from ``first``) as a Parquet file of row groups of
     ``rows_per_group`` rows (the last may hold fewer), written as ``RowWriter`` writes those
     row groups: ``fixed_sft.stitch`` joins such files into the file ``RowWriter`` would have
-    written, where only the last part ends with a shorter group."""
-    group = rows_per_group(len(rows[0].ids))
+    written, where only the last part ends with a shorter group. Only a row group's rows
+    are held at a time; the rows written are returned."""
     writer = parquet_writer(path, boundaries)
+    group: list[Row] = []
+    written = first
     with naming(path):
         try:
-            for start in range(0, len(rows), group):
-                writer.write_table(rows_table(rows[start : start + group], first + start, boundaries))
+            for row in rows:
+                group.append(row)
+                if len(group) == rows_per_group(len(row.ids)):
+                    writer.write_table(rows_table(group, written, boundaries))
+                    written, group = written + len(group), []
+            if group:
+                writer.write_table(rows_table(group, written, boundaries))
+                written += len(group)
         finally:
             writer.close()
+    return written - first
 
 
 class RowWriter:

@@ -81,6 +81,10 @@ class Stored(NamedTuple):
         used, local = np.unique(numbers, return_inverse=True)
         return cls(tuple(str(store.segments[n]) for n in used), local, store.slot[indices], indices)
 
+    def part(self, start: int, stop: int) -> Stored:
+        """Conversations ``start..stop`` (exclusive) of these."""
+        return Stored(self.paths, self.numbers[start:stop], self.slots[start:stop], self.indices[start:stop])
+
     def read(self) -> Iterator[tuple[int, Any]]:
         """``(source row, Encoded)`` of each conversation, one at a time; ``Unheld`` where
         one does not match its digest."""
@@ -235,33 +239,50 @@ class WriteTask(NamedTuple):
 
 def write(_: object, task: WriteTask) -> tuple[list[bytes], tuple[Fields, int]]:
     """Assemble, hash and write a part's row groups (module docstring, pass 2); its rows' digests,
-    and the part's footer (read here, in the worker: ``Stitcher.append`` needs it)."""
-    units = [(item.source_index, item.id, item.ids, item.mask) for item in task.units.read_all()]
-    rows, digests = [], []
-    for r in range(len(task.first)):
-        first, last = int(task.first[r]), int(task.last[r])
-        ids = np.empty(task.row_tokens, np.int32)
-        mask = np.empty(task.row_tokens, np.uint8)
-        segments, filled = [], 0
-        for unit in range(first, last + 1):
-            index, row_id, unit_ids, unit_mask = units[unit]
-            start = int(task.head[r]) if unit == first else 0
-            end = int(task.tail[r]) if unit == last else len(unit_ids) + 1
-            body = min(end, len(unit_ids))
-            ids[filled : filled + body - start] = unit_ids[start:body]
-            mask[filled : filled + body - start] = unit_mask[start:body]
-            if end > len(unit_ids):  # (its [EOS])
-                ids[filled + body - start] = task.eos_id
-                mask[filled + body - start] = 0
-            filled += end - start
-            segments.append(Segment(index, row_id, start, end))
-        row = Row(ids, mask, tuple(segments))
-        if filled != task.row_tokens or row.trainable != task.trainable[r]:
-            raise StoreChanged(f"row {task.first_row + r}: the token store's conversations differ from their index")
-        rows.append(row)
-        digests.append(row_digest(row.ids, row.mask, row.cu_seqlens if task.boundaries else None))
-    write_part(Path(task.part), rows, task.first_row, task.boundaries)
+    and the part's footer (read here, in the worker: ``Stitcher.append`` needs it). A row
+    group's conversations are read, and its rows assembled, as it is written
+    (``write_part``): a worker holds one row group's."""
+    digests: list[bytes] = []
+    group = rows_per_group(task.row_tokens)
+
+    def rows() -> Iterator[Row]:
+        for begin in range(0, len(task.first), group):
+            end = min(begin + group, len(task.first))
+            low = int(task.first[begin])  # (a conversation split between two groups is read for each)
+            units = task.units.part(low, int(task.last[end - 1]) + 1).read_all()
+            for r in range(begin, end):
+                row = _assembled(task, r, units, low)
+                digests.append(row_digest(row.ids, row.mask, row.cu_seqlens if task.boundaries else None))
+                yield row
+
+    write_part(Path(task.part), rows(), task.first_row, task.boundaries)
     return digests, footer(Path(task.part))
+
+
+def _assembled(task: WriteTask, r: int, units: list[Any], low: int) -> Row:
+    """Row ``r`` of ``task``, from ``units`` (its ``Encoded`` conversations from unit ``low`` on), each
+    followed by [EOS] (masked); ``StoreChanged`` where it is not the row the index cut."""
+    first, last = int(task.first[r]), int(task.last[r])
+    ids = np.empty(task.row_tokens, np.int32)
+    mask = np.empty(task.row_tokens, np.uint8)
+    segments, filled = [], 0
+    for unit in range(first, last + 1):
+        item = units[unit - low]
+        unit_ids, unit_mask = item.ids, item.mask
+        start = int(task.head[r]) if unit == first else 0
+        end = int(task.tail[r]) if unit == last else len(unit_ids) + 1
+        body = min(end, len(unit_ids))
+        ids[filled : filled + body - start] = unit_ids[start:body]
+        mask[filled : filled + body - start] = unit_mask[start:body]
+        if end > len(unit_ids):  # (its [EOS])
+            ids[filled + body - start] = task.eos_id
+            mask[filled + body - start] = 0
+        filled += end - start
+        segments.append(Segment(item.source_index, item.id, start, end))
+    row = Row(ids, mask, tuple(segments))
+    if filled != task.row_tokens or row.trainable != task.trainable[r]:
+        raise StoreChanged(f"row {task.first_row + r}: the token store's conversations differ from their index")
+    return row
 
 
 @dataclass

@@ -455,7 +455,8 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
 
 def test_parts_of_several_row_groups_join_into_the_bytes_of_one_writer(tmp_path, monkeypatch) -> None:
     """Where the rows are many, each write task writes a part of several row groups
-    (``groups_per_part``): the file is the one writer's, byte for byte, in its row groups."""
+    (``groups_per_part``): the file is the one writer's, byte for byte, in its row groups.
+    A task reads the conversations of one row group at a time, not its part's at once."""
     n = 60
     rng = np.random.default_rng(7)
     items = [
@@ -470,9 +471,11 @@ def test_parts_of_several_row_groups_join_into_the_bytes_of_one_writer(tmp_path,
     _, rows = _one_at_a_time(items, order, None, False, 0, shape, one)
     parts: list[int] = []
     real = fixed_sft.parallel.write_part
-    monkeypatch.setattr(
-        fixed_sft.parallel, "write_part", lambda path, rs, *a: parts.append(len(rs)) or real(path, rs, *a)
-    )
+    monkeypatch.setattr(fixed_sft.parallel, "write_part", lambda *a: parts.append(real(*a)) or parts[-1])
+    reads: list[int] = []
+    read_all = fixed_sft.parallel.Stored.read_all
+    counted = lambda self: reads.append(len(self.indices)) or read_all(self)  # noqa: E731
+    monkeypatch.setattr(fixed_sft.parallel.Stored, "read_all", counted)
     in_process = lambda fn, tasks: (fn(None, task) for task in tasks)  # noqa: E731
     blocks = fixed_sft.parallel.stored(store, order, np.ones(n, bool), None, shape[0], in_process, 1)
     (tmp_path / "packed").mkdir()
@@ -481,6 +484,8 @@ def test_parts_of_several_row_groups_join_into_the_bytes_of_one_writer(tmp_path,
     assert stop is None and packed.rows == rows > 60
     groups = fixed_sft.parallel.groups_per_part(rows, shape[0])
     assert groups > 1 and parts[:-1] == [5 * groups] * (len(parts) - 1) and sum(parts) == rows
+    assert len(reads) == -(-rows // 5)  # (a read per row group)
+    assert sum(reads) <= n + len(reads)  # (each conversation once, or twice where two groups split it)
     assert out.read_bytes() == one.read_bytes()
 
 
