@@ -151,7 +151,7 @@ def write_part(path: Path, rows: Iterable[Row], first: int, boundaries: bool) ->
     ``rows_per_group`` rows (the last may hold fewer), written as ``RowWriter`` writes those
     row groups: ``fixed_sft.stitch`` joins such files into the file ``RowWriter`` would have
     written, where only the last part ends with a shorter group. Only a row group's rows
-    are held at a time; the rows written are returned."""
+    are held at a time; returns how many rows it wrote."""
     writer = parquet_writer(path, boundaries)
     group: list[Row] = []
     written = first

@@ -254,6 +254,7 @@ def write(_: object, task: WriteTask) -> tuple[list[bytes], tuple[Fields, int]]:
                 row = _assembled(task, r, units, low)
                 digests.append(row_digest(row.ids, row.mask, row.cu_seqlens if task.boundaries else None))
                 yield row
+            del units  # (before the next group's are read)
 
     write_part(Path(task.part), rows(), task.first_row, task.boundaries)
     return digests, footer(Path(task.part))
