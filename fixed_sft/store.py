@@ -12,9 +12,9 @@ earlier builds encoded, and encodes only the rest.
 An entry holds segment files. Each is written whole by one build under a temporary name,
 then renamed: readers see complete files only, and builds sharing a store never write the
 same file. Each conversation in a segment carries a checksum of its record and bytes
-(``_digest``); one that does not match (a flipped byte, a truncated file) is never used: the build encodes it
-again and adds it anew, in a segment named to be read after every segment the build
-found (``SegmentWriter``), so the newer copy is the one found next time. A conversation
+(``_digest``); one that does not match (a flipped byte, a truncated file) is never used:
+the build encodes it again and adds it anew, in a segment named to be read after every
+segment the build found (``SegmentWriter``), so the newer copy is the one found next time. A conversation
 is stored as having passed the template check only where its build checked it. A sampled
 one (``encode.sampled``) stored without a passed check is given at once and also encoded
 again, which checks it; the check is settled before the build writes its manifest
