@@ -42,12 +42,9 @@ tool messages is 0.
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib
 import itertools
 import json
-import os
-import tempfile
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -57,6 +54,7 @@ import numpy as np
 
 from .conversation import InvalidRow
 from .encoding import RENDERER_MODULE, Message, MessageSchema, TemplateMismatch
+from .hashes import read_checked_json, write_checked_json
 from .tokenizer import FAST_BPE_OFF, TEMPLATE_KWARGS, KimiTokenizer
 from .tool_declarations import ModelCheck, ToolDeclarationError, declare, sort_keys, typescript_declarations
 
@@ -502,8 +500,7 @@ PROBES_VERSION = 1  # of the probes file's contents (``write_probes``)
 
 def write_probes(path: Path, layouts: dict[str, RoleLayout], cannot_write_out: str) -> None:
     """Keep the probes' outcome at ``path`` (its name is the sha256 of every input the probes
-    depend on: ``fixed_sft.store.probes_path``), with the sha256 of its contents; written
-    whole under a temporary name, then renamed. A file that cannot be written is left out."""
+    depend on: ``fixed_sft.store.probes_path``), checked by a sha256 (``write_checked_json``)."""
     body = {
         "version": PROBES_VERSION,
         "layouts": {
@@ -512,17 +509,7 @@ def write_probes(path: Path, layouts: dict[str, RoleLayout], cannot_write_out: s
         },
         "cannot_write_out": cannot_write_out,
     }
-    document = {"probes": body, "sha256": _digest(body)}
-    draft: Path | None = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".tmp-", delete=False) as f:
-            draft = Path(f.name)
-            json.dump(document, f)
-        os.replace(draft, path)
-    except OSError:
-        if draft is not None:
-            draft.unlink(missing_ok=True)
+    write_checked_json(path, body)
 
 
 def read_probes(path: Path) -> tuple[dict[str, RoleLayout], str] | None:
@@ -539,16 +526,15 @@ def read_probes(path: Path) -> tuple[dict[str, RoleLayout], str] | None:
     ...     layouts["assistant"].prefix.tolist(), read_probes(path)
     ([1, 2], None)
     """
+    body = read_checked_json(path)
     try:
-        document = json.loads(path.read_bytes())
-        body = document["probes"]
-        if document["sha256"] != _digest(body) or body["version"] != PROBES_VERSION:
+        if not isinstance(body, dict) or body["version"] != PROBES_VERSION:
             return None
         layouts = {role: _layout(kept) for role, kept in body["layouts"].items()}
         if sorted(layouts) != sorted(PLAIN_ROLES):
             return None
         return layouts, str(body["cannot_write_out"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -557,10 +543,6 @@ def _layout(kept: dict) -> RoleLayout:
     prefix, suffix = (np.array(kept[name], np.uint32) for name in ("prefix", "suffix"))
     prefix.flags.writeable = suffix.flags.writeable = False
     return RoleLayout(prefix, suffix, header=int(kept["header"]), body_mask=int(kept["mask"]))
-
-
-def _digest(body: dict) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def _probe_key(tokenizer: KimiTokenizer, template_kwargs: dict) -> tuple | None:

@@ -516,20 +516,30 @@ def main(argv: list[str] | None = None, early: bool = False) -> int:
             signal.signal(signum, handler)
 
 
+class _SilentParser(argparse.ArgumentParser):
+    """A parser that raises ``ArgumentError`` for every error (an ambiguous abbreviation
+    too), printing nothing: the build's parser names the error."""
+
+    def error(self, message: str) -> NoReturn:
+        raise argparse.ArgumentError(None, message)
+
+
 def _start_early(argv: list[str]) -> None:
     """Start, before the build's imports, the process that draws the card's plots
     (``plots.start_early``; not with ``--no-card``), and the workers' fork server
     (``fixed_sft.early``) for a build of at least ``EARLY_WORKERS`` workers (``--workers``,
     else the cores) on as many cores: with fewer, a build that then forks no worker would
-    pay the server's imports. The server is told ``--tokenizer`` and ``--bpe``, to load
-    that tokenizer meanwhile."""
+    pay the server's imports. The server is told ``--tokenizer``, ``--bpe``, ``--cache-dir``
+    and ``--no-cache``, to load that tokenizer meanwhile."""
     if argv[:1] != ["build"]:
         return
-    early = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    early = _SilentParser(add_help=False, exit_on_error=False)
     early.add_argument("-h", "--help", action="store_true")  # (``--he`` too: the parser prints the help)
     early.add_argument("--workers", type=int)  # (read as the parser reads them, abbreviated or not)
     early.add_argument("--tokenizer")
     early.add_argument("--bpe")
+    early.add_argument("--cache-dir")
+    early.add_argument("--no-cache", action="store_true")
     early.add_argument("--no-card", action="store_true")
     try:
         given = early.parse_known_args(argv[1:])[0]
@@ -547,7 +557,7 @@ def _start_early(argv: list[str]) -> None:
     if min(cores if given.workers is None else given.workers, cores) >= EARLY_WORKERS:
         from .early import start
 
-        start(given.tokenizer, given.bpe)
+        start(given.tokenizer, given.bpe, given.cache_dir, given.no_cache)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

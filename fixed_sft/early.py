@@ -23,17 +23,20 @@ from .engine import forkserver_context
 
 BUILDER_VARIABLE = "FIXED_SFT_PRELOAD_BUILDER"  # the pid of the build's process, which starts the fork server
 AWAIT_VARIABLE = "FIXED_SFT_PRELOAD_AWAIT"  # the file a fork server started early waits for (``give``)
-HINT_VARIABLE = "FIXED_SFT_PRELOAD_HINT"  # the tokenizer folder and BPE the command line names, as JSON
+HINT_VARIABLE = "FIXED_SFT_PRELOAD_HINT"  # the tokenizer folder, BPE, --cache-dir and --no-cache given, as JSON
 ENCODER_MODULE = "fixed_sft.encode"  # what such a server imports first
 WAIT_S = 0.005  # how often the server looks for its file
 
 _awaited: Path | None = None  # in the build's process: the file its early server waits for, until given
 
 
-def start(tokenizer: str | None = None, bpe: str | None = None) -> None:
+def start(
+    tokenizer: str | None = None, bpe: str | None = None, cache_dir: str | None = None, no_cache: bool = False
+) -> None:
     """Start the workers' fork server now, importing ``ENCODER_MODULE``, which then loads
     the Kimi tokenizer of the folder ``tokenizer`` with ``bpe`` (where it holds
-    ``tiktoken.model``) and waits for ``give`` (where a fork server runs already in this
+    ``tiktoken.model``; its parity checked as the store of ``cache_dir`` keeps it, unless
+    ``no_cache``) and waits for ``give`` (where a fork server runs already in this
     process, ``give`` is not read)."""
     global _awaited
     if _awaited is not None:
@@ -43,7 +46,7 @@ def start(tokenizer: str | None = None, bpe: str | None = None) -> None:
     _awaited = path  # (first: a signal as the server starts must not leave it waiting for nothing)
     environment = {AWAIT_VARIABLE: str(path), BUILDER_VARIABLE: str(os.getpid())}
     if tokenizer is not None and (Path(tokenizer) / "tiktoken.model").is_file():
-        environment[HINT_VARIABLE] = json.dumps([tokenizer, bpe])
+        environment[HINT_VARIABLE] = json.dumps([tokenizer, bpe, cache_dir, no_cache])
     forkserver_context([ENCODER_MODULE], environment)
 
 

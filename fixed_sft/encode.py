@@ -146,8 +146,9 @@ class EncoderConfig:
                 except (OSError, ValueError, SyntaxError) as error:
                     raise TokenizerError(f"the model's tool declarations cannot be checked: {error}") from None
             probes = Path(self.probes) if self.probes else None
+            kept = probes.parent if probes else None  # (the store's ``kept_folder``)
             encoder = ChatEncoder(
-                load_kimi(self.tokenizer_dir, self.bpe), self.loss_mask_type, self.template_kwargs, check, probes
+                load_kimi(self.tokenizer_dir, self.bpe, kept), self.loss_mask_type, self.template_kwargs, check, probes
             )
         self._check_unchanged()
         return encoder
@@ -378,11 +379,14 @@ def preload(
 def _guess(hint: str) -> None:
     """Load the Kimi tokenizer of the folder and BPE that ``hint`` names (``early.HINT_VARIABLE``),
     while the build resolves its encoder: ``load_kimi`` keeps it for those files, so the
-    encoder loads at once if the build names them. A guess that fails or misses costs
+    encoder loads at once if the build names them (its parity ids kept in the store's folder
+    that ``--cache-dir`` and ``--no-cache`` name). A guess that fails or misses costs
     only its time (the build's own error, if any, is the one said)."""
+    from .store import kept_folder
+
     try:
-        folder, bpe = json.loads(hint)
-        load_kimi(Path(folder), bpe)
+        folder, bpe, cache_dir, no_cache = json.loads(hint)
+        load_kimi(Path(folder), bpe, None if no_cache else kept_folder(cache_dir))
     except Exception:  # (a folder the build refuses, or never loads)
         pass
 

@@ -11,6 +11,9 @@ Both depend on the row content alone, not on how Parquet encodes it.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +44,46 @@ def sha256_file(path: Path) -> str:
     """Hex sha256 of a file's bytes."""
     with Path(path).open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_checked_json(path: Path, body: object) -> None:
+    """Keep ``body`` (JSON) at ``path`` with the sha256 of its canonical text (``read_checked_json``),
+    written whole under a temporary name, then renamed; a file that cannot be written is left out."""
+    document = {"body": body, "sha256": _json_digest(body)}
+    draft: Path | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".tmp-", delete=False) as f:
+            draft = Path(f.name)
+            json.dump(document, f)
+        os.replace(draft, path)
+    except OSError:
+        if draft is not None:
+            draft.unlink(missing_ok=True)
+
+
+def read_checked_json(path: Path) -> object:
+    """The body ``write_checked_json`` kept at ``path``; ``None`` where there is no such file,
+    or its body does not match its sha256.
+
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     path = Path(folder) / "kept.json"
+    ...     write_checked_json(path, {"ids": [1, 2]})
+    ...     kept = read_checked_json(path)
+    ...     _ = path.write_text(path.read_text().replace("2]", "3]"))
+    ...     kept, read_checked_json(path)
+    ({'ids': [1, 2]}, None)
+    """
+    try:
+        document = json.loads(path.read_bytes())
+        body = document["body"]
+        return body if document["sha256"] == _json_digest(body) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _json_digest(body: object) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 class AppendedHash:

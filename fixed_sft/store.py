@@ -66,7 +66,7 @@ ENCODING_MODULES = (
 )
 LIBRARIES = ("gigatoken", "jinja2", "tiktoken", "tokenizers", "transformers")
 CACHE_VARIABLE = "FIXED_SFT_CACHE"
-PROBES_FOLDER = "probes"  # in the store's folder: the Kimi probes' outcome per encoder (``probes_path``)
+PROBES_FOLDER = "probes"  # in the store's folder: what encoders learn once (``kept_folder``)
 MAGIC = b"FSFTTOK2"
 HEADER_BYTES = len(MAGIC) + 8  # the magic, then the number of records (uint64)
 # one record per conversation; ``tokens`` is -1 for an invalid one; ``flags`` bit 0: passed the
@@ -147,11 +147,18 @@ def store_key(source_sha256: list[str], encoder: EncoderConfig) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
+def kept_folder(root: str | Path | None) -> Path:
+    """The folder of the store ``root`` (``None`` or empty: ``default_dir()``) that keeps what
+    an encoder learns once: the Kimi probes' outcome (``probes_path``) and the reference's
+    ids of the parity texts (``fixed_sft.tokenizer.load_kimi``)."""
+    return Path(root or default_dir()) / PROBES_FOLDER
+
+
 def probes_path(root: Path, encoder: EncoderConfig) -> Path:
     """Where the Kimi probes' outcome for ``encoder`` is kept in the store ``root``
     (``fixed_sft.chat.read_probes``): named by the sha256 of what a key holds beside the source."""
     name = hashlib.sha256(json.dumps(_encoder_inputs(encoder), sort_keys=True).encode()).hexdigest()
-    return root / PROBES_FOLDER / f"{name}.json"
+    return kept_folder(root) / f"{name}.json"
 
 
 def _encoder_inputs(encoder: EncoderConfig) -> dict:

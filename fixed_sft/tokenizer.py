@@ -18,13 +18,16 @@ The BPE of rule 3 (``BPES``): tiktoken, the reference, or gigatoken, a faster ex
 BPE over the same ranks, pattern (its ``kimi`` pretokenizer) and special tokens, used
 behind a parity check. gigatoken finds every special-token string, as tiktoken does
 with all of them allowed, and refuses a text with a surrogate, which is mended first
-as tiktoken's ``encode`` mends it. A tokenizer with gigatoken keeps a tiktoken twin
+as tiktoken's ``encode`` mends it. A tokenizer with gigatoken has a tiktoken twin
 (``reference``) and refuses to load unless both give the same ids on
-``PARITY_TEXTS``; the chat encoder's probes and the build's sampled template check
-compare its ids with the reference's as well. gigatoken keeps every pretoken it has
-seen in a cache, which grows with the distinct words of the source: once this process's
-resident memory has grown by ``FAST_BPE_CACHE_BYTES`` since it loaded, a fresh gigatoken
-of the same file (checked by its sha256, and on ``PARITY_TEXTS`` again) replaces it.
+``PARITY_TEXTS``: the twin's ids, or those kept in the token store's folder for the same
+files and tiktoken version, checked by their sha256 (then the twin, whose ranks and
+encoding take 0.25 s and 60 MB, is made only when asked for). The chat encoder's probes
+and the build's sampled template check compare its ids with the reference's as well.
+gigatoken keeps every pretoken it has seen in a cache, which grows with the distinct
+words of the source: once this process's resident memory has grown by
+``FAST_BPE_CACHE_BYTES`` since it loaded, a fresh gigatoken of the same file (checked by
+its sha256, and on ``PARITY_TEXTS`` again) replaces it.
 
 ``load_kimi`` gives the tokenizer of a folder once per process for the same files: it is
 keyed by the folder's path and the sha256 of each of ``FILES``, hashed anew at each call,
@@ -37,9 +40,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import importlib.metadata
 import importlib.util
 import itertools
+import json
 import os
 import re
 import threading
@@ -53,7 +58,7 @@ import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
 from .fields import read_json_object
-from .hashes import sha256_file
+from .hashes import read_checked_json, sha256_file, write_checked_json
 
 PATTERN = "|".join(
     [
@@ -94,6 +99,7 @@ PARITY_TEXTS = (
 )
 FAST_BPE_CACHE_BYTES = 128 << 20  # resident memory a gigatoken's pretoken cache may add before it is renewed
 FAST_BPE_CHECK_CHARS = 4 << 20  # characters gigatoken encodes between two looks at the resident memory
+PARITY_VERSION = 1  # of the kept parity file (``_parity_path``)
 LOADED_TOKENIZERS = 4  # the tokenizers (folder, files and BPE) ``load_kimi`` keeps loaded
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
@@ -204,6 +210,26 @@ def _encoding(name: str, sha256: str, ranks: dict[bytes, int], specials: dict[st
     return _kept(key, lambda: tiktoken.Encoding(name, pat_str=PATTERN, mergeable_ranks=ranks, special_tokens=specials))
 
 
+def _parity_path(kept: Path, model_sha256: str, named: dict[int, str]) -> Path:
+    """Where the reference's ids of ``PARITY_TEXTS`` are kept in the folder ``kept``: named by
+    the sha256 of all they depend on (the BPE file's bytes, the added tokens, the rules and
+    tiktoken's version)."""
+    inputs = [PARITY_VERSION, tiktoken.__version__, model_sha256, sorted(named.items()), PATTERN, PARITY_TEXTS]
+    return kept / f"parity-{hashlib.sha256(json.dumps(inputs).encode()).hexdigest()}.json"
+
+
+def _read_parity(path: Path) -> tuple[int, list[np.ndarray]] | None:
+    """The rank count and reference ids kept at ``path`` (``KimiTokenizer._check_parity``);
+    ``None`` where there are none, or they are damaged."""
+    body = read_checked_json(path)
+    try:
+        if not isinstance(body, dict) or len(body["ids"]) != len(PARITY_TEXTS):
+            return None
+        return int(body["ranks"]), [np.array(ids, np.uint32) for ids in body["ids"]]
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+
+
 def _overlap(names: Iterable[str]) -> tuple[str, str] | None:
     """Two names one of which holds the other, or whose ends overlap (a proper suffix
     of one is a proper prefix of the other; both may be the same name, as ``<|x<|``);
@@ -284,7 +310,7 @@ class KimiTokenizer:
     default ``default_bpe()``) encodes the parts of rule 3; ``reference`` is the same
     tokenizer with tiktoken (itself, when ``bpe`` is tiktoken)."""
 
-    def __init__(self, directory: str | Path, bpe: str | None = None):
+    def __init__(self, directory: str | Path, bpe: str | None = None, kept: Path | None = None):
         self.directory = Path(directory)
         self.bpe = bpe or default_bpe()
         if self.bpe not in BPES:
@@ -293,14 +319,16 @@ class KimiTokenizer:
         try:
             # tiktoken caches a file's contents by its path: the hash makes it re-read a changed file
             self._model_sha256 = sha256_file(model)
-            ranks = _ranks(model, self._model_sha256)
-        except Exception as error:  # a damaged file fails in base64, int or split
-            raise TokenizerError(f"{model}: not a tiktoken BPE file ({type(error).__name__}: {error})") from None
+        except OSError as error:
+            raise TokenizerError(f"{model}: cannot read it ({error})") from None
         config = _config(self.directory)
         named = _named(config)
-        first = len(ranks)
+        self._parity_file = _parity_path(kept, self._model_sha256, named) if kept and self.bpe == "gigatoken" else None
+        parity = _read_parity(self._parity_file) if self._parity_file else None
+        self._parity_ids = None if parity is None else parity[1]
+        self._first = len(self._load_ranks()) if parity is None else parity[0]
+        first = self._first
         specials = {named.get(i, f"<|reserved_token_{i}|>"): i for i in range(first, first + NUM_SPECIAL)}
-        self.encoding = _encoding(f"kimi:{self.directory.name}", self._model_sha256, ranks, specials)
         self.added: dict[str, int] = {text: i for i, text in named.items()}
         if not all(first <= i < first + NUM_SPECIAL for i in named):
             raise TokenizerError(f"{self.directory}: an added token's id is outside {first}..{first + NUM_SPECIAL - 1}")
@@ -320,18 +348,49 @@ class KimiTokenizer:
         self._fast_chars = self._fast_base = 0  # characters since the last look at memory; memory once loaded
         self.fast_loads = 0  # how many times the fast BPE has been loaded (renewed, after the first)
         self._specials = specials
-        self.reference: KimiTokenizer = self
-        if self.bpe == "gigatoken":
-            self.reference = copy.copy(self)  # (sharing the ranks, the names and the template)
-            self.reference.bpe, self.reference.reference = "tiktoken", self.reference
+        self._encoding: tiktoken.Encoding | None = None
+        self._reference: KimiTokenizer | None = None
+        if self.bpe == "tiktoken":
+            self._reference = self
+            self.encoding  # noqa: B018 (made now: a file tiktoken cannot read fails as it loads)
+        else:
             self._load_fast()
+
+    def _load_ranks(self) -> dict[bytes, int]:
+        model = self.directory / "tiktoken.model"
+        try:
+            return _ranks(model, self._model_sha256)
+        except Exception as error:  # a damaged file fails in base64, int or split
+            raise TokenizerError(f"{model}: not a tiktoken BPE file ({type(error).__name__}: {error})") from None
+
+    @property
+    def encoding(self) -> tiktoken.Encoding:
+        """tiktoken's ``Encoding`` of these files, made when first asked for (once per process
+        for the same bytes): a gigatoken tokenizer whose parity is kept never makes it unless asked."""
+        if self._encoding is None:
+            ranks = self._load_ranks()
+            if len(ranks) != self._first:
+                model = self.directory / "tiktoken.model"
+                raise TokenizerError(f"{model}: holds {len(ranks)} ranks, not the {self._first} kept")
+            self._encoding = _encoding(f"kimi:{self.directory.name}", self._model_sha256, ranks, self._specials)
+        return self._encoding
+
+    @property
+    def reference(self) -> KimiTokenizer:
+        """The same tokenizer with tiktoken: this one, or its twin (made when first asked for,
+        sharing the names and the template)."""
+        if self._reference is None:
+            twin = copy.copy(self)
+            twin.bpe, twin._fast, twin._reference = "tiktoken", None, twin
+            self._reference = twin
+        return self._reference
 
     def _fast_twin(self) -> KimiTokenizer:
         """This tiktoken tokenizer's gigatoken twin, sharing its ranks, names and template
         (and this one as its ``reference``), checked on ``PARITY_TEXTS``."""
         assert self.reference is self, "a twin of the reference"
         fast = copy.copy(self)
-        fast.bpe, fast.reference = "gigatoken", self
+        fast.bpe, fast._reference = "gigatoken", self
         fast._load_fast()
         return fast
 
@@ -361,12 +420,18 @@ class KimiTokenizer:
         self._load_fast()
 
     def _check_parity(self) -> None:
-        """Raise ``TokenizerError`` unless the fast BPE gives the reference's ids on ``PARITY_TEXTS``."""
-        for text in PARITY_TEXTS:
-            if not np.array_equal(self.encode_to_numpy(text), self.reference.encode_to_numpy(text)):
+        """Raise ``TokenizerError`` unless the fast BPE gives the reference's ids on
+        ``PARITY_TEXTS``: those kept for these files (``load_kimi``'s ``kept``), else
+        tiktoken's, which are then kept there."""
+        expected = self._parity_ids or [self.reference.encode_to_numpy(text) for text in PARITY_TEXTS]
+        for text, ids in zip(PARITY_TEXTS, expected, strict=True):
+            if not np.array_equal(self.encode_to_numpy(text), ids):
                 raise TokenizerError(
                     f"{self.directory}: gigatoken's ids differ from tiktoken's on {text[:40]!r}; {FAST_BPE_OFF}"
                 )
+        if self._parity_ids is None and self._parity_file is not None:
+            write_checked_json(self._parity_file, {"ranks": self._first, "ids": [ids.tolist() for ids in expected]})
+        self._parity_ids = expected
 
     def differs_from_reference(self, text: str) -> bool:
         """Whether the ids of ``text`` differ from the reference's (never, for tiktoken),
@@ -462,22 +527,25 @@ def _identity(directory: Path) -> tuple:
     return (str(directory), os.path.abspath(directory), *digests)
 
 
-def load_kimi(directory: str | Path, bpe: str | None = None) -> KimiTokenizer:
-    """``KimiTokenizer(directory, bpe)``, loaded once per process for the same files (module
+def load_kimi(directory: str | Path, bpe: str | None = None, kept: Path | None = None) -> KimiTokenizer:
+    """``KimiTokenizer(directory, bpe, kept)``, loaded once per process for the same files (module
     docstring) and shared by its callers: a gigatoken tokenizer's ``reference`` is the one
     given for tiktoken, and a gigatoken tokenizer of files loaded with tiktoken shares their
-    ranks. One loaded while its files changed is not kept."""
+    ranks. One loaded while its files changed is not kept. ``kept``: a folder where the
+    reference's ids of ``PARITY_TEXTS`` are kept, so that gigatoken is checked against
+    them without loading tiktoken's ranks (made only where a caller asks for the reference)."""
     directory, bpe = Path(directory), bpe or default_bpe()
     with _loading:
         identity = _identity(directory)
         found = _loaded.get((identity, bpe))
         if found is None:
             reference = _loaded.get((identity, "tiktoken")) if bpe == "gigatoken" else None
-            found = reference._fast_twin() if reference is not None else KimiTokenizer(directory, bpe)
+            found = reference._fast_twin() if reference is not None else KimiTokenizer(directory, bpe, kept)
             if _identity(directory) != identity or found._model_sha256 != identity[2]:
                 return found  # (read while a file changed: for this caller alone)
             _loaded[identity, bpe] = found
-            _loaded[identity, "tiktoken"] = found.reference
+            if found._reference is not None:
+                _loaded[identity, "tiktoken"] = found._reference
         _loaded.move_to_end((identity, bpe))
         while len(_loaded) > LOADED_TOKENIZERS:
             _loaded.popitem(last=False)

@@ -170,3 +170,64 @@ def test_a_tiktoken_model_changed_under_a_build_stops_gigatokens_renewal(kimi_di
     model.write_bytes(model.read_bytes() + b"\n")
     with pytest.raises(TokenizerError, match=r"tiktoken.model changed since it was loaded; run the build again$"):
         tokenizer.encode_to_numpy("x" * 2000)
+
+
+def _kept_parity(folder):
+    [path] = folder.glob("parity-*.json")
+    return path
+
+
+def test_parity_kept_in_a_folder_spares_tiktokens_ranks_until_asked_for(kimi_dir, tmp_path):
+    """A gigatoken tokenizer checks its parity against the ids kept for the same files: it then
+    makes no tiktoken ranks or encoding until the reference is asked for, and encodes the same."""
+    first = KimiTokenizer(kimi_dir, "gigatoken", tmp_path)  # (tiktoken's ids, kept once checked)
+    assert first._reference is not None and _kept_parity(tmp_path)
+    kept = KimiTokenizer(kimi_dir, "gigatoken", tmp_path)
+    assert kept._encoding is None and kept._reference is None
+    text = PARITY_TEXTS[2] + " <|im_end|> " + PARITY_TEXTS[-1]
+    assert np.array_equal(kept.encode_to_numpy(text), first.encode_to_numpy(text))
+    assert kept.eos_id == first.eos_id and kept._specials == first._specials
+    assert np.array_equal(kept.reference.encode_to_numpy(text), first.reference.encode_to_numpy(text))
+    assert kept.reference.bpe == "tiktoken" and kept.vocab_size == first.vocab_size
+
+
+def test_kept_parity_ids_are_checked_never_trusted(kimi_dir, tmp_path):
+    """Kept ids whose sha256 does not match are ignored (tiktoken checks again, and keeps them
+    anew); kept ids that gigatoken does not give, or a wrong rank count, sha256 and all,
+    refuse the tokenizer."""
+    from fixed_sft.hashes import read_checked_json, write_checked_json
+
+    KimiTokenizer(kimi_dir, "gigatoken", tmp_path)
+    path = _kept_parity(tmp_path)
+    body = read_checked_json(path)
+    path.write_text(path.read_text().replace(f'"ranks": {body["ranks"]}', f'"ranks": {body["ranks"] + 1}'))
+    damaged = KimiTokenizer(kimi_dir, "gigatoken", tmp_path)
+    assert damaged._reference is not None and read_checked_json(path) == body
+
+    wrong = {**body, "ids": [ids if i != 1 else [*ids[:-1], ids[-1] + 1] for i, ids in enumerate(body["ids"])]}
+    write_checked_json(path, wrong)
+    with pytest.raises(TokenizerError, match=r"gigatoken's ids differ from tiktoken's on .Hello, World"):
+        KimiTokenizer(kimi_dir, "gigatoken", tmp_path)
+    write_checked_json(path, {**body, "ranks": body["ranks"] - 1})  # (specials one id early)
+    with pytest.raises(TokenizerError, match="an added token's id is outside"):
+        KimiTokenizer(kimi_dir, "gigatoken", tmp_path)
+
+
+def test_kept_parity_is_keyed_by_the_files_and_tiktokens_version(kimi_dir, tmp_path, monkeypatch):
+    import shutil
+
+    import tiktoken
+
+    from fixed_sft import tokenizer as module
+
+    folder = tmp_path / "tok"
+    shutil.copytree(kimi_dir, folder)
+    kept = tmp_path / "kept"
+    KimiTokenizer(folder, "gigatoken", kept)
+    config = folder / "tokenizer_config.json"
+    config.write_text(config.read_text().replace('"[EOS]"', '"[END]"'))
+    KimiTokenizer(folder, "gigatoken", kept)
+    monkeypatch.setattr(tiktoken, "__version__", "0.0.0")
+    KimiTokenizer(folder, "gigatoken", kept)
+    assert len(list(kept.glob("parity-*.json"))) == 3
+    assert module._parity_path(kept, "x", {}) != module._parity_path(kept, "y", {})

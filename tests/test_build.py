@@ -751,7 +751,7 @@ def test_the_early_fork_server_loads_the_tokenizer_it_is_told_of_while_it_waits(
         return loaded
 
     monkeypatch.setattr(encode, "load_kimi", load_kimi)
-    hint = json.dumps([str(kimi_dir if named else tmp_path), None])
+    hint = json.dumps([str(kimi_dir if named else tmp_path), None, str(tmp_path / "store"), False])
     timer = threading.Timer(1.0, lambda: None if loading or first else give())  # (without a guess: no hang)
     timer.start()
     try:
@@ -818,7 +818,7 @@ def test_the_fork_server_starts_early_for_builds_of_many_workers(argv, cores, st
     from fixed_sft import cli, early, engine, plots
 
     calls: list[int] = []
-    monkeypatch.setattr(early, "start", lambda tokenizer, bpe: calls.append(1))
+    monkeypatch.setattr(early, "start", lambda *hint: calls.append(1))
     monkeypatch.setattr(plots, "start_early", lambda: None)
     monkeypatch.setattr(engine, "usable_cores", lambda: cores)
     cli._start_early(argv)
@@ -844,7 +844,7 @@ def test_the_drawing_process_starts_early_for_builds_with_a_card(argv, started, 
 
     calls: list[int] = []
     monkeypatch.setattr(plots, "start_early", lambda: calls.append(1))
-    monkeypatch.setattr(early, "start", lambda tokenizer, bpe: None)
+    monkeypatch.setattr(early, "start", lambda *hint: None)
     monkeypatch.setattr(engine, "usable_cores", lambda: 2)
     cli._start_early(argv)
     assert calls == ([1] if started else [])
@@ -853,21 +853,22 @@ def test_the_drawing_process_starts_early_for_builds_with_a_card(argv, started, 
 @pytest.mark.parametrize(
     "argv, told",
     [
-        (["--workers", "8"], (None, None)),
-        (["--tokenizer", "KIMI", "--bpe", "tiktoken"], ("KIMI", "tiktoken")),
-        (["--tok", "KIMI"], ("KIMI", None)),
-        (["--tokenizer", "ELSEWHERE"], ("ELSEWHERE", None)),
+        (["--workers", "8"], (None, None, None, False)),
+        (["--tokenizer", "KIMI", "--bpe", "tiktoken"], ("KIMI", "tiktoken", None, False)),
+        (["--tok", "KIMI", "--cache-dir", "STORE"], ("KIMI", None, "STORE", False)),
+        (["--tokenizer", "KIMI", "--no-cache"], ("KIMI", None, None, True)),
+        (["--tokenizer", "ELSEWHERE"], ("ELSEWHERE", None, None, False)),
     ],
 )
 def test_the_early_fork_server_is_told_the_tokenizer_folder(argv, told, kimi_dir, tmp_path, monkeypatch) -> None:
-    """The early start passes ``--tokenizer`` and ``--bpe`` on; the server is told of a
-    folder only where it holds ``tiktoken.model`` (a spec name, a Hub id or a Hugging Face
-    folder is left to the build)."""
+    """The early start passes ``--tokenizer``, ``--bpe``, ``--cache-dir`` and ``--no-cache``
+    on; the server is told of a folder only where it holds ``tiktoken.model`` (a spec name,
+    a Hub id or a Hugging Face folder is left to the build)."""
     from fixed_sft import cli, early, engine, plots
 
-    names = {"KIMI": str(kimi_dir), "ELSEWHERE": str(tmp_path)}
+    names = {"KIMI": str(kimi_dir), "ELSEWHERE": str(tmp_path), "STORE": str(tmp_path / "store")}
     argv = [names.get(arg, arg) for arg in argv]
-    told = tuple(names.get(arg, arg) if arg else arg for arg in told)
+    told = tuple(names.get(arg, arg) if isinstance(arg, str) else arg for arg in told)
     calls: list[tuple] = []
     start = early.start
     monkeypatch.setattr(early, "start", lambda *given: calls.append(given))

@@ -392,11 +392,12 @@ def test_a_probes_file_that_cannot_be_written_is_left_out(tokenizer, tmp_path, m
     """Where the probes' file cannot be written (a full disk), the encoder probes as usual and
     leaves no temporary file behind."""
     import fixed_sft.chat as chat
+    import fixed_sft.hashes as hashes
 
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(chat.os, "replace", full)
+    monkeypatch.setattr(hashes.os, "replace", full)
     monkeypatch.setattr(chat, "_probed", chat.weakref.WeakKeyDictionary())
     folder = tmp_path / "probes"
     ChatEncoder(tokenizer, probes=folder / "kept.json")
