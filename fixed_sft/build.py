@@ -33,7 +33,7 @@ from .encode import IN_FLIGHT_BYTES, Chunk, Encoded, EncoderConfig, Encoders, en
 from .encoding import Encoder, TemplateMismatch
 from .engine import usable_cores
 from .errors import BuildError, UsageError
-from .fill import CheckTask, FreshTask, check_apart, fill, fill_tasks, fresh, import_renderer
+from .fill import CheckTask, FreshTask, check_apart, fill, fill_tasks, fresh, ready_to_check
 from .folder import transaction
 from .hashes import row_digest, rows_digest, sha256_file
 from .hf_chat import MASK_TYPES as HF_MASK_TYPES
@@ -644,8 +644,8 @@ class _Encoding:
         checkers = self.stack.enter_context(
             Encoders(self.config, max(2, self.workers // CHECKED_BY), self.check_every, renderer=False)
         )
-        for _ in range(checkers.workers):  # (each imports the renderer now, while the first rows are read)
-            checkers.submit(import_renderer, None)
+        for _ in range(checkers.workers):  # (each readies itself now, while the first rows are read)
+            checkers.submit(ready_to_check, None)
         return checkers
 
     def encode(self, chunks: Iterator[pa.Table], wanted: Callable[[], float]) -> Generator[Encoded, None, None]:

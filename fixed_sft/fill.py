@@ -43,6 +43,7 @@ from .parallel import Block, Indexed
 from .records import records
 from .source import Source
 from .store import SegmentWriter
+from .tokenizer import KimiTokenizer
 
 
 class FillTask(NamedTuple):
@@ -143,9 +144,13 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
     return Filled(conversations, writer.writable, apart, apart_bytes, index)
 
 
-def import_renderer(encoder: Encoder, _: None) -> None:
-    """Import the template renderer, which ``check_apart`` renders with."""
+def ready_to_check(encoder: Encoder, _: None) -> None:
+    """Import the template renderer and make the Kimi tokenizer's tiktoken twin (made only
+    when asked for: ``KimiTokenizer.reference``), which ``check_apart`` renders and encodes with."""
     importlib.import_module(RENDERER_MODULE)
+    tokenizer = getattr(encoder, "tokenizer", None)
+    if isinstance(tokenizer, KimiTokenizer):
+        tokenizer.reference.encoding  # noqa: B018
 
 
 def check_apart(encoder: Encoder, task: CheckTask) -> Filled:

@@ -231,3 +231,17 @@ def test_kept_parity_is_keyed_by_the_files_and_tiktokens_version(kimi_dir, tmp_p
     KimiTokenizer(folder, "gigatoken", kept)
     assert len(list(kept.glob("parity-*.json"))) == 3
     assert module._parity_path(kept, "x", {}) != module._parity_path(kept, "y", {})
+
+
+def test_a_checker_readies_the_reference_before_its_first_check(kimi_dir, tmp_path):
+    """A checker's warm-up makes the tiktoken twin that its checks encode with, while the
+    fill's first rows are read (a tokenizer whose parity is kept makes it only when asked)."""
+    from types import SimpleNamespace
+
+    from fixed_sft.fill import ready_to_check
+
+    KimiTokenizer(kimi_dir, "gigatoken", tmp_path)
+    kept = KimiTokenizer(kimi_dir, "gigatoken", tmp_path)
+    assert kept._reference is None
+    ready_to_check(SimpleNamespace(tokenizer=kept), None)  # type: ignore[arg-type]
+    assert kept._reference is not None and kept._reference._encoding is not None
