@@ -686,8 +686,7 @@ def _write(
         for number, (written, found) in enumerate(results):
             part = parts / f"{number:08d}.parquet"
             with naming(out):
-                stitcher.append(part, found)
-            part.unlink()
+                stitcher.append(part, found)  # (which removes the part once copied)
             digests.extend(written)
             progress(len(written))
         with naming(out):

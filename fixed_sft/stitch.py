@@ -16,7 +16,6 @@ import errno
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
 
 from . import thrift
 from .hashes import AppendedHash
@@ -30,6 +29,7 @@ MAGIC = b"PAR1"
 CHUNK_OFFSETS = {2, 4, 6}
 COLUMN_OFFSETS = {9, 10, 11, 14}
 MAX_FOOTER = 64 << 20
+COPIERS = 4  # threads that copy parts into the joined file at once
 COPY_UNSUPPORTED = {errno.ENOSYS, errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF}
 
 
@@ -86,35 +86,49 @@ def _row_group(fields: Fields, delta: int, ordinal: int) -> Fields:
     return moved
 
 
-def _copy(source: BinaryIO, target: BinaryIO, size: int) -> None:
-    """Copy ``size`` bytes from ``source``'s position to ``target``'s: in the kernel where
-    the file system can, else through this process."""
-    try:
+def _copy_part(part: Path, target: int, offset: int, size: int) -> None:
+    """Copy ``size`` bytes of ``part`` from after its magic to byte ``offset`` of the open file
+    ``target`` (in the kernel where the file system can, else through this process), then
+    remove the part."""
+    with part.open("rb") as f:
+        source, position = f.fileno(), len(MAGIC)
+        try:
+            while size > 0:
+                copied = os.copy_file_range(source, target, size, position, offset)
+                if copied == 0:
+                    break
+                size, position, offset = size - copied, position + copied, offset + copied
+        except (AttributeError, OSError) as error:  # (no copy_file_range, or not between these files)
+            if isinstance(error, OSError) and error.errno not in COPY_UNSUPPORTED:
+                raise
         while size > 0:
-            copied = os.copy_file_range(source.fileno(), target.fileno(), size)
-            if copied == 0:
-                break
-            size -= copied
-    except (AttributeError, OSError) as error:  # (no copy_file_range, or not between these files)
-        if isinstance(error, OSError) and error.errno not in COPY_UNSUPPORTED:
-            raise
-    while size > 0:
-        data = source.read(min(size, 1 << 20))
-        if not data:
-            raise ValueError(f"{source.name}: ended early")
-        target.write(data)
-        size -= len(data)
+            data = os.pread(source, min(size, 1 << 20), position)
+            if not data:
+                raise ValueError(f"{part}: ended early")
+            view = memoryview(data)
+            while view:
+                written = os.pwrite(target, view, offset)
+                view, offset = view[written:], offset + written
+            size, position = size - len(data), position + len(data)
+    part.unlink()
 
 
 class Stitcher:
-    """Appends Parquet parts to ``path`` in order (``append``); ``close`` writes the footer."""
+    """Appends Parquet parts to ``path`` in order (``append``); ``close`` writes the footer.
+    Each part's column chunks land where the last part's end: ``COPIERS`` threads copy
+    parts at once (the kernel copies, without the GIL), each removing its part once
+    copied, and one thread hashes the file behind them, in order."""
 
     def __init__(self, path: Path):
         self.path = path
         self._file = path.open("wb")
         self._file.write(MAGIC)
-        self._hash = AppendedHash(path)  # (each part hashed once appended, in a thread of its own)
+        self._file.flush()
+        self._end = len(MAGIC)  # where the next part's column chunks land
+        self._hash = AppendedHash(path)
+        self._copying = ThreadPoolExecutor(COPIERS, thread_name_prefix="stitch-copy")
         self._hashing = ThreadPoolExecutor(1, thread_name_prefix="stitch-hash")
+        self._copied: list[Future] = []
         self._hashed: list[Future] = []
         self.sha256: str | None = None  # the file's, once closed
         self._first: Fields | None = None
@@ -122,31 +136,40 @@ class Stitcher:
         self._rows = 0
 
     def append(self, part: Path, found: tuple[Fields, int] | None = None) -> None:
-        """Copy ``part``'s column chunks to the end of the file and keep its row groups;
-        ``found``: its ``footer``, where the process that wrote it has read it already."""
+        """Have ``part``'s column chunks copied to the end of the file, and the part then
+        removed; keep its row groups. ``found``: its ``footer``, where the process that
+        wrote it has read it already."""
         meta, start = footer(part) if found is None else found
-        delta = self._file.tell() - len(MAGIC)
+        delta = self._end - len(MAGIC)
         for group in thrift.get(meta, 4, (thrift.STRUCT, []))[1]:
             # (written now, while the workers write the next parts, rather than in ``close``)
             self._groups.append(thrift.Written(thrift.write_struct(_row_group(group, delta, len(self._groups)))))
         self._rows += thrift.get(meta, 3, 0)
         self._first = self._first or meta
-        self._file.flush()
-        with part.open("rb") as f:
-            f.seek(len(MAGIC))
-            _copy(f, self._file, start - len(MAGIC))
-        self._file.flush()
-        end = self._file.seek(0, os.SEEK_END)
-        self._hashed.append(self._hashing.submit(self._hash.update, end))
+        size = start - len(MAGIC)
+        copied = self._copying.submit(_copy_part, part, self._file.fileno(), self._end, size)
+        self._end += size
+        self._copied.append(copied)
+        self._hashed.append(self._hashing.submit(self._hash_after, copied, self._end))
+
+    def _hash_after(self, copied: Future, end: int) -> None:
+        """Hash the file up to ``end`` once the part that ends there is copied (those
+        before it are: their hashes came first)."""
+        copied.result()
+        self._hash.update(end)
 
     def close(self) -> None:
         """Write the joined footer, and flush the file to disk (at least one part was appended)."""
         assert self._first is not None
+        self._copying.shutdown()
+        for copied in self._copied:
+            copied.result()  # (an error copying a part)
         meta = [
             (field, kind, self._rows if field == 3 else (thrift.STRUCT, self._groups) if field == 4 else value)
             for field, kind, value in self._first
         ]
         data = thrift.write_struct(meta)
+        self._file.seek(self._end)
         self._file.write(data + len(data).to_bytes(4, "little") + MAGIC)
         self._file.flush()
         os.fsync(self._file.fileno())
@@ -157,6 +180,7 @@ class Stitcher:
         self.sha256 = self._hash.hexdigest()
 
     def abort(self) -> None:
-        """Close the file, incomplete (the build discards it)."""
+        """Close the file, incomplete (the build discards it), once the copies under way end."""
+        self._copying.shutdown(cancel_futures=True)
         self._hashing.shutdown(cancel_futures=True)
         self._file.close()

@@ -32,8 +32,8 @@ def _stitched(tmp_path: Path, rows: list[Row], boundaries: bool, groups: int = 1
         part = tmp_path / f"part-{first}.parquet"
         write_part(part, rows[first : first + part_rows], first, boundaries)
         stitcher.append(part)
-        part.unlink()  # (as a build does: the part is copied from its open file)
     stitcher.close()
+    assert not list(tmp_path.glob("part-*"))  # (each removed once copied)
     data = (tmp_path / "stitched.parquet").read_bytes()
     assert stitcher.sha256 == hashlib.sha256(data).hexdigest()  # (hashed as the parts were appended)
     return data
@@ -135,3 +135,25 @@ def test_no_row_group_is_written_after_one_that_failed(tmp_path, monkeypatch):
         writer.close()
     writer.abort()
     assert calls == [group]
+
+
+@pytest.mark.parametrize("way", ["written", "stitched"])
+def test_every_byte_is_sent_to_disk_as_it_is_hashed(tmp_path: Path, monkeypatch, way: str) -> None:
+    """The hash of a file as it grows also starts the writeback of the bytes it hashed, so
+    that the closing fsync waits for little: every byte of the file, once, in order."""
+    from fixed_sft import hashes
+
+    started: list[tuple[int, int]] = []
+    monkeypatch.setattr(hashes, "_SYNC_FILE_RANGE", lambda fd, offset, length, flags: started.append((offset, length)))
+    rows = _rows(700, 64, seed=3)
+    if way == "stitched":
+        data = _stitched(tmp_path, rows, False, groups=2)
+    else:
+        writer = RowWriter(tmp_path / "written.parquet")
+        for row in rows:
+            writer.write(row)
+        writer.close()
+        data = (tmp_path / "written.parquet").read_bytes()
+    assert len(started) > 2 and all(length > 0 for _, length in started)  # (0 would mean: to the end)
+    assert [offset for offset, _ in started] == list(np.cumsum([0] + [length for _, length in started[:-1]]))
+    assert sum(length for _, length in started) == len(data)
