@@ -734,6 +734,7 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
                 f"source {source.name} has {source.num_rows} rows; {config.name} expects {config.source_rows}"
             )
         source_hashes = [hashing.submit(sha256_file, path) for path in source.files]
+        code = hashing.submit(code_version, config.emit_boundaries)  # (git's answers meanwhile, in a checkout)
         order = permutation(config.seed, source.num_rows)
         rank = positions(order)
         sizes = file_bytes(source)
@@ -889,7 +890,8 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
             _check_first(encoding, source, rank, tally, store)
         source_files = recorded_files(source, source_hashes)
     bpe_used = bpe_version(encoder_config.bpe) if tokenizer.family != HF else None
-    manifest = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME, separator, bpe_used)
+    version = CodeVersion(**code.result(), bpe=bpe_used)
+    manifest = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME, separator, version)
     if not config.no_card:
         from .card import Figures, card_license, write_card
 
@@ -969,15 +971,15 @@ def _manifest(
     tally: _Tally,
     parquet: Path,
     separator: str,
-    bpe: str | None = None,
+    version: CodeVersion,
 ) -> Manifest:
     """``manifest.json`` of a finished build (keys: data/README.md); ``separator``: the
     token after each conversation, as resolved (the eos token when none was named);
-    ``bpe``: the Kimi tokenizer's BPE and its version (``None`` for another tokenizer)."""
+    ``version``: the code's (``code_version``, and the Kimi tokenizer's BPE)."""
     return Manifest(
         format=format_of(config.emit_boundaries),  # type: ignore[arg-type]  # (one of manifest.Format)
         name=config.name,
-        code_version=CodeVersion(**code_version(config.emit_boundaries), bpe=bpe),
+        code_version=version,
         params=Params(
             order=ORDER_RULE,
             **{
