@@ -213,7 +213,8 @@ def _fill(
             for filled in done:
                 tokenized.update(filled.conversations)
                 if indexes is not None:
-                    indexes.parts += filled.indexed
+                    for rows, indexed in filled.indexed:
+                        indexes.add(rows, indexed)
                 if checkers is not None and filled.sampled:
                     checked = checkers.submit(check_apart, CheckTask(filled.sampled, str(store.folder)))
                     checks.append((checked, filled.sampled_bytes))
@@ -229,7 +230,8 @@ def _fill(
                     break
         for checked, _ in checks:
             if indexes is not None:
-                indexes.parts += checked.result().indexed
+                for rows, indexed in checked.result().indexed:
+                    indexes.add(rows, indexed)
         if not all(checked.result().writable for checked, _ in checks):
             store.turn_off(f"cannot write segments in {store.folder}")
     store.refresh()

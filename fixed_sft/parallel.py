@@ -168,37 +168,55 @@ class Block(NamedTuple):
 
 
 class Indexes:
-    """The index of the conversations a fill encoded and stored (``fixed_sft.fill``), a
-    part per chunk, by source row: where it holds every source row, its blocks in packing
-    order (``blocks``) are those the index pass would read back from the store. (Nothing is
-    then read back before the write pass, which checks each conversation as it reads it.)"""
+    """The index of the conversations a fill encoded and stored (``fixed_sft.fill``), taken
+    a part per chunk as the chunks are done (``add``), in place by source row: where it
+    holds every source row once, its blocks in packing order (``blocks``) are those the
+    index pass would read back from the store. (Nothing is then read back before the write
+    pass, which checks each conversation as it reads it.)"""
 
     def __init__(self, rows: int) -> None:
         self.rows = rows
-        self.parts: list[tuple[np.ndarray, Indexed]] = []  # (source rows, their index)
+        self.held = np.zeros(rows, bool)
+        self.twice = False  # (a source row indexed twice: no blocks)
+        self.tokens, self.counts = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
+        self.first_run = np.zeros(rows, np.int64)  # where each one's supervised runs start among all taken
+        self.ids, self.values, self.invalid = (np.empty(rows, object) for _ in range(3))
+        self.runs: list[tuple[np.ndarray, np.ndarray]] = []  # each part's begins and ends, as taken
+        self.taken_runs = 0
+        self.named: set[str | None] = set()
+
+    def add(self, rows: np.ndarray, indexed: Indexed) -> None:
+        """Take the index of source rows ``rows`` (a chunk's, in its order)."""
+        self.twice = self.twice or bool(self.held[rows].any())
+        self.held[rows] = True
+        self.tokens[rows], self.counts[rows] = indexed.tokens, indexed.counts
+        self.first_run[rows] = self.taken_runs + np.cumsum(indexed.counts) - indexed.counts
+        self.taken_runs += int(indexed.counts.sum())
+        self.runs.append((indexed.begins, indexed.ends))
+        self.ids[rows], self.values[rows] = _objects(indexed.ids), _objects(indexed.values)
+        self.invalid[rows] = _objects(indexed.invalid)
+        self.named.update(indexed.ids)
 
     def blocks(self, order: np.ndarray) -> Iterator[Block] | None:
-        """Blocks of ``order``'s conversations, as ``stored`` gives them (the parts are
-        let go); ``None`` where a source row is not indexed (a chunk stopped at a failed
-        template check, say)."""
-        if sum(len(rows) for rows, _ in self.parts) != self.rows:
+        """Blocks of ``order``'s conversations, as ``stored`` gives them; ``None`` where a
+        source row is not indexed (a chunk stopped at a failed template check, say), or
+        indexed twice."""
+        if self.twice or not self.held.all():
             return None
-        found = np.concatenate([rows for rows, _ in self.parts])
-        where = np.full(self.rows, -1, np.int64)
-        where[found] = np.arange(self.rows)
-        if where.min() < 0:  # (then another was indexed twice)
-            return None
-        parts = [indexed for _, indexed in self.parts]
-        self.parts = []  # (held once, concatenated, while the blocks are taken)
-        tokens, counts = np.concatenate([p.tokens for p in parts]), np.concatenate([p.counts for p in parts])
-        begins, ends = np.concatenate([p.begins for p in parts]), np.concatenate([p.ends for p in parts])
-        ids, values, invalid = (_objects([v for p in parts for v in getattr(p, name)]) for name in Indexed._fields[1:4])
-        first_run = np.cumsum(counts) - counts
-        named = set(ids.tolist())
-        distinct = len(named) == self.rows and None not in named and tokens.min() >= 0
+        tokens, counts, first_run, ids, values, invalid = (
+            self.tokens,
+            self.counts,
+            self.first_run,
+            self.ids,
+            self.values,
+            self.invalid,
+        )
+        begins = np.concatenate([b for b, _ in self.runs]) if self.runs else np.zeros(0, np.int32)
+        ends = np.concatenate([e for _, e in self.runs]) if self.runs else np.zeros(0, np.int32)
+        self.runs = []  # (held once, joined, while the blocks are taken)
+        distinct = len(self.named) == self.rows and None not in self.named and (not self.rows or tokens.min() >= 0)
 
-        def block(positions: np.ndarray) -> Block:
-            k = where[positions]
+        def block(k: np.ndarray) -> Block:
             n = counts[k]
             taken = np.repeat(first_run[k] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
             lists = ids[k].tolist(), values[k].tolist(), invalid[k].tolist()

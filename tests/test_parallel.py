@@ -410,7 +410,8 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
         cuts = sorted(data.draw(st.sets(st.integers(1, n - 1), max_size=4))) if n > 1 else []
         chunks = data.draw(st.permutations(np.split(np.arange(n), cuts)))
         filled = fixed_sft.parallel.Indexes(n)
-        filled.parts = [(chunk, Indexed.of([items[i] for i in chunk.tolist()])) for chunk in chunks]
+        for chunk in chunks:
+            filled.add(chunk, Indexed.of([items[i] for i in chunk.tolist()]))
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         store = _stored(items, folder / "entry")
@@ -432,10 +433,8 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
                 folder / "packed" / "train.parquet", lambda rows: None,
             )  # fmt: skip
         if stop is not None:
-            assert (
-                isinstance(expected, str)
-                and f"(source row {stop.source_index}, id {stop.id}): {stop.reason}" in expected
-            )
+            named = "" if stop.id is None else f", id {stop.id}"  # (as the build names the row)
+            assert isinstance(expected, str) and f"(source row {stop.source_index}{named}): {stop.reason}" in expected
             return
         assert not isinstance(expected, str), expected
         assert packed.rows == rows
@@ -493,20 +492,23 @@ def test_the_index_a_fill_kept_stands_for_the_index_pass_only_whole() -> None:
     """A source row no fill task indexed (a chunk stopped at a failed check), or one indexed
     twice: no blocks, so the build reads the index back from the store."""
     items = [Encoded(i, f"id{i}", np.arange(3, dtype=np.int32), np.array([0, 1, 1], np.uint8)) for i in range(4)]
-    indexes = fixed_sft.parallel.Indexes(4)
-    indexes.parts = [(np.array([0, 1]), Indexed.of(items[:2])), (np.array([3]), Indexed.of(items[3:]))]
-    assert indexes.blocks(np.arange(4)) is None
-    indexes.parts.append((np.array([1]), Indexed.of(items[1:2])))
-    assert indexes.blocks(np.arange(4)) is None
-    indexes.parts[-1] = (np.array([2]), Indexed.of(items[2:3]))
-    (block,) = indexes.blocks(np.array([3, 2, 1, 0]))
+
+    def indexes(*parts: list[int], given: list | None = None) -> fixed_sft.parallel.Indexes:
+        kept = fixed_sft.parallel.Indexes(4)
+        for rows in parts:
+            kept.add(np.array(rows), Indexed.of([(given or items)[i] for i in rows]))
+        return kept
+
+    assert indexes([0, 1], [3]).blocks(np.arange(4)) is None
+    assert indexes([0, 1], [3], [1]).blocks(np.arange(4)) is None
+    assert indexes([0, 1], [3], [1], [2]).blocks(np.arange(4)) is None  # (every row, one of them twice)
+    (block,) = indexes([0, 1], [3], [2]).blocks(np.array([3, 2, 1, 0]))
     assert block.indexed.ids == ["id3", "id2", "id1", "id0"] and block.indexed.counts.tolist() == [1, 1, 1, 1]
     assert (block.indexed.begins.tolist(), block.indexed.ends.tolist()) == ([1] * 4, [3] * 4)
     assert block.distinct  # (every id given once, every conversation valid: no id is looked up)
-    rest = (np.array([0, 1, 3]), Indexed.of([items[0], items[1], items[3]]))
     for other in (items[2]._replace(id="id0"), items[2]._replace(id=None), items[2]._replace(mask=None, invalid="x")):
-        indexes.parts = [rest, (np.array([2]), Indexed.of([other]))]  # (an id given twice, none, an invalid one)
-        assert not next(iter(indexes.blocks(np.arange(4)))).distinct, other
+        given = [*items[:2], other, items[3]]  # (an id given twice, none, an invalid one)
+        assert not next(iter(indexes([0, 1, 3], [2], given=given).blocks(np.arange(4)))).distinct, other
 
 
 def test_a_conversation_damaged_between_the_passes_stops_the_build(tmp_path) -> None:
