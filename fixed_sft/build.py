@@ -99,8 +99,11 @@ STORED_PACKING_CORES = 8
 # With this many workers, a build whose template probes are kept fills the store without the
 # template renderer in its workers (its import took 1.2-2.9 s on the 16-core machine, while every
 # worker waited): a checker per CHECKED_BY workers, at least 2, checks the sampled rows (fixed_sft.fill).
+# Each checker imports the renderer (2.6 s there), so they are as few as keep up with the fill: at 16
+# workers, 256,000 Tulu-like conversations, 3 checkers built in 7.19-9.11 s, 4 in 7.63-9.13 s and
+# 2 in 7.98-9.91 s (3 rounds, alternating; 3 was the fastest in each).
 CHECKS_APART_WORKERS = 8
-CHECKED_BY = 4
+CHECKED_BY = 5
 CHECKS_APART_EVERY = 16  # and where at most 1 row in this many is checked (the rows given back stay few)
 CHECKS_WAITING_BYTES = 32 << 20  # the most source bytes of rows given back that wait for a checker
 # Packing in this process takes conversations a block at a time (``_block``): at most this many,
