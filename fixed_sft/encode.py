@@ -342,16 +342,31 @@ IN_FLIGHT_BYTES = 17 << 20
 RELEASE_CHUNK_BYTES = 4 << 20
 
 PRELOAD_VARIABLE = "FIXED_SFT_PRELOAD_ENCODER"  # an EncoderConfig as JSON, for the fork server only
+RENDERS_VARIABLE = "FIXED_SFT_PRELOAD_RENDERS"  # set where the workers render (check conversations)
+
+
+def ready_to_check(encoder: Encoder) -> None:
+    """Import the template renderer and make the Kimi tokenizer's tiktoken twin (made only
+    when asked for: ``KimiTokenizer.reference``), which a template check renders and encodes with."""
+    importlib.import_module(RENDERER_MODULE)
+    tokenizer = getattr(encoder, "tokenizer", None)
+    if isinstance(tokenizer, KimiTokenizer):
+        tokenizer.reference.encoding  # noqa: B018
 
 
 def preload(
-    text: str | None, builder: int | None = None, awaited: str | None = None, hint: str | None = None
+    text: str | None,
+    builder: int | None = None,
+    awaited: str | None = None,
+    hint: str | None = None,
+    renders: bool = False,
 ) -> tuple[str, Encoder] | None:
-    """``text`` (``EncoderConfig.to_json``) and the encoder it names, loaded; ``None`` for
-    neither ``text`` nor ``awaited``, or when loading fails (each worker then loads its own
+    """``text`` (``EncoderConfig.to_json``) and the encoder it names, loaded, and ready to
+    check (``ready_to_check``) where the workers ``renders``; ``None`` for neither ``text``
+    nor ``awaited``, or when loading fails (each worker then loads its own
     encoder, and reports the error). With ``awaited`` (a server started early:
-    ``fixed_sft.early``), the text is what the build writes to that file, waited for, and
-    the renderer is imported first where it asks; before it waits, the Kimi tokenizer that
+    ``fixed_sft.early``), the text is what the build writes to that file, waited for, with
+    whether the workers render; before it waits, the Kimi tokenizer that
     ``hint`` names is loaded (``_guess``). Meanwhile this process exits as soon as
     its parent is not ``builder`` (by default the parent it has now): the build is gone
     (killed, or stopped by a signal), and a template may take for ever to render."""
@@ -364,11 +379,12 @@ def preload(
         if awaited:
             if hint:
                 _guess(hint)
-            text, renderer = early.awaited(Path(awaited))
-            if renderer:
-                importlib.import_module(RENDERER_MODULE)
+            text, renders = early.awaited(Path(awaited))
         assert text is not None
-        return text, EncoderConfig.from_json(text).load()
+        encoder = EncoderConfig.from_json(text).load()
+        if renders:
+            ready_to_check(encoder)
+        return text, encoder
     except Exception:  # an error here would end the fork server, and every worker start with it
         return None
     finally:
@@ -386,7 +402,8 @@ def _guess(hint: str) -> None:
 
     try:
         folder, bpe, cache_dir, no_cache = json.loads(hint)
-        load_kimi(Path(folder), bpe, None if no_cache else kept_folder(cache_dir))
+        kept = None if no_cache else kept_folder(cache_dir)
+        load_kimi(Path(folder), bpe, kept if kept and kept.is_dir() else None)  # (a guess makes no folder)
     except Exception:  # (a folder the build refuses, or never loads)
         pass
 
@@ -412,7 +429,10 @@ if _builder:  # (this process is the fork server)
     sys.excepthook = _lost_build
 _awaited = os.environ.pop(early.AWAIT_VARIABLE, None)
 _hint = os.environ.pop(early.HINT_VARIABLE, None)
-_preloaded = preload(os.environ.pop(PRELOAD_VARIABLE, None), int(_builder) if _builder else None, _awaited, _hint)
+_renders = bool(os.environ.pop(RENDERS_VARIABLE, None))
+_preloaded = preload(
+    os.environ.pop(PRELOAD_VARIABLE, None), int(_builder) if _builder else None, _awaited, _hint, _renders
+)
 
 
 def worker_encoder(config: EncoderConfig) -> Encoder | Exception:
@@ -468,6 +488,8 @@ def start_fork_server(config: EncoderConfig, renderer: bool = True) -> BaseConte
     and loading ``config``'s encoder while this process goes on."""
     early.give(config.to_json(), renderer)  # (to a server started early, which waits for it)
     preload = {PRELOAD_VARIABLE: config.to_json(), early.BUILDER_VARIABLE: str(os.getpid())}
+    if renderer:
+        preload[RENDERS_VARIABLE] = "1"
     return forkserver_context(WORKER_MODULES if renderer else [__name__], preload)
 
 

@@ -26,7 +26,6 @@ the first failure there, as it would without the store.
 
 from __future__ import annotations
 
-import importlib
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,12 +37,12 @@ import pyarrow as pa
 from . import arrow
 from .bands import Band, read_file_rows, row_groups, source_columns
 from .encode import Chunk, Encoded, Record, encode_records, encode_rows, release_after, sampled
-from .encoding import RENDERER_MODULE, Encoder, TemplateMismatch
+from .encode import ready_to_check as ready
+from .encoding import Encoder, TemplateMismatch
 from .parallel import Block, Indexed
 from .records import records
 from .source import Source
 from .store import SegmentWriter
-from .tokenizer import KimiTokenizer
 
 
 class FillTask(NamedTuple):
@@ -145,12 +144,8 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
 
 
 def ready_to_check(encoder: Encoder, _: None) -> None:
-    """Import the template renderer and make the Kimi tokenizer's tiktoken twin (made only
-    when asked for: ``KimiTokenizer.reference``), which ``check_apart`` renders and encodes with."""
-    importlib.import_module(RENDERER_MODULE)
-    tokenizer = getattr(encoder, "tokenizer", None)
-    if isinstance(tokenizer, KimiTokenizer):
-        tokenizer.reference.encoding  # noqa: B018
+    """``fixed_sft.encode.ready_to_check`` in a checker, as a task."""
+    ready(encoder)
 
 
 def check_apart(encoder: Encoder, task: CheckTask) -> Filled:

@@ -92,7 +92,7 @@ def _sync_file_range() -> Any:
     """Linux's ``sync_file_range`` from the C library, or ``None`` where there is none."""
     try:
         function = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (AttributeError, OSError):
+    except (AttributeError, OSError, TypeError):  # (no such function; no C library to open)
         return None
     function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     function.restype = ctypes.c_int

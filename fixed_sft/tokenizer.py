@@ -99,7 +99,7 @@ PARITY_TEXTS = (
 )
 FAST_BPE_CACHE_BYTES = 128 << 20  # resident memory a gigatoken's pretoken cache may add before it is renewed
 FAST_BPE_CHECK_CHARS = 4 << 20  # characters gigatoken encodes between two looks at the resident memory
-PARITY_VERSION = 1  # of the kept parity file (``_parity_path``)
+PARITY_VERSION = 2  # of the kept parity file (``_parity_path``)
 LOADED_TOKENIZERS = 4  # the tokenizers (folder, files and BPE) ``load_kimi`` keeps loaded
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
@@ -212,10 +212,16 @@ def _encoding(name: str, sha256: str, ranks: dict[bytes, int], specials: dict[st
 
 def _parity_path(kept: Path, model_sha256: str, named: dict[int, str]) -> Path:
     """Where the reference's ids of ``PARITY_TEXTS`` are kept in the folder ``kept``: named by
-    the sha256 of all they depend on (the BPE file's bytes, the added tokens, the rules and
-    tiktoken's version)."""
-    inputs = [PARITY_VERSION, tiktoken.__version__, model_sha256, sorted(named.items()), PATTERN, PARITY_TEXTS]
+    the sha256 of all they depend on (the BPE file's bytes, the added tokens, this module's
+    code, which holds the rules, and tiktoken's version)."""
+    inputs = [PARITY_VERSION, tiktoken.__version__, _code_sha256(), model_sha256, sorted(named.items())]
     return kept / f"parity-{hashlib.sha256(json.dumps(inputs).encode()).hexdigest()}.json"
+
+
+@functools.cache
+def _code_sha256() -> str:
+    """The sha256 of this module's source (its rules, ``PATTERN`` and ``PARITY_TEXTS``)."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
 def _read_parity(path: Path) -> tuple[int, list[np.ndarray]] | None:
@@ -325,6 +331,8 @@ class KimiTokenizer:
         named = _named(config)
         self._parity_file = _parity_path(kept, self._model_sha256, named) if kept and self.bpe == "gigatoken" else None
         parity = _read_parity(self._parity_file) if self._parity_file else None
+        if parity is not None and not all(parity[0] <= i < parity[0] + NUM_SPECIAL for i in named):
+            parity = None  # (a rank count these added tokens refute: tiktoken reads the file)
         self._parity_ids = None if parity is None else parity[1]
         self._first = len(self._load_ranks()) if parity is None else parity[0]
         first = self._first
@@ -421,17 +429,26 @@ class KimiTokenizer:
 
     def _check_parity(self) -> None:
         """Raise ``TokenizerError`` unless the fast BPE gives the reference's ids on
-        ``PARITY_TEXTS``: those kept for these files (``load_kimi``'s ``kept``), else
-        tiktoken's, which are then kept there."""
-        expected = self._parity_ids or [self.reference.encode_to_numpy(text) for text in PARITY_TEXTS]
+        ``PARITY_TEXTS``: those kept for these files (``load_kimi``'s ``kept``), or where
+        there are none, or they differ, tiktoken's own, which are then kept there."""
+        if self._parity_ids is not None and self._first_difference(self._parity_ids) is None:
+            return
+        expected = [self.reference.encode_to_numpy(text) for text in PARITY_TEXTS]
+        text = self._first_difference(expected)
+        if text is not None:
+            raise TokenizerError(
+                f"{self.directory}: gigatoken's ids differ from tiktoken's on {text[:40]!r}; {FAST_BPE_OFF}"
+            )
+        self._parity_ids = expected
+        if self._parity_file is not None:
+            write_checked_json(self._parity_file, {"ranks": self._first, "ids": [ids.tolist() for ids in expected]})
+
+    def _first_difference(self, expected: list[np.ndarray]) -> str | None:
+        """The first of ``PARITY_TEXTS`` whose ids differ from ``expected``, if any."""
         for text, ids in zip(PARITY_TEXTS, expected, strict=True):
             if not np.array_equal(self.encode_to_numpy(text), ids):
-                raise TokenizerError(
-                    f"{self.directory}: gigatoken's ids differ from tiktoken's on {text[:40]!r}; {FAST_BPE_OFF}"
-                )
-        if self._parity_ids is None and self._parity_file is not None:
-            write_checked_json(self._parity_file, {"ranks": self._first, "ids": [ids.tolist() for ids in expected]})
-        self._parity_ids = expected
+                return text
+        return None
 
     def differs_from_reference(self, text: str) -> bool:
         """Whether the ids of ``text`` differ from the reference's (never, for tiktoken),
@@ -529,11 +546,12 @@ def _identity(directory: Path) -> tuple:
 
 def load_kimi(directory: str | Path, bpe: str | None = None, kept: Path | None = None) -> KimiTokenizer:
     """``KimiTokenizer(directory, bpe, kept)``, loaded once per process for the same files (module
-    docstring) and shared by its callers: a gigatoken tokenizer's ``reference`` is the one
-    given for tiktoken, and a gigatoken tokenizer of files loaded with tiktoken shares their
-    ranks. One loaded while its files changed is not kept. ``kept``: a folder where the
-    reference's ids of ``PARITY_TEXTS`` are kept, so that gigatoken is checked against
-    them without loading tiktoken's ranks (made only where a caller asks for the reference)."""
+    docstring) and shared by its callers: a gigatoken tokenizer of files loaded with tiktoken
+    first has that one as its ``reference``, and one whose twin was made as it loaded gives
+    that twin to later callers for tiktoken. One loaded while its files changed is not kept.
+    ``kept``: a folder where the reference's ids of ``PARITY_TEXTS`` are kept, so that
+    gigatoken is checked against them without loading tiktoken's ranks (made only where a
+    caller asks for the reference)."""
     directory, bpe = Path(directory), bpe or default_bpe()
     with _loading:
         identity = _identity(directory)

@@ -759,10 +759,32 @@ def test_the_early_fork_server_loads_the_tokenizer_it_is_told_of_while_it_waits(
     finally:
         timer.cancel()
     assert text == given.to_json()
+    assert not (tmp_path / "store").exists()  # (a guess writes into no store folder it would make)
     if named:
         assert first[0] == (False, loaded.tokenizer)  # (loaded before the file was given, and taken)
     else:
         assert first[0][1] is loaded.tokenizer
+
+
+@pytest.mark.parametrize("renders", [True, False])
+def test_the_fork_server_readies_the_check_where_its_workers_render(corpus, kimi_dir, tmp_path, monkeypatch, renders):
+    """Where the workers check conversations (they render the template), the fork server
+    makes the tiktoken twin they encode the rendered text with, once for them all; where
+    they do not, it makes none (the parity ids are kept)."""
+    from collections import OrderedDict
+
+    from fixed_sft import encode, tokenizer
+
+    monkeypatch.setattr(tokenizer, "_loaded", OrderedDict())  # (none loaded by an earlier test)
+    given = build_module.encoder_setup(config(corpus[0] / "parquet", kimi_dir)).encoder
+    given = dataclasses.replace(given, probes=str(tmp_path / "kept" / "probes.json"))
+    given.load()  # (keeps the probes and the parity ids)
+    monkeypatch.setattr(tokenizer, "_loaded", OrderedDict())
+    preloaded = encode.preload(given.to_json(), None, None, None, renders)
+    assert preloaded is not None and isinstance(preloaded[1], ChatEncoder)
+    kimi = preloaded[1].tokenizer
+    assert kimi.bpe == "gigatoken" and (kimi._reference is not None) == renders
+    assert renders is False or kimi.reference._encoding is not None
 
 
 def test_a_signal_as_the_early_fork_server_starts_leaves_it_to_be_given(corpus, kimi_dir, tmp_path):
