@@ -129,6 +129,7 @@ class Stitcher:
         self._copying = ThreadPoolExecutor(COPIERS, thread_name_prefix="stitch-copy")
         self._hashing = ThreadPoolExecutor(1, thread_name_prefix="stitch-hash")
         self._copied: list[Future] = []
+        self._settled = 0  # copies known to have ended well
         self._hashed: list[Future] = []
         self.sha256: str | None = None  # the file's, once closed
         self._first: Fields | None = None
@@ -151,6 +152,13 @@ class Stitcher:
         self._end += size
         self._copied.append(copied)
         self._hashed.append(self._hashing.submit(self._hash_after, copied, self._end))
+        self._settle(2 * COPIERS)  # (parts wait on disk for their copy: a few at most)
+
+    def _settle(self, under_way: int) -> None:
+        """Wait until at most ``under_way`` copies are unfinished, raising a copy's error."""
+        while len(self._copied) - self._settled > under_way:
+            self._copied[self._settled].result()
+            self._settled += 1
 
     def _hash_after(self, copied: Future, end: int) -> None:
         """Hash the file up to ``end`` once the part that ends there is copied (those
@@ -161,9 +169,8 @@ class Stitcher:
     def close(self) -> None:
         """Write the joined footer, and flush the file to disk (at least one part was appended)."""
         assert self._first is not None
+        self._settle(0)
         self._copying.shutdown()
-        for copied in self._copied:
-            copied.result()  # (an error copying a part)
         meta = [
             (field, kind, self._rows if field == 3 else (thrift.STRUCT, self._groups) if field == 4 else value)
             for field, kind, value in self._first

@@ -157,3 +157,42 @@ def test_every_byte_is_sent_to_disk_as_it_is_hashed(tmp_path: Path, monkeypatch,
     assert len(started) > 2 and all(length > 0 for _, length in started)  # (0 would mean: to the end)
     assert [offset for offset, _ in started] == list(np.cumsum([0] + [length for _, length in started[:-1]]))
     assert sum(length for _, length in started) == len(data)
+
+
+def test_parts_wait_for_few_copies_and_a_failed_copy_stops_the_next_append(tmp_path: Path, monkeypatch) -> None:
+    """At most ``2 * COPIERS`` parts wait on disk for their copy as parts are appended, and a
+    copy that fails is raised by an append soon after, not only by ``close``."""
+    import errno
+    import time
+
+    from fixed_sft import stitch
+
+    real = stitch._copy_part
+    failing: set[str] = set()
+
+    def slow(part: Path, *args: object) -> None:
+        time.sleep(0.02)
+        if part.name in failing:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(part, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(stitch, "_copy_part", slow)
+    rows = _rows(128 * 12, 16, seed=4)
+    group = rows_per_group(16)
+    stitcher = Stitcher(tmp_path / "stitched.parquet")
+    for number, first in enumerate(range(0, len(rows), group)):
+        part = tmp_path / f"part-{number}.parquet"
+        write_part(part, rows[first : first + group], first, False)
+        stitcher.append(part)
+        assert sum(not copied.done() for copied in stitcher._copied) <= 2 * stitch.COPIERS
+    stitcher.close()
+
+    failing.add("part-1.parquet")
+    stitcher = Stitcher(tmp_path / "failed.parquet")
+    with pytest.raises(OSError, match="No space left"):
+        for number, first in enumerate(range(0, len(rows), group)):
+            part = tmp_path / f"part-{number}.parquet"
+            write_part(part, rows[first : first + group], first, False)
+            stitcher.append(part)
+    assert number <= 2 * stitch.COPIERS + 1  # (raised by an append, before the last)
+    stitcher.abort()
