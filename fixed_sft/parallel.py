@@ -177,7 +177,7 @@ class Indexes:
     def __init__(self, rows: int) -> None:
         self.rows = rows
         self.held = np.zeros(rows, bool)
-        self.twice = False  # (a source row indexed twice: no blocks)
+        self.added = 0  # rows taken, each time it was taken (more than ``rows``: one twice)
         self.tokens, self.counts = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
         self.first_run = np.zeros(rows, np.int64)  # where each one's supervised runs start among all taken
         self.ids, self.values, self.invalid = (np.empty(rows, object) for _ in range(3))
@@ -187,7 +187,7 @@ class Indexes:
 
     def add(self, rows: np.ndarray, indexed: Indexed) -> None:
         """Take the index of source rows ``rows`` (a chunk's, in its order)."""
-        self.twice = self.twice or bool(self.held[rows].any())
+        self.added += len(rows)
         self.held[rows] = True
         self.tokens[rows], self.counts[rows] = indexed.tokens, indexed.counts
         self.first_run[rows] = self.taken_runs + np.cumsum(indexed.counts) - indexed.counts
@@ -200,9 +200,10 @@ class Indexes:
     def blocks(self, order: np.ndarray) -> Iterator[Block] | None:
         """Blocks of ``order``'s conversations, as ``stored`` gives them; ``None`` where a
         source row is not indexed (a chunk stopped at a failed template check, say), or
-        indexed twice."""
-        if self.twice or not self.held.all():
+        indexed twice; ``None`` too once they have been taken."""
+        if self.added != self.rows or not self.held.all():
             return None
+        self.added = -1  # (the runs are let go as the blocks are taken)
         tokens, counts, first_run, ids, values, invalid = (
             self.tokens,
             self.counts,

@@ -502,7 +502,10 @@ def test_the_index_a_fill_kept_stands_for_the_index_pass_only_whole() -> None:
     assert indexes([0, 1], [3]).blocks(np.arange(4)) is None
     assert indexes([0, 1], [3], [1]).blocks(np.arange(4)) is None
     assert indexes([0, 1], [3], [1], [2]).blocks(np.arange(4)) is None  # (every row, one of them twice)
-    (block,) = indexes([0, 1], [3], [2]).blocks(np.array([3, 2, 1, 0]))
+    assert indexes([0, 1, 1], [2, 3]).blocks(np.arange(4)) is None  # (one twice in a part)
+    whole = indexes([0, 1], [3], [2])
+    (block,) = whole.blocks(np.array([3, 2, 1, 0]))
+    assert whole.blocks(np.arange(4)) is None  # (taken once)
     assert block.indexed.ids == ["id3", "id2", "id1", "id0"] and block.indexed.counts.tolist() == [1, 1, 1, 1]
     assert (block.indexed.begins.tolist(), block.indexed.ends.tolist()) == ([1] * 4, [3] * 4)
     assert block.distinct  # (every id given once, every conversation valid: no id is looked up)
