@@ -21,8 +21,9 @@ with all of them allowed, and refuses a text with a surrogate, which is mended f
 as tiktoken's ``encode`` mends it. A tokenizer with gigatoken has a tiktoken twin
 (``reference``) and refuses to load unless both give the same ids on
 ``PARITY_TEXTS``: the twin's ids, or those kept in the token store's folder for the same
-files and tiktoken version, checked by their sha256 (then the twin, whose ranks and
-encoding take 0.25 s and 60 MB, is made only when asked for). The chat encoder's probes
+files, code and tiktoken version, checked by their sha256 (then the twin, whose ranks and
+encoding take 0.25 s and 60 MB, is made only when asked for; kept ids gigatoken does not
+give are not trusted: the twin's are taken, and kept, instead). The chat encoder's probes
 and the build's sampled template check compare its ids with the reference's as well.
 gigatoken keeps every pretoken it has seen in a cache, which grows with the distinct
 words of the source: once this process's resident memory has grown by
