@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,7 +30,7 @@ MAGIC = b"PAR1"
 CHUNK_OFFSETS = {2, 4, 6}
 COLUMN_OFFSETS = {9, 10, 11, 14}
 MAX_FOOTER = 64 << 20
-COPIERS = 4  # threads that copy parts into the joined file at once
+WAITING_PARTS = 4  # parts handed to the stitcher's thread and not yet known joined, at most
 COPY_UNSUPPORTED = {errno.ENOSYS, errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF}
 
 
@@ -115,9 +116,9 @@ def _copy_part(part: Path, target: int, offset: int, size: int) -> None:
 
 class Stitcher:
     """Appends Parquet parts to ``path`` in order (``append``); ``close`` writes the footer.
-    Each part's column chunks land where the last part's end: ``COPIERS`` threads copy
-    parts at once (the kernel copies, without the GIL), each removing its part once
-    copied, and one thread hashes the file behind them, in order."""
+    A thread of its own joins the parts in order, one at a time: it copies a part's column
+    chunks to where the last part's end (the kernel copies, without the GIL), removes the
+    part and hashes the file up to there. At most ``WAITING_PARTS`` parts wait for it."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -126,11 +127,8 @@ class Stitcher:
         self._file.flush()
         self._end = len(MAGIC)  # where the next part's column chunks land
         self._hash = AppendedHash(path)
-        self._copying = ThreadPoolExecutor(COPIERS, thread_name_prefix="stitch-copy")
-        self._hashing = ThreadPoolExecutor(1, thread_name_prefix="stitch-hash")
-        self._copied: list[Future] = []
-        self._settled = 0  # copies known to have ended well
-        self._hashed: list[Future] = []
+        self._joining = ThreadPoolExecutor(1, thread_name_prefix="stitch")
+        self._waiting: deque[Future] = deque()  # the parts handed to the thread, not yet known joined
         self.sha256: str | None = None  # the file's, once closed
         self._first: Fields | None = None
         self._groups: list[thrift.Written] = []
@@ -139,7 +137,8 @@ class Stitcher:
     def append(self, part: Path, found: tuple[Fields, int] | None = None) -> None:
         """Have ``part``'s column chunks copied to the end of the file, and the part then
         removed; keep its row groups. ``found``: its ``footer``, where the process that
-        wrote it has read it already."""
+        wrote it has read it already. A part that could not be joined is raised here, by
+        an append soon after it, or by ``close``."""
         meta, start = footer(part) if found is None else found
         delta = self._end - len(MAGIC)
         for group in thrift.get(meta, 4, (thrift.STRUCT, []))[1]:
@@ -148,29 +147,23 @@ class Stitcher:
         self._rows += thrift.get(meta, 3, 0)
         self._first = self._first or meta
         size = start - len(MAGIC)
-        copied = self._copying.submit(_copy_part, part, self._file.fileno(), self._end, size)
+        self._waiting.append(self._joining.submit(self._join, part, self._end, size))
         self._end += size
-        self._copied.append(copied)
-        self._hashed.append(self._hashing.submit(self._hash_after, copied, self._end))
-        self._settle(2 * COPIERS)  # (parts wait on disk for their copy: a few at most)
+        while len(self._waiting) > WAITING_PARTS:
+            self._waiting.popleft().result()
 
-    def _settle(self, under_way: int) -> None:
-        """Wait until at most ``under_way`` copies are unfinished, raising a copy's error."""
-        while len(self._copied) - self._settled > under_way:
-            self._copied[self._settled].result()
-            self._settled += 1
-
-    def _hash_after(self, copied: Future, end: int) -> None:
-        """Hash the file up to ``end`` once the part that ends there is copied (those
-        before it are: their hashes came first)."""
-        copied.result()
-        self._hash.update(end)
+    def _join(self, part: Path, offset: int, size: int) -> None:
+        """Copy ``part`` to ``offset`` (where the parts before it end), remove it, and hash
+        the file up to its end."""
+        _copy_part(part, self._file.fileno(), offset, size)
+        self._hash.update(offset + size)
 
     def close(self) -> None:
         """Write the joined footer, and flush the file to disk (at least one part was appended)."""
         assert self._first is not None
-        self._settle(0)
-        self._copying.shutdown()
+        while self._waiting:
+            self._waiting.popleft().result()
+        self._joining.shutdown()
         meta = [
             (field, kind, self._rows if field == 3 else (thrift.STRUCT, self._groups) if field == 4 else value)
             for field, kind, value in self._first
@@ -181,13 +174,9 @@ class Stitcher:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        self._hashing.shutdown()
-        for hashed in self._hashed:
-            hashed.result()  # (an error reading the file back)
         self.sha256 = self._hash.hexdigest()
 
     def abort(self) -> None:
-        """Close the file, incomplete (the build discards it), once the copies under way end."""
-        self._copying.shutdown(cancel_futures=True)
-        self._hashing.shutdown(cancel_futures=True)
+        """Close the file, incomplete (the build discards it), once the part being joined is."""
+        self._joining.shutdown(cancel_futures=True)
         self._file.close()
