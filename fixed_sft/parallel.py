@@ -204,24 +204,16 @@ class Indexes:
         if self.added != self.rows or not self.held.all():
             return None
         self.added = -1  # (the runs are let go as the blocks are taken)
-        tokens, counts, first_run, ids, values, invalid = (
-            self.tokens,
-            self.counts,
-            self.first_run,
-            self.ids,
-            self.values,
-            self.invalid,
-        )
         begins = np.concatenate([b for b, _ in self.runs]) if self.runs else np.zeros(0, np.int32)
         ends = np.concatenate([e for _, e in self.runs]) if self.runs else np.zeros(0, np.int32)
         self.runs = []  # (held once, joined, while the blocks are taken)
-        distinct = len(self.named) == self.rows and None not in self.named and (not self.rows or tokens.min() >= 0)
+        distinct = len(self.named) == self.rows and None not in self.named and (not self.rows or self.tokens.min() >= 0)
 
         def block(k: np.ndarray) -> Block:
-            n = counts[k]
-            taken = np.repeat(first_run[k] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
-            lists = ids[k].tolist(), values[k].tolist(), invalid[k].tolist()
-            return Block(Indexed(tokens[k], *lists, n, begins[taken], ends[taken]), distinct=distinct)
+            n = self.counts[k]
+            taken = np.repeat(self.first_run[k] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+            lists = self.ids[k].tolist(), self.values[k].tolist(), self.invalid[k].tolist()
+            return Block(Indexed(self.tokens[k], *lists, n, begins[taken], ends[taken]), distinct=distinct)
 
         return (block(order[start : start + BLOCK]) for start in range(0, len(order), BLOCK))
 
