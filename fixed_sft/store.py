@@ -14,11 +14,12 @@ then renamed: readers see complete files only, and builds sharing a store never 
 same file. Each conversation in a segment carries a checksum of its record and bytes
 (``_digest``); one that does not match (a flipped byte, a truncated file) is never used:
 the build encodes it again and adds it anew, in a segment named to be read after every
-segment the build found (``SegmentWriter``), so the newer copy is the one found next time. A conversation
-is stored as having passed the template check only where its build checked it. A sampled
-one (``encode.sampled``) stored without a passed check is given at once and also encoded
-again, which checks it; the check is settled before the build writes its manifest
-(``Stream``), and a failure stops the build as it would without the store.
+segment the build found (``SegmentWriter``), so the newer copy is the one found next
+time. A conversation is stored as having passed the template check only where its build
+checked it. A sampled one (``encode.sampled``) stored without a passed check is given at
+once and also encoded again, which checks it; the check is settled before the build
+writes its manifest (``Stream``), and a failure stops the build as it would without the
+store.
 
 The store is an optimisation only: a build's rows are the same with it, without it
 (``--no-cache``) and whatever state it is in. A store that cannot be written is turned off
