@@ -23,7 +23,7 @@ import numpy as np
 
 from .manifest import Card, FileHash, Manifest, SourceShare
 from .output import CARD_NAME, PARQUET_NAME, naming
-from .plots import LENGTHS_PLOT, MIX_PLOT, SUPERVISED_PLOT, Inputs, Plotter, draw
+from .plots import LENGTHS_PLOT, MIX_PLOT, SUPERVISED_PLOT, Inputs, Plotter, draw, plot_names
 
 # Source licenses as the manifest may record them (lowercased) -> the Hub's license ids.
 HUB_LICENSES = {
@@ -76,8 +76,11 @@ def write_card(
     inputs = plot_inputs(
         manifest.source_mix, manifest.params.row_tokens, manifest.stats.supervised_token_ratio, figures
     )
+    if plotter is not None:
+        plotter.start(inputs)  # (the text is written while they are drawn)
+    text = card_text(manifest, license, upstream, plot_names(inputs)).encode()
     plots = plotter.draw(inputs) if plotter is not None else draw(inputs)
-    files = {CARD_NAME: card_text(manifest, license, upstream, list(plots)).encode(), **plots}
+    files = {CARD_NAME: text, **plots}
     recorded = {}
     for name, data in files.items():
         _write(folder / name, data)

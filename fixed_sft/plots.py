@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import gc
 import io
+import os
 import pickle
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -42,17 +44,53 @@ class Inputs:
     mix: Sequence[tuple[str, int]] | None
 
 
-def draw(inputs: Inputs) -> dict[str, bytes]:
-    """The plots' PNG bytes, by file name."""
+def plot_names(inputs: Inputs) -> list[str]:
+    """The plots ``draw`` draws of ``inputs``: all but the mix where it has none."""
+    return [name for name in PLOT_NAMES if name != MIX_PLOT or inputs.mix]
+
+
+def draw(inputs: Inputs, apart: bool = False) -> dict[str, bytes]:
+    """The plots' PNG bytes, by file name. ``apart`` (the drawing process, which runs no
+    thread): each plot but the first is drawn at the same time in a child forked for it (a
+    build waits for its plots once its rows are written: on 2 cores, 0.15 s -> 0.09 s)."""
     from matplotlib.figure import Figure  # (only here: a build without a card never loads it)
 
-    plots = {
-        SUPERVISED_PLOT: _supervised(Figure, inputs),
-        LENGTHS_PLOT: _lengths(Figure, inputs),
+    drawers = {
+        SUPERVISED_PLOT: partial(_supervised, Figure, inputs),
+        LENGTHS_PLOT: partial(_lengths, Figure, inputs),
+        MIX_PLOT: partial(_mix, Figure, inputs.mix or []),  # (drawn where there is a mix)
     }
-    if inputs.mix:
-        plots[MIX_PLOT] = _mix(Figure, inputs.mix)
-    return plots
+    names = plot_names(inputs)
+    children = {name: _forked(drawers[name]) for name in names[1:]} if apart and hasattr(os, "fork") else {}
+    plots = {name: drawers[name]() for name in names if name not in children}
+    for name, child in children.items():
+        plots[name] = _taken(*child) or drawers[name]()  # (drawn here where its child failed)
+    return {name: plots[name] for name in names}
+
+
+def _forked(drawer: Callable[[], bytes]) -> tuple[int, int]:
+    """A child forked to write ``drawer()`` to a pipe and exit: its pid and the pipe's read end."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.close(read)
+            with os.fdopen(write, "wb") as pipe:
+                pipe.write(drawer())
+            status = 0
+        finally:
+            os._exit(status)  # (never this process's exit handlers, nor its buffered output)
+    os.close(write)
+    return pid, read
+
+
+def _taken(pid: int, read: int) -> bytes | None:
+    """What the child ``pid`` wrote to ``read``, where it exited cleanly."""
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    return data if status == 0 and data else None
 
 
 _early: subprocess.Popen | None = None  # the drawing process ``start_early`` started, until a Plotter takes it
@@ -177,15 +215,17 @@ def same(a: Inputs, b: Inputs) -> bool:
 
 def _serve() -> None:
     """The drawing process: load matplotlib, draw the ``Inputs`` read from stdin (none: the
-    build is gone or needs none), write the plots to stdout. It collects no garbage: it
-    ends soon (~0.05 CPU-s less)."""
+    build is gone or needs none), write the plots to stdout and exit. It collects no
+    garbage: it ends soon (~0.05 CPU-s less)."""
     gc.disable()
     import matplotlib.backends.backend_agg  # noqa: F401  (what savefig draws with)
     import matplotlib.figure  # noqa: F401
 
     data = sys.stdin.buffer.read()
     if data:
-        sys.stdout.buffer.write(pickle.dumps(draw(pickle.loads(data))))
+        sys.stdout.buffer.write(pickle.dumps(draw(pickle.loads(data), apart=True)))
+        sys.stdout.buffer.flush()
+        os._exit(0)  # (the build waits for this process to end: not for its teardown, ~0.04 s)
 
 
 def _png(figure: Any) -> bytes:
