@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import bytecode
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
@@ -39,6 +41,7 @@ def main() -> int:
     parser.add_argument("--tokenizer", type=Path, default=ROOT.parent / "shared" / "tokenizers" / "kimi-k2.6")
     parser.add_argument("--json", type=Path, help="write the plan and every time here")
     args = parser.parse_args()
+    bytecode.keep()  # (as installed: compiled once)
 
     import synthetic
 

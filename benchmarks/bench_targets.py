@@ -38,6 +38,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import bytecode
+
 HERE = Path(__file__).resolve().parent
 GIB = 1 << 30
 
@@ -67,6 +69,7 @@ def main() -> int:
     parser.add_argument("--tokenizer", type=Path, default=HERE.parents[1] / "shared" / "tokenizers" / "kimi-k2.6")
     parser.add_argument("--json", type=Path, help="write every target's figure here")
     args = parser.parse_args()
+    bytecode.keep()  # (as installed: compiled once)
     w, repeats = str(args.workers), str(args.repeats or (1 if args.quick else 3))
     linear_n = args.linear_conversations or (2000 if args.quick else 16000)
     lines: list[tuple[str, float, str, bool | None]] = []
