@@ -206,7 +206,7 @@ def _fill(
     if large_rows or len(tasks) < encoding.workers:
         _streamed(store, encoding, source, wanted, tokenized)
     else:
-        indexes = parallel.Indexes(source.num_rows) if wanted.all() else None  # (else it cannot cover them all)
+        indexes = parallel.Indexes(order) if wanted.all() else None  # (else it cannot cover them all)
         encoders, checkers = encoding.start(), None
         checks: list[tuple[Future, int]] = []  # each check and the source bytes of its rows
         if encoding.checks_apart and encoding.check_every:  # (fixed_sft.fill)
@@ -454,7 +454,7 @@ def _pack_stored(
         return None
 
     run = encoding.start().run
-    blocks = indexes.blocks(order) if indexes is not None and held.all() else None
+    blocks = indexes.stream() if indexes is not None and held.all() else None
     if blocks is None:
         blocks = parallel.stored(store, order, held, config.rows, config.row_tokens, run, encoding.workers)
     return _pack_blocks(config, store, order, blocks, (separator_id, run), source, folder / PARQUET_NAME, bar, tallied)
@@ -511,7 +511,7 @@ def _pack_blocks(
     config: BuildConfig,
     store: TokenStore,
     order: np.ndarray,
-    blocks: Iterator[parallel.Block],
+    blocks: Iterator[parallel.Block] | parallel.Stream,
     setup: tuple[int, parallel.Run],
     source: Source,
     out: Path,

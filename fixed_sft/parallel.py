@@ -159,63 +159,93 @@ class Indexed(NamedTuple):
 
 class Block(NamedTuple):
     """A block of the stream, indexed; ``mismatch``: the template check that failed at the
-    conversation after it (the block of an encode task stops there), if any; ``distinct``:
-    every conversation of the stream is valid, with an id no other one has."""
+    conversation after it (the block of an encode task stops there), if any."""
 
     indexed: Indexed
     mismatch: TemplateMismatch | None = None
-    distinct: bool = False
 
 
 class Indexes:
     """The index of the conversations a fill encoded and stored (``fixed_sft.fill``), taken
-    a part per chunk as the chunks are done (``add``), in place by source row: where it
-    holds every source row once, its blocks in packing order (``blocks``) are those the
-    index pass would read back from the store. (Nothing is then read back before the write
-    pass, which checks each conversation as it reads it.)"""
+    a part per chunk as the chunks are done (``add``), in place by packing position (of
+    ``order``): where it holds every source row once, the stream it gives (``stream``) is
+    the one the index pass would read back from the store. (Nothing is then read back
+    before the write pass, which checks each conversation as it reads it.) Each part is
+    put in packing order as it comes, while the fill runs: the stream is then taken at
+    numpy's speed (256,000 conversations: 0.27 s -> 0.05 s after the fill, on the 16-core
+    machine)."""
 
-    def __init__(self, rows: int) -> None:
-        self.rows = rows
+    def __init__(self, order: np.ndarray) -> None:
+        self.rows = rows = len(order)
+        self.order = order
+        self.position = np.empty(rows, np.int64)  # per source row: its packing position
+        self.position[order] = np.arange(rows)
+        # per packing position:
         self.held = np.zeros(rows, bool)
-        self.added = 0  # rows taken, each time it was taken (more than ``rows``: one twice)
         self.tokens, self.counts = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
-        self.first_run = np.zeros(rows, np.int64)  # where each one's supervised runs start among all taken
-        self.ids, self.values, self.invalid = (np.empty(rows, object) for _ in range(3))
+        self.first_run = np.zeros(rows, np.int64)  # where its supervised runs start among all taken
+        self.ids, self.invalid = np.empty(rows, object), np.empty(rows, object)
+        self.codes = np.zeros(rows, np.int64)  # its ``source`` value's number (``values``)
+        self.values: dict[str | None, int] = {}
+        self.added = 0  # rows taken, each time it was taken (more than ``rows``: one twice)
         self.runs: list[tuple[np.ndarray, np.ndarray]] = []  # each part's begins and ends, as taken
         self.taken_runs = 0
         self.named: set[str | None] = set()
 
     def add(self, rows: np.ndarray, indexed: Indexed) -> None:
         """Take the index of source rows ``rows`` (a chunk's, in its order)."""
+        at = self.position[rows]
         self.added += len(rows)
-        self.held[rows] = True
-        self.tokens[rows], self.counts[rows] = indexed.tokens, indexed.counts
-        self.first_run[rows] = self.taken_runs + np.cumsum(indexed.counts) - indexed.counts
+        self.held[at] = True
+        self.tokens[at], self.counts[at] = indexed.tokens, indexed.counts
+        self.first_run[at] = self.taken_runs + np.cumsum(indexed.counts) - indexed.counts
         self.taken_runs += int(indexed.counts.sum())
         self.runs.append((indexed.begins, indexed.ends))
-        self.ids[rows], self.values[rows] = _objects(indexed.ids), _objects(indexed.values)
-        self.invalid[rows] = _objects(indexed.invalid)
+        self.ids[at], self.invalid[at] = _objects(indexed.ids), _objects(indexed.invalid)
+        self.codes[at] = [self.values.setdefault(value, len(self.values)) for value in indexed.values]
         self.named.update(indexed.ids)
 
-    def blocks(self, order: np.ndarray) -> Iterator[Block] | None:
-        """Blocks of ``order``'s conversations, as ``stored`` gives them; ``None`` where a
-        source row is not indexed (a chunk stopped at a failed template check, say), or
-        indexed twice; ``None`` too once they have been taken."""
+    def stream(self) -> Stream | Iterator[Block] | None:
+        """What ``pack`` takes of the index (once): the whole stream where every
+        conversation is valid and its id its own; else its blocks, as ``stored`` gives
+        them; ``None`` where a source row is not indexed (a chunk stopped at a failed
+        template check, say), or indexed twice."""
         if self.added != self.rows or not self.held.all():
             return None
-        self.added = -1  # (the runs are let go as the blocks are taken)
+        self.added = -1  # (the runs are let go as the stream is taken)
         begins = np.concatenate([b for b, _ in self.runs]) if self.runs else np.zeros(0, np.int32)
         ends = np.concatenate([e for _, e in self.runs]) if self.runs else np.zeros(0, np.int32)
-        self.runs = []  # (held once, joined, while the blocks are taken)
-        distinct = len(self.named) == self.rows and None not in self.named and (not self.rows or self.tokens.min() >= 0)
+        self.runs = []  # (held once, joined, while the stream is taken)
 
-        def block(k: np.ndarray) -> Block:
-            n = self.counts[k]
-            taken = np.repeat(self.first_run[k] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
-            lists = self.ids[k].tolist(), self.values[k].tolist(), self.invalid[k].tolist()
-            return Block(Indexed(self.tokens[k], *lists, n, begins[taken], ends[taken]), distinct=distinct)
+        def taken(first: int, last: int) -> np.ndarray:
+            """Where the runs of positions ``first..last-1`` are among all taken, in order."""
+            n = self.counts[first:last]
+            return np.repeat(self.first_run[first:last] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
 
-        return (block(order[start : start + BLOCK]) for start in range(0, len(order), BLOCK))
+        if len(self.named) == self.rows and None not in self.named and (not self.rows or self.tokens.min() >= 0):
+            every = taken(0, self.rows)
+            return Stream.whole(self.order, self.tokens, self.counts, begins[every], ends[every], self._numbered())
+        names = list(self.values)
+
+        def block(first: int, last: int) -> Block:
+            values = [names[code] for code in self.codes[first:last].tolist()]
+            ids, invalid = self.ids[first:last].tolist(), self.invalid[first:last].tolist()
+            runs = taken(first, last)
+            counts = self.counts[first:last]
+            return Block(Indexed(self.tokens[first:last], ids, values, invalid, counts, begins[runs], ends[runs]))
+
+        return (block(first, min(first + BLOCK, self.rows)) for first in range(0, self.rows, BLOCK))
+
+    def _numbered(self) -> tuple[np.ndarray, dict[str | None, int]]:
+        """Each position's ``source`` value's number, and the values, numbered in order of
+        first appearance in the stream (as ``Stream.add`` numbers them)."""
+        if not self.rows:
+            return self.codes, {}
+        codes, first = np.unique(self.codes, return_index=True)
+        renumber = np.zeros(len(self.values), np.int64)
+        renumber[codes[np.argsort(first)]] = np.arange(len(codes))
+        names = list(self.values)
+        return renumber[self.codes], {names[code]: number for number, code in enumerate(codes[np.argsort(first)])}
 
 
 def _objects(values: list) -> np.ndarray:
@@ -346,7 +376,7 @@ def left_out(index: int, row_id: str | None, invalid: str | None, seen: dict[str
     return None
 
 
-class _Stream:
+class Stream:
     """The conversations indexed so far, in packing order, and the valid ones among them."""
 
     def __init__(self) -> None:
@@ -361,15 +391,32 @@ class _Stream:
         self.bad: list[tuple[int, Invalid]] = []  # (position, why) of each conversation left out
         self.seen: dict[str, int] = {}
 
-    def add(self, indices: np.ndarray, block: Indexed, distinct: bool = False) -> None:
+    @classmethod
+    def whole(
+        cls,
+        indices: np.ndarray,
+        tokens: np.ndarray,
+        counts: np.ndarray,
+        begins: np.ndarray,
+        ends: np.ndarray,
+        numbered: tuple[np.ndarray, dict[str | None, int]],
+    ) -> Stream:
+        """A stream of conversations every one valid, with ids their own: each one's
+        tokens, count of supervised runs, the runs, and its ``source`` value's number with
+        the values (numbered in order of first appearance)."""
+        stream = cls()
+        stream.indices, stream.tokens, stream.counts = [indices], [tokens], [counts]
+        stream.begins, stream.ends = [begins], [ends]
+        codes, stream.values = numbered
+        stream.codes = codes.tolist()
+        stream.valid = [True] * len(indices)
+        return stream
+
+    def add(self, indices: np.ndarray, block: Indexed) -> None:
         """Take a block's conversations: an invalid one, or one whose id an earlier valid
         one used, is left out (``bad``). A block of valid conversations with ids new and
-        distinct is taken at once (``left_out`` leaves none of them out), as are those of a
-        stream ``distinct`` whole (``Block.distinct``)."""
-        if distinct:
-            self.valid += [True] * len(block.ids)
-        else:
-            self._check(indices, block)
+        distinct is taken at once (``left_out`` leaves none of them out)."""
+        self._check(indices, block)
         for value in dict.fromkeys(block.values):
             self.values.setdefault(value, len(self.values))
         self.codes += map(self.values.__getitem__, block.values)
@@ -419,7 +466,7 @@ class _Rows:
         return int(self.cuts.last[self.considered - 1]) + 1 if self.stopped else len(self.units)
 
 
-def _rows(stream: _Stream, row_tokens: int, wanted: int | None) -> _Rows:
+def _rows(stream: Stream, row_tokens: int, wanted: int | None) -> _Rows:
     """Cut the valid conversations so far into rows; consider rows up to the ``wanted``-th kept one."""
     valid = np.array(stream.valid, bool)
     units = np.flatnonzero(valid)
@@ -466,7 +513,7 @@ def checks_reach(store: TokenStore, order: np.ndarray, given: np.ndarray, row_to
 def pack(
     store: TokenStore,
     order: np.ndarray,
-    blocks: Iterator[Block],
+    blocks: Iterator[Block] | Stream,
     wanted: int | None,
     skip_invalid: bool,
     check_every: int,
@@ -478,12 +525,13 @@ def pack(
     tallied: Callable[[Packed], None] | None = None,
 ) -> tuple[Packed, Invalid | None]:
     """Pack the conversations of ``order`` into ``out`` (a Parquet file), up to ``wanted``
-    kept rows (``None``: all): indexed by ``blocks`` (``stored``, or the encode tasks of
-    ``fixed_sft.fill``), in packing order, then read from ``store``. ``shape``: row tokens,
-    the separator's id and whether rows carry their boundaries; ``run`` maps a task
-    function over tasks where conversations are encoded; ``progress`` is told of each row
-    group written; ``fed`` is kept up to date as the blocks are taken; ``tallied`` is given
-    what was packed (but the digests and the file's sha256) before the rows are written.
+    kept rows (``None``: all): indexed by ``blocks`` (``stored``, the encode tasks of
+    ``fixed_sft.fill``, or what ``Indexes.stream`` gives), in packing order, then read
+    from ``store``. ``shape``: row tokens, the separator's id and whether rows carry
+    their boundaries; ``run`` maps a task function over tasks where conversations are
+    encoded; ``progress`` is told of each row group written; ``fed`` is kept up to date as
+    the blocks are taken; ``tallied`` is given what was packed (but the digests and the
+    file's sha256) before the rows are written.
     Returns what was packed, and the invalid conversation that stops the build (without
     ``skip_invalid``), if any, in which case nothing is written; raises the
     ``TemplateMismatch`` of a conversation the rows reach; ``Unheld`` where the store lacks
@@ -540,21 +588,24 @@ class Fed:
 
 def _index(
     order: np.ndarray,
-    blocks: Iterator[Block],
+    blocks: Iterator[Block] | Stream,
     wanted: int | None,
     skip_invalid: bool,
     row_tokens: int,
     fed: Fed | None = None,
-) -> tuple[_Stream, _Rows, Invalid | None]:
+) -> tuple[Stream, _Rows, Invalid | None]:
     """Take the stream's blocks until the ``wanted``-th kept row (or the stream's end),
     or, without ``skip_invalid``, an invalid conversation before it; a failed template
-    check before it raises its ``TemplateMismatch``. ``fed`` is kept up to date."""
-    stream, fed = _Stream(), fed or Fed()
+    check before it raises its ``TemplateMismatch``. ``fed`` is kept up to date. A whole
+    stream (``Indexes.stream``) is taken as it is: its rows are those its blocks give."""
+    if isinstance(blocks, Stream):
+        return blocks, _rows(blocks, row_tokens, wanted), None
+    stream, fed = Stream(), fed or Fed()
     try:
         for block in blocks:
             indexed = block.indexed
             start = len(stream.valid)
-            stream.add(order[start : start + len(indexed.tokens)], indexed, block.distinct)
+            stream.add(order[start : start + len(indexed.tokens)], indexed)
             fed.conversations = len(stream.valid)
             fed.tokens += int((indexed.tokens[np.array(stream.valid[start:], bool)] + 1).sum())
             if stream.bad and not skip_invalid:
@@ -584,9 +635,9 @@ def _covered(first: np.ndarray, last: np.ndarray) -> np.ndarray:
     return low + np.flatnonzero(depth[:-1] > 0)
 
 
-def _prefix(stream: _Stream, position: int) -> _Stream:
+def _prefix(stream: Stream, position: int) -> Stream:
     """The stream before ``position`` (every conversation there valid)."""
-    prefix = _Stream()
+    prefix = Stream()
     prefix.valid = stream.valid[:position]
     tokens = np.concatenate(stream.tokens)[:position]
     counts = np.concatenate(stream.counts)[:position]
@@ -597,7 +648,7 @@ def _prefix(stream: _Stream, position: int) -> _Stream:
     return prefix
 
 
-def _tally(stream: _Stream, rows: _Rows, check_every: int) -> Packed:
+def _tally(stream: Stream, rows: _Rows, check_every: int) -> Packed:
     """What the manifest and the card say of the packed stream (as ``build._Tally`` counts it)."""
     packed = Packed()
     cuts, considered, kept, fed = rows.cuts, rows.considered, rows.kept, rows.fed

@@ -255,9 +255,10 @@ class EarlyPlotter:
     def __exit__(self, *exc):
         pass
 
-    def start(self, inputs):
-        self.events.append("plots")
-        self.started = inputs
+    def start(self, inputs):  # (as ``Plotter.start``: the first start draws, a later one is ignored)
+        if self.started is None:
+            self.events.append("plots")
+            self.started = inputs
 
     def draw(self, inputs):
         assert self.started is not None and fixed_sft.plots.same(self.started, inputs)
@@ -409,7 +410,7 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
     if data.draw(st.booleans()):  # (the index a fill kept: parts of its tasks' chunks, in any order)
         cuts = sorted(data.draw(st.sets(st.integers(1, n - 1), max_size=4))) if n > 1 else []
         chunks = data.draw(st.permutations(np.split(np.arange(n), cuts)))
-        filled = fixed_sft.parallel.Indexes(n)
+        filled = fixed_sft.parallel.Indexes(order)
         for chunk in chunks:
             filled.add(chunk, Indexed.of([items[i] for i in chunk.tolist()]))
     with tempfile.TemporaryDirectory() as scratch:
@@ -425,7 +426,7 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
             expected, rows = _one_at_a_time(items, order, wanted, skip, check_every, shape, one)
             patch.setattr(fixed_sft.parallel, "BLOCK", 3)
             patch.setattr(fixed_sft.parallel, "MIN_BLOCK", 3)
-            blocks = filled.blocks(order) if filled is not None else None
+            blocks = filled.stream() if filled is not None else None
             if blocks is None:
                 blocks = fixed_sft.parallel.stored(store, order, np.ones(n, bool), wanted, shape[0], in_process, 1)
             packed, stop = fixed_sft.parallel.pack(
@@ -490,28 +491,48 @@ def test_parts_of_several_row_groups_join_into_the_bytes_of_one_writer(tmp_path,
 
 def test_the_index_a_fill_kept_stands_for_the_index_pass_only_whole() -> None:
     """A source row no fill task indexed (a chunk stopped at a failed check), or one indexed
-    twice: no blocks, so the build reads the index back from the store."""
-    items = [Encoded(i, f"id{i}", np.arange(3, dtype=np.int32), np.array([0, 1, 1], np.uint8)) for i in range(4)]
+    twice: nothing, so the build reads the index back from the store. Where every
+    conversation is valid with an id of its own, the whole stream in packing order, its
+    ``source`` values numbered as they first appear; else its blocks."""
+    items = [
+        Encoded(i, f"id{i}", np.arange(3 + i, dtype=np.int32), np.array([0, 1, 1] + [0] * i, np.uint8), None, True, v)
+        for i, v in enumerate(["b", None, "a", "b"])
+    ]
+    order = np.array([3, 2, 1, 0])
 
     def indexes(*parts: list[int], given: list | None = None) -> fixed_sft.parallel.Indexes:
-        kept = fixed_sft.parallel.Indexes(4)
+        kept = fixed_sft.parallel.Indexes(order)
         for rows in parts:
             kept.add(np.array(rows), Indexed.of([(given or items)[i] for i in rows]))
         return kept
 
-    assert indexes([0, 1], [3]).blocks(np.arange(4)) is None
-    assert indexes([0, 1], [3], [1]).blocks(np.arange(4)) is None
-    assert indexes([0, 1], [3], [1], [2]).blocks(np.arange(4)) is None  # (every row, one of them twice)
-    assert indexes([0, 1, 1], [2, 3]).blocks(np.arange(4)) is None  # (one twice in a part)
+    assert indexes([0, 1], [3]).stream() is None
+    assert indexes([0, 1], [3], [1]).stream() is None
+    assert indexes([0, 1], [3], [1], [2]).stream() is None  # (every row, one of them twice)
+    assert indexes([0, 1, 1], [2, 3]).stream() is None  # (one twice in a part)
     whole = indexes([0, 1], [3], [2])
-    (block,) = whole.blocks(np.array([3, 2, 1, 0]))
-    assert whole.blocks(np.arange(4)) is None  # (taken once)
-    assert block.indexed.ids == ["id3", "id2", "id1", "id0"] and block.indexed.counts.tolist() == [1, 1, 1, 1]
-    assert (block.indexed.begins.tolist(), block.indexed.ends.tolist()) == ([1] * 4, [3] * 4)
-    assert block.distinct  # (every id given once, every conversation valid: no id is looked up)
+    stream = whole.stream()
+    assert whole.stream() is None  # (taken once)
+    assert isinstance(stream, fixed_sft.parallel.Stream)
+    read = fixed_sft.parallel.Stream()
+    read.add(order, Indexed.of([items[i] for i in order.tolist()]))  # (as the index pass reads it)
+    for name in ("indices", "tokens", "counts", "begins", "ends"):
+        assert np.concatenate(getattr(stream, name)).tolist() == np.concatenate(getattr(read, name)).tolist(), name
+    assert (stream.codes, stream.values, stream.valid, stream.bad) == (read.codes, read.values, read.valid, [])
+    assert stream.values == {"b": 0, "a": 1, None: 2}
     for other in (items[2]._replace(id="id0"), items[2]._replace(id=None), items[2]._replace(mask=None, invalid="x")):
         given = [*items[:2], other, items[3]]  # (an id given twice, none, an invalid one)
-        assert not next(iter(indexes([0, 1, 3], [2], given=given).blocks(np.arange(4)))).distinct, other
+        blocks = indexes([0, 1, 3], [2], given=given).stream()
+        assert blocks is not None and not isinstance(blocks, fixed_sft.parallel.Stream), other
+        (block,) = list(blocks)
+        expected = Indexed.of([given[i] for i in order.tolist()])
+        assert (block.indexed.ids, block.indexed.values, block.indexed.invalid) == (
+            expected.ids,
+            expected.values,
+            expected.invalid,
+        ), other
+        for name in ("tokens", "counts", "begins", "ends"):
+            assert getattr(block.indexed, name).tolist() == getattr(expected, name).tolist(), (other, name)
 
 
 def test_a_conversation_damaged_between_the_passes_stops_the_build(tmp_path) -> None:
