@@ -17,12 +17,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-FOLDER = Path(tempfile.gettempdir()) / "fixed-sft-bench-pycache"
+FOLDER = Path(tempfile.gettempdir()) / f"fixed-sft-bench-pycache-{os.getuid()}"  # (this user's own)
 # What a build imports: the package, its workers' and checkers' tokenizers and template
 # renderer, its drawing process's matplotlib (each where installed).
 MODULES = (
+    "multiprocessing.popen_forkserver",
+    "multiprocessing.popen_fork",
+    "multiprocessing.synchronize",
     "matplotlib.figure",
     "matplotlib.backends.backend_agg",
+    "PIL.PngImagePlugin",
     "tiktoken",
     "gigatoken",
     "transformers.utils.chat_template_utils",
@@ -43,7 +47,11 @@ for name in {MODULES!r}:
 
 def keep(folder: Path = FOLDER) -> None:
     """Keep bytecode in ``folder`` from now on, here and in every process started from here;
-    first import there what a build imports, so that every timed build finds it compiled."""
+    first import there what a build imports, so that every timed build finds it compiled.
+    The folder is made for this user alone; one that another user owns is refused."""
+    folder.mkdir(mode=0o700, exist_ok=True)
+    if folder.stat().st_uid != os.getuid() or folder.stat().st_mode & 0o022:
+        sys.exit(f"{folder}: not this user's own folder; remove it, or keep bytecode elsewhere")
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     os.environ["PYTHONPYCACHEPREFIX"] = str(folder)
     sys.dont_write_bytecode = False

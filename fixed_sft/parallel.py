@@ -598,9 +598,11 @@ def _index(
     or, without ``skip_invalid``, an invalid conversation before it; a failed template
     check before it raises its ``TemplateMismatch``. ``fed`` is kept up to date. A whole
     stream (``Indexes.stream``) is taken as it is: its rows are those its blocks give."""
+    fed = fed or Fed()
     if isinstance(blocks, Stream):
+        fed.conversations, fed.tokens = len(blocks.valid), int(sum(int(t.sum()) + len(t) for t in blocks.tokens))
         return blocks, _rows(blocks, row_tokens, wanted), None
-    stream, fed = Stream(), fed or Fed()
+    stream = Stream()
     try:
         for block in blocks:
             indexed = block.indexed

@@ -14,10 +14,12 @@ import gc
 import io
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -61,7 +63,10 @@ def draw(inputs: Inputs, apart: bool = False) -> dict[str, bytes]:
         MIX_PLOT: partial(_mix, Figure, inputs.mix or []),  # (drawn where there is a mix)
     }
     names = plot_names(inputs)
-    children = {name: _forked(drawers[name]) for name in names[1:]} if apart and hasattr(os, "fork") else {}
+    children = {}
+    for name in names[1:] if apart and hasattr(os, "fork") else []:
+        with suppress(OSError):  # (no pipe or process to spare: drawn here)
+            children[name] = _forked(drawers[name])
     plots = {name: drawers[name]() for name in names if name not in children}
     for name, child in children.items():
         plots[name] = _taken(*child) or drawers[name]()  # (drawn here where its child failed)
@@ -71,11 +76,17 @@ def draw(inputs: Inputs, apart: bool = False) -> dict[str, bytes]:
 def _forked(drawer: Callable[[], bytes]) -> tuple[int, int]:
     """A child forked to write ``drawer()`` to a pipe and exit: its pid and the pipe's read end."""
     read, write = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read)
+        os.close(write)
+        raise
     if pid == 0:
         status = 1
         try:
             os.close(read)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # (the build's pipe is its parent's alone)
             with os.fdopen(write, "wb") as pipe:
                 pipe.write(drawer())
             status = 0
@@ -158,8 +169,8 @@ class Plotter:
     def _stop(self) -> None:
         """End the drawing process, if it runs (and the thread that waits for it)."""
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.kill()
+        if process is not None:
+            _kill(process)
         thread = self._drawing[1] if self._drawing is not None else None
         if thread is not None and thread.ident is not None:  # (started: its wait ends with the process)
             thread.join()
@@ -199,6 +210,16 @@ class Plotter:
         finally:
             self._stop()
         return draw(inputs)
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """Kill the drawing process and the children it forked to draw: the process group it
+    leads (``_spawn``), else the process alone."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except OSError:  # (no such group: every process of it gone, or one not started by ``_spawn``)
+        if process.poll() is None:
+            process.kill()
 
 
 def same(a: Inputs, b: Inputs) -> bool:

@@ -390,11 +390,12 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
     n = data.draw(st.integers(1, 40))
     pool = [f"id{k}" for k in range(max(1, n // 3))]
     distinct = data.draw(st.booleans())  # (every id its own: the stream needs no id looked up)
+    valid = distinct and data.draw(st.booleans())  # (and no invalid row: a fill's index is then taken whole)
     items = []
     for i in range(n):
         row_id = f"own{i}" if distinct else data.draw(st.sampled_from([*pool, None, f"own{i}"]))
         value = data.draw(st.sampled_from([None, "a", "b"]))
-        if data.draw(st.integers(0, 9)) == 0:
+        if not valid and data.draw(st.integers(0, 9)) == 0:
             items.append(Encoded(i, row_id, None, None, "not a conversation", True, value))
             continue
         mask = np.array(data.draw(st.lists(st.integers(0, 1), max_size=30)), np.uint8)
@@ -451,6 +452,41 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
         assert (got.stats(), got.source_mix()) == (expected.stats(), expected.source_mix())
         assert (folder / "packed" / "train.parquet").read_bytes() == one.read_bytes()
         assert sorted(p.name for p in (folder / "packed").iterdir()) == ["train.parquet"]
+
+
+@pytest.mark.parametrize("wanted", [None, 1, 4, 9])
+def test_a_fill_index_taken_whole_packs_as_its_blocks(tmp_path, wanted) -> None:
+    """The whole stream a fill's index gives (every conversation valid, ids their own)
+    packs the rows, tally and bytes of packing one conversation at a time, with fewer rows
+    wanted than the stream holds too; ``fed`` counts the stream."""
+    rng = np.random.default_rng(11)
+    items = [
+        Encoded(i, f"c{i}", np.arange(k, dtype=np.int32) + 5, (rng.random(k) < 0.6).astype(np.uint8), None, True, v)
+        for i, (k, v) in enumerate(zip(rng.integers(0, 12, 40).tolist(), rng.choice(["x", "y", "z"], 40).tolist()))
+    ]
+    order, shape = permutation(3, len(items)), (5, 1, False)
+    store = _stored(items, tmp_path / "entry")
+    filled = fixed_sft.parallel.Indexes(order)
+    for chunk in np.split(np.arange(len(items)), [7, 19, 30])[::-1]:
+        filled.add(chunk, Indexed.of([items[i] for i in chunk.tolist()]))
+    whole = filled.stream()
+    assert isinstance(whole, fixed_sft.parallel.Stream)
+    expected, rows = _one_at_a_time(items, order, wanted, False, 3, shape, tmp_path / "one.parquet")
+    in_process = lambda fn, tasks: (fn(None, task) for task in tasks)  # noqa: E731
+    (tmp_path / "packed").mkdir()
+    out, fed = tmp_path / "packed" / "train.parquet", fixed_sft.parallel.Fed()
+    packed, stop = fixed_sft.parallel.pack(
+        store, order, whole, wanted, False, 3, shape, in_process, out, lambda rows: None, fed
+    )  # fmt: skip
+    assert stop is None and packed.rows == rows and (wanted is None or rows == wanted)
+    assert (fed.conversations, fed.tokens) == (len(items), sum(len(item.ids) + 1 for item in items))
+    got = build_module._Tally(row_tokens=shape[0])
+    got.take(packed)
+    for name in fixed_sft.parallel.Packed.__dataclass_fields__:
+        if name not in ("rows", "parquet_sha256"):
+            assert getattr(got, name) == getattr(expected, name), name
+    assert (got.stats(), got.source_mix()) == (expected.stats(), expected.source_mix())
+    assert out.read_bytes() == (tmp_path / "one.parquet").read_bytes()
 
 
 def test_parts_of_several_row_groups_join_into_the_bytes_of_one_writer(tmp_path, monkeypatch) -> None:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -68,6 +69,13 @@ forked = plots._forked
 plots._forked = lambda drawer: forked(lambda: 1 / 0)
 INPUTS = plots.Inputs([10, 900], 4096, 0.4, [3, 40], [("a", 9)])
 assert plots.draw(INPUTS, apart=True) == plots.draw(INPUTS)
+import os
+def no_fork():
+    raise BlockingIOError(11, "Resource temporarily unavailable")
+plots._forked, os.fork = forked, no_fork  # (no process to spare: every plot drawn here, no pipe left open)
+before = len(os.listdir("/proc/self/fd"))
+assert plots.draw(INPUTS, apart=True) == plots.draw(INPUTS)
+assert len(os.listdir("/proc/self/fd")) == before
 print("ok")
 """
     result = _run(code)
@@ -159,3 +167,51 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_stopping_the_drawing_process_stops_the_children_it_forked(tmp_path):
+    """A drawing process whose child hangs (a plot that takes for ever) is stopped with its
+    children, at once: none outlives the build."""
+    started = tmp_path / "started"
+    code = (
+        "import pathlib, time\nfrom fixed_sft import plots\n"
+        "def hang(*args):\n"
+        f"    pathlib.Path({str(started)!r}).touch()\n"
+        "    time.sleep(600)\n"
+        "plots._lengths = hang\nplots._serve()\n"
+    )
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
+    with Plotter() as plotter:
+        plotter._process = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": path},
+            process_group=0,
+        )
+        group = plotter._process.pid
+        plotter.start(INPUTS)
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), "the child never drew"
+        begun = time.monotonic()
+        plotter._stop()
+        assert time.monotonic() - begun < 10
+    deadline = time.monotonic() + 30
+    while _group_alive(group) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _group_alive(group)
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a process of group ``group`` runs (a zombie does not count)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = (Path("/proc") / entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == group and fields[0] != "Z":
+                return True
+    return False
