@@ -172,8 +172,8 @@ class Indexes:
     the one the index pass would read back from the store. (Nothing is then read back
     before the write pass, which checks each conversation as it reads it.) Each part is
     put in packing order as it comes, while the fill runs: the stream is then taken at
-    numpy's speed (256,000 conversations: 0.27 s -> 0.05 s after the fill, on the 16-core
-    machine)."""
+    numpy's speed (256,000 conversations: 0.24-0.27 s -> 0.02-0.07 s after the fill, on the
+    16-core machine)."""
 
     def __init__(self, order: np.ndarray) -> None:
         self.rows = rows = len(order)
