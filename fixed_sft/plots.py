@@ -216,7 +216,10 @@ class Plotter:
 
 def _kill(process: subprocess.Popen) -> None:
     """Kill the drawing process and the children it forked to draw: the process group it
-    leads (``_spawn``), else the process alone."""
+    leads (``_spawn``), else the process alone. One that exited cleanly has waited for its
+    children: its pid may be another's by now."""
+    if process.returncode == 0:
+        return
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except OSError:  # (no such group: every process of it gone, or one not started by ``_spawn``)
