@@ -242,10 +242,11 @@ class Indexes:
         if not self.rows:
             return self.codes, {}
         codes, first = np.unique(self.codes, return_index=True)
+        seen = codes[np.argsort(first)].tolist()  # (the codes in order of first appearance)
         renumber = np.zeros(len(self.values), np.int64)
-        renumber[codes[np.argsort(first)]] = np.arange(len(codes))
+        renumber[seen] = np.arange(len(seen))
         names = list(self.values)
-        return renumber[self.codes], {names[code]: number for number, code in enumerate(codes[np.argsort(first)])}
+        return renumber[self.codes], {names[code]: number for number, code in enumerate(seen)}
 
 
 def _objects(values: list) -> np.ndarray:
