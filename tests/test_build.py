@@ -8,6 +8,7 @@ import importlib.metadata
 import json
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -638,6 +639,31 @@ def test_starting_the_fork_server_leaves_ctrl_c_and_the_environment_as_they_were
     forkserver_context(WORKER_MODULES, {PRELOAD_VARIABLE: _encoder_config(kimi_dir).to_json(), BUILDER_VARIABLE: "1"})
     assert signal.getsignal(signal.SIGINT) is handler and signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
     assert dict(os.environ) == environment and PRELOAD_VARIABLE not in os.environ and BUILDER_VARIABLE not in os.environ
+
+
+ARROW_POOL_IN_WORKER = """
+import os
+from fixed_sft.engine import forkserver_context
+context = forkserver_context(["fixed_sft.engine"], {})
+with context.Pool(1) as pool:
+    seen = pool.apply(os.getenv, ("ARROW_DEFAULT_MEMORY_POOL",))
+print(seen, os.environ.get("ARROW_DEFAULT_MEMORY_POOL"))
+"""
+
+
+@pytest.mark.parametrize("chosen", [None, "jemalloc"])
+def test_the_fork_servers_arrow_pool_is_the_c_librarys_unless_one_is_named(chosen):
+    """The fork server and its workers allocate Arrow's own buffers (its Parquet reader's
+    and writer's) from the C library, unless the caller named a pool; the caller's
+    environment is left as it was."""
+    environment = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if chosen:
+        environment["ARROW_DEFAULT_MEMORY_POOL"] = chosen
+    done = subprocess.run(
+        [sys.executable, "-c", ARROW_POOL_IN_WORKER], capture_output=True, text=True, timeout=120, env=environment
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ([chosen, chosen] if chosen else ["system", "None"])
 
 
 # evaluated in a worker: whether it took the fork server's encoder
