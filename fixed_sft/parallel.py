@@ -224,7 +224,7 @@ class Indexes:
 
         if len(self.named) == self.rows and None not in self.named and (not self.rows or self.tokens.min() >= 0):
             every = taken(0, self.rows)
-            return Stream.whole(self.order, self.tokens, self.counts, begins[every], ends[every], self._numbered())
+            return Stream.whole(self.order, self.tokens, self.counts, begins[every], ends[every], *self._numbered())
         names = list(self.values)
 
         def block(first: int, last: int) -> Block:
@@ -400,16 +400,16 @@ class Stream:
         counts: np.ndarray,
         begins: np.ndarray,
         ends: np.ndarray,
-        numbered: tuple[np.ndarray, dict[str | None, int]],
+        codes: np.ndarray,
+        values: dict[str | None, int],
     ) -> Stream:
         """A stream of conversations every one valid, with ids their own: each one's
-        tokens, count of supervised runs, the runs, and its ``source`` value's number with
-        the values (numbered in order of first appearance)."""
+        tokens, count of supervised runs, the runs, and its ``source`` value's number in
+        ``values`` (numbered in order of first appearance)."""
         stream = cls()
         stream.indices, stream.tokens, stream.counts = [indices], [tokens], [counts]
         stream.begins, stream.ends = [begins], [ends]
-        codes, stream.values = numbered
-        stream.codes = codes.tolist()
+        stream.codes, stream.values = codes.tolist(), values
         stream.valid = [True] * len(indices)
         return stream
 
