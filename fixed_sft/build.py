@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from . import __version__, parallel
+from . import __version__, direct, parallel
 from .bands import Band, band_bytes, file_bytes, read_band, read_file_rows, read_rows, source_columns
 from .chat import MASK_TYPES as KIMI_MASK_TYPES
 from .chat import ChatEncoder, read_probes
@@ -815,6 +815,30 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
                 counted.take(packed)
                 plotter.start(counted.plot_inputs(packed.rows))
 
+        def read_directly(bar: tqdm) -> parallel.Packed | None:
+            """Pack in this process, reading the rows straight from the store (``fixed_sft.direct``),
+            where it gives every conversation valid; ``None`` where it cannot (nothing is then
+            left written): the build packs one conversation at a time."""
+            assert store is not None and skip is not None
+            if not direct.usable(store, order, skip):
+                return None
+            writer = RowWriter(folder / PARQUET_NAME, config.emit_boundaries)
+            shape = (config.row_tokens, separator_id, config.emit_boundaries)
+            try:
+                packed = direct.pack(store, order, config.rows, shape, config.check_every, writer, bar.update)
+                tallied(packed)  # (the plots drawn while the last rows are written)
+                writer.close()
+            except direct.Unsuited:
+                writer.abort()
+                (folder / PARQUET_NAME).unlink(missing_ok=True)
+                bar.reset()
+                return None
+            except BaseException:
+                writer.abort()
+                raise
+            packed.parquet_sha256 = writer.sha256
+            return packed
+
         def streamed(skip: np.ndarray | None, tokenized: tqdm, bar: tqdm) -> int:
             """Pack one conversation at a time, in packing order: those ``skip`` marks from the
             store, the others read and encoded; the rows written."""
@@ -876,6 +900,8 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
                     if packed is None:  # (what its workers stored before one could not is held now)
                         held, check = store.plan(config.check_every)
                         skip = held & ~check if held.any() else None
+                if packed is None and store is not None and skip is not None:
+                    packed = read_directly(bar)
                 if packed is None:
                     written = streamed(skip, tokenized, bar)
                 else:

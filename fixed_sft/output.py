@@ -110,8 +110,8 @@ def rows_table(rows: list[Row], first: int, boundaries: bool) -> pa.Table:
     table_schema = schema(boundaries)
     width = len(rows[0].ids)
     offsets = arrow.numbers(np.arange(len(rows) + 1) * width, pa.int32())
-    ids = pa.ListArray.from_arrays(offsets, arrow.numbers(np.concatenate([r.ids for r in rows]), pa.int32()))
-    mask = pa.ListArray.from_arrays(offsets, arrow.numbers(np.concatenate([r.mask for r in rows]), pa.uint8()))
+    ids = pa.ListArray.from_arrays(offsets, arrow.numbers(_joined([r.ids for r in rows]), pa.int32()))
+    mask = pa.ListArray.from_arrays(offsets, arrow.numbers(_joined([r.mask for r in rows]), pa.uint8()))
     numbers = arrow.numbers(np.arange(first, first + len(rows)), pa.int64())
     parts = [segment for row in rows for segment in row.segments]
     segment = pa.StructArray.from_arrays(
@@ -131,6 +131,29 @@ def rows_table(rows: list[Row], first: int, boundaries: bool) -> pa.Table:
         fields.append(pa.ListArray.from_arrays(starts, arrow.numbers(np.concatenate(bounds), pa.int32())))
     metadata = pa.StructArray.from_arrays(fields, fields=list(table_schema.field("metadata").type))
     return pa.Table.from_arrays([_prompts(len(rows)), metadata], schema=table_schema)
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """``parts`` (1-d, of one dtype) end to end: a view where each follows the one before
+    in one buffer (a packed row group's rows), else a copy.
+
+    >>> stream = np.arange(6)
+    >>> joined = _joined([stream[:2], stream[2:4], stream[4:]])
+    >>> joined.tolist(), np.shares_memory(joined, stream), np.shares_memory(_joined([stream[:2], stream[4:]]), stream)
+    ([0, 1, 2, 3, 4, 5], True, False)
+    """
+    base = parts[0].base
+    if isinstance(base, np.ndarray) and base.flags.c_contiguous and base.dtype == parts[0].dtype:
+        start = parts[0].__array_interface__["data"][0]
+        at = start
+        for part in parts:
+            if part.base is not base or part.__array_interface__["data"][0] != at or not part.flags.c_contiguous:
+                break
+            at += part.nbytes
+        else:
+            offset = (start - base.__array_interface__["data"][0]) // base.itemsize
+            return base.reshape(-1)[offset : offset + (at - start) // base.itemsize]
+    return np.concatenate(parts)
 
 
 def _starts(lengths: list[int]) -> np.ndarray:

@@ -448,7 +448,7 @@ class Stream:
 
 
 @dataclass
-class _Rows:
+class Rows:
     """The rows of the stream's valid conversations: their cuts, which are kept, and up to
     where the stream is packed (``fed``: units; ``considered``: rows)."""
 
@@ -467,7 +467,7 @@ class _Rows:
         return int(self.cuts.last[self.considered - 1]) + 1 if self.stopped else len(self.units)
 
 
-def _rows(stream: Stream, row_tokens: int, wanted: int | None) -> _Rows:
+def _rows(stream: Stream, row_tokens: int, wanted: int | None) -> Rows:
     """Cut the valid conversations so far into rows; consider rows up to the ``wanted``-th kept one."""
     valid = np.array(stream.valid, bool)
     units = np.flatnonzero(valid)
@@ -486,7 +486,7 @@ def _rows(stream: Stream, row_tokens: int, wanted: int | None) -> _Rows:
     considered, stopped = cuts.rows, False
     if wanted is not None and np.count_nonzero(kept) >= wanted:
         considered, stopped = int(np.flatnonzero(kept)[wanted - 1]) + 1, True
-    return _Rows(units, sizes, cuts, supervised, trainable, considered, kept[:considered], stopped)
+    return Rows(units, sizes, cuts, supervised, trainable, considered, kept[:considered], stopped)
 
 
 def reachable(store: TokenStore, order: np.ndarray, given: np.ndarray, row_tokens: int) -> float:
@@ -540,7 +540,7 @@ def pack(
     stream, rows, stop = _index(order, blocks, wanted, skip_invalid, shape[0], fed)
     if stop is not None:
         return Packed(), stop
-    packed = _tally(stream, rows, check_every)
+    packed = tally(stream, rows, check_every)
     if not packed.rows or (wanted is not None and packed.rows < wanted):
         return packed, None  # (the build says there are too few)
     if tallied is not None:
@@ -594,7 +594,7 @@ def _index(
     skip_invalid: bool,
     row_tokens: int,
     fed: Fed | None = None,
-) -> tuple[Stream, _Rows, Invalid | None]:
+) -> tuple[Stream, Rows, Invalid | None]:
     """Take the stream's blocks until the ``wanted``-th kept row (or the stream's end),
     or, without ``skip_invalid``, an invalid conversation before it; a failed template
     check before it raises its ``TemplateMismatch``. ``fed`` is kept up to date. A whole
@@ -651,7 +651,7 @@ def _prefix(stream: Stream, position: int) -> Stream:
     return prefix
 
 
-def _tally(stream: Stream, rows: _Rows, check_every: int) -> Packed:
+def tally(stream: Stream, rows: Rows, check_every: int) -> Packed:
     """What the manifest and the card say of the packed stream (as ``build._Tally`` counts it)."""
     packed = Packed()
     cuts, considered, kept, fed = rows.cuts, rows.considered, rows.kept, rows.fed
@@ -708,7 +708,7 @@ def groups_per_part(rows: int, row_tokens: int) -> int:
 def _write(
     store: TokenStore,
     order: np.ndarray,
-    rows: _Rows,
+    rows: Rows,
     shape: tuple[int, int, bool],
     run: Run,
     out: Path,

@@ -285,16 +285,29 @@ class SegmentReader:
         """``size`` bytes of segment ``number`` from ``offset``; ``None`` where it has fewer.
         Nothing is read past the file's end: a damaged record's size is not allocated."""
         try:
-            fd, length = self._open(number)
-            if offset + size > length:
-                length = os.fstat(fd).st_size  # (grown since it was opened, or damaged)
-                self._files[number] = (fd, length)
-                if offset + size > length:
-                    return None
-            payload = os.pread(fd, size, offset)
+            fd = self._holding(number, offset + size)
+            payload = b"" if fd is None else os.pread(fd, size, offset)
         except OSError:
             return None
         return payload if len(payload) == size else None
+
+    def read_into(self, number: int, offset: int, size: int, buffers: Sequence[Any]) -> bool:
+        """Fill ``buffers`` (writable, ``size`` bytes in all), one after the other, from
+        ``offset`` of segment ``number``; ``False`` where it has fewer bytes."""
+        try:
+            fd = self._holding(number, offset + size)
+            return fd is not None and os.preadv(fd, buffers, offset) == size
+        except OSError:
+            return False
+
+    def _holding(self, number: int, end: int) -> int | None:
+        """Segment ``number``'s descriptor, where it holds ``end`` bytes (it may have grown
+        since it was opened); else ``None``."""
+        fd, length = self._open(number)
+        if end > length:
+            length = os.fstat(fd).st_size  # (grown since it was opened, or damaged)
+            self._files[number] = (fd, length)
+        return fd if end <= length else None
 
     def close(self) -> None:
         for fd, _ in self._files.values():
@@ -439,6 +452,39 @@ class TokenStore:
                 self.taken += 1
             found[at] = item
         return found
+
+    def read_into(
+        self, indices: np.ndarray, starts: Sequence[int], ids: np.ndarray, mask: np.ndarray
+    ) -> list[bytearray] | None:
+        """Stored source rows ``indices`` read straight into ``ids`` and ``mask``, each at its
+        ``starts`` (its stored tokens: a caller leaves room for anything after them), each
+        checked against its digest as ``lookup`` checks it; their metadata's bytes (for
+        ``parse_metas``), or ``None`` where one is not held or does not match (it is then
+        forgotten, as ``lookup`` forgets it)."""
+        rows = np.asarray(indices, np.int64)
+        if len(rows) and self.segment[rows].min() < 0:
+            return None
+        metas: list[bytearray] = []
+        columns = (self.segment, self.offset, self.tokens, self.meta, self.passed, self.digest)
+        for index, start, number, offset, tokens, meta, passed, digest in zip(
+            rows.tolist(), starts, *(column[rows].tolist() for column in columns)
+        ):
+            meta_bytes = bytearray(meta)
+            buffers = [ids[start : start + tokens], mask[start : start + tokens], meta_bytes]
+            if tokens < 0 or not self._reader.read_into(number, offset, 5 * tokens + meta, buffers):
+                matched = False
+            else:
+                check = xxhash.xxh3_128(HEAD.pack(index, tokens, meta, PASSED if passed else 0))
+                for buffer in buffers:  # (``_digest`` of the head, then of the bytes)
+                    check.update(buffer)  # type: ignore[arg-type]  # (numpy arrays are buffers)
+                matched = check.digest() == digest
+            if not matched:
+                self.damaged += 1
+                self.segment[index] = -1
+                return None
+            metas.append(meta_bytes)
+        self.taken += len(metas)
+        return metas
 
     def add(self, item: Encoded) -> None:
         """Keep ``item`` (a conversation as a build encoded it) unless the store holds it
@@ -647,9 +693,13 @@ def _equal(a: np.ndarray | None, b: np.ndarray | None) -> bool:
 
 
 def _metas(read: list[tuple[int, int, int, bytes, bool]]) -> list[tuple | None]:
-    """The metadata ``[id, source value, invalid reason]`` of each of ``read``'s payloads
-    (``None`` for one that is not that), parsed as one JSON array."""
-    metas = [payload[5 * max(tokens, 0) :] for _, _, tokens, payload, _ in read]
+    """The metadata of each of ``read``'s payloads (``parse_metas``)."""
+    return parse_metas([payload[5 * max(tokens, 0) :] for _, _, tokens, payload, _ in read])
+
+
+def parse_metas(metas: Sequence[bytes | bytearray]) -> list[tuple | None]:
+    """Stored metadata: ``(id, source value, invalid reason)`` of each (``None`` for one that
+    is not that), parsed as one JSON array."""
     try:
         parsed = json.loads(b"[" + b",".join(metas) + b"]")
     except ValueError:
@@ -659,8 +709,8 @@ def _metas(read: list[tuple[int, int, int, bytes, bool]]) -> list[tuple | None]:
     return [_stored_kind(meta) for meta in parsed]
 
 
-def _meta(data: bytes) -> tuple | None:
-    """One conversation's stored metadata (``_metas``)."""
+def _meta(data: bytes | bytearray) -> tuple | None:
+    """One conversation's stored metadata (``parse_metas``)."""
     try:
         return _stored_kind(json.loads(data))
     except ValueError:
