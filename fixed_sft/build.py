@@ -902,6 +902,9 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
                         skip = held & ~check if held.any() else None
                 if packed is None and store is not None and skip is not None:
                     packed = read_directly(bar)
+                    if packed is None:  # (a damaged conversation it found is no longer held)
+                        held, check = store.plan(config.check_every)
+                        skip = held & ~check if held.any() else None
                 if packed is None:
                     written = streamed(skip, tokenized, bar)
                 else:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import NamedTuple
 
 import numpy as np
 
@@ -53,29 +52,22 @@ def pack(
     """Write the rows of ``order`` to ``writer``, up to ``wanted`` kept rows (``None``: all),
     with ``shape``'s row tokens, separator id and boundaries; what was packed (the file's
     sha256 is the caller's, once it closes ``writer``). ``progress`` is told of each row
-    group's kept rows. ``Unsuited`` where this path cannot pack them."""
+    group's kept rows. Where every row is cut, the conversations after the last are read
+    too (their ids counted, as one conversation at a time counts them). ``Unsuited`` where
+    this path cannot pack them."""
     row_tokens, eos_id, boundaries = shape
     sizes = store.tokens[order] + 1
     cuts = Cuts.of(sizes, row_tokens)
+    reader = _Reader(store, order, cuts, eos_id)
     supervised = np.zeros(cuts.rows, np.int64)
     trainable = np.zeros(cuts.rows, np.int64)
-    codes = np.zeros(len(order), np.int64)  # (of the conversations read: the others are in no kept row)
-    values: dict[str | None, int] = {}
-    seen: dict[str, int] = {}
     digests: list[bytes] = []
     group = rows_per_group(row_tokens)
     considered, stopped = cuts.rows, False
-    carried: _Unit | None = None
     for begin in range(0, cuts.rows, group):
         end = min(begin + group, cuts.rows)
         low, high = int(cuts.first[begin]), int(cuts.last[end - 1]) + 1
-        ids, mask, names, fresh = _read(store, order, cuts, (low, high), eos_id, carried)
-        for unit, (row_id, value) in zip(range(high - len(fresh), high), fresh):
-            if left_out(int(order[unit]), row_id, None, seen) is not None:
-                raise Unsuited(f"source row {int(order[unit])}: an earlier conversation has its id")
-            codes[unit] = values.setdefault(value, len(values))
-        last = slice(int(cuts.starts[high - 1] - cuts.starts[low]), int(cuts.starts[high] - cuts.starts[low]) - 1)
-        carried = _Unit(high - 1, ids[last], mask[last], names[-1])
+        ids, mask, names = reader.take(low, high)
         at = begin * row_tokens - int(cuts.starts[low])
         ids_rows = ids[at : at + (end - begin) * row_tokens].reshape(-1, row_tokens)
         mask_rows = mask[at : at + (end - begin) * row_tokens].reshape(-1, row_tokens)
@@ -104,57 +96,58 @@ def pack(
         progress(len(digests) - kept_before)
         if stopped:
             break
+    if not stopped and reader.read_to < len(order):
+        reader.take(reader.read_to, len(order))  # (the stream's tail)
     kept = trainable[:considered] > 0
     rows = Rows(np.arange(len(order)), sizes, cuts, supervised, trainable, considered, kept, stopped)
     stream = Stream()  # (what ``tally`` reads of it: the rows' masks gave the supervised tokens)
-    stream.indices, stream.codes, stream.values = [order], codes.tolist(), values
+    stream.indices, stream.codes, stream.values = [order], reader.codes.tolist(), reader.values
     packed = tally(stream, rows, check_every)
     packed.digests = digests
     return packed
 
 
-class _Unit(NamedTuple):
-    """A conversation read for one row group, which the next may hold too: its position in
-    the stream, its tokens and mask (without its ``[EOS]``), and its id."""
+class _Reader:
+    """Reads the stream's units from the store, a stretch at a time, each once: their ids
+    checked as ``parallel.left_out`` checks them, their ``source`` values numbered (``codes``:
+    per unit read, in order of first appearance)."""
 
-    position: int
-    ids: np.ndarray
-    mask: np.ndarray
-    id: str | None
+    def __init__(self, store: TokenStore, order: np.ndarray, cuts: Cuts, eos_id: int) -> None:
+        self.store, self.order, self.cuts, self.eos_id = store, order, cuts, eos_id
+        self.codes = np.zeros(len(order), np.int64)  # (0 for a unit not read: it is in no kept row)
+        self.values: dict[str | None, int] = {}
+        self.seen: dict[str, int] = {}
+        self.read_to = 0  # (units before it are read)
+        self._last: tuple[np.ndarray, np.ndarray, str | None] | None = None  # (unit ``read_to - 1``: tokens, mask, id)
 
-
-def _read(
-    store: TokenStore,
-    order: np.ndarray,
-    cuts: Cuts,
-    units: tuple[int, int],
-    eos_id: int,
-    carried: _Unit | None,
-) -> tuple[np.ndarray, np.ndarray, list[str | None], list[tuple[str | None, str | None]]]:
-    """The tokens and mask of ``units`` (stream positions ``low..high``, exclusive), each
-    followed by its ``[EOS]`` (mask 0), in one buffer each; their ids; and the id and
-    ``source`` value of each read now (all but ``carried``, the last one read before,
-    where it is the first). ``Unsuited`` where one does not match its digest, or its
-    metadata is not a valid conversation's."""
-    low, high = units
-    base = int(cuts.starts[low])
-    starts = cuts.starts[low : high + 1] - base
-    ids = np.empty(int(starts[-1]), np.int32)
-    mask = np.empty(int(starts[-1]), np.uint8)
-    names: list[str | None] = []
-    if carried is not None and carried.position == low:
-        ids[: len(carried.ids)], mask[: len(carried.mask)] = carried.ids, carried.mask
-        names.append(carried.id)
-        low += 1
-    metas = store.read_into(order[low:high], starts[low - units[0] : -1].tolist(), ids, mask)
-    if metas is None:
-        raise Unsuited("a stored conversation does not match its digest")
-    fresh = []
-    for meta in parse_metas(metas):
-        if meta is None or meta[2] is not None:
-            raise Unsuited("a conversation stored as valid holds other metadata")
-        fresh.append((meta[0], meta[1]))
-        names.append(meta[0])
-    ends = starts[1:] - 1  # (each unit's [EOS])
-    ids[ends], mask[ends] = eos_id, 0
-    return ids, mask, names, fresh
+    def take(self, low: int, high: int) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+        """Units ``low..high`` (exclusive; from the last one read or the first not read),
+        each followed by its ``[EOS]`` (mask 0), in one buffer of tokens and one of mask
+        values; and their ids. ``Unsuited`` where one repeats an id, does not match its
+        digest, or holds metadata other than a valid conversation's."""
+        starts = self.cuts.starts[low : high + 1] - self.cuts.starts[low]
+        ids = np.empty(int(starts[-1]), np.int32)
+        mask = np.empty(int(starts[-1]), np.uint8)
+        names: list[str | None] = []
+        first = low
+        if low < self.read_to and self._last is not None:  # (the unit the last stretch ended in)
+            last_ids, last_mask, last_id = self._last
+            ids[: len(last_ids)], mask[: len(last_mask)] = last_ids, last_mask
+            names.append(last_id)
+            first += 1
+        metas = self.store.read_into(self.order[first:high], starts[first - low : -1].tolist(), ids, mask)
+        if metas is None:
+            raise Unsuited("a stored conversation does not match its digest")
+        for unit, meta in zip(range(first, high), parse_metas(metas)):
+            if meta is None or meta[2] is not None:
+                raise Unsuited(f"source row {int(self.order[unit])}: stored as valid, with other metadata")
+            row_id, value, _ = meta
+            if left_out(int(self.order[unit]), row_id, None, self.seen) is not None:
+                raise Unsuited(f"source row {int(self.order[unit])}: an earlier conversation has its id")
+            self.codes[unit] = self.values.setdefault(value, len(self.values))
+            names.append(row_id)
+        ends = starts[1:] - 1
+        ids[ends], mask[ends] = self.eos_id, 0
+        self.read_to = high
+        self._last = (ids[starts[-2] : ends[-1]], mask[starts[-2] : ends[-1]], names[-1]) if high > low else None
+        return ids, mask, names

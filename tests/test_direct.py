@@ -1,0 +1,204 @@
+"""Rows read straight from the token store into their row groups (fixed_sft.direct) are the rows
+packed one conversation at a time: the same tally, Parquet bytes, manifest and card; a repeated
+id or a damaged stored conversation falls back to packing one conversation at a time."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import synthetic
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_parallel import _files, _one_at_a_time, _stored
+
+import fixed_sft.build as build_module
+import fixed_sft.direct
+import fixed_sft.output
+from fixed_sft.build import BuildConfig, build
+from fixed_sft.encode import Encoded
+from fixed_sft.order import permutation
+from fixed_sft.output import RowWriter
+
+N = 200
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """200 valid conversations, each with an id of its own, in 2 Parquet files."""
+    folder = tmp_path_factory.mktemp("direct") / "source"
+    synthetic.write_parquet(synthetic.conversations(N, seed=5), folder, rows_per_file=100)
+    return folder
+
+
+@pytest.fixture
+def read(monkeypatch) -> list[str]:
+    """How each build's direct read ended: "packed", or "unsuited" where it fell back."""
+    outcomes: list[str] = []
+    real = fixed_sft.direct.pack
+
+    def pack(*args, **kwargs):
+        try:
+            result = real(*args, **kwargs)
+        except fixed_sft.direct.Unsuited:
+            outcomes.append("unsuited")
+            raise
+        outcomes.append("packed")
+        return result
+
+    monkeypatch.setattr(fixed_sft.direct, "pack", pack)
+    return outcomes
+
+
+def _config(source: Path, kimi_dir: Path, **overrides) -> BuildConfig:
+    values = dict(
+        name="direct", source=str(source), tokenizer=str(kimi_dir), rows=None, row_tokens=256, seed=3, check_every=3
+    )
+    return BuildConfig(**{**values, **overrides})
+
+
+CASES = {
+    "all rows": {},
+    "rows of 16 in groups of 2: conversations span groups": {"row_tokens": 16, "rows_per_group": 2},
+    "rows of 64, rows skipped": {"row_tokens": 64},
+    "some rows": {"rows": 40, "row_tokens": 1024},
+    "boundaries": {"rows": 25, "emit_boundaries": True, "row_tokens": 2048},
+    "rows longer than the stream's conversations, a row a group": {"rows": 3, "row_tokens": 20000},
+    "no checks": {"check_every": 0},
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_later_build_reads_its_rows_as_one_at_a_time_packs_them(
+    case, corpus, kimi_dir, tmp_path, token_store, read, monkeypatch
+) -> None:
+    """A build of another seed than the one that filled the store encodes nothing and reads
+    its rows straight from the store: the files of a build without the store."""
+    overrides = dict(CASES[case])
+    if "rows_per_group" in overrides:
+        monkeypatch.setattr(fixed_sft.output, "ROWS_PER_GROUP", overrides.pop("rows_per_group"))
+    cfg = _config(corpus, kimi_dir, **overrides)
+    one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
+    if cfg.row_tokens == 64:
+        assert one["stats"]["rows_skipped"] > 0
+    build(dataclasses.replace(cfg, seed=cfg.seed + 1, rows=None, no_card=True), tmp_path / "filled")
+    assert read == []  # (it encoded every conversation)
+    assert build(cfg, tmp_path / "later") == one
+    assert _files(tmp_path / "later") == _files(tmp_path / "one")
+    assert read == ["packed"]
+
+
+def test_a_repeated_id_falls_back_to_one_at_a_time(kimi_dir, tmp_path, token_store, read) -> None:
+    rows = synthetic.conversations(60, seed=9)
+    order = permutation(3, 60)
+    rows[order[40]]["id"] = rows[order[7]]["id"]
+    synthetic.write_parquet(rows, tmp_path / "source", rows_per_file=30)
+    cfg = _config(tmp_path / "source", kimi_dir, row_tokens=128, skip_invalid=True)
+    one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
+    assert one["stats"]["invalid_rows_skipped"] == 1
+    build(dataclasses.replace(cfg, seed=4), tmp_path / "filled")
+    assert build(cfg, tmp_path / "later") == one
+    assert _files(tmp_path / "later") == _files(tmp_path / "one")
+    assert read == ["unsuited"]
+
+
+def test_a_damaged_stored_conversation_falls_back_and_is_encoded_again(
+    corpus, kimi_dir, tmp_path, token_store, read
+) -> None:
+    cfg = _config(corpus, kimi_dir, no_card=True)
+    build(dataclasses.replace(cfg, seed=4), tmp_path / "filled")
+    segment = max(token_store.glob("tokens/*/*.seg"), key=lambda p: p.stat().st_size)
+    data = bytearray(segment.read_bytes())
+    data[-100] ^= 0xFF  # (a byte of the last conversation's ids or mask)
+    segment.write_bytes(bytes(data))
+    assert build(cfg, tmp_path / "again") == build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
+    assert _files(tmp_path / "again") == _files(tmp_path / "one")
+    assert read == ["unsuited"]
+    assert build(cfg, tmp_path / "mended") == build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one2")
+    assert read == ["unsuited", "packed"]  # (the conversation stored anew is found)
+
+
+def test_a_source_with_an_invalid_row_is_not_read_directly(kimi_dir, tmp_path, token_store, read) -> None:
+    rows = synthetic.conversations(40, seed=2)
+    rows[5]["messages"] = []
+    synthetic.write_parquet(rows, tmp_path / "source", rows_per_file=40)
+    cfg = _config(tmp_path / "source", kimi_dir, skip_invalid=True, no_card=True)
+    build(cfg, tmp_path / "first")
+    assert build(dataclasses.replace(cfg, seed=4), tmp_path / "later")["stats"]["invalid_rows_skipped"] == 1
+    assert read == []
+
+
+@settings(derandomize=True, max_examples=int(os.environ.get("FIXED_SFT_PACKING_EXAMPLES", "40")), deadline=None)
+@given(data=st.data())
+def test_reading_straight_from_the_store_is_packing_one_at_a_time(data) -> None:
+    """On random streams of valid conversations (empty and unsupervised ones, ids repeated
+    or not, rows of 1 token up, row groups of 1 row up), reading rows straight from a real
+    store entry gives the tally, statistics and Parquet bytes of packing one conversation
+    at a time, or ends (``Unsuited``) at a repeated id that the rows read."""
+    n = data.draw(st.integers(1, 40))
+    repeats = data.draw(st.booleans())
+    items = []
+    for i in range(n):
+        row_id = data.draw(st.sampled_from(["a", "b", None, f"own{i}"])) if repeats else f"own{i}"
+        value = data.draw(st.sampled_from([None, "x", "y"]))
+        mask = np.array(data.draw(st.lists(st.integers(0, 1), max_size=30)), np.uint8)
+        items.append(Encoded(i, row_id, np.arange(len(mask), dtype=np.int32) + 5, mask, None, True, value))
+    order = np.array(data.draw(st.permutations(range(n))), np.int64)
+    wanted = data.draw(st.sampled_from([None, 1, 2, 5, 12]))
+    check_every = data.draw(st.sampled_from([0, 1, 3]))
+    shape = (data.draw(st.sampled_from([1, 2, 3, 7, 16])), 1, data.draw(st.booleans()))
+    group_rows = data.draw(st.sampled_from([1, 2, 3, 128]))
+    with tempfile.TemporaryDirectory() as scratch, pytest.MonkeyPatch.context() as patch:
+        folder = Path(scratch)
+        store = _stored(items, folder / "entry")
+        assert fixed_sft.direct.usable(store, order, np.ones(n, bool))
+        patch.setattr(fixed_sft.output, "ROWS_PER_GROUP", group_rows)
+        one, direct = folder / "one.parquet", folder / "direct.parquet"
+        expected, rows = _one_at_a_time(items, order, wanted, False, check_every, shape, one)
+        writer = RowWriter(direct, shape[2])
+        try:
+            packed = fixed_sft.direct.pack(store, order, wanted, shape, check_every, writer, lambda rows: None)
+        except fixed_sft.direct.Unsuited:
+            writer.abort()
+            named = [items[i].id for i in order.tolist() if items[i].id is not None]
+            assert len(set(named)) < len(named)  # (only a repeated id ends it: every record is sound)
+            return
+        writer.close()
+        assert not isinstance(expected, str), expected  # (a repeated id the rows reach ends it)
+        assert packed.rows == rows
+        if not rows or (wanted is not None and rows < wanted):
+            return  # (the build says there are too few)
+        got = build_module._Tally(row_tokens=shape[0])
+        got.take(packed)
+        for name in fixed_sft.parallel.Packed.__dataclass_fields__:
+            if name not in ("rows", "parquet_sha256"):
+                assert getattr(got, name) == getattr(expected, name), name
+        assert (got.stats(), got.source_mix()) == (expected.stats(), expected.source_mix())
+        assert writer.sha256 == hashlib.sha256(one.read_bytes()).hexdigest()
+        assert direct.read_bytes() == one.read_bytes()
+
+
+def test_a_repeated_id_after_the_last_row_ends_it(tmp_path) -> None:
+    """The conversations after the last row are read too: one of them that repeats an id
+    is left out, or stops the build, as one conversation at a time finds it."""
+    ones = np.ones(7, np.uint8)
+    items = [Encoded(i, name, np.arange(7, dtype=np.int32), ones, None, True, None) for i, name in enumerate("aba")]
+    items[2] = items[2]._replace(ids=np.arange(1, dtype=np.int32), mask=ones[:1])  # (in no row: the stream's tail)
+    store, order = _stored(items, tmp_path / "entry"), np.arange(3)
+    expected, _ = _one_at_a_time(items, order, None, False, 0, (8, 1, False), tmp_path / "one.parquet")
+    assert "duplicate id (first used by source row 0)" in expected
+    writer = RowWriter(tmp_path / "direct.parquet")
+    with pytest.raises(fixed_sft.direct.Unsuited, match="source row 2"):
+        fixed_sft.direct.pack(store, order, None, (8, 1, False), 0, writer, lambda rows: None)
+    writer.abort()
+    items[2] = items[2]._replace(id="c")
+    store = _stored(items, tmp_path / "distinct")
+    writer = RowWriter(tmp_path / "direct.parquet")
+    packed = fixed_sft.direct.pack(store, order, None, (8, 1, False), 0, writer, lambda rows: None)
+    writer.close()
+    assert (packed.rows, packed.tail_tokens, packed.rows_per_conversation) == (2, 2, {0: 1, 1: 1})
