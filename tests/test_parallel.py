@@ -235,7 +235,7 @@ def test_a_first_build_stops_at_a_failed_check_its_rows_reach(kimi_dir, tmp_path
     assert packed == ["packed"]
 
 
-def test_a_build_that_encodes_nothing_packs_one_at_a_time(corpus, kimi_dir, tmp_path, token_store, packed) -> None:
+def test_a_build_that_encodes_nothing_packs_in_its_own_process(corpus, kimi_dir, tmp_path, token_store, packed) -> None:
     cfg = _config(corpus, kimi_dir, no_card=True)
     one = build(cfg, tmp_path / "one")
     assert build(dataclasses.replace(cfg, workers=2, row_tokens=512), tmp_path / "later")["stats"]["rows"]
