@@ -27,7 +27,7 @@ from .hashes import row_digest
 from .output import RowWriter, rows_per_group
 from .pack import Row, Segment
 from .parallel import Packed, Rows, Stream, left_out, tally
-from .store import TokenStore, parse_metas
+from .store import Damaged, TokenStore
 
 
 class Unsuited(Exception):
@@ -58,7 +58,7 @@ def pack(
     row_tokens, eos_id, boundaries = shape
     sizes = store.tokens[order] + 1
     cuts = Cuts.of(sizes, row_tokens)
-    reader = _Reader(store, order, cuts, eos_id)
+    reader = _Reader(store, order, eos_id)
     supervised = np.zeros(cuts.rows, np.int64)
     trainable = np.zeros(cuts.rows, np.int64)
     digests: list[bytes] = []
@@ -108,46 +108,36 @@ def pack(
 
 
 class _Reader:
-    """Reads the stream's units from the store, a stretch at a time, each once: their ids
-    checked as ``parallel.left_out`` checks them, their ``source`` values numbered (``codes``:
-    per unit read, in order of first appearance)."""
+    """Reads the stream's units from the store (``store.UnitReader``), a stretch at a time,
+    each once: their ids checked as ``parallel.left_out`` checks them, their ``source``
+    values numbered (``codes``: per unit read, in order of first appearance)."""
 
-    def __init__(self, store: TokenStore, order: np.ndarray, cuts: Cuts, eos_id: int) -> None:
-        self.store, self.order, self.cuts, self.eos_id = store, order, cuts, eos_id
+    def __init__(self, store: TokenStore, order: np.ndarray, eos_id: int) -> None:
+        located = store.locate(order)
+        if located is None:
+            raise Unsuited("the store does not hold every conversation, valid")
+        self.store, self.order, self.units = store, order, store.units(located, eos_id)
         self.codes = np.zeros(len(order), np.int64)  # (0 for a unit not read: it is in no kept row)
         self.values: dict[str | None, int] = {}
         self.seen: dict[str, int] = {}
         self.read_to = 0  # (units before it are read)
-        self._last: tuple[np.ndarray, np.ndarray, str | None] | None = None  # (unit ``read_to - 1``: tokens, mask, id)
 
     def take(self, low: int, high: int) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
         """Units ``low..high`` (exclusive; from the last one read or the first not read),
         each followed by its ``[EOS]`` (mask 0), in one buffer of tokens and one of mask
         values; and their ids. ``Unsuited`` where one repeats an id, does not match its
-        digest, or holds metadata other than a valid conversation's."""
-        starts = self.cuts.starts[low : high + 1] - self.cuts.starts[low]
-        ids = np.empty(int(starts[-1]), np.int32)
-        mask = np.empty(int(starts[-1]), np.uint8)
-        names: list[str | None] = []
-        first = low
-        if low < self.read_to and self._last is not None:  # (the unit the last stretch ended in)
-            last_ids, last_mask, last_id = self._last
-            ids[: len(last_ids)], mask[: len(last_mask)] = last_ids, last_mask
-            names.append(last_id)
-            first += 1
-        metas = self.store.read_into(self.order[first:high], starts[first - low : -1].tolist(), ids, mask)
-        if metas is None:
-            raise Unsuited("a stored conversation does not match its digest")
-        for unit, meta in zip(range(first, high), parse_metas(metas)):
+        digest (it is then held no more), or holds metadata other than a valid conversation's."""
+        try:
+            ids, mask, metas = self.units.take(low, high)
+        except Damaged as damaged:
+            self.store.forget(int(self.order[damaged.position]))
+            raise Unsuited(f"source row {int(self.order[damaged.position])}: damaged in the token store") from None
+        for unit, meta in zip(range(self.units.fresh, high), metas[self.units.fresh - low :]):
             if meta is None or meta[2] is not None:
                 raise Unsuited(f"source row {int(self.order[unit])}: stored as valid, with other metadata")
             row_id, value, _ = meta
             if left_out(int(self.order[unit]), row_id, None, self.seen) is not None:
                 raise Unsuited(f"source row {int(self.order[unit])}: an earlier conversation has its id")
             self.codes[unit] = self.values.setdefault(value, len(self.values))
-            names.append(row_id)
-        ends = starts[1:] - 1
-        ids[ends], mask[ends] = self.eos_id, 0
         self.read_to = high
-        self._last = (ids[starts[-2] : ends[-1]], mask[starts[-2] : ends[-1]], names[-1]) if high > low else None
-        return ids, mask, names
+        return ids, mask, [meta[0] for meta in metas]  # type: ignore[index]  # (each checked when read)

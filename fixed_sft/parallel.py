@@ -45,7 +45,7 @@ from .hashes import row_digest
 from .output import PARTS_NAME, naming, rows_per_group, write_part
 from .pack import Row, Segment
 from .stitch import Stitcher, footer
-from .store import SegmentReader, TokenStore
+from .store import Damaged, Located, SegmentReader, TokenStore, UnitReader
 from .thrift import Fields
 
 BLOCK = 4096  # packing positions per index task: at most this many
@@ -266,7 +266,7 @@ class WriteTask(NamedTuple):
     ``units`` (the task's conversations, in stream order) from token ``head`` of the first
     to token ``tail`` (exclusive) of the last; ``trainable`` what the index said of each."""
 
-    units: Stored
+    units: Located
     first: np.ndarray
     head: np.ndarray
     last: np.ndarray
@@ -282,47 +282,51 @@ class WriteTask(NamedTuple):
 def write(_: object, task: WriteTask) -> tuple[list[bytes], tuple[Fields, int]]:
     """Assemble, hash and write a part's row groups (module docstring, pass 2); its rows' digests,
     and the part's footer (read here, in the worker: ``Stitcher.append`` needs it). A row
-    group's conversations are read, and its rows assembled, as it is written
-    (``write_part``): a worker holds one row group's."""
+    group's conversations are read straight into one buffer (``store.UnitReader``), which
+    its rows are views of, as it is written (``write_part``): a worker holds one row group's."""
     digests: list[bytes] = []
     group = rows_per_group(task.row_tokens)
+    reader = SegmentReader(task.units.paths)
+    units = UnitReader(reader, task.units, task.eos_id)
 
     def rows() -> Iterator[Row]:
         for begin in range(0, len(task.first), group):
             end = min(begin + group, len(task.first))
-            low = int(task.first[begin])  # (a conversation split between two groups is read for each)
-            units = task.units.part(low, int(task.last[end - 1]) + 1).read_all()
+            low, high = int(task.first[begin]), int(task.last[end - 1]) + 1
+            try:
+                ids, mask, metas = units.take(low, high)
+            except Damaged as damaged:
+                index = int(task.units.indices[damaged.position])
+                raise Unheld(f"source row {index}: damaged in the token store") from None
             for r in range(begin, end):
-                row = _assembled(task, r, units, low)
+                row = _assembled(task, r, (ids, mask, metas), units.starts, low)
                 digests.append(row_digest(row.ids, row.mask, row.cu_seqlens if task.boundaries else None))
                 yield row
-            del units  # (before the next group's are read)
 
-    write_part(Path(task.part), rows(), task.first_row, task.boundaries)
+    try:
+        write_part(Path(task.part), rows(), task.first_row, task.boundaries)
+    finally:
+        reader.close()
     return digests, footer(Path(task.part))
 
 
-def _assembled(task: WriteTask, r: int, units: list[Any], low: int) -> Row:
-    """Row ``r`` of ``task``, from ``units`` (its ``Encoded`` conversations from unit ``low`` on), each
-    followed by [EOS] (masked); ``StoreChanged`` where it is not the row the index cut."""
+def _assembled(task: WriteTask, r: int, read: tuple[np.ndarray, np.ndarray, list], starts: np.ndarray, low: int) -> Row:
+    """Row ``r`` of ``task``: a view of ``read``, the tokens, mask values and metadata of its
+    units from unit ``low`` on (each followed by [EOS], masked), placed by ``starts``;
+    ``StoreChanged`` where it is not the row the index cut."""
+    ids, mask, metas = read
     first, last = int(task.first[r]), int(task.last[r])
-    ids = np.empty(task.row_tokens, np.int32)
-    mask = np.empty(task.row_tokens, np.uint8)
-    segments, filled = [], 0
+    at = int(starts[first] - starts[low]) + int(task.head[r])
+    segments = []
     for unit in range(first, last + 1):
-        item = units[unit - low]
-        unit_ids, unit_mask = item.ids, item.mask
+        meta = metas[unit - low]
         start = int(task.head[r]) if unit == first else 0
-        end = int(task.tail[r]) if unit == last else len(unit_ids) + 1
-        body = min(end, len(unit_ids))
-        ids[filled : filled + body - start] = unit_ids[start:body]
-        mask[filled : filled + body - start] = unit_mask[start:body]
-        if end > len(unit_ids):  # (its [EOS])
-            ids[filled + body - start] = task.eos_id
-            mask[filled + body - start] = 0
-        filled += end - start
-        segments.append(Segment(item.source_index, item.id, start, end))
-    row = Row(ids, mask, tuple(segments))
+        end = int(task.tail[r]) if unit == last else int(starts[unit + 1] - starts[unit])
+        if meta is None or meta[2] is not None:
+            raise StoreChanged(f"row {task.first_row + r}: the token store's conversations differ from their index")
+        segments.append(Segment(int(task.units.indices[unit]), meta[0], start, end))
+    row = Row(ids[at : at + task.row_tokens], mask[at : at + task.row_tokens], tuple(segments))
+    filled = int(starts[last] - starts[low]) + int(task.tail[r]) - at
     if filled != task.row_tokens or row.trainable != task.trainable[r]:
         raise StoreChanged(f"row {task.first_row + r}: the token store's conversations differ from their index")
     return row
@@ -729,8 +733,11 @@ def _write(
             chosen = kept[start : start + part_rows]
             first, last = cuts.first[chosen], cuts.last[chosen]
             units = _covered(first, last)
+            located = store.locate(sources[units])
+            if located is None:
+                raise Unheld(f"source rows of part {number}: not in the token store")
             yield WriteTask(
-                Stored.of(store, sources[units]),
+                located.compact(),
                 np.searchsorted(units, first),
                 cuts.head[chosen],
                 np.searchsorted(units, last),

@@ -38,7 +38,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import xxhash
@@ -315,6 +315,87 @@ class SegmentReader:
         self._files.clear()
 
 
+class Located(NamedTuple):
+    """Stored conversations, as their records place them: the segment files, and per
+    conversation its source row, file (an index into ``paths``), offset, tokens, bytes of
+    metadata, whether it passed the template check, and digest."""
+
+    paths: tuple[str, ...]
+    indices: np.ndarray
+    numbers: np.ndarray
+    offsets: np.ndarray
+    tokens: np.ndarray
+    metas: np.ndarray
+    passed: np.ndarray
+    digests: np.ndarray
+
+    def compact(self) -> Located:
+        """The same, naming only the files they are in (a task's to send to a worker)."""
+        used, numbers = np.unique(self.numbers, return_inverse=True)
+        return self._replace(paths=tuple(self.paths[n] for n in used.tolist()), numbers=numbers.reshape(-1))
+
+
+class Damaged(Exception):
+    """A stored conversation's bytes do not match its record: ``position`` in what was read."""
+
+    def __init__(self, position: int) -> None:
+        super().__init__(f"stored conversation {position} does not match its digest")
+        self.position = position
+
+
+class UnitReader:
+    """Reads ``located`` conversations (in stream order) a stretch at a time into one buffer
+    of tokens and one of mask values, each conversation followed by ``[EOS]`` (mask 0) and
+    checked against its digest as ``TokenStore.lookup`` checks it. A conversation is read
+    once: the one a stretch ends in is kept for the next, which may begin in it."""
+
+    def __init__(self, reader: SegmentReader, located: Located, eos_id: int) -> None:
+        self.reader, self.located, self.eos_id = reader, located, eos_id
+        self.starts = np.concatenate([[0], np.cumsum(located.tokens + 1, dtype=np.int64)])  # (in the stream)
+        self.fresh = 0  # the first conversation the last stretch read (those before it, an earlier one)
+        self._last: tuple[int, np.ndarray, np.ndarray, Any] | None = None
+
+    def take(self, low: int, high: int) -> tuple[np.ndarray, np.ndarray, list[tuple | None]]:
+        """Conversations ``low..high`` (exclusive; from the one the last stretch ended in, or
+        from one not read) as two buffers, and the metadata of each (``parse_metas``).
+        ``Damaged`` where one does not match its digest."""
+        starts = self.starts[low : high + 1] - self.starts[low]
+        ids = np.empty(int(starts[-1]), np.int32)
+        mask = np.empty(int(starts[-1]), np.uint8)
+        metas: list[Any] = []
+        self.fresh = low
+        if self._last is not None and self._last[0] == low:
+            _, last_ids, last_mask, meta = self._last
+            ids[: len(last_ids)], mask[: len(last_mask)] = last_ids, last_mask
+            metas.append(meta)
+            self.fresh += 1
+        at = self.located
+        fresh = slice(self.fresh, high)
+        read = np.lexsort((at.offsets[fresh], at.numbers[fresh]))  # (a file at a time: a reader keeps few open)
+        columns = (at.numbers, at.offsets, at.indices, at.tokens, at.metas, at.passed, at.digests)
+        metas_read: list[bytearray] = [bytearray()] * len(read)
+        for k, start, number, offset, index, tokens, meta, passed, digest in zip(
+            read.tolist(),
+            starts[self.fresh - low : -1][read].tolist(),
+            *(column[fresh][read].tolist() for column in columns),
+        ):
+            meta_bytes = bytearray(meta)
+            buffers = [ids[start : start + tokens], mask[start : start + tokens], meta_bytes]
+            if not self.reader.read_into(number, offset, 5 * tokens + meta, buffers):
+                raise Damaged(self.fresh + k)
+            check = xxhash.xxh3_128(HEAD.pack(index, tokens, meta, PASSED if passed else 0))
+            for buffer in buffers:  # (``_digest`` of the head, then of the bytes)
+                check.update(buffer)  # type: ignore[arg-type]  # (numpy arrays are buffers)
+            if check.digest() != digest:
+                raise Damaged(self.fresh + k)
+            metas_read[k] = meta_bytes
+        metas += parse_metas(metas_read)
+        ends = starts[1:] - 1
+        ids[ends], mask[ends] = self.eos_id, 0
+        self._last = (high - 1, ids[starts[-2] : ends[-1]], mask[starts[-2] : ends[-1]], metas[-1])
+        return ids, mask, metas
+
+
 class TokenStore:
     """One entry of the store (``folder``), for a source of ``num_rows`` rows: which rows it
     holds (read from the segments' records when it opens: hints, each checked when used),
@@ -453,38 +534,23 @@ class TokenStore:
             found[at] = item
         return found
 
-    def read_into(
-        self, indices: np.ndarray, starts: Sequence[int], ids: np.ndarray, mask: np.ndarray
-    ) -> list[bytearray] | None:
-        """Stored source rows ``indices`` read straight into ``ids`` and ``mask``, each at its
-        ``starts`` (its stored tokens: a caller leaves room for anything after them), each
-        checked against its digest as ``lookup`` checks it; their metadata's bytes (for
-        ``parse_metas``), or ``None`` where one is not held or does not match (it is then
-        forgotten, as ``lookup`` forgets it)."""
+    def locate(self, indices: np.ndarray) -> Located | None:
+        """Where source rows ``indices`` are, as their records say (``UnitReader`` reads them
+        by it); ``None`` where one is not held, or held as invalid."""
         rows = np.asarray(indices, np.int64)
-        if len(rows) and self.segment[rows].min() < 0:
+        if len(rows) and (self.segment[rows].min() < 0 or self.tokens[rows].min() < 0):
             return None
-        metas: list[bytearray] = []
         columns = (self.segment, self.offset, self.tokens, self.meta, self.passed, self.digest)
-        for index, start, number, offset, tokens, meta, passed, digest in zip(
-            rows.tolist(), starts, *(column[rows].tolist() for column in columns)
-        ):
-            meta_bytes = bytearray(meta)
-            buffers = [ids[start : start + tokens], mask[start : start + tokens], meta_bytes]
-            if tokens < 0 or not self._reader.read_into(number, offset, 5 * tokens + meta, buffers):
-                matched = False
-            else:
-                check = xxhash.xxh3_128(HEAD.pack(index, tokens, meta, PASSED if passed else 0))
-                for buffer in buffers:  # (``_digest`` of the head, then of the bytes)
-                    check.update(buffer)  # type: ignore[arg-type]  # (numpy arrays are buffers)
-                matched = check.digest() == digest
-            if not matched:
-                self.damaged += 1
-                self.segment[index] = -1
-                return None
-            metas.append(meta_bytes)
-        self.taken += len(metas)
-        return metas
+        return Located(tuple(map(str, self.segments)), rows, *(column[rows] for column in columns))
+
+    def units(self, located: Located, eos_id: int) -> UnitReader:
+        """A ``UnitReader`` of ``located`` (from ``locate``), reading with this store's open files."""
+        return UnitReader(self._reader, located, eos_id)
+
+    def forget(self, index: int) -> None:
+        """Hold source row ``index`` no more: its stored bytes do not match (``Damaged``)."""
+        self.damaged += 1
+        self.segment[index] = -1
 
     def add(self, item: Encoded) -> None:
         """Keep ``item`` (a conversation as a build encoded it) unless the store holds it

@@ -602,6 +602,14 @@ def test_rows_in_any_order_are_read_a_segment_at_a_time(tmp_path, monkeypatch) -
     opened.clear()
     items = Stored.of(store, order).read_all()
     assert [item.source_index for item in items] == order.tolist() and len(opened) == 8
+    opened.clear()
+    located = store.locate(order).compact()
+    reader = store_module.SegmentReader(located.paths)
+    ids, mask, metas = store_module.UnitReader(reader, located, eos_id=1).take(0, 40)
+    reader.close()
+    assert [meta[0] for meta in metas] == [f"id{i}" for i in order.tolist()] and len(opened) == 8
+    assert ids.tolist() == [token for i in order.tolist() for token in [*range(i, i + i % 7), 1]]
+    assert mask.tolist() == [value for i in order.tolist() for value in [1] * (i % 7) + [0]]
     store.close()
 
 
