@@ -85,15 +85,16 @@ BAND_BYTES = 384 << 20
 LARGE_BAND_BYTES = 128 << 20
 LARGE_ROW_BYTES = CHUNK_BYTES // CHUNK_ROWS
 # Packing from the store in the workers (fixed_sft.parallel) reads each conversation twice, so it
-# pays from this many workers; fewer pack one conversation at a time (benchmarks/README.md: with
-# 2 workers on 2 cores a later build took 4.72 s against 3.31 s with 1).
+# pays from this many workers; fewer pack in the build's process: straight from the store where it
+# gives every conversation valid (fixed_sft.direct), else one conversation at a time
+# (benchmarks/README.md: with 2 workers on 2 cores a later build took 4.72 s against 3.31 s with 1).
 PARALLEL_PACKING_WORKERS = 4
 # A build that encodes nothing starts its workers to pack only where its rows hold this many tokens,
-# with at least STORED_PACKING_CORES workers and cores: their start costs it 1-2 s, and one at a
-# time it keeps 2 cores busy (its thread and the Parquet writer's). On the 16-core machine
+# with at least STORED_PACKING_CORES workers and cores: their start costs it 1-2 s, and in its own
+# process it keeps 2 cores busy (its thread and the Parquet writer's). On the 16-core machine
 # (bench_stored_packing.py), a later build of 64,000 Tulu-like conversations (67M tokens) took
-# 2.56 s in 16 workers against 3.05 s one at a time; of 256,000, 4.22 s against 10.42 s. Fewer
-# cores than 8 were not measured.
+# 2.56 s in 16 workers against 3.05 s one at a time; of 256,000, 4.22 s against 10.42 s (measured
+# before fixed_sft.direct, which packs such builds now). Fewer cores than 8 were not measured.
 STORED_PACKING_TOKENS = 1 << 26
 STORED_PACKING_CORES = 8
 # With this many workers, a build whose template probes are kept fills the store without the
@@ -444,8 +445,9 @@ def _pack_stored(
     (``held``) the conversations the rows need and the build has started at least
     ``PARALLEL_PACKING_WORKERS`` workers: to encode, or, where it encodes nothing, to pack
     many tokens (``_packs_stored_apart``). Else, or where the store holds one of
-    them damaged, ``None``: the build packs one conversation at a time. An invalid
-    conversation that stops the build raises its error here. Where the fill just indexed
+    them damaged, ``None``: the build packs in its own process (``fixed_sft.direct``, else
+    one conversation at a time). An invalid conversation that stops the build raises its
+    error here. Where the fill just indexed
     every source row (``indexes``), that index stands for the index pass."""
     separator_id, encoding = setup
     if encoding.workers < PARALLEL_PACKING_WORKERS or encoding.encoders is None:
@@ -477,8 +479,9 @@ def _pack_fresh(
     the rows are then cut, and written from the store. ``reading``: the chunks, sized by a
     function of the conversations still needed, and that function of ``parallel.Fed``.
     ``None`` with fewer workers, or where a worker cannot write into the store: the build
-    packs one conversation at a time. An invalid conversation that stops the build raises
-    its error here."""
+    packs in its own process (``fixed_sft.direct`` where the store now holds every
+    conversation, else one at a time). An invalid conversation that stops the build
+    raises its error here."""
     separator_id, encoding = setup
     if encoding.workers < PARALLEL_PACKING_WORKERS or not store.writable:
         return None

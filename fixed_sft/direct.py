@@ -4,11 +4,12 @@ A build whose store gives every conversation (held, and checked where sampled), 
 its records, and which packs in this process, cuts its rows from the records before it
 reads anything: a unit is a conversation's stored tokens and its ``[EOS]``
 (``fixed_sft.cuts``). It then reads, a row group at a time, the conversations that the
-group's rows hold straight into one buffer of their tokens (``TokenStore.read_into``), so
-that the rows are views of it: no copy per conversation, none per row, and none per row
-group where every row of it is kept (``output.rows_table``). A row with no supervised
-token after token 0 is skipped, as ``fixed_sft.pack`` skips it. The rows, the Parquet file
-and the manifest are those of packing one conversation at a time (``tests/test_direct.py``).
+group's rows hold straight into one buffer of the group's tokens (``store.UnitReader``),
+so that the rows are views of it: no copy per conversation and none per row. While no row
+has been skipped, the writer's row groups are these groups, and go to Arrow uncopied too
+(``output.rows_table``). A row with no supervised token after token 0 is skipped, as
+``fixed_sft.pack`` skips it. The rows, the Parquet file and the manifest are those of
+packing one conversation at a time (``tests/test_direct.py``).
 
 A conversation whose id an earlier one used, or whose bytes do not match its digest, ends
 this path (``Unsuited``): the build then packs one conversation at a time, which says or
@@ -17,7 +18,6 @@ records why, and encodes what the store lacks.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -37,7 +37,7 @@ class Unsuited(Exception):
 def usable(store: TokenStore, order: np.ndarray, given: np.ndarray) -> bool:
     """Whether this path packs ``order``: the store gives (``given``) every one of its
     conversations, and records each as valid."""
-    return sys.byteorder == "little" and bool(given[order].all()) and bool((store.tokens[order] >= 0).all())
+    return bool(given[order].all()) and bool((store.tokens[order] >= 0).all())
 
 
 def pack(
@@ -67,10 +67,8 @@ def pack(
     for begin in range(0, cuts.rows, group):
         end = min(begin + group, cuts.rows)
         low, high = int(cuts.first[begin]), int(cuts.last[end - 1]) + 1
-        ids, mask, names = reader.take(low, high)
-        at = begin * row_tokens - int(cuts.starts[low])
-        ids_rows = ids[at : at + (end - begin) * row_tokens].reshape(-1, row_tokens)
-        mask_rows = mask[at : at + (end - begin) * row_tokens].reshape(-1, row_tokens)
+        ids, mask, names = reader.take(low, high, (begin * row_tokens, end * row_tokens))
+        ids_rows, mask_rows = ids.reshape(-1, row_tokens), mask.reshape(-1, row_tokens)
         supervised[begin:end] = np.count_nonzero(mask_rows, axis=1)
         trainable[begin:end] = np.count_nonzero(mask_rows[:, 1:], axis=1)
         where = [a[begin:end].tolist() for a in (cuts.first, cuts.head, cuts.last, cuts.tail)]
@@ -122,13 +120,16 @@ class _Reader:
         self.seen: dict[str, int] = {}
         self.read_to = 0  # (units before it are read)
 
-    def take(self, low: int, high: int) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
-        """Units ``low..high`` (exclusive; from the last one read or the first not read),
-        each followed by its ``[EOS]`` (mask 0), in one buffer of tokens and one of mask
-        values; and their ids. ``Unsuited`` where one repeats an id, does not match its
-        digest (it is then held no more), or holds metadata other than a valid conversation's."""
+    def take(
+        self, low: int, high: int, window: tuple[int, int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+        """Stream positions ``window`` (all, where ``None``) of units ``low..high``
+        (exclusive; from the last one read or the first not read), each unit followed by
+        its ``[EOS]`` (mask 0), in one buffer of tokens and one of mask values; and their
+        ids. ``Unsuited`` where one repeats an id, does not match its digest (it is then
+        held no more), or holds metadata other than a valid conversation's."""
         try:
-            ids, mask, metas = self.units.take(low, high)
+            ids, mask, metas = self.units.take(low, high, window)
         except Damaged as damaged:
             self.store.forget(int(self.order[damaged.position]))
             raise Unsuited(f"source row {int(self.order[damaged.position])}: damaged in the token store") from None

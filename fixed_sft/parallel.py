@@ -21,8 +21,9 @@ time (``tests/test_parallel.py``), for any number of workers (a build packs so f
 ``build.PARALLEL_PACKING_WORKERS``). The parts are written into the build's temporary
 folder (``output.PARTS_NAME``), which ``fixed_sft.folder`` removes with it where a build
 stops. In the index pass, a conversation whose digest does not match, or a position the
-store does not hold, ends this path (``Unheld``): the build then packs one conversation
-at a time, which encodes what the store lacks. In the write pass every conversation has
+store does not hold, ends this path (``Unheld``): the build then packs in its own process,
+one conversation at a time, which encodes what the store lacks (``fixed_sft.direct``, tried
+first, finds the damage too and gives way). In the write pass every conversation has
 matched already: one that no longer does stops the build (``StoreChanged``).
 """
 
@@ -81,10 +82,6 @@ class Stored(NamedTuple):
         used, local = np.unique(numbers, return_inverse=True)
         return cls(tuple(str(store.segments[n]) for n in used), local, store.slot[indices], indices)
 
-    def part(self, start: int, stop: int) -> Stored:
-        """Conversations ``start..stop`` (exclusive) of these."""
-        return Stored(self.paths, self.numbers[start:stop], self.slots[start:stop], self.indices[start:stop])
-
     def read(self) -> Iterator[tuple[int, Any]]:
         """``(source row, Encoded)`` of each conversation, one at a time; ``Unheld`` where
         one does not match its digest."""
@@ -94,18 +91,6 @@ class Stored(NamedTuple):
                 yield index, self._read(reader, number, slot, index)
         finally:
             reader.close()
-
-    def read_all(self) -> list[Any]:
-        """``Encoded`` of each conversation, in order; read a segment at a time, in record
-        order (rows in packing order come from more segments than a reader keeps open)."""
-        reader = SegmentReader(self.paths)
-        items: list[Any] = [None] * len(self.indices)
-        try:
-            for k in np.lexsort((self.slots, self.numbers)).tolist():
-                items[k] = self._read(reader, int(self.numbers[k]), int(self.slots[k]), int(self.indices[k]))
-        finally:
-            reader.close()
-        return items
 
     @staticmethod
     def _read(reader: SegmentReader, number: int, slot: int, index: int) -> Any:
@@ -293,13 +278,14 @@ def write(_: object, task: WriteTask) -> tuple[list[bytes], tuple[Fields, int]]:
         for begin in range(0, len(task.first), group):
             end = min(begin + group, len(task.first))
             low, high = int(task.first[begin]), int(task.last[end - 1]) + 1
+            window = (int(units.starts[low] + task.head[begin]), int(units.starts[high - 1] + task.tail[end - 1]))
             try:
-                ids, mask, metas = units.take(low, high)
+                ids, mask, metas = units.take(low, high, window)
             except Damaged as damaged:
                 index = int(task.units.indices[damaged.position])
                 raise Unheld(f"source row {index}: damaged in the token store") from None
             for r in range(begin, end):
-                row = _assembled(task, r, (ids, mask, metas), units.starts, low)
+                row = _assembled(task, r, (ids, mask, metas), units.starts - window[0], low)
                 digests.append(row_digest(row.ids, row.mask, row.cu_seqlens if task.boundaries else None))
                 yield row
 
@@ -311,12 +297,13 @@ def write(_: object, task: WriteTask) -> tuple[list[bytes], tuple[Fields, int]]:
 
 
 def _assembled(task: WriteTask, r: int, read: tuple[np.ndarray, np.ndarray, list], starts: np.ndarray, low: int) -> Row:
-    """Row ``r`` of ``task``: a view of ``read``, the tokens, mask values and metadata of its
-    units from unit ``low`` on (each followed by [EOS], masked), placed by ``starts``;
-    ``StoreChanged`` where it is not the row the index cut."""
+    """Row ``r`` of ``task``: a view of ``read``, the tokens and mask values of its units
+    (each followed by [EOS], masked), each unit starting at ``starts`` in them, and the
+    metadata of each unit from ``low`` on; ``StoreChanged`` where it is not the row the
+    index cut."""
     ids, mask, metas = read
     first, last = int(task.first[r]), int(task.last[r])
-    at = int(starts[first] - starts[low]) + int(task.head[r])
+    at = int(starts[first]) + int(task.head[r])
     segments = []
     for unit in range(first, last + 1):
         meta = metas[unit - low]
@@ -326,7 +313,7 @@ def _assembled(task: WriteTask, r: int, read: tuple[np.ndarray, np.ndarray, list
             raise StoreChanged(f"row {task.first_row + r}: the token store's conversations differ from their index")
         segments.append(Segment(int(task.units.indices[unit]), meta[0], start, end))
     row = Row(ids[at : at + task.row_tokens], mask[at : at + task.row_tokens], tuple(segments))
-    filled = int(starts[last] - starts[low]) + int(task.tail[r]) - at
+    filled = int(starts[last]) + int(task.tail[r]) - at
     if filled != task.row_tokens or row.trainable != task.trainable[r]:
         raise StoreChanged(f"row {task.first_row + r}: the token store's conversations differ from their index")
     return row

@@ -347,7 +347,7 @@ class UnitReader:
     """Reads ``located`` conversations (in stream order) a stretch at a time into one buffer
     of tokens and one of mask values, each conversation followed by ``[EOS]`` (mask 0) and
     checked against its digest as ``TokenStore.lookup`` checks it. A conversation is read
-    once: the one a stretch ends in is kept for the next, which may begin in it."""
+    once: the one a stretch ends in is kept whole for the next, which may begin in it."""
 
     def __init__(self, reader: SegmentReader, located: Located, eos_id: int) -> None:
         self.reader, self.located, self.eos_id = reader, located, eos_id
@@ -355,19 +355,24 @@ class UnitReader:
         self.fresh = 0  # the first conversation the last stretch read (those before it, an earlier one)
         self._last: tuple[int, np.ndarray, np.ndarray, Any] | None = None
 
-    def take(self, low: int, high: int) -> tuple[np.ndarray, np.ndarray, list[tuple | None]]:
-        """Conversations ``low..high`` (exclusive; from the one the last stretch ended in, or
-        from one not read) as two buffers, and the metadata of each (``parse_metas``).
-        ``Damaged`` where one does not match its digest."""
-        starts = self.starts[low : high + 1] - self.starts[low]
-        ids = np.empty(int(starts[-1]), np.int32)
-        mask = np.empty(int(starts[-1]), np.uint8)
-        metas: list[Any] = []
+    def take(
+        self, low: int, high: int, window: tuple[int, int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple | None]]:
+        """Stream positions ``window`` (``[start, end)``; all of them where ``None``) of
+        conversations ``low..high`` (exclusive; from the one the last stretch ended in, or
+        from one not read) as two buffers, and the metadata of each (``parse_metas``). A
+        conversation that reaches out of the window is read whole (its digest covers it
+        all) and only its part in the window kept: a conversation of many rows costs each
+        stretch its share. ``Damaged`` where one does not match its digest."""
+        begin, end = window if window is not None else (int(self.starts[low]), int(self.starts[high]))
+        ids = np.empty(end - begin, "<i4")  # (the stored byte order, whatever the machine's)
+        mask = np.empty(end - begin, np.uint8)
+        metas: list[Any] = [None] * (high - low)
         self.fresh = low
-        if self._last is not None and self._last[0] == low:
-            _, last_ids, last_mask, meta = self._last
-            ids[: len(last_ids)], mask[: len(last_mask)] = last_ids, last_mask
-            metas.append(meta)
+        last = self._last
+        if last is not None and last[0] == low:
+            _place(ids, mask, int(self.starts[low]) - begin, last[1], last[2])
+            metas[0] = last[3]
             self.fresh += 1
         at = self.located
         fresh = slice(self.fresh, high)
@@ -376,11 +381,14 @@ class UnitReader:
         metas_read: list[bytearray] = [bytearray()] * len(read)
         for k, start, number, offset, index, tokens, meta, passed, digest in zip(
             read.tolist(),
-            starts[self.fresh - low : -1][read].tolist(),
+            self.starts[fresh][read].tolist(),
             *(column[fresh][read].tolist() for column in columns),
         ):
+            inside = begin <= start and start + tokens < end  # (the conversation and its [EOS])
+            unit_ids = ids[start - begin : start - begin + tokens] if inside else np.empty(tokens, "<i4")
+            unit_mask = mask[start - begin : start - begin + tokens] if inside else np.empty(tokens, np.uint8)
             meta_bytes = bytearray(meta)
-            buffers = [ids[start : start + tokens], mask[start : start + tokens], meta_bytes]
+            buffers = [unit_ids, unit_mask, meta_bytes]
             if not self.reader.read_into(number, offset, 5 * tokens + meta, buffers):
                 raise Damaged(self.fresh + k)
             check = xxhash.xxh3_128(HEAD.pack(index, tokens, meta, PASSED if passed else 0))
@@ -388,12 +396,31 @@ class UnitReader:
                 check.update(buffer)  # type: ignore[arg-type]  # (numpy arrays are buffers)
             if check.digest() != digest:
                 raise Damaged(self.fresh + k)
+            if not inside:
+                _place(ids, mask, start - begin, unit_ids, unit_mask)
+            if self.fresh + k == high - 1:
+                self._last = (high - 1, unit_ids, unit_mask, None)
             metas_read[k] = meta_bytes
-        metas += parse_metas(metas_read)
-        ends = starts[1:] - 1
-        ids[ends], mask[ends] = self.eos_id, 0
-        self._last = (high - 1, ids[starts[-2] : ends[-1]], mask[starts[-2] : ends[-1]], metas[-1])
+        metas[self.fresh - low :] = parse_metas(metas_read)
+        if self._last is not None and self._last[0] == high - 1:
+            self._last = (*self._last[:3], metas[-1])
+        separators = self.starts[low + 1 : high + 1] - 1 - begin
+        separators = separators[(separators >= 0) & (separators < end - begin)]
+        ids[separators], mask[separators] = self.eos_id, 0
         return ids, mask, metas
+
+
+def _place(ids: np.ndarray, mask: np.ndarray, at: int, unit_ids: np.ndarray, unit_mask: np.ndarray) -> None:
+    """Copy the part of a conversation's tokens and mask that falls in buffers ``ids`` and
+    ``mask``, where it starts at position ``at`` of them (negative: before them).
+
+    >>> ids, mask = np.zeros(4, np.int32), np.zeros(4, np.uint8)
+    >>> _place(ids, mask, -1, np.array([7, 8, 9]), np.array([1, 0, 1])); ids.tolist(), mask.tolist()
+    ([8, 9, 0, 0], [0, 1, 0, 0])
+    """
+    low, high = max(at, 0), min(at + len(unit_ids), len(ids))
+    if low < high:
+        ids[low:high], mask[low:high] = unit_ids[low - at : high - at], unit_mask[low - at : high - at]
 
 
 class TokenStore:
@@ -468,6 +495,8 @@ class TokenStore:
             slots = np.arange(len(records), dtype=np.int32)
             keep = (indices >= 0) & (indices < len(self.segment))
             keep &= _sound(tokens, records["meta"], records["offset"], records["flags"])
+            # (and its bytes within the file: a damaged count is never allocated)
+            keep &= records["offset"] + 5 * np.maximum(tokens, 0) + records["meta"] <= entry.stat().st_size
             records, slots = records[keep], slots[keep]
             indices, passed = records["index"], (records["flags"] & PASSED).astype(bool)
             replace = passed | ~self.passed[indices] | (self.segment[indices] < 0)

@@ -20,6 +20,7 @@ from test_parallel import _files, _one_at_a_time, _stored
 import fixed_sft.build as build_module
 import fixed_sft.direct
 import fixed_sft.output
+import fixed_sft.store
 from fixed_sft.build import BuildConfig, build
 from fixed_sft.encode import Encoded
 from fixed_sft.order import permutation
@@ -202,3 +203,42 @@ def test_a_repeated_id_after_the_last_row_ends_it(tmp_path) -> None:
     packed = fixed_sft.direct.pack(store, order, None, (8, 1, False), 0, writer, lambda rows: None)
     writer.close()
     assert (packed.rows, packed.tail_tokens, packed.rows_per_conversation) == (2, 2, {0: 1, 1: 1})
+
+
+def test_a_conversation_of_many_row_groups_is_copied_once(tmp_path, monkeypatch) -> None:
+    """A conversation over many row groups is read once, whole, and each group copies its
+    share of it: the tokens copied are the conversation's, not a group's worth each time."""
+    mask = (np.arange(10_000) % 3 != 0).astype(np.uint8)
+    items = [Encoded(0, "long", np.arange(10_000, dtype=np.int32), mask, None, True, None)]
+    items.append(Encoded(1, "short", np.arange(5, dtype=np.int32), np.ones(5, np.uint8), None, True, None))
+    store = _stored(items, tmp_path / "entry")
+    monkeypatch.setattr(fixed_sft.output, "ROWS_PER_GROUP", 2)
+    copied: list[int] = []
+    place = fixed_sft.store._place
+    monkeypatch.setattr(fixed_sft.store, "_place", lambda ids, *a: copied.append(len(ids)) or place(ids, *a))
+    order = np.array([1, 0])
+    writer = RowWriter(tmp_path / "direct.parquet")
+    packed = fixed_sft.direct.pack(store, order, None, (8, 1, False), 0, writer, lambda rows: None)
+    writer.close()
+    assert packed.rows > 600 and sum(copied) <= 10_000 + 2 * 8
+    expected, rows = _one_at_a_time(items, order, None, False, 0, (8, 1, False), tmp_path / "one.parquet")
+    assert rows == packed.rows and expected.digests == packed.digests
+    assert (tmp_path / "direct.parquet").read_bytes() == (tmp_path / "one.parquet").read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["a token count out of its file", "a truncated segment"])
+def test_a_damaged_record_is_not_trusted(damage, corpus, kimi_dir, tmp_path, token_store) -> None:
+    """A record whose bytes would reach past its file's end (a count with a flipped high bit,
+    or a file cut short) is not held: nothing is allocated for it, and it is encoded again."""
+    cfg = _config(corpus, kimi_dir, no_card=True)
+    build(dataclasses.replace(cfg, seed=4), tmp_path / "filled")
+    segment = max(token_store.glob("tokens/*/*.seg"), key=lambda p: p.stat().st_size)
+    data = bytearray(segment.read_bytes())
+    if damage == "a truncated segment":
+        del data[-200:]
+    else:
+        at = fixed_sft.store.HEADER_BYTES + fixed_sft.store.RECORD.fields["tokens"][1]  # (record 0's count)
+        data[at + 4] ^= 0x80  # (bit 39: 2**39 tokens more)
+    segment.write_bytes(bytes(data))
+    assert build(cfg, tmp_path / "again") == build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
+    assert _files(tmp_path / "again") == _files(tmp_path / "one")

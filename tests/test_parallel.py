@@ -106,7 +106,7 @@ CASES = {
 def _prefill(cfg: BuildConfig, out: Path) -> None:
     """Store every conversation of ``cfg``'s source, unchecked (``check_every`` 0), at another
     seed: so that a build of ``cfg`` with workers encodes (the checks of its sample), and
-    then packs in the same workers. (A build that encodes nothing packs one at a time,
+    then packs in the same workers. (A build that encodes nothing packs in its own process,
     unless its rows hold ``build.STORED_PACKING_TOKENS``.)"""
     build(dataclasses.replace(cfg, rows=None, seed=cfg.seed + 100, workers=1, no_card=True, check_every=0), out)
 
@@ -512,8 +512,8 @@ def test_parts_of_several_row_groups_join_into_the_bytes_of_one_writer(tmp_path,
     reads: list[int] = []
     take = fixed_sft.parallel.UnitReader.take
 
-    def counted(self, low, high):
-        taken = take(self, low, high)
+    def counted(self, low, high, window=None):
+        taken = take(self, low, high, window)
         reads.append(high - self.fresh)  # (the conversations it read: not the one carried from the last)
         return taken
 

@@ -580,9 +580,9 @@ def test_lookups_a_block_at_a_time_are_lookups_one_at_a_time(tmp_path):
 
 def test_rows_in_any_order_are_read_a_segment_at_a_time(tmp_path, monkeypatch) -> None:
     """Stored conversations come back in the order asked, whatever segments hold them, and
-    each segment is opened once by a reader that keeps fewer open than there are segments."""
+    each segment is opened once by a reader that keeps fewer open than there are segments:
+    by ``lookup_many``, and by a ``UnitReader`` of them all at once."""
     from fixed_sft.encode import Encoded
-    from fixed_sft.parallel import Stored
 
     monkeypatch.setattr(store_module, "SEGMENT_CONVERSATIONS", 5)
     monkeypatch.setattr(store_module, "OPEN_FILES", 2)
@@ -599,9 +599,6 @@ def test_rows_in_any_order_are_read_a_segment_at_a_time(tmp_path, monkeypatch) -
     assert [item.id for item in found] == [f"id{i}" for i in order.tolist()]
     assert [item.ids.tolist() for item in found] == [list(range(i, i + i % 7)) for i in order.tolist()]
     assert sorted(opened) == sorted(set(opened)) and len(opened) == 8  # (40 conversations, 5 a segment)
-    opened.clear()
-    items = Stored.of(store, order).read_all()
-    assert [item.source_index for item in items] == order.tolist() and len(opened) == 8
     opened.clear()
     located = store.locate(order).compact()
     reader = store_module.SegmentReader(located.paths)
