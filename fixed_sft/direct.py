@@ -70,7 +70,7 @@ def pack(
         ids, mask, names = reader.take(low, high, (begin * row_tokens, end * row_tokens))
         ids_rows, mask_rows = ids.reshape(-1, row_tokens), mask.reshape(-1, row_tokens)
         supervised[begin:end] = np.count_nonzero(mask_rows, axis=1)
-        trainable[begin:end] = np.count_nonzero(mask_rows[:, 1:], axis=1)
+        trainable[begin:end] = supervised[begin:end] - (mask_rows[:, 0] != 0)  # (token 0 trains nothing)
         where = [a[begin:end].tolist() for a in (cuts.first, cuts.head, cuts.last, cuts.tail)]
         sources, unit_sizes = order[low:high].tolist(), sizes[low:high].tolist()
         kept_before = len(digests)
