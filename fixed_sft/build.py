@@ -820,15 +820,17 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
 
         def read_directly(bar: tqdm) -> parallel.Packed | None:
             """Pack in this process, reading the rows straight from the store (``fixed_sft.direct``),
-            where it gives every conversation valid; ``None`` where it cannot (nothing is then
-            left written): the build packs one conversation at a time."""
+            where it gives the conversations the rows need, valid (``direct.reach``); ``None``
+            where it cannot (nothing is then left written): the build packs one conversation
+            at a time."""
             assert store is not None and skip is not None
-            if not direct.usable(store, order, skip):
+            given = direct.reach(store, order, skip, config.rows, config.row_tokens)
+            if given is None:
                 return None
             writer = RowWriter(folder / PARQUET_NAME, config.emit_boundaries)
             shape = (config.row_tokens, separator_id, config.emit_boundaries)
             try:
-                packed = direct.pack(store, order, config.rows, shape, config.check_every, writer, bar.update)
+                packed = direct.pack(store, order, config.rows, shape, config.check_every, writer, bar.update, given)
                 tallied(packed)  # (the plots drawn while the last rows are written)
                 writer.close()
             except direct.Unsuited:

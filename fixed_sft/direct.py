@@ -31,13 +31,20 @@ from .store import Damaged, TokenStore
 
 
 class Unsuited(Exception):
-    """The stream repeats an id, or the store holds one of its conversations damaged."""
+    """The stream repeats an id, the store holds one of its conversations damaged, or what
+    it gives fills too few rows."""
 
 
-def usable(store: TokenStore, order: np.ndarray, given: np.ndarray) -> bool:
-    """Whether this path packs ``order``: the store gives (``given``) every one of its
-    conversations, and records each as valid."""
-    return bool(given[order].all()) and bool((store.tokens[order] >= 0).all())
+def reach(store: TokenStore, order: np.ndarray, given: np.ndarray, wanted: int | None, row_tokens: int) -> int | None:
+    """How far into ``order`` this path packs: up to the first conversation that the store
+    does not give (``given``) or records as invalid. ``None`` where that is not the whole
+    order and its conversations cannot fill the ``wanted`` rows (``None``: every row)."""
+    stops = np.flatnonzero(~given[order] | (store.tokens[order] < 0))
+    if not len(stops):
+        return len(order)
+    if wanted is None or (store.tokens[order[: stops[0]]] + 1).sum() // row_tokens < wanted:
+        return None
+    return int(stops[0])
 
 
 def pack(
@@ -48,14 +55,18 @@ def pack(
     check_every: int,
     writer: RowWriter,
     progress: Callable[[int], None],
+    given: int | None = None,
 ) -> Packed:
     """Write the rows of ``order`` to ``writer``, up to ``wanted`` kept rows (``None``: all),
-    with ``shape``'s row tokens, separator id and boundaries; what was packed (the file's
-    sha256 is the caller's, once it closes ``writer``). ``progress`` is told of each row
-    group's kept rows. Where every row is cut, the conversations after the last are read
-    too (their ids counted, as one conversation at a time counts them). ``Unsuited`` where
-    this path cannot pack them."""
+    with ``shape``'s row tokens, separator id and boundaries, from its first ``given``
+    conversations (``reach``; ``None``: all); what was packed (the file's sha256 is the
+    caller's, once it closes ``writer``). ``progress`` is told of each row group's kept
+    rows. Where every row is cut, the conversations after the last are read too (their
+    ids counted, as one conversation at a time counts them). ``Unsuited`` where this path
+    cannot pack them: a repeated id, a damaged conversation, or too few rows before ``given``."""
     row_tokens, eos_id, boundaries = shape
+    whole = given is None or given == len(order)
+    order = order[:given]
     sizes = store.tokens[order] + 1
     cuts = Cuts.of(sizes, row_tokens)
     reader = _Reader(store, order, eos_id)
@@ -94,6 +105,8 @@ def pack(
         progress(len(digests) - kept_before)
         if stopped:
             break
+    if not stopped and not whole:
+        raise Unsuited("the conversations the store gives fill too few rows")
     if not stopped and reader.read_to < len(order):
         reader.take(reader.read_to, len(order))  # (the stream's tail)
     kept = trainable[:considered] > 0

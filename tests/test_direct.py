@@ -25,6 +25,7 @@ from fixed_sft.build import BuildConfig, build
 from fixed_sft.encode import Encoded
 from fixed_sft.order import permutation
 from fixed_sft.output import RowWriter
+from fixed_sft.store import TokenStore
 
 N = 200
 
@@ -139,8 +140,9 @@ def test_a_source_with_an_invalid_row_is_not_read_directly(kimi_dir, tmp_path, t
 def test_reading_straight_from_the_store_is_packing_one_at_a_time(data) -> None:
     """On random streams of valid conversations (empty and unsupervised ones, ids repeated
     or not, rows of 1 token up, row groups of 1 row up), reading rows straight from a real
-    store entry gives the tally, statistics and Parquet bytes of packing one conversation
-    at a time, or ends (``Unsuited``) at a repeated id that the rows read."""
+    store entry, whether it gives all of the order or a prefix of it, gives the tally,
+    statistics and Parquet bytes of packing one conversation at a time, or ends
+    (``Unsuited``) at a repeated id that the rows read, or where the prefix fills too few rows."""
     n = data.draw(st.integers(1, 40))
     repeats = data.draw(st.booleans())
     items = []
@@ -154,20 +156,26 @@ def test_reading_straight_from_the_store_is_packing_one_at_a_time(data) -> None:
     check_every = data.draw(st.sampled_from([0, 1, 3]))
     shape = (data.draw(st.sampled_from([1, 2, 3, 7, 16])), 1, data.draw(st.booleans()))
     group_rows = data.draw(st.sampled_from([1, 2, 3, 128]))
+    given = np.zeros(n, bool)  # (the store gives a prefix of the order, or all of it)
+    given[order[: data.draw(st.sampled_from([n, data.draw(st.integers(0, n))]))]] = True
     with tempfile.TemporaryDirectory() as scratch, pytest.MonkeyPatch.context() as patch:
         folder = Path(scratch)
         store = _stored(items, folder / "entry")
-        assert fixed_sft.direct.usable(store, order, np.ones(n, bool))
+        reach = fixed_sft.direct.reach(store, order, given, wanted, shape[0])
+        if reach is None:
+            assert not given.all()
+            return
         patch.setattr(fixed_sft.output, "ROWS_PER_GROUP", group_rows)
         one, direct = folder / "one.parquet", folder / "direct.parquet"
         expected, rows = _one_at_a_time(items, order, wanted, False, check_every, shape, one)
         writer = RowWriter(direct, shape[2])
         try:
-            packed = fixed_sft.direct.pack(store, order, wanted, shape, check_every, writer, lambda rows: None)
-        except fixed_sft.direct.Unsuited:
+            packed = fixed_sft.direct.pack(store, order, wanted, shape, check_every, writer, lambda rows: None, reach)
+        except fixed_sft.direct.Unsuited as error:
             writer.abort()
-            named = [items[i].id for i in order.tolist() if items[i].id is not None]
-            assert len(set(named)) < len(named)  # (only a repeated id ends it: every record is sound)
+            named = [items[i].id for i in order[:reach].tolist() if items[i].id is not None]
+            # (only a repeated id ends it, every record being sound; or too few rows before ``reach``)
+            assert len(set(named)) < len(named) or ("too few rows" in str(error) and reach < n)
             return
         writer.close()
         assert not isinstance(expected, str), expected  # (a repeated id the rows reach ends it)
@@ -242,3 +250,53 @@ def test_a_damaged_record_is_not_trusted(damage, corpus, kimi_dir, tmp_path, tok
     segment.write_bytes(bytes(data))
     assert build(cfg, tmp_path / "again") == build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
     assert _files(tmp_path / "again") == _files(tmp_path / "one")
+
+
+def test_how_far_the_store_gives_the_stream(tmp_path) -> None:
+    """To the first conversation not given or invalid: all of it, or as far as fills the rows
+    asked for (each conversation and its [EOS])."""
+    ones = np.ones(5, np.uint8)
+    items = [Encoded(i, f"c{i}", np.arange(5, dtype=np.int32), ones, None, True, None) for i in range(4)]
+    items[2] = Encoded(2, "c2", None, None, "not a conversation", True, None)
+    store, order, given = _stored(items, tmp_path / "entry"), np.arange(4), np.ones(4, bool)
+    assert [fixed_sft.direct.reach(store, order, given, rows, 6) for rows in (2, 3, None)] == [2, None, None]
+    assert fixed_sft.direct.reach(store, order[[0, 1, 3]], given, None, 6) == 3
+    given[1] = False
+    assert (
+        fixed_sft.direct.reach(store, order, given, 1, 6) == 1
+        and fixed_sft.direct.reach(store, order, given, 2, 6) is None
+    )
+
+
+def test_a_build_of_some_rows_reads_the_conversations_an_earlier_one_stored(
+    corpus, kimi_dir, tmp_path, token_store, read
+) -> None:
+    """The store holds only what a build of some rows encoded: a build of as many rows reads
+    them straight from it; one that needs more packs one conversation at a time."""
+    cfg = _config(corpus, kimi_dir, rows=30, row_tokens=1024)
+    build(cfg, tmp_path / "first")
+    (entry,) = (token_store / "tokens").iterdir()
+    assert 0 < int((TokenStore(entry, N).segment >= 0).sum()) < N  # (a prefix of the order)
+    assert read == []
+    assert build(cfg, tmp_path / "again") == build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
+    assert _files(tmp_path / "again") == _files(tmp_path / "one")
+    assert read == ["packed"]
+    every = dataclasses.replace(cfg, rows=None)
+    assert build(every, tmp_path / "every") == build(dataclasses.replace(every, no_cache=True), tmp_path / "one-every")
+    assert _files(tmp_path / "every") == _files(tmp_path / "one-every")
+    assert read == ["packed"]  # (not tried: the store lacks the rest)
+
+
+def test_rows_the_given_conversations_cannot_fill_end_it(tmp_path) -> None:
+    """Conversations whose tokens would fill the rows, but whose rows are skipped (nothing
+    supervised), before the first the store does not give: ``Unsuited``, nothing counted."""
+    zeros = np.zeros(7, np.uint8)
+    items = [Encoded(i, f"c{i}", np.arange(7, dtype=np.int32), zeros, None, True, None) for i in range(3)]
+    items.append(Encoded(3, "c3", np.arange(7, dtype=np.int32), np.ones(7, np.uint8), None, True, None))
+    store, order = _stored(items, tmp_path / "entry"), np.arange(4)
+    given = np.array([True, True, True, False])
+    assert fixed_sft.direct.reach(store, order, given, 2, 8) == 3
+    writer = RowWriter(tmp_path / "direct.parquet")
+    with pytest.raises(fixed_sft.direct.Unsuited, match="fill too few rows"):
+        fixed_sft.direct.pack(store, order, 2, (8, 1, False), 0, writer, lambda rows: None, given=3)
+    writer.abort()
