@@ -766,7 +766,15 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
         if store is not None and config.rows is not None and packing and skip is not None and not skip.all():
             reach = parallel.checks_reach(store, order, skip, config.row_tokens, config.rows)
             fill = reach is not None
-        if skip is None or not skip.all():  # (conversations are to be encoded: at once, beside the reading)
+        # Conversations are to be encoded: the encoders start at once, beside the reading; unless the
+        # store gives what the rows need, which this process then reads (they start where it gives way).
+        reads_directly = (
+            store is not None
+            and skip is not None
+            and config.workers < PARALLEL_PACKING_WORKERS
+            and direct.reach(store, order, skip, config.rows, config.row_tokens) is not None
+        )
+        if (skip is None or not skip.all()) and not reads_directly:
             apart = fill and config.workers >= CHECKS_APART_WORKERS and config.check_every >= CHECKS_APART_EVERY
             encoding.start(checks_apart=apart and _probes_kept(encoder_config))
         elif store is not None and _packs_stored_apart(config, store):

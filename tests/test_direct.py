@@ -269,18 +269,25 @@ def test_how_far_the_store_gives_the_stream(tmp_path) -> None:
 
 
 def test_a_build_of_some_rows_reads_the_conversations_an_earlier_one_stored(
-    corpus, kimi_dir, tmp_path, token_store, read
+    corpus, kimi_dir, tmp_path, token_store, read, monkeypatch
 ) -> None:
     """The store holds only what a build of some rows encoded: a build of as many rows reads
-    them straight from it; one that needs more packs one conversation at a time."""
-    cfg = _config(corpus, kimi_dir, rows=30, row_tokens=1024)
+    them straight from it, and starts no encoder; one that needs more packs one
+    conversation at a time."""
+    cfg = _config(corpus, kimi_dir, rows=30, row_tokens=1024, workers=2)
     build(cfg, tmp_path / "first")
     (entry,) = (token_store / "tokens").iterdir()
     assert 0 < int((TokenStore(entry, N).segment >= 0).sum()) < N  # (a prefix of the order)
     assert read == []
-    assert build(cfg, tmp_path / "again") == build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
+    one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
+    started: list[bool] = []
+    start = build_module._Encoding.start
+    monkeypatch.setattr(
+        build_module._Encoding, "start", lambda self, *a, **k: started.append(True) or start(self, *a, **k)
+    )
+    assert build(cfg, tmp_path / "again") == one
     assert _files(tmp_path / "again") == _files(tmp_path / "one")
-    assert read == ["packed"]
+    assert read == ["packed"] and started == []
     every = dataclasses.replace(cfg, rows=None)
     assert build(every, tmp_path / "every") == build(dataclasses.replace(every, no_cache=True), tmp_path / "one-every")
     assert _files(tmp_path / "every") == _files(tmp_path / "one-every")
