@@ -86,7 +86,7 @@ LARGE_BAND_BYTES = 128 << 20
 LARGE_ROW_BYTES = CHUNK_BYTES // CHUNK_ROWS
 # Packing from the store in the workers (fixed_sft.parallel) reads each conversation twice, so it
 # pays from this many workers; fewer pack in the build's process: straight from the store where it
-# gives every conversation valid (fixed_sft.direct), else one conversation at a time
+# gives the conversations the rows need, valid (fixed_sft.direct), else one conversation at a time
 # (benchmarks/README.md: with 2 workers on 2 cores a later build took 4.72 s against 3.31 s with 1).
 PARALLEL_PACKING_WORKERS = 4
 # A build that encodes nothing starts its workers to pack only where its rows hold this many tokens,
@@ -479,8 +479,8 @@ def _pack_fresh(
     the rows are then cut, and written from the store. ``reading``: the chunks, sized by a
     function of the conversations still needed, and that function of ``parallel.Fed``.
     ``None`` with fewer workers, or where a worker cannot write into the store: the build
-    packs in its own process (``fixed_sft.direct`` where the store now holds every
-    conversation, else one at a time). An invalid conversation that stops the build
+    packs in its own process (``fixed_sft.direct`` where the store now holds the
+    conversations the rows need, else one at a time). An invalid conversation that stops the build
     raises its error here."""
     separator_id, encoding = setup
     if encoding.workers < PARALLEL_PACKING_WORKERS or not store.writable:

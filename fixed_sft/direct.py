@@ -1,8 +1,9 @@
 """Rows of conversations the token store holds, read straight into their row groups, in this process.
 
-A build whose store gives every conversation (held, and checked where sampled), valid by
-its records, and which packs in this process, cuts its rows from the records before it
-reads anything: a unit is a conversation's stored tokens and its ``[EOS]``
+A build whose store gives the conversations its rows need (held, and checked where
+sampled), valid by their records (``reach``: all of the order, or for some rows a prefix
+of it), and which packs in this process, cuts its rows from the records before it reads
+anything: a unit is a conversation's stored tokens and its ``[EOS]``
 (``fixed_sft.cuts``). It then reads, a row group at a time, the conversations that the
 group's rows hold straight into one buffer of the group's tokens (``store.UnitReader``),
 so that the rows are views of it: no copy per conversation and none per row. While no row
@@ -11,9 +12,10 @@ has been skipped, the writer's row groups are these groups, and go to Arrow unco
 ``fixed_sft.pack`` skips it. The rows, the Parquet file and the manifest are those of
 packing one conversation at a time (``tests/test_direct.py``).
 
-A conversation whose id an earlier one used, or whose bytes do not match its digest, ends
-this path (``Unsuited``): the build then packs one conversation at a time, which says or
-records why, and encodes what the store lacks.
+A conversation whose id an earlier one used, or whose bytes do not match its digest, or a
+prefix whose rows (some skipped) fall short of those asked for, ends this path
+(``Unsuited``): the build then packs one conversation at a time, which says or records
+why, and encodes what the store lacks.
 """
 
 from __future__ import annotations

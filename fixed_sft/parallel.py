@@ -284,8 +284,9 @@ def write(_: object, task: WriteTask) -> tuple[list[bytes], tuple[Fields, int]]:
             except Damaged as damaged:
                 index = int(task.units.indices[damaged.position])
                 raise Unheld(f"source row {index}: damaged in the token store") from None
+            starts = units.starts - window[0]  # (where each unit starts in the buffers)
             for r in range(begin, end):
-                row = _assembled(task, r, (ids, mask, metas), units.starts - window[0], low)
+                row = _assembled(task, r, (ids, mask, metas), starts, low)
                 digests.append(row_digest(row.ids, row.mask, row.cu_seqlens if task.boundaries else None))
                 yield row
 

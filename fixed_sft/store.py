@@ -487,6 +487,10 @@ class TokenStore:
                 continue
             self.writer.after = max(self.writer.after, _stamp(entry.name))
             records = self._read_records(Path(entry.path))
+            try:
+                size = entry.stat().st_size
+            except OSError:  # (gone since it was listed)
+                records = None
             if records is None:
                 continue
             number = len(self.segments)
@@ -496,7 +500,7 @@ class TokenStore:
             keep = (indices >= 0) & (indices < len(self.segment))
             keep &= _sound(tokens, records["meta"], records["offset"], records["flags"])
             # (and its bytes within the file: a damaged count is never allocated)
-            keep &= records["offset"] + 5 * np.maximum(tokens, 0) + records["meta"] <= entry.stat().st_size
+            keep &= records["offset"] + 5 * np.maximum(tokens, 0) + records["meta"] <= size
             records, slots = records[keep], slots[keep]
             indices, passed = records["index"], (records["flags"] & PASSED).astype(bool)
             replace = passed | ~self.passed[indices] | (self.segment[indices] < 0)
