@@ -754,8 +754,7 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
         skip = None
         if store is not None:
             stack.callback(store.close)
-            held, check = store.plan(config.check_every)
-            skip = held & ~check if held.any() else None
+            skip = store.given(config.check_every)
         # A build of every row from a source of more than one band, or with workers enough to pack,
         # fills the store first, in one pass over the source, then takes its conversations from it
         # in packing order. With a row count, workers enough to pack settle the template checks of
@@ -898,8 +897,7 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
                     assert store is not None
                     large_rows = encoding.workers > 1 and bytes_row > LARGE_ROW_BYTES
                     indexes = _fill(store, encoding, source, order, large_rows, tokenized, reach)
-                    held, check = store.plan(config.check_every)
-                    skip = held & ~check if held.any() else None
+                    skip = store.given(config.check_every)
                     tokenized = tqdm(disable=True)  # (counted as filled)
                 packed = None
                 if store is not None and skip is not None:
@@ -911,13 +909,11 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
                     bars = (tokenized, bar)
                     packed = _pack_fresh(config, store, order, reading, setup, source, folder, bars, tallied)
                     if packed is None:  # (what its workers stored before one could not is held now)
-                        held, check = store.plan(config.check_every)
-                        skip = held & ~check if held.any() else None
+                        skip = store.given(config.check_every)
                 if packed is None and store is not None and skip is not None:
                     packed = read_directly(bar)
                     if packed is None:  # (a damaged conversation it found is no longer held)
-                        held, check = store.plan(config.check_every)
-                        skip = held & ~check if held.any() else None
+                        skip = store.given(config.check_every)
                 if packed is None:
                     written = streamed(skip, tokenized, bar)
                 else:

@@ -639,6 +639,12 @@ class TokenStore:
         check = self.sample(check_every) & held & ~self.passed
         return held, check
 
+    def given(self, check_every: int) -> np.ndarray | None:
+        """Per source row: whether a build takes it from the store without encoding it
+        (``plan``: held, and not to be checked); ``None`` where the store holds none."""
+        held, check = self.plan(check_every)
+        return held & ~check if held.any() else None
+
     def sample(self, check_every: int) -> np.ndarray:
         """Per source row: whether the template check samples it (``encode.sampled``), made
         once per ``check_every`` (a build plans more than once)."""

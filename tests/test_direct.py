@@ -15,7 +15,7 @@ import pytest
 import synthetic
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_parallel import _files, _one_at_a_time, _stored
+from test_parallel import _files, _one_at_a_time, _stored, outcomes
 
 import fixed_sft.build as build_module
 import fixed_sft.direct
@@ -41,20 +41,7 @@ def corpus(tmp_path_factory) -> Path:
 @pytest.fixture
 def read(monkeypatch) -> list[str]:
     """How each build's direct read ended: "packed", or "unsuited" where it fell back."""
-    outcomes: list[str] = []
-    real = fixed_sft.direct.pack
-
-    def pack(*args, **kwargs):
-        try:
-            result = real(*args, **kwargs)
-        except fixed_sft.direct.Unsuited:
-            outcomes.append("unsuited")
-            raise
-        outcomes.append("packed")
-        return result
-
-    monkeypatch.setattr(fixed_sft.direct, "pack", pack)
-    return outcomes
+    return outcomes(monkeypatch, fixed_sft.direct, fixed_sft.direct.Unsuited, "unsuited")
 
 
 def _config(source: Path, kimi_dir: Path, **overrides) -> BuildConfig:

@@ -59,20 +59,25 @@ def packed(monkeypatch) -> list[str]:
     """How each build's packing from the store ended: "packed", or "unheld" where it fell
     back; packing from the store from 2 workers on (builds pack so from 4, where it pays)."""
     monkeypatch.setattr(build_module, "PARALLEL_PACKING_WORKERS", 2)
-    outcomes: list[str] = []
-    real = fixed_sft.parallel.pack
+    return outcomes(monkeypatch, fixed_sft.parallel, fixed_sft.parallel.Unheld, "unheld")
+
+
+def outcomes(monkeypatch, module, gave_way: type[Exception], named: str) -> list[str]:
+    """How each call of ``module.pack`` ended: "packed", or ``named`` where it raised ``gave_way``."""
+    ended: list[str] = []
+    real = module.pack
 
     def pack(*args, **kwargs):
         try:
             result = real(*args, **kwargs)
-        except fixed_sft.parallel.Unheld:
-            outcomes.append("unheld")
+        except gave_way:
+            ended.append(named)
             raise
-        outcomes.append("packed")
+        ended.append("packed")
         return result
 
-    monkeypatch.setattr(fixed_sft.parallel, "pack", pack)
-    return outcomes
+    monkeypatch.setattr(module, "pack", pack)
+    return ended
 
 
 def _config(source: Path, kimi_dir: Path, **overrides) -> BuildConfig:
