@@ -5,7 +5,6 @@ id or a damaged stored conversation falls back to packing one conversation at a 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 import synthetic
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_parallel import _files, _one_at_a_time, _stored, outcomes
+from test_parallel import _files, _one_at_a_time, _stored, outcomes, packed_as_one_at_a_time
 
 import fixed_sft.build as build_module
 import fixed_sft.direct
@@ -169,13 +168,8 @@ def test_reading_straight_from_the_store_is_packing_one_at_a_time(data) -> None:
         assert packed.rows == rows
         if not rows or (wanted is not None and rows < wanted):
             return  # (the build says there are too few)
-        got = build_module._Tally(row_tokens=shape[0])
-        got.take(packed)
-        for name in fixed_sft.parallel.Packed.__dataclass_fields__:
-            if name not in ("rows", "parquet_sha256"):
-                assert getattr(got, name) == getattr(expected, name), name
-        assert (got.stats(), got.source_mix()) == (expected.stats(), expected.source_mix())
-        assert writer.sha256 == hashlib.sha256(one.read_bytes()).hexdigest()
+        packed.parquet_sha256 = writer.sha256  # (as the build takes it)
+        packed_as_one_at_a_time(packed, expected, shape[0], one)
         assert direct.read_bytes() == one.read_bytes()
 
 

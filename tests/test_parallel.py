@@ -383,6 +383,19 @@ def _one_at_a_time(items, order, wanted, skip, check_every, shape, out):
     return tally, len(tally.digests)
 
 
+def packed_as_one_at_a_time(packed: fixed_sft.parallel.Packed, expected, row_tokens: int, one: Path) -> None:
+    """``packed`` counts what ``expected`` (``_one_at_a_time``'s tally) counts, field by field,
+    in its statistics and its source mix, and hashed the file ``one`` it wrote."""
+    got = build_module._Tally(row_tokens=row_tokens)
+    got.take(packed)
+    for name in fixed_sft.parallel.Packed.__dataclass_fields__:
+        if name == "parquet_sha256":
+            assert got.parquet_sha256 == hashlib.sha256(one.read_bytes()).hexdigest()
+        elif name != "rows":
+            assert getattr(got, name) == getattr(expected, name), name
+    assert (got.stats(), got.source_mix()) == (expected.stats(), expected.source_mix())
+
+
 @settings(derandomize=True, max_examples=int(os.environ.get("FIXED_SFT_PACKING_EXAMPLES", "40")), deadline=None)
 @given(data=st.data())
 def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
@@ -447,14 +460,7 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
         assert packed.rows == rows
         if not rows or (wanted is not None and rows < wanted):
             return  # (the build says there are too few)
-        got = build_module._Tally(row_tokens=shape[0])
-        got.take(packed)
-        for name in fixed_sft.parallel.Packed.__dataclass_fields__:
-            if name == "parquet_sha256":  # (hashed as the parts were joined)
-                assert got.parquet_sha256 == hashlib.sha256(one.read_bytes()).hexdigest()
-            elif name != "rows":
-                assert getattr(got, name) == getattr(expected, name), name
-        assert (got.stats(), got.source_mix()) == (expected.stats(), expected.source_mix())
+        packed_as_one_at_a_time(packed, expected, shape[0], one)  # (its sha256 taken as the parts were joined)
         assert (folder / "packed" / "train.parquet").read_bytes() == one.read_bytes()
         assert sorted(p.name for p in (folder / "packed").iterdir()) == ["train.parquet"]
 
