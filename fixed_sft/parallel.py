@@ -284,9 +284,8 @@ def write(_: object, task: WriteTask) -> tuple[list[bytes], tuple[Fields, int]]:
             except Damaged as damaged:
                 index = int(task.units.indices[damaged.position])
                 raise Unheld(f"source row {index}: damaged in the token store") from None
-            starts = units.starts - window[0]  # (where each unit starts in the buffers)
             for r in range(begin, end):
-                row = _assembled(task, r, (ids, mask, metas), starts, low)
+                row = _assembled(task, r, (ids, mask, metas), units.starts, (window[0], low))
                 digests.append(row_digest(row.ids, row.mask, row.cu_seqlens if task.boundaries else None))
                 yield row
 
@@ -297,14 +296,17 @@ def write(_: object, task: WriteTask) -> tuple[list[bytes], tuple[Fields, int]]:
     return digests, footer(Path(task.part))
 
 
-def _assembled(task: WriteTask, r: int, read: tuple[np.ndarray, np.ndarray, list], starts: np.ndarray, low: int) -> Row:
+def _assembled(
+    task: WriteTask, r: int, read: tuple[np.ndarray, np.ndarray, list], starts: np.ndarray, origin: tuple[int, int]
+) -> Row:
     """Row ``r`` of ``task``: a view of ``read``, the tokens and mask values of its units
-    (each followed by [EOS], masked), each unit starting at ``starts`` in them, and the
-    metadata of each unit from ``low`` on; ``StoreChanged`` where it is not the row the
-    index cut."""
+    (each followed by [EOS], masked) from stream position ``origin[0]`` on, each unit
+    starting at ``starts`` in the stream, and the metadata of each unit from ``origin[1]``
+    on; ``StoreChanged`` where it is not the row the index cut."""
     ids, mask, metas = read
+    position, low = origin
     first, last = int(task.first[r]), int(task.last[r])
-    at = int(starts[first]) + int(task.head[r])
+    at = int(starts[first]) - position + int(task.head[r])
     segments = []
     for unit in range(first, last + 1):
         meta = metas[unit - low]
@@ -314,7 +316,7 @@ def _assembled(task: WriteTask, r: int, read: tuple[np.ndarray, np.ndarray, list
             raise StoreChanged(f"row {task.first_row + r}: the token store's conversations differ from their index")
         segments.append(Segment(int(task.units.indices[unit]), meta[0], start, end))
     row = Row(ids[at : at + task.row_tokens], mask[at : at + task.row_tokens], tuple(segments))
-    filled = int(starts[last]) + int(task.tail[r]) - at
+    filled = int(starts[last]) - position + int(task.tail[r]) - at
     if filled != task.row_tokens or row.trainable != task.trainable[r]:
         raise StoreChanged(f"row {task.first_row + r}: the token store's conversations differ from their index")
     return row
