@@ -60,3 +60,14 @@ def map_large_allocations() -> None:
     libc = ctypes.CDLL(None)
     if hasattr(libc, "gnu_get_libc_version"):
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+
+
+def give_back_free() -> None:
+    """The C allocator gives the free pages inside its heaps back to the system (glibc's
+    ``malloc_trim``). A worker's fill leaves tens of MB free in its heap, fragmented by
+    what is still held (the BPE's cache), which would otherwise stay its own under the write
+    pass: 4 workers on 2 cores, 31-43 MB of heap as the write pass starts, 10-11 MB once
+    given back. Nothing where the C library is not glibc."""
+    libc = ctypes.CDLL(None)
+    if hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)

@@ -4,6 +4,7 @@ rows still want, rows over the bound refused naming them, Parquet pages bounded.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import json
 import re
@@ -18,14 +19,17 @@ import synthetic
 from fixed_sft import bands as bands_module
 from fixed_sft import build as build_module
 from fixed_sft import encode as encode_module
+from fixed_sft import parallel as parallel_module
 from fixed_sft import source as source_module
 from fixed_sft.bands import read_band, value_bytes
 from fixed_sft.build import BuildConfig, InvalidSourceRow, build
 from fixed_sft.conversation import InvalidRow
+from fixed_sft.memory import give_back_free
 from fixed_sft.order import permutation
 from fixed_sft.pages import largest_page, page_sizes
 from fixed_sft.records import records
 from fixed_sft.source import SourceError, open_source
+from fixed_sft.store import Located
 
 
 def _config(path, kimi_dir, **overrides) -> BuildConfig:
@@ -441,3 +445,42 @@ def test_parquet_batches_are_sized_by_bytes(tmp_path, monkeypatch):
         len(local) for local, _ in bands_module._read_parquet(tmp_path / "rows.parquet", np.ones(40, bool), False)
     ]
     assert batches == [3] * 13 + [1]
+
+
+def _heap_kib() -> int:
+    """This process's resident private memory in its main heap, from /proc."""
+    kib, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if not fields[0].endswith(":"):
+                inside = fields[-1] == "[heap]"
+            elif inside and fields[0] == "Private_Dirty:":
+                kib += int(fields[1])
+    return kib
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "malloc_trim"), reason="the C library is not glibc")
+def test_free_memory_under_a_held_block_goes_back_to_the_system():
+    # 32 MB of 64 KiB blocks in the heap, then one held above them: freeing the rest
+    # leaves them resident (the heap's top cannot shrink) until they are given back
+    blocks = [ctypes.create_string_buffer(64 << 10) for _ in range(512)]
+    held = ctypes.create_string_buffer(64 << 10)
+    del blocks
+    before = _heap_kib()
+    give_back_free()
+    assert before - _heap_kib() > 16 << 10
+    assert held.raw == bytes(64 << 10)
+
+
+def test_a_worker_gives_its_free_memory_back_before_its_first_part(monkeypatch):
+    given: list[bool] = []
+    monkeypatch.setattr(parallel_module, "give_back_free", lambda: given.append(True))
+    monkeypatch.setattr(parallel_module, "_wrote", False)
+    monkeypatch.setattr(parallel_module, "write_part", lambda *args: 0)
+    monkeypatch.setattr(parallel_module, "footer", lambda path: None)
+    none = np.zeros(0, np.int64)
+    task = parallel_module.WriteTask(Located((), *[none] * 7), *[none] * 5, 0, 64, 1, False, "part")
+    for _ in range(3):
+        parallel_module.write(None, task)
+    assert given == [True]
