@@ -1,7 +1,8 @@
-"""How the build's processes allocate memory: Arrow's pool, and the C allocator's threshold for mapping.
+"""How the build's processes allocate memory: Arrow's pool, and the C allocator's mapping and free pages.
 
-Both are process-wide settings: ``system_allocator`` switches Arrow's pool for the time
-of a block; ``map_large_allocations`` sets the C allocator for the rest of the process.
+All act on the whole process: ``system_allocator`` switches Arrow's pool for the time
+of a block; ``map_large_allocations`` sets the C allocator for the rest of the process;
+``give_back_free`` returns its free pages to the system once.
 """
 
 from __future__ import annotations
