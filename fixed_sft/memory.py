@@ -55,7 +55,7 @@ def map_large_allocations() -> None:
     worker, and in a build's process when its source's rows are large (a 2-worker build of
     4 MiB conversations peaked at 546 MiB in the build's process without it and 355 MiB
     with it) or it reads more than one band, where the decode batches of a band read (up
-    to 16 MiB, freed as they go) otherwise stay in the heaps under the band's rows and the
+    to 4 MiB, freed as they go) otherwise stay in the heaps under the band's rows and the
     band held before it (benchmarks/README.md). Each such block is then faulted in anew:
     a build of one band keeps the default. Nothing where the C library is not glibc."""
     libc = ctypes.CDLL(None)
