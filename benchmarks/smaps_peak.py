@@ -78,7 +78,7 @@ def role(pid: int, depth: int) -> str:
 
 
 def measure(source: Path, workers: int, tokenizer: Path, work: Path) -> None:
-    out, cache = work / f"out-{workers}", work / f"cache-{workers}"
+    out, cache = Path(tempfile.mkdtemp(dir=work)) / "out", Path(tempfile.mkdtemp(dir=work))  # (a fresh store)
     command = [sys.executable, str(HERE.parent / "generate_fixed_sft.py"), "build", "--source", str(source)]
     command += ["--tokenizer", str(tokenizer), "--rows", "all", "--row-tokens", "4096", "--workers", str(workers)]
     command += ["--cache-dir", str(cache), "--out", str(out), "--quiet"]
