@@ -398,6 +398,9 @@ class TreeSampler(threading.Thread):
         self.rss = self.pss = self.processes = self.anon = 0
         self.hwm: dict[int, int] = {}
         self.names: dict[int, str] = {}  # pid -> "pid: what it runs"
+        self.pss_at_peak: dict[str, list[int]] = {}  # what each kind of process held at the tree's peak PSS
+        self.began = time.perf_counter()
+        self.peak_at = 0.0  # seconds from the start to the tree's peak PSS
         self.done = threading.Event()
 
     def tree(self) -> list[int]:
@@ -420,7 +423,12 @@ class TreeSampler(threading.Thread):
                 if "VmHWM" in status:
                     self.hwm[pid] = max(self.hwm.get(pid, 0), status["VmHWM"])
             self.rss = max(self.rss, rss)
-            self.pss = max(self.pss, sum(map(_pss, pids)))
+            shares = {pid: _pss(pid) for pid in pids}
+            if sum(shares.values()) > self.pss:
+                self.pss, self.peak_at = sum(shares.values()), time.perf_counter() - self.began
+                self.pss_at_peak = {}
+                for pid, share in shares.items():
+                    self.pss_at_peak.setdefault(self.names[pid].split(": ", 1)[1], []).append(share)
             self.processes = max(self.processes, len(pids))
             if self.cgroup is not None:
                 self.anon = max(self.anon, self.cgroup.anon())
@@ -487,6 +495,8 @@ def run_build(
         "workers": workers,
         "tree_rss": sampler.rss,
         "tree_pss": sampler.pss,
+        "tree_pss_at_s": sampler.peak_at,
+        "pss_at_peak_by_role": sampler.pss_at_peak,
         "sum_hwm": sum(sampler.hwm.values()),
         "hwm_by_process": {sampler.names.get(pid, str(pid)): hwm for pid, hwm in sampler.hwm.items()},
         "processes": sampler.processes,
