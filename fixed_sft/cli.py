@@ -335,15 +335,15 @@ def _verify(args: argparse.Namespace) -> int:
         )
     spec = None
     if args.rows is not None:
-        from .spot import chosen_rows, parse_rows
+        from .spot import check_in_range, parse_rows
 
         spec = parse_rows(args.rows)
-        try:  # (a row past the build's last is a usage error before any check; an unreadable manifest, verify's)
+        try:  # (a row past the build's last is a usage error before any check; a manifest unsound, verify's)
             rows = read_manifest(args.folder / MANIFEST_NAME)["stats"]["rows"]
         except (OSError, ValueError, RecursionError, LookupError, TypeError):
             rows = None
-        if isinstance(rows, int) and not isinstance(rows, bool):
-            chosen_rows(spec, rows)
+        if isinstance(rows, int) and not isinstance(rows, bool) and rows > 0:
+            check_in_range(spec, rows)
     published = None
     if args.published is not None:
         try:

@@ -17,14 +17,18 @@ For each chosen row K it proves:
   at its unit's end, and the source rows between them in the order are all listed in
   ``skipped_invalid``, each re-read and found invalid, or a duplicate: valid, with an id that
   a row read holds earlier in the packing order (where no row read holds it, the earlier
-  copy is not looked for); no two of the conversations read and held share an id;
+  copy is not looked for; where every row is checked, every conversation the stream holds
+  is read, so it must be there); no two of the conversations read and held share an id;
 - K begins where row K - 1 ends in the stream (where K - 1 is not checked, as the file holds
-  it: its segments, not re-encoded; row 0 at the stream's start), and row K + 1 where K ends
+  it: its last segment must name a unit a row may hold, with that unit's id, and its tokens
+  and mask there must be the unit's; the rest of it is not re-encoded; row 0 at the
+  stream's start), and row K + 1 where K ends
   (likewise): the same conversation, cut at the same token, or the next one from its start;
   or, past rows the build dropped (no supervised token after token 0), whole such rows,
   re-encoded, no more of them than ``stats.rows_skipped``. So a check of rows ``0-N`` proves
   every cut up to row N, and a row taken out of the file, or two rows swapped, is caught by
-  a check of a row beside the change: a neighbour edited to hide it fails its own check;
+  a check of a row beside the change, however the rows beside name their segments; a
+  neighbour whose tokens are forged too fails its own check;
 - checked rows further apart are in packing order; within one conversation, the stream
   between them holds exactly the rows between, and rows dropped;
 - the last row of a build of a row count leaves ``stats.tail_tokens_dropped`` of its unit; the
@@ -146,10 +150,22 @@ def chosen_rows(spec: RowsSpec, rows: int) -> np.ndarray:
         seed = spec.drawn().seed
         assert seed is not None  # (drawn)
         return np.sort(permutation(seed, rows)[: spec.sample])
+    check_in_range(spec, rows)
+    return np.unique(np.concatenate([np.arange(first, last + 1) for first, last in spec.ranges]))
+
+
+def check_in_range(spec: RowsSpec, rows: int) -> None:
+    """``UsageError`` where ``spec`` names a row past the last of a build's ``rows`` (a
+    sample names none).
+
+    >>> check_in_range(parse_rows("0,5-9"), 10)
+    >>> check_in_range(parse_rows("3-10"), 10)
+    Traceback (most recent call last):
+    fixed_sft.errors.UsageError: --rows: row 10 is past the build's last row, 9
+    """
     for _, last in spec.ranges:
         if last >= rows:
             raise UsageError(f"--rows: row {last} is past the build's last row, {rows - 1}")
-    return np.unique(np.concatenate([np.arange(first, last + 1) for first, last in spec.ranges]))
 
 
 class StoredRow(NamedTuple):
@@ -251,10 +267,16 @@ def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenize
     for number in rows.tolist():
         if (problem := stream.check(number, stored, neighbours)) is not None:
             problems[number] = problem
-    every = len(rows) == manifest.stats.rows  # (rows: sorted, each once)
-    if every and not problems and stream.dropped != manifest.stats.rows_skipped:  # (rows: all, to the stream's end)
+    every = 0 < len(rows) == manifest.stats.rows  # (rows: sorted, each once; the stream read to its end)
+    if every and not problems and stream.dropped != manifest.stats.rows_skipped:
         problems[int(rows[-1])] = (
             f"the stream up to it drops {stream.dropped} rows, stats.rows_skipped says {manifest.stats.rows_skipped}"
+        )
+    if every and not problems and stream.duplicates:  # (every conversation a row holds or drops is read)
+        listed = ", ".join(map(str, sorted(stream.duplicates)))
+        problems[int(rows[-1])] = (
+            f"skipped_invalid lists source rows {listed} as duplicates, but no conversation before them in the "
+            "packing order has their ids"
         )
     return SpotCheck(rows.tolist(), inputs, problems, sorted(stream.duplicates), stream.dropped, spec)
 
@@ -503,9 +525,12 @@ class _Stream:
             return f"{rows - kept} rows of the stream lie {where}, more than stats.rows_skipped leaves", 0
         return None, rows - kept
 
-    def _declared(self, row: int, point: Point, end: bool) -> str | None:
-        """Why the file's row ``row`` (not checked) cannot begin (``end``: end) at ``point``."""
-        index, token = point
+    def _declared(self, row: int, held: StoredRow, end: bool) -> str | None:
+        """Why the file's row ``row`` (not checked) cannot end (``end``; else begin) as its last
+        (first) segment says: that segment must name a unit a row may hold, with its id, and
+        the row's tokens and mask there must be that unit's (its provenance is not in its hash)."""
+        segment = held.segments[-1] if end else held.segments[0]
+        index, token = (segment.index, segment.end) if end else (segment.index, segment.start)
         side = "ends" if end else "begins"
         if not self._in_range(index):
             return f"row {row} {side} in source row {index}, but the source has {len(self.order)} rows"
@@ -516,6 +541,16 @@ class _Stream:
             return f"row {row} {side} in source row {index}, which skipped_invalid lists"
         if not (0 < token <= len(unit[0]) if end else 0 <= token < len(unit[0])):
             return f"row {row} {side} at token {token} of source row {index}, whose unit holds {len(unit[0])} tokens"
+        if not same(segment.id, self.encoded[index].id):
+            held_id = self.encoded[index].id
+            return f"row {row} {side} in source row {index} with id {segment.id!r}, but its id is {held_id!r}"
+        size = segment.end - segment.start
+        part = slice(len(held.ids) - size, None) if end else slice(0, size)
+        if not 0 < size <= len(held.ids) or not (
+            np.array_equal(held.ids[part], unit[0][segment.start : segment.end])
+            and np.array_equal(held.mask[part], unit[1][segment.start : segment.end])
+        ):
+            return f"row {row}'s tokens where it {side} are not source row {index}'s, {segment.start} to {segment.end}"
         return None
 
     def check(self, number: int, stored: dict[int, StoredRow], beside: dict[int, StoredRow]) -> str | None:
@@ -547,10 +582,8 @@ class _Stream:
                 return f"{at}: ends before its unit's end ({len(unit[0])}), but another segment follows it"
             pieces.append((unit[0][s.start : s.end], unit[1][s.start : s.end]))
         for where, a, b, drops, declared in self._links(number, stored, beside):
-            if declared is not None:  # (a point of a row beside it, as the file holds it)
-                point = a if declared < number else b
-                assert point is not None
-                if (problem := self._declared(declared, point, end=declared < number)) is not None:
+            if declared is not None:  # (a row beside it, as the file holds it)
+                if (problem := self._declared(declared, beside[declared], end=declared < number)) is not None:
                     return f"{where}: {problem}"
             elif a is not None and not self._in_range(a[0]):
                 continue  # (the checked row before names a row the source lacks: its own check says so)

@@ -85,6 +85,8 @@ def verify(folder: str | Path) -> list[str]:
         )
     if len(expected) != stats.rows:
         problems.append(f"{MANIFEST_NAME}: lists {len(expected)} row hashes but stats.rows is {stats.rows}")
+    elif not stats.rows:
+        problems.append(f"{MANIFEST_NAME}: stats.rows is 0, but a build holds at least one row")
 
     try:
         problems += _check_card(folder, manifest)

@@ -194,10 +194,10 @@ def test_only_the_conversations_of_the_rows_are_encoded(builds, kimi_dir, monkey
     assert len(groups) <= len(encoded) < 9  # 9 row groups hold the 60 rows
 
 
-def _forge(folder, change):
+def _forge(folder, change, check=True):
     """Apply ``change`` to the row dicts of train.parquet, write them with pyarrow, and
     re-record everything the manifest derives from the rows (their count too), so that
-    verify finds nothing."""
+    verify finds nothing (``check``: asserted)."""
     from fixed_sft.hashes import row_digest
 
     parquet = folder / "train.parquet"
@@ -221,13 +221,13 @@ def _forge(folder, change):
         rows=len(rows),
         tokens=tokens,
         supervised_tokens=supervised,
-        supervised_token_ratio=supervised / tokens,
+        supervised_token_ratio=supervised / tokens if tokens else 0.0,
         trainable_tokens=sum(sum(m["loss_mask"][1:]) for m in metadata),
         conversations=len(runs),
         conversations_split=sum(n > 1 for n in runs),
     )
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    assert verify(folder) == []
+    assert verify(folder) == [] or not check
 
 
 def _runs(values):
@@ -621,6 +621,112 @@ def test_a_repeated_id_is_named(builds, kimi_dir, tmp_path, capsys):
     assert "  source: same\n" in out
     assert f"  row {k}: differs (segment " in out
     assert f"source row {first}, earlier in the packing order, has its id {taken!r}, so a build skips this one" in out
+
+
+def test_two_rows_swapped_are_caught_when_both_neighbours_name_them(builds, kimi_dir, tmp_path, capsys):
+    """Two rows swapped, and the last segment of the row before each and the first of the
+    row after each rewritten to meet it (their tokens left as they are: a row's hash does
+    not cover its segments): a check of either swapped row names the row before it, whose
+    tokens are not those its segment names."""
+    folder, source, _ = _copy(builds, "jsonl", tmp_path)
+    segments = _segments(folder)
+    inside = [  # rows that start and end inside a conversation, with rows beside them
+        k
+        for k in range(1, len(segments) - 1)
+        if segments[k][0]["start"] > 0 and segments[k + 1][0]["source_index"] == segments[k][-1]["source_index"]
+    ]
+
+    def size(segment):
+        return segment["end"] - segment["start"]
+
+    a, b = next(
+        (a, b)
+        for a in inside
+        for b in inside
+        if b > a + 2
+        and segments[b][0]["start"] >= size(segments[a - 1][-1])
+        and segments[a][0]["start"] >= size(segments[b - 1][-1])
+    )
+
+    def meet(rows, k, held):  # rows k - 1 and k + 1 rewritten to meet the segments ``held``
+        first, last = held[0], held[-1]
+        before, after = rows[k - 1]["metadata"]["segments"], rows[k + 1]["metadata"]["segments"]
+        before[-1] = {**first, "start": first["start"] - size(before[-1]), "end": first["start"]}
+        after[0] = {**last, "start": last["end"], "end": last["end"] + size(after[0])}
+
+    def change(rows):
+        rows[a]["metadata"], rows[b]["metadata"] = (
+            {**rows[b]["metadata"], "row": a},
+            {**rows[a]["metadata"], "row": b},
+        )
+        meet(rows, a, rows[a]["metadata"]["segments"])
+        meet(rows, b, rows[b]["metadata"]["segments"])
+
+    _forge(folder, change)
+    for k in (a, b):
+        capsys.readouterr()
+        assert _spot(folder, source, kimi_dir, str(k)) == 1
+        out = capsys.readouterr().out
+        assert f"  row {k}: differs (from row {k - 1}'s end, as the file holds it: row {k - 1}'s tokens where" in out
+
+
+def test_a_valid_conversation_listed_as_a_duplicate_is_named_when_every_row_is_checked(kimi_dir, tmp_path, capsys):
+    """A build of a source with one conversation emptied, its manifest then pointed at the
+    source with it whole and the skip's reason made a duplicate id: a check of every row
+    reads every conversation before the stream's end, so a duplicate without an earlier
+    copy is named (a check of some rows lists it as not proven)."""
+    from fixed_sft.order import permutation
+
+    order = permutation(7, 40)
+    rows = [{"id": r["id"], "messages": r["messages"]} for r in synthetic.conversations(40, seed=4)]
+    whole, emptied = tmp_path / "whole.jsonl", tmp_path / "emptied.jsonl"
+    whole.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    rows[int(order[9])]["messages"] = []
+    emptied.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    made = {}
+    for name, source in (("whole", whole), ("emptied", emptied)):
+        config = BuildConfig(
+            name="dup", source=str(source), tokenizer=str(kimi_dir), rows=None, row_tokens=ROW_TOKENS, seed=7,
+            workers=1, skip_invalid=True, no_card=True,
+        )  # fmt: skip
+        made[name] = build(config, tmp_path / name)
+    manifest = json.loads((tmp_path / "emptied" / "manifest.json").read_text())
+    (skipped,) = manifest["skipped_invalid"]
+    assert skipped["index"] == int(order[9])
+    skipped["reason"] = f"duplicate id (first used by source row {int(order[3])})"
+    manifest["source"] = made["whole"]["source"]
+    (tmp_path / "emptied" / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    assert verify(tmp_path / "emptied") == []
+    last = manifest["stats"]["rows"] - 1
+    capsys.readouterr()
+    assert _spot(tmp_path / "emptied", whole, kimi_dir, f"0-{last}") == 1
+    out = capsys.readouterr().out
+    assert f"skipped_invalid lists source rows {int(order[9])} as duplicates, but no conversation before" in out
+
+
+def test_a_folder_of_no_rows_is_named_not_raised(builds, kimi_dir, tmp_path, capsys):
+    """A build's rows all taken out, every hash re-recorded: a build holds at least one row,
+    so verify names it, and a spot check stops there."""
+    folder, source, _ = _copy(builds, "parquet", tmp_path)
+    _forge(folder, lambda rows: rows.clear(), check=False)
+    assert verify(folder) == ["manifest.json: stats.rows is 0, but a build holds at least one row"]
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, "sample:1") == 1
+    assert "MISMATCH manifest.json: stats.rows is 0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("count", "spec"), [(10**12, "sample:3"), (10**12, "0-100000000000"), (-5, "0")])
+def test_a_row_count_the_manifest_misstates_is_verifys_to_name(builds, kimi_dir, tmp_path, capsys, count, spec):
+    """stats.rows edited: the rows asked for are not drawn from it (a sample of 10**12 rows
+    would not fit in memory); verify names the manifest's problem, exit 1."""
+    folder, source, _ = _copy(builds, "jsonl", tmp_path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["stats"]["rows"] = count
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, spec) == 1
+    captured = capsys.readouterr()
+    assert re.match(r"MISMATCH \S*manifest.json: ", captured.out) and "Traceback" not in captured.err
 
 
 def test_a_skipped_duplicate_is_proven_by_its_earlier_copy(kimi_dir, tmp_path):
