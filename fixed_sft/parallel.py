@@ -29,6 +29,7 @@ matched already: one that no longer does stops the build (``StoreChanged``).
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -359,6 +360,19 @@ class Invalid(NamedTuple):
     source_index: int
     id: str | None
     reason: str
+
+
+_DUPLICATE = re.compile(r"duplicate id \(first used by source row (\d+)\)")  # (``left_out``'s reason)
+
+
+def first_user(reason: str) -> int | None:
+    """The source row that a duplicate's skip ``reason`` (``left_out``) says used its id first.
+
+    >>> first_user("duplicate id (first used by source row 3)"), first_user("bad")
+    (3, None)
+    """
+    match = _DUPLICATE.fullmatch(reason)
+    return None if match is None else int(match[1])
 
 
 def left_out(index: int, row_id: str | None, invalid: str | None, seen: dict[str, int]) -> str | None:

@@ -16,9 +16,11 @@ For each chosen row K it proves:
   ``skipped_invalid`` left out): a segment after another starts at 0 and the one before ends
   at its unit's end, and the source rows between them in the order are all listed in
   ``skipped_invalid``, each re-read and found invalid, or a duplicate: valid, with an id that
-  a row read holds earlier in the packing order (where no row read holds it, the earlier
-  copy is not looked for; where every row is checked, every conversation the stream holds
-  is read, so it must be there); no two of the conversations read and held share an id;
+  a row read holds earlier in the packing order. The source row its reason names as the
+  first to use the id is read too, and must have it; a reason that names none leaves the
+  duplicate not proven, unless every row is checked (every conversation the stream holds
+  is then read, so the earlier copy must be among them); no two of the conversations read
+  and held share an id;
 - K begins where row K - 1 ends in the stream (where K - 1 is not checked, as the file holds
   it: its last segment must name a unit a row may hold, with that unit's id, and its tokens
   and mask there must be the unit's; the rest of it is not re-encoded; row 0 at the
@@ -75,6 +77,7 @@ from .memory import system_allocator
 from .order import permutation, positions
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .pack import Segment
+from .parallel import first_user
 from .reader import Refused, RowFile
 from .rebuild import (
     Compared,
@@ -333,6 +336,11 @@ class _Stream:
         self.bounded = manifest.params.emit_boundaries  # (the row hash then covers each row's cu_seqlens)
         listed = [row.index for row in manifest.skipped_invalid] if manifest.params.skip_invalid else []
         self.skipped = np.unique(np.array(listed, np.int64))  # (a build that does not skip stops at an invalid row)
+        self.named = {  # of each duplicate skipped, the source row its reason says used its id first
+            row.index: first
+            for row in (manifest.skipped_invalid if manifest.params.skip_invalid else [])
+            if (first := first_user(row.reason)) is not None and self._in_range(first)
+        }
         self.encoded: dict[int, Encoded] = {}
         self.failed: dict[int, str] = {}  # a source row whose template check fails: the build would have stopped
         self.duplicates: set[int] = set()
@@ -402,6 +410,7 @@ class _Stream:
                     continue
                 listed, others = self._split(self._between(None if a is None else a[0], None if b is None else b[0]))
                 wanted.append(listed)
+                wanted.append(np.array([self.named[i] for i in listed.tolist() if i in self.named], np.int64))
                 if len(others) <= (drops + (b is None)) * self.row_tokens:
                     wanted.append(others)
         return np.unique(np.concatenate([np.zeros(0, np.int64), *wanted]))
@@ -456,6 +465,13 @@ class _Stream:
             return None
         if item.id is None:
             return f"source row {index} is in skipped_invalid, but is a valid conversation without an id"
+        named = self.named.get(index)
+        if named is not None and (named not in self.encoded or self.encoded[named].id != item.id):
+            held = "a row it does not hold" if named not in self.encoded else f"id {self.encoded[named].id!r}"
+            return (
+                f"source row {index} is in skipped_invalid as a duplicate of id {item.id!r} first used by "
+                f"source row {named}, which has {held}"
+            )
         first = self.first_of.get(item.id)
         if first is None:
             self.duplicates.add(index)  # (skipped as a duplicate id: its earlier copy is not among the rows read)

@@ -670,11 +670,13 @@ def test_two_rows_swapped_are_caught_when_both_neighbours_name_them(builds, kimi
         assert f"  row {k}: differs (from row {k - 1}'s end, as the file holds it: row {k - 1}'s tokens where" in out
 
 
-def test_a_valid_conversation_listed_as_a_duplicate_is_named_when_every_row_is_checked(kimi_dir, tmp_path, capsys):
+@pytest.mark.parametrize("names", [True, False])
+def test_a_valid_conversation_listed_as_a_duplicate_is_named(kimi_dir, tmp_path, capsys, names):
     """A build of a source with one conversation emptied, its manifest then pointed at the
-    source with it whole and the skip's reason made a duplicate id: a check of every row
-    reads every conversation before the stream's end, so a duplicate without an earlier
-    copy is named (a check of some rows lists it as not proven)."""
+    source with it whole and the skip's reason made a duplicate id. Where the reason names
+    the source row that used the id first, that row is read: its id is another, which a
+    check of the rows beside names. Where it names none, a check of every row reads every
+    conversation before the stream's end, and names the duplicate without an earlier copy."""
     from fixed_sft.order import permutation
 
     order = permutation(7, 40)
@@ -693,15 +695,20 @@ def test_a_valid_conversation_listed_as_a_duplicate_is_named_when_every_row_is_c
     manifest = json.loads((tmp_path / "emptied" / "manifest.json").read_text())
     (skipped,) = manifest["skipped_invalid"]
     assert skipped["index"] == int(order[9])
-    skipped["reason"] = f"duplicate id (first used by source row {int(order[3])})"
+    skipped["reason"] = f"duplicate id (first used by source row {int(order[3])})" if names else "duplicate id"
     manifest["source"] = made["whole"]["source"]
     (tmp_path / "emptied" / "manifest.json").write_text(json.dumps(manifest, indent=1))
     assert verify(tmp_path / "emptied") == []
-    last = manifest["stats"]["rows"] - 1
+    segments = _segments(tmp_path / "emptied")
+    k = next(k for k, row in enumerate(segments) if int(order[10]) in {s["source_index"] for s in row})
     capsys.readouterr()
-    assert _spot(tmp_path / "emptied", whole, kimi_dir, f"0-{last}") == 1
+    checked = f"{k - 1}-{k}" if names else f"0-{manifest['stats']['rows'] - 1}"
+    assert _spot(tmp_path / "emptied", whole, kimi_dir, checked) == 1
     out = capsys.readouterr().out
-    assert f"skipped_invalid lists source rows {int(order[9])} as duplicates, but no conversation before" in out
+    if names:
+        assert f"is in skipped_invalid as a duplicate of id 'synthetic_{int(order[9])}' first used by" in out
+    else:
+        assert f"skipped_invalid lists source rows {int(order[9])} as duplicates, but no conversation before" in out
 
 
 def test_a_folder_of_no_rows_is_named_not_raised(builds, kimi_dir, tmp_path, capsys):
@@ -756,6 +763,10 @@ def test_a_skipped_duplicate_is_proven_by_its_earlier_copy(kimi_dir, tmp_path):
         for k, row in enumerate(rows)
         if (int(order[31]), 0) in {(s["source_index"], s["start"]) for s in row["segments"]}
     )
+    result = spot_check(tmp_path / "o", parse_rows(f"{k - 1}-{k}"), str(source), str(kimi_dir))
+    assert result.same and result.duplicates == []  # (the copy its reason names is read too)
+    manifest["skipped_invalid"][0]["reason"] = "duplicate id"  # (names no earlier copy)
+    (tmp_path / "o" / "manifest.json").write_text(json.dumps(manifest))
     result = spot_check(tmp_path / "o", parse_rows(f"{k - 1}-{k}"), str(source), str(kimi_dir))
     assert result.same and result.duplicates == [int(order[30])]
 
