@@ -466,12 +466,8 @@ class _Stream:
         if item.id is None:
             return f"source row {index} is in skipped_invalid, but is a valid conversation without an id"
         named = self.named.get(index)
-        if named is not None and (named not in self.encoded or self.encoded[named].id != item.id):
-            held = "a row it does not hold" if named not in self.encoded else f"id {self.encoded[named].id!r}"
-            return (
-                f"source row {index} is in skipped_invalid as a duplicate of id {item.id!r} first used by "
-                f"source row {named}, which has {held}"
-            )
+        if named is not None and (problem := self._first_user_problem(named, item.id)) is not None:
+            return f"source row {index} is in skipped_invalid as a duplicate of id {item.id!r} first used by {problem}"
         first = self.first_of.get(item.id)
         if first is None:
             self.duplicates.add(index)  # (skipped as a duplicate id: its earlier copy is not among the rows read)
@@ -480,6 +476,18 @@ class _Stream:
                 f"source row {index} is in skipped_invalid, a duplicate of id {item.id!r}, but the copy a row "
                 f"holds, source row {first}, comes later in the packing order"
             )
+        return None
+
+    def _first_user_problem(self, named: int, row_id: str) -> str | None:
+        """Why source row ``named`` cannot be the one that used ``row_id`` first: a row must
+        hold it (a valid conversation, not skipped), with that id."""
+        first = self.encoded.get(named)
+        if named in self.failed or first is None or first.ids is None:
+            return f"source row {named}, which is not a conversation a row holds"
+        if self.skipped.size and np.isin(named, self.skipped):
+            return f"source row {named}, which skipped_invalid lists too"
+        if first.id != row_id:
+            return f"source row {named}, whose id is {first.id!r}"
         return None
 
     def _stretch(self, a: Point | None, b: Point | None, drops: int, kept: int = 0) -> tuple[str | None, int]:

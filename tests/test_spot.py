@@ -706,7 +706,8 @@ def test_a_valid_conversation_listed_as_a_duplicate_is_named(kimi_dir, tmp_path,
     assert _spot(tmp_path / "emptied", whole, kimi_dir, checked) == 1
     out = capsys.readouterr().out
     if names:
-        assert f"is in skipped_invalid as a duplicate of id 'synthetic_{int(order[9])}' first used by" in out
+        says = f"as a duplicate of id 'synthetic_{int(order[9])}' first used by source row {int(order[3])}, whose id"
+        assert says in out
     else:
         assert f"skipped_invalid lists source rows {int(order[9])} as duplicates, but no conversation before" in out
 
