@@ -51,6 +51,7 @@ from .errors import BuildError
 ENCODING_VERSION = 2
 # the modules whose code decides a conversation's ids, mask, invalid reason or template check
 ENCODING_MODULES = (
+    "arrow.py",
     "bands.py",
     "chat.py",
     "conversation.py",
@@ -470,7 +471,8 @@ class TokenStore:
 
     def _load(self) -> None:
         """Index the segments (oldest first: a later copy of a row replaces an earlier one,
-        unless only the earlier passed the check); remove stale temporary files."""
+        unless only the earlier passed the check and its bytes match its record); remove
+        stale temporary files."""
         now = time.time()
         for entry in sorted(os.scandir(self.folder), key=lambda e: e.name):
             if entry.name.startswith(".tmp-"):
@@ -501,6 +503,8 @@ class TokenStore:
             records, slots = records[keep], slots[keep]
             indices, passed = records["index"], (records["flags"] & PASSED).astype(bool)
             replace = passed | ~self.passed[indices] | (self.segment[indices] < 0)
+            for k in np.flatnonzero(~replace).tolist():  # (few: a damaged copy encoded again, or builds at once)
+                replace[k] = not self._intact(int(indices[k]))
             records, slots, indices, passed = records[replace], slots[replace], indices[replace], passed[replace]
             self.segment[indices] = number
             self.slot[indices] = slots
@@ -509,6 +513,13 @@ class TokenStore:
             self.offset[indices] = records["offset"]
             self.meta[indices] = records["meta"]
             self.digest[indices] = records["digest"]
+
+    def _intact(self, index: int) -> bool:
+        """Whether the copy of source row ``index`` held now has the bytes its record's digest says."""
+        number, offset, tokens, meta = (int(c[index]) for c in (self.segment, self.offset, self.tokens, self.meta))
+        payload = self._reader.payload(number, offset, 5 * max(tokens, 0) + meta)
+        head = HEAD.pack(index, tokens, meta, PASSED if self.passed[index] else 0)
+        return payload is not None and _digest(head, payload) == self.digest[index].tobytes()
 
     @staticmethod
     def _read_records(path: Path) -> np.ndarray | None:

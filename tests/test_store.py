@@ -194,6 +194,33 @@ def test_the_modules_that_encode_are_in_the_key(kimi_dir, monkeypatch, tmp_path)
     assert _key(kimi_dir) != before
 
 
+# The package's modules that the encoding modules import and that decide nothing of an encoding
+OUTSIDE_THE_KEY = {
+    "early.py": "starts the fork server",
+    "engine.py": "where tasks run",
+    "errors.py": "error classes",
+    "folder.py": "whether a source folder is a build's output",
+    "hashes.py": "files' sha256 and checksummed JSON",
+    "hub.py": "downloads",
+    "memory.py": "allocators",
+    "pages.py": "a source's page sizes, refused as it is opened",
+    "parallel.py": "the index a fill task gives back",
+    "reader.py": "a Parquet file's footer",
+}
+
+
+def test_every_module_the_encoding_modules_import_is_in_the_key_or_named_outside():
+    import ast
+
+    package = Path(store_module.__file__).parent
+    imported = set()
+    for name in store_module.ENCODING_MODULES:
+        for node in ast.walk(ast.parse((package / name).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                imported |= {f"{node.module}.py"} if node.module else {f"{a.name}.py" for a in node.names}
+    assert imported - set(store_module.ENCODING_MODULES) <= set(OUTSIDE_THE_KEY)
+
+
 def test_other_template_kwargs_encode_again(corpus, kimi_dir, tmp_path, encoded):
     build(config(corpus[0], kimi_dir), tmp_path / "a")
     first = len(encoded)
@@ -633,4 +660,33 @@ def test_a_copy_written_again_is_found_before_a_damaged_one_named_ahead(tmp_path
     again = TokenStore(tmp_path, 5)
     found = again.lookup(3)
     assert found is not None and store_module.same_encoding(found, item) and again.damaged == 0
+    assert len(list(tmp_path.glob("*.seg"))) == 2
+
+
+@pytest.mark.parametrize("damaged", [True, False])
+def test_a_copy_that_passed_the_check_stands_unless_damaged(tmp_path, damaged) -> None:
+    """A copy that passed the template check, then one that did not (a build that sampled
+    the row for no check stored it again): the one that passed is held, unless its bytes
+    are damaged. Then the later copy is held, so that later builds do not find the damage
+    again, each encoding and storing the row once more."""
+    from fixed_sft.encode import Encoded
+
+    item = Encoded(3, "r3", np.arange(5, dtype=np.int32), np.ones(5, np.uint8), None, True)
+    writer = SegmentWriter(tmp_path)
+    writer.add(item)
+    writer.flush()
+    [segment] = tmp_path.glob("*.seg")
+    if damaged:
+        data = bytearray(segment.read_bytes())
+        data[-20] ^= 0x01  # (a byte of its ids)
+        segment.write_bytes(bytes(data))
+    writer = SegmentWriter(tmp_path)
+    writer.add(item._replace(checked=False))
+    writer.flush()
+    for _ in range(2):
+        store = TokenStore(tmp_path, 5)
+        found = store.lookup(3)
+        assert found is not None and store_module.same_encoding(found, item) and store.damaged == 0
+        assert found.checked is not damaged
+        store.close()
     assert len(list(tmp_path.glob("*.seg"))) == 2
