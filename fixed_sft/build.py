@@ -123,6 +123,9 @@ class InvalidSourceRow(BuildError):
         self.problem = problem
 
 
+GIT_TRIES = 3  # times a build asks git for its commit before it records none
+
+
 def code_version(boundaries: bool = False) -> dict:
     """The builder's version: package version, format (of a build ``boundaries`` says: with
     them or without), ``code_sha256`` (sha256 over each
@@ -137,17 +140,25 @@ def code_version(boundaries: bool = False) -> dict:
         "format": format_of(boundaries),
         "code_sha256": digest.hexdigest(),
     }
-    try:
-        git = ["git", "--no-optional-locks", "-C", str(package)]
-        top = subprocess.run([*git, "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True, timeout=5)
-        changed = subprocess.run([*git, "status", "--porcelain", "--", "."], capture_output=True, text=True, timeout=5)
-        toplevel, _, head = top.stdout.strip().partition("\n")
-        # only this project's own checkout, not a repository the package happens to be installed in
-        if top.returncode == 0 and changed.returncode == 0 and Path(toplevel) == package.resolve().parent:
-            version["git_commit"] = head
-            version["git_dirty"] = bool(changed.stdout.strip())
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    git = ["git", "--no-optional-locks", "-C", str(package)]
+    ask = partial(subprocess.run, capture_output=True, text=True, timeout=5)
+    for _ in range(GIT_TRIES):  # (git may fail for a moment on a busy machine: two builds then differ)
+        try:
+            top, changed = (
+                ask([*git, "rev-parse", "--show-toplevel", "HEAD"]),
+                ask([*git, "status", "--porcelain", "--", "."]),
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if "not a git repository" in top.stderr:
+            break
+        if top.returncode == 0 and changed.returncode == 0:
+            toplevel, _, head = top.stdout.strip().partition("\n")
+            # only this project's own checkout, not a repository the package happens to be installed in
+            if Path(toplevel) == package.resolve().parent:
+                version["git_commit"] = head
+                version["git_dirty"] = bool(changed.stdout.strip())
+            break
     return version
 
 

@@ -1422,3 +1422,25 @@ def test_a_drawing_process_no_build_takes_ends_with_the_command(argv, code, star
     one started early is killed as the command returns."""
     ended = -9 if started else None
     assert _early_drawing([*argv, "--out", str(tmp_path / "out")]) == [code, started, True, ended, False]
+
+
+def test_git_failing_for_a_moment_is_asked_again(monkeypatch):
+    """git failing once (a busy machine) does not leave a build without its commit, which
+    another build of the same code records."""
+    import subprocess
+
+    import fixed_sft.build as build_module
+
+    expected = build_module.code_version()
+    if "git_commit" not in expected:
+        pytest.skip("the package is not in its project's checkout")
+    calls, run = [], subprocess.run
+
+    def flaky(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            raise OSError("Resource temporarily unavailable")
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(build_module.subprocess, "run", flaky)
+    assert build_module.code_version() == expected and len(calls) == 3
