@@ -271,6 +271,13 @@ def resolve_tokenizer(
             + "; ".join(mismatches)
             + " (--allow-unpinned-tokenizer builds anyway and records it)"
         )
+    folder = tokenizer not in specs and Path(tokenizer).is_dir()
+    if folder and revision is not None and (mismatches or spec is None or revision != spec["revision"]):
+        pinned = f"; they are {spec['name']}'s, at {spec['revision']}" if spec and not mismatches else ""
+        raise SpecError(
+            f"--tokenizer-revision {revision}: the files in {directory} are read as they are, not fetched "
+            f"at a revision{pinned}"
+        )
     pin = _declarations_pin(spec) if spec else None
     declarations = (str(directory / MODEL_FILE), pin) if pin and (directory / MODEL_FILE).is_file() else None
     return ResolvedTokenizer(

@@ -51,6 +51,15 @@ def test_folder_is_named_by_its_matching_spec(kimi_dir):
     assert resolved.files["tiktoken.model"]["bytes"] == 2_795_286
 
 
+def test_a_folder_takes_no_other_revision_than_its_specs(kimi_dir):
+    """A folder's files are hashed, not fetched: a revision other than its spec's would be
+    recorded as where they came from, so it is refused."""
+    pinned = tokenizer_spec("kimi-k2.6")["revision"]
+    assert resolve_tokenizer(str(kimi_dir), pinned).revision == pinned
+    with pytest.raises(SpecError, match=f"--tokenizer-revision abc: .* they are kimi-k2.6's, at {pinned}"):
+        resolve_tokenizer(str(kimi_dir), "abc")
+
+
 def test_folder_missing_a_file(kimi_dir, tmp_path):
     (tmp_path / "tiktoken.model").write_bytes((Path(kimi_dir) / "tiktoken.model").read_bytes())
     with pytest.raises(SpecError, match="lacks tokenizer_config.json"):
