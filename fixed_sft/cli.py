@@ -567,6 +567,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
     top = parser()
     args, extra = top.parse_known_args(argv)
+    from .specs import BUILDS
+
+    name = getattr(args, "name", None) if args.command == "build" else None
+    if name is not None and not (BUILDS / f"{name}.json").is_file():  # (a command's name mistyped, say)
+        close = difflib.get_close_matches(name, list(COMMANDS), n=1)
+        if close:
+            top.error(f"no command or build named {name!r} (did you mean {close[0]}?)")
     if extra:
         [commands] = [action for action in top._actions if isinstance(action, argparse._SubParsersAction)]
         command: argparse.ArgumentParser = commands.choices[args.command]

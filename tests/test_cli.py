@@ -113,6 +113,15 @@ def test_rows_must_be_a_number(capsys):
     assert exit_.value.code == 2
 
 
+@pytest.mark.parametrize("argv", [["verfy", "out/mine"], ["verfy"], ["insepct", "out"]])
+def test_a_mistyped_command_is_named_with_the_closest_command(capsys, argv):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    closest = {"verfy": "verify", "insepct": "inspect"}[argv[0]]
+    assert exit_.value.code == 2 and f"no command or build named {argv[0]!r} (did you mean {closest}?)" in err
+
+
 def test_a_mistyped_flag_is_named_with_the_commands_usage_and_closest_flag(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["build", "--rows-tokens", "64"])
