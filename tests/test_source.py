@@ -279,9 +279,11 @@ def test_a_build_in_a_source_folder_is_refused(tmp_path, kimi_dir):
     config = BuildConfig(name="t", source=str(source), tokenizer=str(kimi_dir), rows=2, row_tokens=64, workers=1)
     build(config, tmp_path / "prev")
     shutil.copytree(tmp_path / "prev", source / "old" / "prev")
-    with pytest.raises(SourceError, match=re.escape(f"{source / 'old' / 'prev'} is a fixed-sft build, not a chat")):
+    inside = f"{source / 'old' / 'prev'} is a fixed-sft build, not a chat source; move it out of {source} or"
+    with pytest.raises(SourceError, match=re.escape(inside)):
         open_source(str(source))
-    with pytest.raises(SourceError, match=re.escape(f"{tmp_path / 'prev'} is a fixed-sft build, not a chat")):
+    itself = re.escape(f"{tmp_path / 'prev'} is a fixed-sft build, not a chat source") + "$"
+    with pytest.raises(SourceError, match=itself):
         open_source(str(tmp_path / "prev"))
     assert [f.name for f in open_source(str(source), patterns=("a.jsonl",)).files] == ["a.jsonl"]
     shutil.copy(tmp_path / "prev" / "train.parquet", tmp_path / "rows.parquet")  # (its rows, anywhere)

@@ -113,6 +113,7 @@ def test_the_rows_of_a_good_build_are_proven(builds, kimi_dir, capsys, kind):
     for row in (0, 1, 2, 3, 17, 20, 21, last):
         assert f"  row {row}: same\n" in out
     assert "  source: same\n  tokenizer: same\n  loss_mask: same\n" in out and "differs" not in out
+    assert "  not proven by a spot check: where a row after an unchecked one is cut," in out
     assert _spot(folder, source, kimi_dir, "sample:5") == 0
     assert capsys.readouterr().out.count(": same\n") == 4 + 5  # the inputs, then the 5 rows
 
@@ -121,11 +122,15 @@ def test_the_rows_of_a_good_build_are_proven(builds, kimi_dir, capsys, kind):
 def test_every_row_checked_proves_the_whole_stream(builds, kimi_dir, kind):
     """From row 0 on, every cut and every dropped row is proven: the dropped rows counted
     are the manifest's (a build of a row count drops none after its last)."""
-    from fixed_sft.spot import parse_rows, spot_check
+    from fixed_sft.spot import parse_rows, report, spot_check
 
     folder, source, manifest = builds[kind]
     result = spot_check(folder, parse_rows(f"0-{manifest['stats']['rows'] - 1}"), str(source), str(kimi_dir))
     assert result.same and not result.problems and not result.duplicates
+    assert report(result)[1][-1] == (
+        "  not proven by a spot check: the stats but rows_skipped and tail_tokens_dropped; --rebuild without "
+        "--rows proves them"
+    )
     if kind == "jsonl":  # (of every row: dropped ones after the last row count too)
         assert result.dropped == manifest["stats"]["rows_skipped"] > 0
 
