@@ -123,10 +123,27 @@ def check_group_size(n_samples_per_prompt: int) -> None:
         )
 
 
+def check_whole_steps(args: Any) -> None:
+    """miles trains a rollout's groups in whole steps of ``--global-batch-size`` and drops the
+    rest (miles ``78527b91``: ``postprocess_rollout_data`` in
+    ``miles/ray/rollout/rollout_data_conversion.py``, ``build_dp_schedule`` in
+    ``miles/utils/dp_schedule.py``), while the data source has moved past them: a
+    ``--rollout-batch-size`` that is not a multiple of it leaves rows untrained. (With
+    ``--use-dynamic-global-batch-size`` miles cuts to its data-parallel size instead.)"""
+    rollouts, step = getattr(args, "rollout_batch_size", None), getattr(args, "global_batch_size", None)
+    if getattr(args, "use_dynamic_global_batch_size", False) or not rollouts or not step or rollouts % step == 0:
+        return
+    raise ValueError(
+        f"--rollout-batch-size {rollouts} is not a multiple of --global-batch-size {step}: miles would drop "
+        f"{rollouts % step} rows of each rollout untrained"
+    )
+
+
 def generate_rollout(args: Any, rollout_id: int, data_buffer: Any, evaluation: bool = False) -> list[list[Any]]:
     """Take ``args.rollout_batch_size`` groups of one sample each and fill each from its row."""
     if evaluation:
         raise ValueError("pretokenized SFT rollout has no evaluation mode: give miles its own --eval-function-path")
+    check_whole_steps(args)
     groups = data_buffer.get_samples(args.rollout_batch_size)
     for group in groups:
         if not one_row(group):
@@ -349,7 +366,9 @@ def check_segment_backend(args: Any) -> None:
     """Segment mode needs a trainer that counts a step in rollouts and packs micro-batches by
     tokens: miles' Megatron backend (its schedule is made on the rollout side, by
     ``rollout_id``) with ``--use-dynamic-batch-size``. The FSDP backend and ``--indep-dp``
-    count a step's batch in samples, and a fixed ``--micro-batch-size`` splits by sample count."""
+    count a step's batch in samples, and a fixed ``--micro-batch-size`` splits by sample count.
+    ``--use-dynamic-global-batch-size`` fails an assertion in miles on samples that carry a
+    ``rollout_id``."""
     if getattr(args, "train_backend", "megatron") != "megatron" or getattr(args, "indep_dp", False):
         raise ValueError(
             "ParquetSegmentSource needs the Megatron backend without --indep-dp: others count a step's "
@@ -359,6 +378,11 @@ def check_segment_backend(args: Any) -> None:
         raise ValueError(
             "ParquetSegmentSource needs --use-dynamic-batch-size: a fixed --micro-batch-size splits "
             "micro-batches by sample count, and a row gives a varying number of samples"
+        )
+    if getattr(args, "use_dynamic_global_batch_size", False):  # (miles asserts in train_data_conversion.py)
+        raise ValueError(
+            "ParquetSegmentSource cannot take --use-dynamic-global-batch-size: miles sets it only for "
+            "samples without a rollout_id, and a row's segments share one"
         )
 
 

@@ -79,6 +79,21 @@ def test_the_recipes_flags_train_every_row(built, rollout, processor):
     assert sorted(seen[:ROWS]) == list(range(ROWS)) and len(seen) == 320
 
 
+@pytest.mark.parametrize(("rollouts", "step", "dynamic"), [(50, 16, False), (48, 16, False), (50, 16, True)])
+def test_a_rollout_of_part_of_a_step_is_refused(built, rollout, rollouts, step, dynamic):
+    """miles trains whole steps of a rollout's groups and drops the rest (the emulation's
+    ``steps``): a rollout of 50 rows at 16 a step would leave 2 untrained each time."""
+    out, _ = built
+    trained = sum(len(s) for s in miles_emulation.steps(list(range(rollouts)), step))
+    source = miles_emulation.RolloutDataSource(miles_emulation.dataset(out / "train.parquet"), n_samples_per_prompt=1)
+    args = SimpleNamespace(rollout_batch_size=rollouts, global_batch_size=step, use_dynamic_global_batch_size=dynamic)
+    if trained == rollouts or dynamic:
+        assert len(rollout.generate_rollout(args, 0, source)) == rollouts
+    else:
+        with pytest.raises(ValueError, match=f"would drop {rollouts - trained} rows of each rollout untrained"):
+            rollout.generate_rollout(args, 0, source)
+
+
 def test_a_group_of_several_copies_is_refused(built, rollout):
     out, _ = built
     source = miles_emulation.RolloutDataSource(miles_emulation.dataset(out / "train.parquet"), n_samples_per_prompt=2)
@@ -409,6 +424,7 @@ def test_segment_mode_trains_the_rows_tokens_each_within_its_conversation(bounde
         ({"use_dynamic_batch_size": False}, "needs --use-dynamic-batch-size"),
         ({"train_backend": "fsdp"}, "needs the Megatron backend"),
         ({"indep_dp": True}, "without --indep-dp"),
+        ({"use_dynamic_global_batch_size": True}, "cannot take --use-dynamic-global-batch-size"),
     ],
 )
 def test_segment_mode_refuses_trainers_that_count_samples(bounded, rollout, tmp_path, overrides, says):
