@@ -362,7 +362,8 @@ class Invalid(NamedTuple):
     reason: str
 
 
-_DUPLICATE = re.compile(r"duplicate id \(first used by source row (\d+)\)")  # (``left_out``'s reason)
+DUPLICATE = "duplicate id (first used by source row {})"  # the reason ``left_out`` gives a repeated id
+_DUPLICATE = re.compile(re.escape(DUPLICATE).replace(r"\{\}", r"(\d+)"))
 
 
 def first_user(reason: str) -> int | None:
@@ -388,7 +389,7 @@ def left_out(index: int, row_id: str | None, invalid: str | None, seen: dict[str
         return invalid
     if row_id is not None:
         if row_id in seen:
-            return f"duplicate id (first used by source row {seen[row_id]})"
+            return DUPLICATE.format(seen[row_id])
         seen[row_id] = index
     return None
 
