@@ -362,13 +362,9 @@ def _no_builds_in(path: Path, files: list[Path]) -> None:
 
     folders = {f.parent for f in files}
     for folder in sorted({a for f in folders for a in (f, *f.parents) if a == path or path in a.parents}):
-        if is_build(folder) and folder == path:
-            raise SourceError(f"{folder} is a fixed-sft build, not a chat source")
         if is_build(folder):
-            raise SourceError(
-                f"{folder} is a fixed-sft build, not a chat source; move it out of {path} or choose files "
-                "with --source-files"
-            )
+            where = "" if folder == path else f"; move it out of {path} or choose files with --source-files"
+            raise SourceError(f"{folder} is a fixed-sft build, not a chat source{where}")
 
 
 def _not_regular(path: Path) -> SourceError:

@@ -224,11 +224,12 @@ def resolve_tokenizer(
     they match."""
     specs = {spec["name"]: spec for spec in tokenizer_specs()}
     spec = specs.get(tokenizer) or (specs.get(expected) if expected else None)
+    folder = False  # (whether the files are read from a folder as they are, not fetched)
     if tokenizer in specs:
         assert spec is not None  # specs.get(tokenizer), a spec
         directory, revision = _download(spec["repo"], revision or spec["revision"], _downloaded(spec))
     elif Path(tokenizer).is_dir():
-        directory = Path(tokenizer)
+        directory, folder = Path(tokenizer), True
     elif Path(tokenizer).exists():
         raise SpecError(f"tokenizer {tokenizer!r} is not a folder")
     elif is_hub_id(tokenizer):
@@ -271,7 +272,6 @@ def resolve_tokenizer(
             + "; ".join(mismatches)
             + " (--allow-unpinned-tokenizer builds anyway and records it)"
         )
-    folder = tokenizer not in specs and Path(tokenizer).is_dir()
     if folder and revision is not None and (mismatches or spec is None or revision != spec["revision"]):
         pinned = f"; they are {spec['name']}'s, at {spec['revision']}" if spec and not mismatches else ""
         raise SpecError(
@@ -284,7 +284,7 @@ def resolve_tokenizer(
         declarations=declarations,
         directory=directory,
         name=spec["name"] if spec else None,
-        repo=spec["repo"] if spec else (None if Path(tokenizer).is_dir() else tokenizer),
+        repo=spec["repo"] if spec else (None if folder else tokenizer),
         revision=(revision or spec["revision"]) if spec else revision,
         files=files,
         template_kwargs=spec["template_kwargs"] if spec else (TEMPLATE_KWARGS if family == KIMI else {}),
