@@ -424,8 +424,8 @@ class TreeSampler(threading.Thread):
                     self.hwm[pid] = max(self.hwm.get(pid, 0), status["VmHWM"])
             self.rss = max(self.rss, rss)
             shares = {pid: _pss(pid) for pid in pids}
-            if sum(shares.values()) > self.pss:
-                self.pss, self.peak_at = sum(shares.values()), time.perf_counter() - self.began
+            if (total := sum(shares.values())) > self.pss:
+                self.pss, self.peak_at = total, time.perf_counter() - self.began
                 self.pss_at_peak = {}
                 for pid, share in shares.items():
                     self.pss_at_peak.setdefault(self.names[pid].split(": ", 1)[1], []).append(share)

@@ -29,23 +29,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 import synthetic  # noqa: E402
-
-
-def children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:
-                continue
-            tree.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(name))
-    return tree
+from bench_memory import _children  # noqa: E402  (each live process's children)
 
 
 def descendants(root: int) -> list[tuple[int, int]]:
     """``root`` and every process below it, each with its depth."""
-    tree, found = children(), [(root, 0)]
+    tree, found = _children(), [(root, 0)]
     for pid, depth in found:
         found += [(child, depth + 1) for child in tree.get(pid, [])]
     return found
