@@ -21,8 +21,10 @@ Loss mask ``assistant``:
   Both renderings must begin the conversation's rendering; where the generation prompt adds
   no text, the span must begin with the message's content, shown by rendering it with a
   marker before its content (else it would take in the assistant's header); and each
-  message's span must begin where the one before it ended or later: otherwise the
-  conversation is an invalid row, never a guessed mask.
+  message's span must begin where the one before it ended or later; and the text after a
+  span must not go on with the end-of-sequence token the span lacks (a template that writes
+  a reply's end only when another message follows). Otherwise the conversation is an
+  invalid row, never a guessed mask.
 
 Refused: a conversation the template does not render (an error it raises, a type error) is an
 invalid row; a template that reads the clock (``strftime_now``) stops the build, naming the
@@ -215,6 +217,22 @@ def token_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndar
     return mask
 
 
+def end_follows(text: str, through: str, eos: str | None) -> bool:
+    """Whether ``text`` goes on from a reply's ``through`` (the rendering up to the reply)
+    with ``eos`` (white space aside) that ``through`` does not end with: a template that
+    writes a reply's end only when another message follows (``{% if not loop.last %}{{
+    eos_token }}{% endif %}``), whose end the prefix rule would leave 0.
+
+    >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo", "</s>")
+    True
+    >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo</s>", "</s>")
+    False
+    """
+    if not eos:
+        return False
+    return text[len(through) :].lstrip().startswith(eos) and not through.rstrip().endswith(eos)
+
+
 def _buffered_generation(template: Any, text: str) -> str | None:
     """Where a ``{% generation %}`` block of the template ``text`` renders into a buffer
     rather than the output: ``line 3, inside a macro`` (or a ``{% set %}``, ``{% filter %}``
@@ -386,6 +404,12 @@ class HFChatEncoder:
                 )
             if len(before) < end:
                 raise InvalidRow(f"assistant message {k}: its span would begin inside the one before it")
+            if end_follows(text, through, self.tokenizer.eos_token):
+                raise InvalidRow(
+                    f"assistant message {k}: the chat template writes its end ({self.tokenizer.eos_token}) only "
+                    "when another message follows, so the mask would leave it 0; mark replies with "
+                    "{% generation %} blocks"
+                )
             spans.append((len(before), len(through)))
             end = len(through)
         return text, spans

@@ -302,6 +302,29 @@ def test_a_template_without_headers_needs_no_generation_prompt(encoder_of, oracl
     assert encoder_of(_plain(MISTRAL)).encode(empty) == _oracle(oracle_of(_generation(MISTRAL)), empty)
 
 
+# A reply's end written only when another message follows it
+LAST_OPEN = (
+    "{% for m in messages %}{% if m.role == 'user' %}{{ 'User: ' + m.content + '\\n' }}"
+    "{% elif m.role == 'assistant' %}{{ 'Assistant: ' }}"
+    "[[{{ m.content }}{% if not loop.last %}{{ eos_token }}{% endif %}]]{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant: ' }}{% endif %}"
+)
+
+
+def test_a_reply_whose_end_comes_only_before_another_message_is_refused(encoder_of, oracle_of):
+    """The prefix rule would leave that end 0 in every reply but the last: refused, naming
+    the reply; a template that marks the reply and its end with a generation block is not."""
+    says = r"assistant message 2: the chat template writes its end \(<｜end▁of▁sentence｜>\) only when another"
+    with pytest.raises(InvalidRow, match=says):
+        encoder_of(_plain(LAST_OPEN)).encode(CHAT)
+    ids, mask = encoder_of(_generation(LAST_OPEN)).encode(CHAT)
+    assert (ids, mask) == _oracle(oracle_of(_generation(LAST_OPEN)), CHAT)
+    eos = oracle_of(_generation(LAST_OPEN)).eos_token_id
+    assert [m for i, m in zip(ids, mask, strict=True) if i == eos] == [1]  # the first reply's end is trained
+    one = [m for m in CHAT[:3] if m["role"] != "system"]  # the last reply: no end written, nothing to leave 0
+    assert encoder_of(_plain(LAST_OPEN)).encode(one) == _oracle(oracle_of(_generation(LAST_OPEN)), one)
+
+
 # No generation prompt, and a header a reply's content can look like the start of
 HEADED = (
     "{% for m in messages %}{% if m.role == 'user' %}{{ 'User: ' + m.content + '\\n' }}"
