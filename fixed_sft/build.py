@@ -13,13 +13,13 @@ import json
 import math
 import os
 import subprocess
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack, closing, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -220,6 +220,7 @@ def _fill(
     else:
         indexes = parallel.Indexes(order) if wanted.all() else None  # (else it cannot cover them all)
         encoders, checkers = encoding.start(), None
+        encoding.encoded = True
         checks: list[tuple[Future, int]] = []  # each check and the source bytes of its rows
         if encoding.checks_apart and encoding.check_every:  # (fixed_sft.fill)
             checkers = encoding.checkers()
@@ -466,7 +467,7 @@ def _pack_stored(
     if parallel.reachable(store, order, held, config.row_tokens) < (config.rows or math.inf):
         return None
 
-    run = encoding.start().run
+    run = encoding.fresh().run
     blocks = indexes.stream() if indexes is not None and held.all() else None
     if blocks is None:
         blocks = parallel.stored(store, order, held, config.rows, config.row_tokens, run, encoding.workers)
@@ -505,6 +506,7 @@ def _pack_fresh(
     def blocks() -> Iterator[parallel.Block]:
         """The tasks' blocks; once they are taken, the store is read again (the tasks' segments)."""
         encoders = encoding.start()
+        encoding.encoded = True
         done = encoders.run_chunks(fresh, tasks, lambda task: task.chunk, wanted)
         try:
             for result in done:
@@ -516,7 +518,10 @@ def _pack_fresh(
             done.close()
             store.refresh()
 
-    running = (separator_id, encoding.start().run)
+    def run(fn: Callable[[Any, Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
+        return encoding.fresh().run(fn, tasks)  # (asked for once the blocks are taken: the encoding is over)
+
+    running = (separator_id, run)
     out = folder / PARQUET_NAME
     return _pack_blocks(config, store, order, blocks(), running, source, out, bar, tallied, fed)
 
@@ -644,6 +649,8 @@ class _Encoding:
     def __init__(self, stack: ExitStack, config: EncoderConfig, workers: int, check_every: int):
         self.stack, self.config, self.workers, self.check_every = stack, config, workers, check_every
         self.encoders: Encoders | None = None
+        self.encoded = False  # whether the encoders have been given conversations to encode
+        self._checkers: list[Encoders] = []
         self.loaded: Encoder | None = None
         self.checks_apart = False  # whether the store's fill checks the sampled rows apart (``start``)
 
@@ -657,19 +664,36 @@ class _Encoding:
             self.encoders = self.stack.enter_context(encoders)
         return self.encoders
 
+    def fresh(self) -> Encoders:
+        """The workers that pack and write the rows (``fixed_sft.parallel``): those started,
+        unless they have encoded; those then end, with the checkers, and as many start
+        anew, without the renderer. A worker that has encoded holds 20-25 MB of its own
+        that writing does not need (the server's pages it wrote to, its freed heap); a new
+        one shares them with the server. 16 workers on 2 cores, 80,000 conversations: the
+        tree's peak as the rows are written 1063-1141 -> 927-937 MiB (benchmarks/README.md)."""
+        if self.encoded and self.workers > 1:
+            for encoders in (self.encoders, *self._checkers):
+                if encoders is not None:
+                    encoders.__exit__(None, None, None)  # (the stack's exit later finds them ended)
+            self.encoders, self._checkers, self.encoded = None, [], False
+        return self.start(renderer=False)
+
     def checkers(self) -> Encoders:
         """Workers of their own that check the sampled rows (``fixed_sft.fill``): one per
         ``CHECKED_BY`` workers, at least 2."""
         checkers = self.stack.enter_context(
             Encoders(self.config, max(2, self.workers // CHECKED_BY), self.check_every, renderer=False)
         )
+        self._checkers.append(checkers)
         for _ in range(checkers.workers):  # (each readies itself now, while the first rows are read)
             checkers.submit(ready_to_check, None)
         return checkers
 
     def encode(self, chunks: Iterator[pa.Table], wanted: Callable[[], float]) -> Generator[Encoded, None, None]:
         """``Encoders.encode``, the encoders started when the first conversation is asked for."""
-        yield from self.start().encode(chunks, wanted)
+        encoders = self.start()
+        self.encoded = True
+        yield from encoders.encode(chunks, wanted)
 
     def one(self, source: Source, rank: np.ndarray, index: int, check_every: int | None = None) -> Encoded:
         """Source row ``index``, read and encoded in this process (a row the store held

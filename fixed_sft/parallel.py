@@ -44,7 +44,6 @@ from .encode import Encoded, sampled
 from .encoding import TemplateMismatch
 from .errors import BuildError
 from .hashes import row_digest
-from .memory import give_back_free
 from .output import PARTS_NAME, naming, rows_per_group, write_part
 from .pack import Row, Segment
 from .stitch import Stitcher, footer
@@ -266,18 +265,11 @@ class WriteTask(NamedTuple):
     part: str
 
 
-_wrote = False  # in a worker: whether it has written a part
-
-
 def write(_: object, task: WriteTask) -> tuple[list[bytes], tuple[Fields, int]]:
     """Assemble, hash and write a part's row groups (module docstring, pass 2); its rows' digests,
     and the part's footer (read here, in the worker: ``Stitcher.append`` needs it). A row
     group's conversations are read straight into one buffer (``store.UnitReader``), which
     its rows are views of, as it is written (``write_part``): a worker holds one row group's."""
-    global _wrote
-    if not _wrote:  # (a worker's first part: what its encoding left free goes back, ``give_back_free``)
-        give_back_free()
-        _wrote = True
     digests: list[bytes] = []
     group = rows_per_group(task.row_tokens)
     reader = SegmentReader(task.units.paths)

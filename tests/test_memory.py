@@ -19,7 +19,6 @@ import synthetic
 from fixed_sft import bands as bands_module
 from fixed_sft import build as build_module
 from fixed_sft import encode as encode_module
-from fixed_sft import parallel as parallel_module
 from fixed_sft import source as source_module
 from fixed_sft.bands import read_band, value_bytes
 from fixed_sft.build import BuildConfig, InvalidSourceRow, build
@@ -29,7 +28,6 @@ from fixed_sft.order import permutation
 from fixed_sft.pages import largest_page, page_sizes
 from fixed_sft.records import records
 from fixed_sft.source import SourceError, open_source
-from fixed_sft.store import Located
 
 
 def _config(path, kimi_dir, **overrides) -> BuildConfig:
@@ -471,16 +469,3 @@ def test_free_memory_under_a_held_block_goes_back_to_the_system():
     give_back_free()
     assert before - _heap_kib() > 16 << 10
     assert held.raw == bytes(64 << 10)
-
-
-def test_a_worker_gives_its_free_memory_back_before_its_first_part(monkeypatch):
-    given: list[bool] = []
-    monkeypatch.setattr(parallel_module, "give_back_free", lambda: given.append(True))
-    monkeypatch.setattr(parallel_module, "_wrote", False)
-    monkeypatch.setattr(parallel_module, "write_part", lambda *args: 0)
-    monkeypatch.setattr(parallel_module, "footer", lambda path: None)
-    none = np.zeros(0, np.int64)
-    task = parallel_module.WriteTask(Located((), *[none] * 7), *[none] * 5, 0, 64, 1, False, "part")
-    for _ in range(3):
-        parallel_module.write(None, task)
-    assert given == [True]

@@ -660,17 +660,17 @@ def test_the_rule_of_what_is_left_out_as_a_doctest() -> None:
 def apart(monkeypatch) -> list[tuple[str, bool]]:
     """Checks apart from 2 workers on and any sample (builds check so from 8, 1 in 16 rows at
     most), and what each build did:
-    ``("start", checks_apart)`` as it started its workers, ``("checkers", True)`` as it
-    started its checkers."""
+    ``("start", checks_apart)`` as it started its workers, ``("start to pack", False)`` as
+    it started them without the renderer, ``("checkers", True)`` as it started its checkers."""
     monkeypatch.setattr(build_module, "CHECKS_APART_WORKERS", 2)
     monkeypatch.setattr(build_module, "CHECKS_APART_EVERY", 1)
     events: list[tuple[str, bool]] = []
     start, checkers = build_module._Encoding.start, build_module._Encoding.checkers
 
-    def recorded_start(self, checks_apart=False):
+    def recorded_start(self, checks_apart=False, renderer=True):
         if self.encoders is None:
-            events.append(("start", checks_apart))
-        return start(self, checks_apart)
+            events.append(("start", checks_apart) if renderer else ("start to pack", False))
+        return start(self, checks_apart, renderer)
 
     def recorded_checkers(self):
         events.append(("checkers", True))
@@ -692,10 +692,12 @@ def test_the_sampled_rows_are_checked_apart_where_the_probes_are_kept(
     one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
     apart.clear()
     assert build(dataclasses.replace(cfg, workers=2), tmp_path / "first") == one
-    assert apart == [("start", False)] and list(token_store.glob("probes/*.json"))
+    written_by_new_workers = [("start to pack", False)]  # (those that encoded end: ``_Encoding.fresh``)
+    assert apart == [("start", False), *written_by_new_workers] and list(token_store.glob("probes/*.json"))
     shutil.rmtree(token_store / "tokens")  # (the probes stay)
+    apart.clear()
     assert build(dataclasses.replace(cfg, workers=2), tmp_path / "apart") == one
-    assert apart == [("start", False), ("start", True), ("checkers", True)]
+    assert apart == [("start", True), ("checkers", True), *written_by_new_workers]
     assert _files(tmp_path / "apart") == _files(tmp_path / "one")
     passed = set()
     for path in token_store.glob("tokens/*/*.seg"):
@@ -751,6 +753,40 @@ def test_a_build_that_encodes_nothing_packs_in_its_workers_where_its_rows_are_ma
         assert _files(tmp_path / f"later-{number}") == _files(tmp_path / "one")
         assert started[:1] == expected  # (then taken again as they pack)
         assert packed == (["packed"] if expected else [])
+
+
+@pytest.mark.parametrize("rows", [None, 30])
+def test_rows_are_written_by_workers_that_encoded_nothing(
+    rows, corpus, kimi_dir, tmp_path, token_store, packed, monkeypatch
+) -> None:
+    """Workers that encoded (a fill, or a first build of some rows) end before the rows are
+    written, and as many start anew to write them; a later build's workers, which encoded
+    nothing, write them. The same bytes as one conversation at a time."""
+    asked: list[tuple[object, object, bool]] = []  # the workers before and after, whether those before ended
+    fresh = build_module._Encoding.fresh
+
+    def recorded(self):
+        before = self.encoders
+        after = fresh(self)
+        ended = before is not None and before.engine._pool._shutdown_thread
+        asked.append((before, after, ended))
+        return after
+
+    monkeypatch.setattr(build_module._Encoding, "fresh", recorded)
+    cfg = _config(corpus, kimi_dir, rows=rows, row_tokens=1024)
+    one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
+    assert build(dataclasses.replace(cfg, workers=2), tmp_path / "first") == one
+    assert packed == ["packed"] and len(asked) == 1
+    before, after, ended = asked[0]
+    assert before is not None and after is not before and ended
+    asked.clear()
+    build(dataclasses.replace(cfg, rows=None, seed=cfg.seed + 1), tmp_path / "every")  # (stores every row, checked)
+    for name, value in (("STORED_PACKING_TOKENS", 1), ("STORED_PACKING_CORES", 2), ("usable_cores", lambda: 2)):
+        monkeypatch.setattr(build_module, name, value)  # (workers started to pack: ``_packs_stored_apart``)
+    asked.clear()
+    assert build(dataclasses.replace(cfg, workers=2), tmp_path / "later") == one
+    assert len(asked) == 1 and asked[0][0] is asked[0][1] and not asked[0][2]
+    assert _files(tmp_path / "first") == _files(tmp_path / "later") == _files(tmp_path / "one")
 
 
 def test_rows_given_back_wait_for_their_checkers_up_to_a_bound(
