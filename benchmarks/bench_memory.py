@@ -57,6 +57,9 @@ written by ``pyarrow.parquet.write_table``.
 * ``normal-all`` (only when named): 80,000 synthetic conversations in one Parquet file
   (more than one band of rows), built whole: the build fills the token store in one pass
   over the source (with ``--no-cache``: a band at a time, with its sorting copies).
+* ``normal-all-groups`` (only when named): the same 80,000 conversations in one file of
+  row groups of 2,000 rows, as a dataset's shards are cut: the fill's tasks read a row
+  group each, in the workers.
 * ``4mb-all`` (only when named): the ``4mb`` source built whole (``rows`` all): the pass
   that fills the store holds its conversations in flight, 19 row groups of 8 (rows of
   over 64 KiB: read by the build's process, the bytes in flight bounded).
@@ -102,7 +105,7 @@ GIB = 1 << 30
 TARGET_BYTES = GIB
 OUTCOME_CHARS = 60
 CASES = ("small", "4mb", "4mb-one-group", "max", "max-parquet", "normal-2000", "many-max", "100mb", "100mb-parquet")
-EXTRA_CASES = ("4mb-all", "normal-all")  # run only when --cases names them
+EXTRA_CASES = ("4mb-all", "normal-all", "normal-all-groups")  # run only when --cases names them
 
 
 @dataclass(frozen=True)
@@ -192,7 +195,17 @@ def make_sources(work: Path, names: set[str]) -> dict[str, Case]:
         cases["normal-all"] = Case(
             "normal-all", "normal, 80,000 conv. in 1 file, all rows", work / "normal-all", rows=None, baseline="small"
         )
-    pool = text_pool() if names - {"small", "normal-all"} else b""
+    if "normal-all-groups" in names:
+        rows = synthetic.conversations(80000, seed=6)
+        cases["normal-all-groups"] = Case(
+            "normal-all-groups",
+            "normal, 80,000 conv. in 1 file, groups of 2,000, all rows",
+            write_parquet(rows, work / "normal-all-groups.parquet", row_group_size=2000),
+            rows=None,
+            baseline="small",
+        )
+        del rows
+    pool = text_pool() if names - {"small", "normal-all", "normal-all-groups"} else b""
     if names & {"4mb", "4mb-one-group", "4mb-all"}:
         rows = [huge_conversation(pool, 4 * MIB, k) for k in range(150)]
         if "4mb" in names:

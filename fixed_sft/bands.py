@@ -35,6 +35,9 @@ READ_BATCH_ROWS = 4096
 # of one row group peaked at 278-297 MB of resident memory in batches of 16 MiB, 164-172 in
 # batches of 4 MiB, in 0.55-0.61 CPU-s rather than 0.63-0.71.
 READ_BATCH_BYTES = 4 << 20
+# A worker that fills the store reads its row group in batches of this many bytes: its memory
+# counts once per worker (16 workers, row groups of 6.8 MB: each 10 MB less at its peak, in as much CPU).
+FILL_BATCH_BYTES = 1 << 20
 PARQUET_BUFFER_BYTES = 1 << 20
 # The largest source row a build encodes: a JSONL line's bytes, or the bytes of a Parquet row's
 # strings (with its other values' widths). A larger row is an invalid row, named by ``records``
@@ -216,15 +219,21 @@ def source_columns(source: Source) -> tuple[bool, ...]:
     return source.source_columns or (False,) * len(source.files)
 
 
-def _read_file(path: Path, inside: np.ndarray, source_column: bool) -> Iterator[tuple[np.ndarray, pa.Table]]:
+def _read_file(
+    path: Path, inside: np.ndarray, source_column: bool, batch_bytes: int | None = None
+) -> Iterator[tuple[np.ndarray, pa.Table]]:
     """``_read_parquet`` or ``_read_jsonl``, by the file's suffix."""
-    return _read_parquet(path, inside, source_column) if path.suffix == ".parquet" else _read_jsonl(path, inside)
+    if path.suffix == ".parquet":
+        return _read_parquet(path, inside, source_column, batch_bytes)
+    return _read_jsonl(path, inside, batch_bytes)
 
 
-def _read_parquet(path: Path, inside: np.ndarray, source_column: bool) -> Iterator[tuple[np.ndarray, pa.Table]]:
+def _read_parquet(
+    path: Path, inside: np.ndarray, source_column: bool, batch_bytes: int | None = None
+) -> Iterator[tuple[np.ndarray, pa.Table]]:
     """``(local indices, rows)`` of the wanted rows (with the ``source`` column where
     ``source_column``: ``Source.source_columns``), streamed in record batches of at most
-    ``READ_BATCH_BYTES`` (by the row group's bytes per row) from column chunks read in
+    ``batch_bytes`` (default ``READ_BATCH_BYTES``; by the row group's bytes per row) from column chunks read in
     pieces (not pre-buffered), so that memory holds one batch of the file, whatever its
     row-group and row sizes; a row over ``MAX_CONVERSATION_BYTES`` is dropped from the batch (``_bounded``)."""
     try:
@@ -239,8 +248,10 @@ def _read_parquet(path: Path, inside: np.ndarray, source_column: bool) -> Iterat
             if inside[first : first + meta.num_rows].any():
                 start = first
                 per_row = meta.total_byte_size / max(meta.num_rows, 1)
-                batch_rows = max(1, min(READ_BATCH_ROWS, int(READ_BATCH_BYTES / max(per_row, 1.0))))
-                for batch in file.iter_batches(batch_size=batch_rows, row_groups=[group], columns=columns):
+                batch_rows = max(1, min(READ_BATCH_ROWS, int((batch_bytes or READ_BATCH_BYTES) / max(per_row, 1.0))))
+                for batch in file.iter_batches(
+                    batch_size=batch_rows, row_groups=[group], columns=columns, use_threads=False
+                ):
                     wanted = np.flatnonzero(inside[start : start + batch.num_rows])
                     if len(wanted):
                         table = pa.Table.from_batches([batch])
@@ -334,9 +345,11 @@ def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[bytes | None, int]]:
         yield (line if size <= limit else None), size
 
 
-def _read_jsonl(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa.Table]]:
+def _read_jsonl(
+    path: Path, inside: np.ndarray, batch_bytes: int | None = None
+) -> Iterator[tuple[np.ndarray, pa.Table]]:
     """``(local indices, raw lines)`` of the wanted rows, with their sizes as a ``bytes``
-    column, in batches of about ``READ_BATCH_BYTES``; a UTF-8 byte-order mark that starts the
+    column, in batches of about ``batch_bytes``; a UTF-8 byte-order mark that starts the
     file is not part of its first line, and a line over ``MAX_CONVERSATION_BYTES`` is read a
     piece at a time and ``dropped`` (kept empty). A batch's lines are gathered in one buffer
     that becomes the Arrow data as it is, not copied."""
@@ -366,7 +379,7 @@ def _read_jsonl(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa
                     offsets.append(len(data))
                     sizes.append(size)
                     dropped.append(line is None)
-                    if len(data) >= READ_BATCH_BYTES:
+                    if len(data) >= (batch_bytes or READ_BATCH_BYTES):
                         yield batch()
                         batches += 1
                         local, offsets, sizes, dropped, data = [], [0], [], [], bytearray()
@@ -376,12 +389,14 @@ def _read_jsonl(path: Path, inside: np.ndarray) -> Iterator[tuple[np.ndarray, pa
         yield batch()
 
 
-def read_file_rows(path: Path, start: int, inside: np.ndarray, source_column: bool) -> Iterator[pa.Table]:
+def read_file_rows(
+    path: Path, start: int, inside: np.ndarray, source_column: bool, batch_bytes: int | None = None
+) -> Iterator[pa.Table]:
     """The rows of one source file that ``inside`` marks (its first row is source row
-    ``start``), in batches of at most ``READ_BATCH_BYTES``, with the columns of ``read_band``
+    ``start``), in batches of at most ``batch_bytes``, with the columns of ``read_band``
     (``source_column``: its ``Source.source_columns``): memory holds a batch, whatever the
     file's size."""
-    for local, table in _read_file(path, inside, source_column):
+    for local, table in _read_file(path, inside, source_column, batch_bytes):
         if table.num_rows:
             yield table.append_column("index", arrow.numbers(local + start, pa.int64()))
 

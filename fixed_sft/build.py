@@ -467,7 +467,7 @@ def _pack_stored(
     if parallel.reachable(store, order, held, config.row_tokens) < (config.rows or math.inf):
         return None
 
-    run = encoding.fresh().run
+    run = encoding.fresh(config.rows, config.row_tokens).run
     blocks = indexes.stream() if indexes is not None and held.all() else None
     if blocks is None:
         blocks = parallel.stored(store, order, held, config.rows, config.row_tokens, run, encoding.workers)
@@ -519,7 +519,8 @@ def _pack_fresh(
             store.refresh()
 
     def run(fn: Callable[[Any, Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
-        return encoding.fresh().run(fn, tasks)  # (asked for once the blocks are taken: the encoding is over)
+        # (asked for once the blocks are taken: the encoding is over)
+        return encoding.fresh(config.rows, config.row_tokens).run(fn, tasks)
 
     running = (separator_id, run)
     out = folder / PARQUET_NAME
@@ -664,14 +665,16 @@ class _Encoding:
             self.encoders = self.stack.enter_context(encoders)
         return self.encoders
 
-    def fresh(self) -> Encoders:
-        """The workers that pack and write the rows (``fixed_sft.parallel``): those started,
-        unless they have encoded; those then end, with the checkers, and as many start
-        anew, without the renderer. A worker that has encoded holds 20-25 MB of its own
-        that writing does not need (the server's pages it wrote to, its freed heap); a new
-        one shares them with the server. 16 workers on 2 cores, 80,000 conversations: the
-        tree's peak as the rows are written 1063-1141 -> 927-937 MiB (benchmarks/README.md)."""
-        if self.encoded and self.workers > 1:
+    def fresh(self, rows: int | None, row_tokens: int) -> Encoders:
+        """The workers that pack and write ``rows`` rows (``None``: all; ``fixed_sft.parallel``):
+        those started, unless they have encoded and the rows give each worker a part to
+        write (``parallel.PART_VALUES`` tokens); those then end, with the checkers, and as
+        many start anew, without the renderer. A worker that has encoded holds 20-25 MB
+        of its own that writing does not need (the server's pages it wrote to, its freed
+        heap); a new one shares them with the server. 16 workers on 2 cores, 80,000
+        conversations: the tree's peak as the rows are written 1063-1141 -> 873-939 MiB."""
+        many = rows is None or rows * row_tokens >= self.workers * parallel.PART_VALUES
+        if self.encoded and self.workers > 1 and many:
             for encoders in (self.encoders, *self._checkers):
                 if encoders is not None:
                     encoders.__exit__(None, None, None)  # (the stack's exit later finds them ended)

@@ -35,10 +35,11 @@ import numpy as np
 import pyarrow as pa
 
 from . import arrow
-from .bands import Band, read_file_rows, row_groups, source_columns
+from .bands import FILL_BATCH_BYTES, Band, read_file_rows, row_groups, source_columns
 from .encode import Chunk, Encoded, Record, encode_records, encode_rows, release_after, sampled
 from .encode import ready_to_check as ready
 from .encoding import Encoder, TemplateMismatch
+from .memory import give_back_free
 from .parallel import Block, Indexed
 from .records import records
 from .source import Source
@@ -115,7 +116,7 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
     conversations = apart_bytes = 0
     apart: list[Record] = []
     index = []
-    for batch in read_file_rows(Path(task.path), task.start, inside, task.source_column):
+    for batch in read_file_rows(Path(task.path), task.start, inside, task.source_column, FILL_BATCH_BYTES):
         for rows in Band([batch], [np.arange(batch.num_rows)]).chunks(task.chunk_rows, task.chunk_bytes):
             picked = set()
             if task.apart:
@@ -140,6 +141,7 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
                 index.append(_indexed(stored))
         del batch
     writer.flush()
+    give_back_free()  # (what the task freed, fragmented under what the next allocates: 20-40 MB)
     return Filled(conversations, writer.writable, apart, apart_bytes, index)
 
 

@@ -28,6 +28,7 @@ for the build, with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -38,7 +39,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 import xxhash
@@ -91,6 +92,8 @@ MAX_TOKENS = 1 << 40  # a record of more tokens, or of more bytes of metadata, i
 MAX_META = 1 << 31
 SEGMENT_BYTES = 16 << 20  # a build writes a segment once it has this many bytes of conversations
 SEGMENT_CONVERSATIONS = 4096  # or this many conversations
+WRITE_BUFFER_BYTES = 1 << 20  # a segment's small conversations are written to its file together
+ROOM_BYTES = HEADER_BYTES + SEGMENT_CONVERSATIONS * RECORD.itemsize  # where a segment's bytes start
 
 
 def _open_files() -> int:
@@ -185,7 +188,10 @@ def warn(message: str) -> None:
 class SegmentWriter:
     """Writes conversations into an entry's ``folder`` as segments: each written whole under
     a temporary name, then renamed, once it holds ``SEGMENT_BYTES`` or
-    ``SEGMENT_CONVERSATIONS`` (and at ``flush``). Any number of writers, in any processes,
+    ``SEGMENT_CONVERSATIONS`` (and at ``flush``). A conversation's bytes go to the file as
+    it is added, after room for the most records a segment holds; its records fill that
+    room at ``flush`` (the rest is left a hole): a writer holds no segment's bytes (16
+    workers each held up to 16 MB). Any number of writers, in any processes,
     may write into one entry: their files never share a name. A segment's name starts with
     the clock's nanoseconds, or with one more than ``after`` where that is later: a store
     reads its segments in name order, so a conversation written again (its copy damaged)
@@ -199,52 +205,73 @@ class SegmentWriter:
         self.writable = True
         self.added = 0
         self._records: list[bytes] = []
-        self._payloads: list[bytes] = []
         self._pending = 0
+        self._draft: Path | None = None
+        self._file: BinaryIO | None = None
 
     def add(self, item: Encoded) -> int:
         """Keep ``item``; the check flags it is stored with (``PASSED`` where it passed the template check)."""
         index = item.source_index
         meta = json.dumps([item.id, item.source_value, item.invalid]).encode()
         if item.ids is None or item.mask is None:
-            tokens, flags, body = -1, PASSED, meta
+            tokens, flags, parts = -1, PASSED, [meta]
         else:
             tokens, flags = len(item.ids), PASSED if item.checked else 0
             ids = np.ascontiguousarray(item.ids, dtype="<i4").tobytes()
-            body = ids + np.ascontiguousarray(item.mask, dtype=np.uint8).tobytes() + meta
+            parts = [ids, np.ascontiguousarray(item.mask, dtype=np.uint8).tobytes(), meta]
         head = HEAD.pack(index, tokens, len(meta), flags)
-        digest = _digest(head, body)
-        self._records.append(RECORD_STRUCT.pack(self._pending, index, tokens, len(meta), flags, digest))
-        self._payloads.append(body)
-        self._pending += len(body)
+        digest = _digest(head, *parts)
+        if not self.writable:
+            return flags
+        try:
+            if self._file is None:
+                self._draft = self.folder / f".tmp-{os.getpid()}-{os.urandom(8).hex()}.seg"
+                self._file = self._draft.open("wb", buffering=WRITE_BUFFER_BYTES)
+                self._file.seek(ROOM_BYTES)
+            for part in parts:
+                self._file.write(part)
+        except OSError as error:
+            self._failed(error)
+            return flags
+        size = sum(len(part) for part in parts)
+        self._records.append(RECORD_STRUCT.pack(ROOM_BYTES + self._pending, index, tokens, len(meta), flags, digest))
+        self._pending += size
         if self._pending >= SEGMENT_BYTES or len(self._records) >= SEGMENT_CONVERSATIONS:
             self.flush()
         return flags
 
     def flush(self) -> None:
         """Write the conversations added since the last flush as one segment."""
-        if not self._records or not self.writable:
+        if self._file is None or self._draft is None:
             return
-        records = np.frombuffer(b"".join(self._records), RECORD).copy()
-        start = HEADER_BYTES + len(records) * RECORD.itemsize
-        records["offset"] += start
         self.after = max(time.time_ns(), self.after + 1)
         name = f"{self.after:020d}-{os.getpid()}-{os.urandom(4).hex()}.seg"
-        draft = self.folder / f".tmp-{name}"
         try:
-            with draft.open("wb") as f:
-                f.write(MAGIC + len(records).to_bytes(8, "little"))
-                f.write(records.tobytes())
-                for payload in self._payloads:
-                    f.write(payload)
-            draft.rename(self.folder / name)
-            self.added += len(records)
+            self._file.seek(0)
+            self._file.write(MAGIC + len(self._records).to_bytes(8, "little"))
+            self._file.write(b"".join(self._records))
+            self._file.close()
+            self._draft.rename(self.folder / name)
+            self.added += len(self._records)
         except OSError as error:
-            if not self.quiet:
-                warn(f"token store off: cannot write {draft} ({error.strerror or error})")
-            self.writable = False
-            draft.unlink(missing_ok=True)
-        self._records, self._payloads, self._pending = [], [], 0
+            self._failed(error)
+        self._file = self._draft = None
+        self._records, self._pending = [], 0
+
+    def turn_off(self) -> None:
+        """Write nothing more: what is pending is dropped, with its temporary file."""
+        self.writable = False
+        if self._file is not None and self._draft is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._draft.unlink(missing_ok=True)
+        self._file = self._draft = None
+        self._records, self._pending = [], 0
+
+    def _failed(self, error: OSError) -> None:
+        if not self.quiet:
+            warn(f"token store off: cannot write {self._draft} ({error.strerror or error})")
+        self.turn_off()
 
 
 class SegmentReader:
@@ -455,7 +482,7 @@ class TokenStore:
         """Write no more for this build, with a warning saying ``why``."""
         if self.writable:
             warn(f"token store off: {why}")
-            self.writer.writable = False
+            self.writer.turn_off()
 
     @classmethod
     def open(cls, root: Path, key: str, num_rows: int) -> TokenStore | None:

@@ -193,7 +193,7 @@ def test_a_first_build_whose_worker_cannot_store_packs_one_at_a_time(corpus, kim
     def failing_flush(self):
         flushed.append(1)
         if len(flushed) == 3:
-            self.writable = False
+            self.turn_off()
         else:
             flush(self)
 
@@ -760,14 +760,16 @@ def test_rows_are_written_by_workers_that_encoded_nothing(
     rows, corpus, kimi_dir, tmp_path, token_store, packed, monkeypatch
 ) -> None:
     """Workers that encoded (a fill, or a first build of some rows) end before the rows are
-    written, and as many start anew to write them; a later build's workers, which encoded
-    nothing, write them. The same bytes as one conversation at a time."""
+    written, where they are many enough (``PART_VALUES`` tokens a worker), and as many
+    start anew to write them; a later build's workers, which encoded nothing, write them.
+    The same bytes as one conversation at a time."""
+    monkeypatch.setattr(fixed_sft.parallel, "PART_VALUES", 1024)  # (30 rows of 1024: parts for 2 workers)
     asked: list[tuple[object, object, bool]] = []  # the workers before and after, whether those before ended
     fresh = build_module._Encoding.fresh
 
-    def recorded(self):
+    def recorded(self, *args):
         before = self.encoders
-        after = fresh(self)
+        after = fresh(self, *args)
         ended = before is not None and before.engine._pool._shutdown_thread
         asked.append((before, after, ended))
         return after

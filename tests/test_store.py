@@ -493,8 +493,7 @@ flush, written = store.SegmentWriter.flush, []
 
 def killing_flush(self):
     if len(written) == int(sys.argv[3]):
-        (self.folder / ".tmp-killed.seg").write_bytes(store.MAGIC + b"\\x08")  # (a part written)
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)  # (its segment's bytes written, not its records)
     written.append(1)
     flush(self)
 
@@ -505,9 +504,10 @@ build(BuildConfig(**json.loads(sys.argv[1])), Path(sys.argv[2]))
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_build_killed_with_sigkill_resumes_from_its_store(corpus, kimi_dir, tmp_path, token_store, workers):
-    """A build SIGKILLed while it writes the store leaves no output and its whole segments;
-    the next build takes those from the store, encodes the rest, and ends with the rows and
-    manifest of a build that was never stopped."""
+    """A build SIGKILLed while it writes the store leaves no output, its whole segments and
+    the temporary file of the one it was writing (removed once stale); the next build takes
+    the whole ones from the store, encodes the rest, and ends with the rows and manifest of
+    a build that was never stopped."""
     import signal
 
     from fixed_sft.store import STALE_SECONDS
@@ -563,7 +563,7 @@ def test_lookups_a_block_at_a_time_are_lookups_one_at_a_time(tmp_path):
     invalid, checked or not), ``None`` for rows not held, for a damaged payload and for
     metadata that is not the stored kind (bytes its digest matches); each counted."""
     from fixed_sft.encode import Encoded
-    from fixed_sft.store import HEAD, RECORD_STRUCT, _digest
+    from fixed_sft.store import HEAD, RECORD_STRUCT, ROOM_BYTES, _digest
 
     rng = np.random.default_rng(3)
     writer = SegmentWriter(tmp_path)
@@ -578,8 +578,9 @@ def test_lookups_a_block_at_a_time_are_lookups_one_at_a_time(tmp_path):
         writer.add(items[-1])
     for index, meta in ((60, b'["a", null]'), (62, b'["a", null, null], ["b", null, null]'), (64, b"{")):
         head = HEAD.pack(index, -1, len(meta), 1)  # (written as the store never writes them)
-        writer._records.append(RECORD_STRUCT.pack(writer._pending, index, -1, len(meta), 1, _digest(head, meta)))
-        writer._payloads.append(meta)
+        offset = ROOM_BYTES + writer._pending
+        writer._records.append(RECORD_STRUCT.pack(offset, index, -1, len(meta), 1, _digest(head, meta)))
+        writer._file.write(meta)
         writer._pending += len(meta)
     writer.flush()
     [segment] = tmp_path.glob("*.seg")
@@ -690,3 +691,32 @@ def test_a_copy_that_passed_the_check_stands_unless_damaged(tmp_path, damaged) -
         assert found.checked is not damaged
         store.close()
     assert len(list(tmp_path.glob("*.seg"))) == 2
+
+
+def test_a_writer_holds_no_segments_bytes_and_its_segment_reads_back(tmp_path, monkeypatch) -> None:
+    """Each conversation's bytes are in the writer's temporary file once added, not held
+    until the segment is written; the segment, its records in the room before them (the
+    rest a hole), reads back as added. A writer turned off leaves no temporary file."""
+    from fixed_sft.encode import Encoded
+    from fixed_sft.store import ROOM_BYTES
+
+    monkeypatch.setattr(store_module, "WRITE_BUFFER_BYTES", 0)  # (each write reaches the file at once)
+    rng = np.random.default_rng(5)
+    writer = SegmentWriter(tmp_path)
+    items = []
+    for index in range(5):
+        n = int(rng.integers(1000, 3000))
+        ids, mask = rng.integers(0, 1 << 17, n).astype(np.int32), (rng.random(n) < 0.5).astype(np.uint8)
+        items.append(Encoded(index, f"r{index}", ids, mask, None, True))
+        writer.add(items[-1])
+        [draft] = tmp_path.glob(".tmp-*")
+        assert draft.stat().st_size == ROOM_BYTES + writer._pending and len(writer._records) == index + 1
+    writer.flush()
+    assert not list(tmp_path.glob(".tmp-*")) and len(list(tmp_path.glob("*.seg"))) == 1
+    store = TokenStore(tmp_path, 5)
+    for item in items:
+        got = store.lookup(item.source_index)
+        assert got is not None and store_module.same_encoding(got, item) and got.checked
+    writer.add(items[0])
+    writer.turn_off()
+    assert not list(tmp_path.glob(".tmp-*")) and not writer.writable
