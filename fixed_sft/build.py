@@ -57,7 +57,7 @@ from .order import permutation, positions
 from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter, format_of, naming
 from .pack import Packer, Row, Unit
 from .params import RECORDED, BuildConfig, to_json
-from .plots import Inputs, Plotter
+from .plots import LAZY_WORKERS, Inputs, Plotter
 from .source import Source, SourceError, open_source, unreadable
 from .specs import BUILDS, HF, ResolvedTokenizer, build_spec, resolve_tokenizer
 from .store import StoreMismatch, TokenStore, default_dir, probes_path, same_encoding, store_key
@@ -759,7 +759,7 @@ def _probes_kept(encoder: EncoderConfig) -> bool:
 def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
     """Build ``config`` into the empty folder ``folder``, manifest last; return the manifest.
     The card's plots are drawn by a process started now (``plots.Plotter``)."""
-    with nullcontext() if config.no_card else Plotter() as plotter:
+    with nullcontext() if config.no_card else Plotter(config.workers >= LAZY_WORKERS) as plotter:
         return _build_with(config, folder, progress, plotter)
 
 
@@ -814,8 +814,11 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
         if (skip is None or not skip.all()) and not reads_directly:
             apart = fill and config.workers >= CHECKS_APART_WORKERS and config.check_every >= CHECKS_APART_EVERY
             encoding.start(checks_apart=apart and _probes_kept(encoder_config))
-        elif store is not None and _packs_stored_apart(config, store):
-            encoding.start(renderer=False)  # (workers that only pack: nothing to render)
+        else:  # (nothing to encode: the build is soon at its plots)
+            if plotter is not None:
+                plotter.load()
+            if store is not None and _packs_stored_apart(config, store):
+                encoding.start(renderer=False)  # (workers that only pack: nothing to render)
         packer = Packer(config.row_tokens, separator_id)
         tally = _Tally(row_tokens=config.row_tokens)
 

@@ -547,14 +547,15 @@ def _start_early(argv: list[str]) -> None:
         return  # (the parser names the error)
     if given.help:
         return
-    if not given.no_card:
-        from .plots import start_early
-
-        start_early()
     from .engine import usable_cores
 
     cores = usable_cores()
-    if min(cores if given.workers is None else given.workers, cores) >= EARLY_WORKERS:
+    workers = cores if given.workers is None else given.workers
+    if not given.no_card:
+        from .plots import LAZY_WORKERS, start_early
+
+        start_early(lazy=workers >= LAZY_WORKERS)  # (matplotlib not held beside many workers' until needed)
+    if min(workers, cores) >= EARLY_WORKERS:
         from .early import start
 
         start(given.tokenizer, given.bpe, given.cache_dir, given.no_cache)

@@ -5,12 +5,16 @@ the same bytes in any process. Importing matplotlib takes about 0.3 s, a fifth o
 build from the token store, so a build draws in a process of its own (``Plotter``). The
 program starts it before its own imports (``start_early``, which imports no numpy): on 2
 cores the two import side by side, before the build's writer thread needs the second core.
-There each plot but the first is drawn in a child forked for it, all at once. A process
-that has matplotlib loaded already draws itself.
+With many workers (``start_early``'s ``lazy``) it imports once the build asks
+(``Plotter.load``) or sends what to draw: its 45-50 MiB are not held beside the workers'
+while they encode, and there are cores to spare for the import. There each plot but the
+first is drawn in a child forked for it, all at once. A process that has matplotlib
+loaded already draws itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import os
@@ -32,6 +36,8 @@ PLOT_NAMES = ("supervised_ratio.png", "conversation_tokens.png", "source_mix.png
 SUPERVISED_PLOT, LENGTHS_PLOT, MIX_PLOT = PLOT_NAMES
 DPI = 100
 DRAW_TIMEOUT_S = 120  # a drawing process silent this long is killed, and the plots drawn here
+LOAD = b"L"  # sent to a drawing process started ``lazy``: import matplotlib now (``Plotter.load``)
+LAZY_WORKERS = 8  # a build of this many workers draws in a ``lazy`` process
 
 
 @dataclass(frozen=True)
@@ -109,11 +115,12 @@ def _taken(pid: int, read: int) -> bytes | None:
 _early: subprocess.Popen | None = None  # the drawing process ``start_early`` started, until a Plotter takes it
 
 
-def start_early() -> None:
-    """Start the drawing process now, for the next ``Plotter`` entered in this process."""
+def start_early(lazy: bool = False) -> None:
+    """Start the drawing process now, for the next ``Plotter`` entered in this process;
+    ``lazy``: it imports matplotlib only when asked (``Plotter.load``, or what to draw)."""
     global _early
     if _early is None:
-        _early = _spawn()
+        _early = _spawn(lazy)
 
 
 def discard_early() -> None:
@@ -126,12 +133,12 @@ def discard_early() -> None:
         process.communicate()  # (its pipes closed, and it reaped)
 
 
-def _spawn() -> subprocess.Popen | None:
-    """A drawing process (``Plotter``); ``None`` where this process cannot start one."""
+def _spawn(lazy: bool = False) -> subprocess.Popen | None:
+    """A drawing process (``Plotter``; ``lazy``: ``_serve``'s); ``None`` where this process cannot start one."""
     if not sys.executable or getattr(sys, "frozen", False):
         return None
     # -P and this process's sys.path: the child imports the modules this process would
-    serve = f"import sys; sys.path[:] = {sys.path!r}; from fixed_sft.plots import _serve; _serve()"
+    serve = f"import sys; sys.path[:] = {sys.path!r}; from fixed_sft.plots import _serve; _serve({lazy})"
     try:
         return subprocess.Popen(
             [sys.executable, "-P", "-c", serve],
@@ -153,7 +160,8 @@ class Plotter:
     for the build does not interrupt its import. Where it cannot start or fails, this
     process draws."""
 
-    def __init__(self) -> None:
+    def __init__(self, lazy: bool = False) -> None:
+        self.lazy = lazy  # (for a process started on entering: ``start_early``'s)
         self._process: subprocess.Popen | None = None
         self._drawing: tuple[Inputs, threading.Thread] | None = None  # (``start``)
         self._drawn: dict[str, bytes] | None = None
@@ -162,7 +170,7 @@ class Plotter:
         global _early
         self._process, _early = _early, None
         if self._process is None and "matplotlib.figure" not in sys.modules:
-            self._process = _spawn()
+            self._process = _spawn(self.lazy)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -180,6 +188,14 @@ class Plotter:
                 process.wait()
         elif process is not None:
             process.communicate()
+
+    def load(self) -> None:
+        """Have the drawing process import matplotlib now, if it has not (a build that
+        encodes nothing is soon at its plots)."""
+        if self._process is not None and self._process.stdin is not None and self._drawing is None:
+            with contextlib.suppress(OSError, ValueError):  # (gone: this process draws)
+                self._process.stdin.write(LOAD)
+                self._process.stdin.flush()
 
     def start(self, inputs: Inputs) -> None:
         """Have the process draw ``inputs`` now, while this one goes on (a build knows what
@@ -239,19 +255,29 @@ def same(a: Inputs, b: Inputs) -> bool:
     )
 
 
-def _serve() -> None:
-    """The drawing process: load matplotlib, draw the ``Inputs`` read from stdin (none: the
-    build is gone or needs none), write the plots to stdout and exit. It collects no
-    garbage: it ends soon (~0.05 CPU-s less)."""
+def _serve(lazy: bool = False) -> None:
+    """The drawing process: load matplotlib (``lazy``: once stdin gives a first byte,
+    ``LOAD`` or the inputs' first), draw the ``Inputs`` read from stdin (none: the build
+    is gone or needs none), write the plots to stdout and exit. It collects no garbage:
+    it ends soon (~0.05 CPU-s less)."""
     gc.disable()
-    import matplotlib.backends.backend_agg  # noqa: F401  (what savefig draws with)
-    import matplotlib.figure  # noqa: F401
-
-    data = sys.stdin.buffer.read()
+    if not lazy:
+        _load()
+    data = sys.stdin.buffer.read(1)
+    if data and lazy:
+        _load()
+    if data == LOAD:
+        data = b""
+    data += sys.stdin.buffer.read()
     if data:
         sys.stdout.buffer.write(pickle.dumps(draw(pickle.loads(data), apart=True)))
         sys.stdout.buffer.flush()
         os._exit(0)  # (the build waits for this process to end: not for its teardown, ~0.04 s)
+
+
+def _load() -> None:
+    import matplotlib.backends.backend_agg  # noqa: F401  (what savefig draws with)
+    import matplotlib.figure  # noqa: F401
 
 
 def _png(figure: Any) -> bytes:

@@ -867,7 +867,7 @@ def test_the_fork_server_starts_early_for_builds_of_many_workers(argv, cores, st
 
     calls: list[int] = []
     monkeypatch.setattr(early, "start", lambda *hint: calls.append(1))
-    monkeypatch.setattr(plots, "start_early", lambda: None)
+    monkeypatch.setattr(plots, "start_early", lambda lazy=False: None)
     monkeypatch.setattr(engine, "usable_cores", lambda: cores)
     cli._start_early(argv)
     assert calls == ([1] if started else [])
@@ -887,15 +887,16 @@ def test_the_fork_server_starts_early_for_builds_of_many_workers(argv, cores, st
 )
 def test_the_drawing_process_starts_early_for_builds_with_a_card(argv, started, monkeypatch) -> None:
     """The program starts the card's drawing process before the build's imports, as it reads
-    the command line: not for a build without a card, nor for another command."""
+    the command line: not for a build without a card, nor for another command; one that
+    imports matplotlib only when asked for a build of ``LAZY_WORKERS`` workers or more."""
     from fixed_sft import cli, early, engine, plots
 
-    calls: list[int] = []
-    monkeypatch.setattr(plots, "start_early", lambda: calls.append(1))
+    calls: list[bool] = []
+    monkeypatch.setattr(plots, "start_early", lambda lazy=False: calls.append(lazy))
     monkeypatch.setattr(early, "start", lambda *hint: None)
     monkeypatch.setattr(engine, "usable_cores", lambda: 2)
     cli._start_early(argv)
-    assert calls == ([1] if started else [])
+    assert calls == ([plots.LAZY_WORKERS <= 16 and "16" in argv] if started else [])
 
 
 @pytest.mark.parametrize(
@@ -921,7 +922,7 @@ def test_the_early_fork_server_is_told_the_tokenizer_folder(argv, told, kimi_dir
     start = early.start
     monkeypatch.setattr(early, "start", lambda *given: calls.append(given))
     monkeypatch.setattr(engine, "usable_cores", lambda: 8)
-    monkeypatch.setattr(plots, "start_early", lambda: None)
+    monkeypatch.setattr(plots, "start_early", lambda lazy=False: None)
     cli._start_early(["build", *argv])
     assert calls == [told]
     environments: list[dict] = []
@@ -1373,7 +1374,7 @@ EARLY_DRAWING = """
 import json, sys
 from fixed_sft import cli, plots
 started, real = [], plots.start_early
-plots.start_early = lambda: real() or started.append(plots._early)
+plots.start_early = lambda lazy=False: real(lazy) or started.append(plots._early)
 try:
     code = cli.main(ARGV, early=True)
 except SystemExit as stopped:  # (the parser's usage error)

@@ -105,6 +105,45 @@ def test_plots_started_early_are_those_drawn_when_asked():
     assert dict(line.split() for line in result.stdout.splitlines()) == there != here
 
 
+LAZY = """
+import hashlib, sys, time
+import numpy as np
+from fixed_sft.plots import Inputs, Plotter
+rows, conversations = np.array([10, 900, 4000, 2500]), np.array([3, 40, 500, 7000])
+INPUTS = Inputs(rows, 4096, 0.45, conversations, [("tulu/$math$", 900), ("(none)", 12)])
+
+def loaded(pid):  # (matplotlib's font library mapped in the process)
+    with open(f"/proc/{pid}/maps") as maps:
+        return "ft2font" in maps.read()
+
+with Plotter(lazy=True) as plotter:
+    pid = plotter._process.pid
+    time.sleep(1)
+    print("before", loaded(pid))
+    if sys.argv[1] == "load":
+        plotter.load()
+        while not loaded(pid):
+            time.sleep(0.05)
+        print("loaded", True)
+    plots = plotter.draw(INPUTS)
+assert "matplotlib" not in sys.modules, "drew here"
+for name, data in sorted(plots.items()):
+    print(name, hashlib.sha256(data).hexdigest())
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="no /proc")
+@pytest.mark.parametrize("load", [True, False])
+def test_a_lazy_drawing_process_imports_matplotlib_when_asked(load):
+    """A drawing process started ``lazy`` has not imported matplotlib until it is asked
+    (``load``) or sent what to draw; it draws these plots either way."""
+    result = _run(LAZY, "load" if load else "draw")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = dict(line.split() for line in result.stdout.splitlines())
+    assert lines.pop("before") == "False" and lines.pop("loaded", "True") == "True"
+    assert lines == {name: hashlib.sha256(data).hexdigest() for name, data in draw(INPUTS).items()}
+
+
 def test_a_plotter_takes_the_process_started_early():
     """``start_early`` starts the drawing process without importing numpy or matplotlib; the
     next Plotter entered takes it and draws these plots with it; the one after starts its own."""
