@@ -45,7 +45,7 @@ from .errors import UsageError
 from .hashes import sha256_file
 from .hf_chat import HFChatEncoder, load_tokenizer
 from .hf_chat import separator as hf_separator
-from .memory import map_large_allocations
+from .memory import MANY_WORKERS, give_back_often, map_large_allocations
 from .records import records
 from .tokenizer import KimiTokenizer, TokenizerError, default_bpe, eos_id, eos_token, load_kimi
 from .tool_declarations import ModelCheck, model_declarer
@@ -447,13 +447,15 @@ def worker_encoder(config: EncoderConfig) -> Encoder | Exception:
         return error
 
 
-def _worker_setup(config: EncoderConfig) -> Encoder | Exception:
+def _worker_setup(config: EncoderConfig, many: bool = False) -> Encoder | Exception:
     """A worker's state: its encoder (``worker_encoder``), once its allocators are set as
-    the build's process sets them, with BPE on one thread (the workers are the parallelism)."""
+    the build's process sets them (``many``: one of ``memory.MANY_WORKERS`` or more, which
+    gives its free memory back often), with BPE on one thread (the workers are the parallelism)."""
     gc.freeze()  # (what it inherits: a full collection would make every page of it the worker's own copy, ~16 MB)
     pa.set_memory_pool(pa.system_memory_pool())  # as ``system_allocator`` in the build's process
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     map_large_allocations()
+    give_back_often(many)
     return worker_encoder(config)
 
 
@@ -508,7 +510,7 @@ class Encoders:
         if workers > 1:
             # (without the renderer, a worker imports it when it first renders: to check a conversation)
             context = start_fork_server(config, renderer)
-            self.engine = ProcessPool(workers, partial(_worker_setup, config), context)
+            self.engine = ProcessPool(workers, partial(_worker_setup, config, workers >= MANY_WORKERS), context)
 
     def __enter__(self) -> Encoders:
         self.engine.__enter__()

@@ -39,7 +39,7 @@ from .bands import FILL_BATCH_BYTES, Band, read_file_rows, row_groups, source_co
 from .encode import Chunk, Encoded, Record, encode_records, encode_rows, release_after, sampled
 from .encode import ready_to_check as ready
 from .encoding import Encoder, TemplateMismatch
-from .memory import give_back_free
+from .memory import give_back_between, give_back_free
 from .parallel import Block, Indexed
 from .records import records
 from .source import Source
@@ -140,6 +140,7 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
             if stored:
                 index.append(_indexed(stored))
         del batch
+        give_back_between()  # (a batch's freed memory, with many workers)
     writer.flush()
     give_back_free()  # (what the task freed, fragmented under what the next allocates: 20-40 MB)
     return Filled(conversations, writer.writable, apart, apart_bytes, index)

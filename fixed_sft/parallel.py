@@ -44,6 +44,7 @@ from .encode import Encoded, sampled
 from .encoding import TemplateMismatch
 from .errors import BuildError
 from .hashes import row_digest
+from .memory import give_back_between
 from .output import PARTS_NAME, naming, rows_per_group, write_part
 from .pack import Row, Segment
 from .stitch import Stitcher, footer
@@ -294,6 +295,7 @@ def write(_: object, task: WriteTask) -> tuple[list[bytes], tuple[Fields, int]]:
         write_part(Path(task.part), rows(), task.first_row, task.boundaries)
     finally:
         reader.close()
+    give_back_between()  # (the part's freed memory, with many workers)
     return digests, footer(Path(task.part))
 
 

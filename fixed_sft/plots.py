@@ -14,7 +14,6 @@ loaded already draws itself.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import io
 import os
@@ -193,7 +192,7 @@ class Plotter:
         """Have the drawing process import matplotlib now, if it has not (a build that
         encodes nothing is soon at its plots)."""
         if self._process is not None and self._process.stdin is not None and self._drawing is None:
-            with contextlib.suppress(OSError, ValueError):  # (gone: this process draws)
+            with suppress(OSError, ValueError):  # (gone: this process draws)
                 self._process.stdin.write(LOAD)
                 self._process.stdin.flush()
 

@@ -469,3 +469,18 @@ def test_free_memory_under_a_held_block_goes_back_to_the_system():
     give_back_free()
     assert before - _heap_kib() > 16 << 10
     assert held.raw == bytes(64 << 10)
+
+
+def test_free_memory_goes_back_between_steps_only_where_asked(monkeypatch):
+    """``give_back_between`` gives free memory back in a worker of many (``give_back_often``), else not."""
+    from fixed_sft import memory
+
+    given: list[bool] = []
+    monkeypatch.setattr(memory, "give_back_free", lambda: given.append(True))
+    monkeypatch.setattr(memory, "_often", False)
+    memory.give_back_between()
+    memory.give_back_often(True)
+    memory.give_back_between()
+    memory.give_back_often(False)
+    memory.give_back_between()
+    assert given == [True]

@@ -260,6 +260,9 @@ class EarlyPlotter:
     def __exit__(self, *exc):
         pass
 
+    def load(self):  # (as ``Plotter.load``: a build that encodes nothing)
+        self.events.append("load")
+
     def start(self, inputs):  # (as ``Plotter.start``: the first start draws, a later one is ignored)
         if self.started is None:
             self.events.append("plots")
@@ -280,7 +283,7 @@ def test_the_cards_plots_are_drawn_before_the_rows_are_all_written(
     close, write = RowWriter.close, fixed_sft.parallel._write
     monkeypatch.setattr(RowWriter, "close", lambda self: events.append("written") or close(self))
     monkeypatch.setattr(fixed_sft.parallel, "_write", lambda *a: events.append("writing") or write(*a))
-    monkeypatch.setattr(build_module, "Plotter", lambda: EarlyPlotter(events))
+    monkeypatch.setattr(build_module, "Plotter", lambda lazy=False: EarlyPlotter(events))
     cfg = _config(corpus, kimi_dir, rows=60, row_tokens=2048)
     one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
     assert events == ["plots", "written"]
