@@ -112,38 +112,38 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
     """Read, encode and store a task's rows (module docstring)."""
     inside = np.zeros(task.rows, bool)
     inside[task.local] = True
-    writer = SegmentWriter(Path(task.folder), quiet=True)  # (the build's process says it once)
-    conversations = apart_bytes = 0
-    apart: list[Record] = []
-    index = []
-    for batch in read_file_rows(Path(task.path), task.start, inside, task.source_column, FILL_BATCH_BYTES):
-        for rows in Band([batch], [np.arange(batch.num_rows)]).chunks(task.chunk_rows, task.chunk_bytes):
-            picked = set()
-            if task.apart:
-                chosen = sampled(arrow.to_numpy(rows.column("index")), task.apart)
-                given_rows = rows.filter(arrow.numbers(chosen, pa.bool_()))
-                given = records(given_rows)
-                picked = {index for index, _ in given}
-                apart += given
-                apart_bytes += sum(given_rows.column("bytes").to_pylist())
-            stored: list[Encoded] = []
-            try:
-                for item in encode_rows(encoder, Chunk(rows, task.check_every)):
-                    if item.source_index not in picked:  # (a row given back is stored by its check)
-                        writer.add(item)
-                        stored.append(item)
-                    conversations += 1
-            except TemplateMismatch:
-                pass  # (reached in packing order, where it stops the build)
-            if not writer.writable:
-                return Filled(conversations, False)
-            if stored:
-                index.append(_indexed(stored))
-        del batch
-        give_back_between()  # (a batch's freed memory, with many workers)
-    writer.flush()
-    give_back_free()  # (what the task freed, fragmented under what the next allocates: 20-40 MB)
-    return Filled(conversations, writer.writable, apart, apart_bytes, index)
+    with SegmentWriter(Path(task.folder), quiet=True) as writer:  # (the build's process says it once)
+        conversations = apart_bytes = 0
+        apart: list[Record] = []
+        index = []
+        for batch in read_file_rows(Path(task.path), task.start, inside, task.source_column, FILL_BATCH_BYTES):
+            for rows in Band([batch], [np.arange(batch.num_rows)]).chunks(task.chunk_rows, task.chunk_bytes):
+                picked = set()
+                if task.apart:
+                    chosen = sampled(arrow.to_numpy(rows.column("index")), task.apart)
+                    given_rows = rows.filter(arrow.numbers(chosen, pa.bool_()))
+                    given = records(given_rows)
+                    picked = {index for index, _ in given}
+                    apart += given
+                    apart_bytes += sum(given_rows.column("bytes").to_pylist())
+                stored: list[Encoded] = []
+                try:
+                    for item in encode_rows(encoder, Chunk(rows, task.check_every)):
+                        if item.source_index not in picked:  # (a row given back is stored by its check)
+                            writer.add(item)
+                            stored.append(item)
+                        conversations += 1
+                except TemplateMismatch:
+                    pass  # (reached in packing order, where it stops the build)
+                if not writer.writable:
+                    return Filled(conversations, False)
+                if stored:
+                    index.append(_indexed(stored))
+            del batch
+            give_back_between()  # (a batch's freed memory, with many workers)
+        writer.flush()
+        give_back_free()  # (what the task freed, fragmented under what the next allocates: 20-40 MB)
+        return Filled(conversations, writer.writable, apart, apart_bytes, index)
 
 
 def ready_to_check(encoder: Encoder, _: None) -> None:
@@ -154,16 +154,16 @@ def ready_to_check(encoder: Encoder, _: None) -> None:
 def check_apart(encoder: Encoder, task: CheckTask) -> Filled:
     """Encode, check and store rows given back by a ``FillTask``: up to the first whose
     check fails (reached in packing order, where it stops the build)."""
-    writer = SegmentWriter(Path(task.folder), quiet=True)
-    stored: list[Encoded] = []
-    try:
-        for item in encode_records(encoder, task.rows, itertools.repeat(True)):
-            writer.add(item)
-            stored.append(item)
-    except TemplateMismatch:
-        pass
-    writer.flush()
-    return Filled(len(task.rows), writer.writable, indexed=[_indexed(stored)] if stored else [])
+    with SegmentWriter(Path(task.folder), quiet=True) as writer:
+        stored: list[Encoded] = []
+        try:
+            for item in encode_records(encoder, task.rows, itertools.repeat(True)):
+                writer.add(item)
+                stored.append(item)
+        except TemplateMismatch:
+            pass
+        writer.flush()
+        return Filled(len(task.rows), writer.writable, indexed=[_indexed(stored)] if stored else [])
 
 
 class FreshTask(NamedTuple):
@@ -184,15 +184,15 @@ class Fresh(NamedTuple):
 def fresh(encoder: Encoder, task: FreshTask) -> Fresh:
     """Encode a chunk, store it as a segment of its own, and index it: up to the first
     conversation whose template check fails."""
-    writer = SegmentWriter(Path(task.folder), quiet=True)  # (the build's process says it once)
-    items: list[Encoded] = []
-    mismatch = None
-    try:
-        for item in encode_rows(encoder, task.chunk):
-            writer.add(item)
-            items.append(item)
-    except TemplateMismatch as error:
-        mismatch = error
-    writer.flush()
-    release_after(task.chunk.rows)
-    return Fresh(Block(Indexed.of(items), mismatch), writer.writable)
+    with SegmentWriter(Path(task.folder), quiet=True) as writer:  # (the build's process says it once)
+        items: list[Encoded] = []
+        mismatch = None
+        try:
+            for item in encode_rows(encoder, task.chunk):
+                writer.add(item)
+                items.append(item)
+        except TemplateMismatch as error:
+            mismatch = error
+        writer.flush()
+        release_after(task.chunk.rows)
+        return Fresh(Block(Indexed.of(items), mismatch), writer.writable)

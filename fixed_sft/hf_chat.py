@@ -221,14 +221,18 @@ def end_follows(text: str, through: str, eos: str | None) -> bool:
     """Whether ``text`` goes on from a reply's ``through`` (the rendering up to the reply)
     with ``eos`` (white space aside) that ``through`` does not end with: a template that
     writes a reply's end only when another message follows (``{% if not loop.last %}{{
-    eos_token }}{% endif %}``), whose end the prefix rule would leave 0.
+    eos_token }}{% endif %}``), whose end the prefix rule would leave 0. Not where ``text``
+    begins with ``eos`` too: there it opens each turn (a tokenizer whose ``bos_token`` is
+    its ``eos_token``).
 
     >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo", "</s>")
     True
     >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo</s>", "</s>")
     False
+    >>> end_follows("</s>U: hi A: yo</s>U: ok", "</s>U: hi A: yo", "</s>")
+    False
     """
-    if not eos:
+    if not eos or text.lstrip().startswith(eos):
         return False
     return text[len(through) :].lstrip().startswith(eos) and not through.rstrip().endswith(eos)
 

@@ -33,6 +33,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import socket
 import struct
 import sys
 import time
@@ -92,6 +93,7 @@ MAX_TOKENS = 1 << 40  # a record of more tokens, or of more bytes of metadata, i
 MAX_META = 1 << 31
 SEGMENT_BYTES = 16 << 20  # a build writes a segment once it has this many bytes of conversations
 SEGMENT_CONVERSATIONS = 4096  # or this many conversations
+DRAFT_PREFIX = ".tmp-"  # a segment being written: then its host, its writer's pid and a random part
 WRITE_BUFFER_BYTES = 1 << 20  # a segment's small conversations are written to its file together
 ROOM_BYTES = HEADER_BYTES + SEGMENT_CONVERSATIONS * RECORD.itemsize  # where a segment's bytes start
 
@@ -225,7 +227,7 @@ class SegmentWriter:
             return flags
         try:
             if self._file is None:
-                self._draft = self.folder / f".tmp-{os.getpid()}-{os.urandom(8).hex()}.seg"
+                self._draft = self.folder / f"{DRAFT_PREFIX}{socket.gethostname()}-{os.getpid()}-{os.urandom(8).hex()}"
                 self._file = self._draft.open("wb", buffering=WRITE_BUFFER_BYTES)
                 self._file.seek(ROOM_BYTES)
             for part in parts:
@@ -257,6 +259,14 @@ class SegmentWriter:
             self._failed(error)
         self._file = self._draft = None
         self._records, self._pending = [], 0
+
+    def __enter__(self) -> SegmentWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        """Where a task ends with an error, its temporary file goes with it."""
+        if kind is not None:
+            self.turn_off()
 
     def turn_off(self) -> None:
         """Write nothing more: what is pending is dropped, with its temporary file."""
@@ -499,12 +509,12 @@ class TokenStore:
     def _load(self) -> None:
         """Index the segments (oldest first: a later copy of a row replaces an earlier one,
         unless only the earlier passed the check and its bytes match its record); remove
-        stale temporary files."""
+        temporary files that are stale or whose writer is gone (``_abandoned``)."""
         now = time.time()
         for entry in sorted(os.scandir(self.folder), key=lambda e: e.name):
-            if entry.name.startswith(".tmp-"):
+            if entry.name.startswith(DRAFT_PREFIX):
                 try:
-                    if now - entry.stat().st_mtime > STALE_SECONDS:
+                    if now - entry.stat().st_mtime > STALE_SECONDS or _abandoned(entry.name):
                         os.unlink(entry.path)
                 except OSError:
                     pass
@@ -864,6 +874,27 @@ def _meta(data: bytes | bytearray) -> tuple | None:
 def _stored_kind(meta: object) -> tuple | None:
     """``meta`` as the metadata a build stores (a list of 3), or ``None``."""
     return tuple(meta) if isinstance(meta, list) and len(meta) == 3 else None
+
+
+def _abandoned(name: str) -> bool:
+    """Whether a segment's temporary file (``DRAFT_PREFIX``, host, pid) was a process's of
+    this host that is gone (killed: a process that fails removes its own). Another host's
+    waits until it is stale.
+
+    >>> mine = f"{DRAFT_PREFIX}{socket.gethostname()}-{os.getpid()}-00"
+    >>> _abandoned(mine), _abandoned(f"{DRAFT_PREFIX}elsewhere-1-00")
+    (False, False)
+    """
+    host, _, rest = name[len(DRAFT_PREFIX) :].rpartition("-")[0].rpartition("-")
+    if host != socket.gethostname() or not rest.isdigit():
+        return False
+    try:
+        os.kill(int(rest), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # (alive, another user's)
+        return False
+    return False
 
 
 def _sound(tokens: Any, meta: Any, offset: Any, flags: Any) -> Any:

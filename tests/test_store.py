@@ -344,7 +344,7 @@ def _disk_full_for_segments(monkeypatch) -> None:
     rename = Path.rename
 
     def full(self, target):
-        if self.name.startswith(".tmp-") and self.name.endswith(".seg"):  # (a segment of the store)
+        if self.name.startswith(store_module.DRAFT_PREFIX):  # (a segment of the store)
             raise OSError(28, "No space left on device")
         return rename(self, target)
 
@@ -505,9 +505,9 @@ build(BuildConfig(**json.loads(sys.argv[1])), Path(sys.argv[2]))
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_build_killed_with_sigkill_resumes_from_its_store(corpus, kimi_dir, tmp_path, token_store, workers):
     """A build SIGKILLed while it writes the store leaves no output, its whole segments and
-    the temporary file of the one it was writing (removed once stale); the next build takes
-    the whole ones from the store, encodes the rest, and ends with the rows and manifest of
-    a build that was never stopped."""
+    the temporary file of the one it was writing, which the store removes when next opened
+    (its process is gone); the next build takes the whole ones from the store, encodes the
+    rest, and ends with the rows and manifest of a build that was never stopped."""
     import signal
 
     from fixed_sft.store import STALE_SECONDS
@@ -517,8 +517,9 @@ def test_a_build_killed_with_sigkill_resumes_from_its_store(corpus, kimi_dir, tm
     child = subprocess.run([sys.executable, "-c", SIGKILLED_BUILD, *arguments], cwd=ROOT, timeout=120)
     assert child.returncode == -signal.SIGKILL
     assert not (tmp_path / "out").exists()
-    assert _store_is_consistent(token_store, 1200) == 5 * 8
     assert len(list(token_store.glob("tokens/*/.tmp-*"))) == 1
+    assert _store_is_consistent(token_store, 1200) == 5 * 8
+    assert not list(token_store.glob("tokens/*/.tmp-*"))  # (its writer gone: removed as the store opened)
     resumed = build(cfg, tmp_path / "out")
     assert resumed == _without_store(cfg, tmp_path / "plain")
     store = TokenStore(next(token_store.glob("tokens/*")), 1200)
@@ -720,3 +721,27 @@ def test_a_writer_holds_no_segments_bytes_and_its_segment_reads_back(tmp_path, m
     writer.add(items[0])
     writer.turn_off()
     assert not list(tmp_path.glob(".tmp-*")) and not writer.writable
+
+
+def test_a_task_that_fails_leaves_no_temporary_file_and_a_dead_writers_goes(tmp_path) -> None:
+    """A writer left by an error drops its temporary file; one whose process is gone (this
+    host's) is removed when the store is opened, a live one's and another host's are kept."""
+    import os
+    import socket
+
+    from fixed_sft.encode import Encoded
+    from fixed_sft.store import DRAFT_PREFIX
+
+    item = Encoded(0, "r0", np.arange(5, dtype=np.int32), np.ones(5, np.uint8), None, True)
+    with pytest.raises(RuntimeError), SegmentWriter(tmp_path) as writer:
+        writer.add(item)
+        assert len(list(tmp_path.glob(".tmp-*"))) == 1
+        raise RuntimeError("a later batch cannot be read")
+    assert not list(tmp_path.glob(".tmp-*"))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = socket.gethostname()
+    names = [f"{host}-{dead.stdout.strip()}-ab", f"{host}-{os.getpid()}-cd", f"elsewhere-{dead.stdout.strip()}-ef"]
+    for name in names:
+        (tmp_path / f"{DRAFT_PREFIX}{name}").write_bytes(b"x")
+    TokenStore(tmp_path, 1)
+    assert sorted(p.name for p in tmp_path.glob(".tmp-*")) == sorted(DRAFT_PREFIX + n for n in names[1:])
