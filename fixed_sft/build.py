@@ -31,7 +31,7 @@ from .chat import MASK_TYPES as KIMI_MASK_TYPES
 from .chat import ChatEncoder, read_probes
 from .encode import IN_FLIGHT_BYTES, Chunk, Encoded, EncoderConfig, Encoders, encode_rows, start_fork_server
 from .encoding import Encoder, TemplateMismatch
-from .engine import usable_cores
+from .engine import MANY_WORKERS, usable_cores
 from .errors import BuildError, UsageError
 from .fill import CheckTask, FreshTask, check_apart, fill, fill_tasks, fresh, ready_to_check
 from .folder import transaction
@@ -57,7 +57,7 @@ from .order import permutation, positions
 from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter, format_of, naming
 from .pack import Packer, Row, Unit
 from .params import RECORDED, BuildConfig, to_json
-from .plots import LAZY_WORKERS, Inputs, Plotter
+from .plots import Inputs, Plotter
 from .source import Source, SourceError, open_source, unreadable
 from .specs import BUILDS, HF, ResolvedTokenizer, build_spec, resolve_tokenizer
 from .store import StoreMismatch, TokenStore, default_dir, probes_path, same_encoding, store_key
@@ -759,7 +759,7 @@ def _probes_kept(encoder: EncoderConfig) -> bool:
 def _build_into(config: BuildConfig, folder: Path, progress: bool) -> dict:
     """Build ``config`` into the empty folder ``folder``, manifest last; return the manifest.
     The card's plots are drawn by a process started now (``plots.Plotter``)."""
-    with nullcontext() if config.no_card else Plotter(config.workers >= LAZY_WORKERS) as plotter:
+    with nullcontext() if config.no_card else Plotter(config.workers >= MANY_WORKERS) as plotter:
         return _build_with(config, folder, progress, plotter)
 
 

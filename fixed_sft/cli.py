@@ -547,14 +547,14 @@ def _start_early(argv: list[str]) -> None:
         return  # (the parser names the error)
     if given.help:
         return
-    from .engine import usable_cores
+    from .engine import MANY_WORKERS, usable_cores
 
     cores = usable_cores()
     workers = cores if given.workers is None else given.workers
     if not given.no_card:
-        from .plots import LAZY_WORKERS, start_early
+        from .plots import start_early
 
-        start_early(lazy=workers >= LAZY_WORKERS)  # (matplotlib not held beside many workers' until needed)
+        start_early(lazy=workers >= MANY_WORKERS)  # (matplotlib not held beside many workers' until needed)
     if min(workers, cores) >= EARLY_WORKERS:
         from .early import start
 

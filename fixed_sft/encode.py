@@ -40,12 +40,12 @@ from . import arrow, early
 from .chat import ChatEncoder
 from .conversation import Conversation, InvalidRow, conversation, is_unicode
 from .encoding import RENDERER_MODULE, BatchEncoder, Encoder, TemplateMismatch
-from .engine import InProcess, ProcessPool, Task, forkserver_context
+from .engine import MANY_WORKERS, InProcess, ProcessPool, Task, forkserver_context
 from .errors import UsageError
 from .hashes import sha256_file
 from .hf_chat import HFChatEncoder, load_tokenizer
 from .hf_chat import separator as hf_separator
-from .memory import MANY_WORKERS, give_back_often, map_large_allocations
+from .memory import give_back_often, map_large_allocations
 from .records import records
 from .tokenizer import KimiTokenizer, TokenizerError, default_bpe, eos_id, eos_token, load_kimi
 from .tool_declarations import ModelCheck, model_declarer
@@ -449,7 +449,7 @@ def worker_encoder(config: EncoderConfig) -> Encoder | Exception:
 
 def _worker_setup(config: EncoderConfig, many: bool = False) -> Encoder | Exception:
     """A worker's state: its encoder (``worker_encoder``), once its allocators are set as
-    the build's process sets them (``many``: one of ``memory.MANY_WORKERS`` or more, which
+    the build's process sets them (``many``: one of ``engine.MANY_WORKERS`` or more, which
     gives its free memory back often), with BPE on one thread (the workers are the parallelism)."""
     gc.freeze()  # (what it inherits: a full collection would make every page of it the worker's own copy, ~16 MB)
     pa.set_memory_pool(pa.system_memory_pool())  # as ``system_allocator`` in the build's process

@@ -64,13 +64,12 @@ def map_large_allocations() -> None:
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
 
-MANY_WORKERS = 8  # a worker of a build of this many gives its free memory back often (``give_back_often``)
 _often = False
 
 
 def give_back_often(often: bool) -> None:
     """Whether ``give_back_between`` gives free memory back, for the rest of the process:
-    in each worker of a build of ``MANY_WORKERS`` or more. A worker's steps (a batch of
+    in each worker of a build of ``engine.MANY_WORKERS`` or more. A worker's steps (a batch of
     its fill task, a part it writes) free 10-25 MB that the C allocator keeps in its heap,
     fragmented, and many workers hold it at once: 16 workers on 2 cores, 80,000
     conversations, tree PSS 1,056-1,092 -> 925-993 MiB, at 1-3% more CPU (each step's
@@ -87,10 +86,10 @@ def give_back_between() -> None:
 
 def give_back_free() -> None:
     """The C allocator gives the free pages inside its heaps back to the system (glibc's
-    ``malloc_trim``). A worker's fill leaves tens of MB free in its heap, fragmented by
-    what is still held (the BPE's cache), which would otherwise stay its own under the write
-    pass: 4 workers on 2 cores, 31-43 MB of heap as the write pass starts, 10-11 MB once
-    given back. Nothing where the C library is not glibc."""
+    ``malloc_trim``). A fill task leaves tens of MB free in its worker's heap, fragmented
+    by what is still held (the BPE's cache), which would otherwise stay its own: given back
+    at its end (4 workers on 2 cores, 31-43 MB of heap after the fill, 10-11 MB given
+    back). Nothing where the C library is not glibc."""
     libc = ctypes.CDLL(None)
     if hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)

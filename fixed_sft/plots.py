@@ -36,7 +36,6 @@ SUPERVISED_PLOT, LENGTHS_PLOT, MIX_PLOT = PLOT_NAMES
 DPI = 100
 DRAW_TIMEOUT_S = 120  # a drawing process silent this long is killed, and the plots drawn here
 LOAD = b"L"  # sent to a drawing process started ``lazy``: import matplotlib now (``Plotter.load``)
-LAZY_WORKERS = 8  # a build of this many workers draws in a ``lazy`` process
 
 
 @dataclass(frozen=True)
