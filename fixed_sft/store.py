@@ -879,7 +879,8 @@ def _stored_kind(meta: object) -> tuple | None:
 def _abandoned(name: str) -> bool:
     """Whether a segment's temporary file (``DRAFT_PREFIX``, host, pid) was a process's of
     this host that is gone (killed: a process that fails removes its own). Another host's
-    waits until it is stale.
+    waits until it is stale. (A container of the same host name, whose pids this process
+    cannot see, loses a segment it writes: its build warns and goes on without the store.)
 
     >>> mine = f"{DRAFT_PREFIX}{socket.gethostname()}-{os.getpid()}-00"
     >>> _abandoned(mine), _abandoned(f"{DRAFT_PREFIX}elsewhere-1-00")
