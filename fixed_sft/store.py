@@ -213,18 +213,19 @@ class SegmentWriter:
 
     def add(self, item: Encoded) -> int:
         """Keep ``item``; the check flags it is stored with (``PASSED`` where it passed the template check)."""
-        index = item.source_index
-        meta = json.dumps([item.id, item.source_value, item.invalid]).encode()
-        if item.ids is None or item.mask is None:
-            tokens, flags, parts = -1, PASSED, [meta]
-        else:
-            tokens, flags = len(item.ids), PASSED if item.checked else 0
-            ids = np.ascontiguousarray(item.ids, dtype="<i4").tobytes()
-            parts = [ids, np.ascontiguousarray(item.mask, dtype=np.uint8).tobytes(), meta]
-        head = HEAD.pack(index, tokens, len(meta), flags)
-        digest = _digest(head, *parts)
+        valid = item.ids is not None and item.mask is not None
+        flags = PASSED if item.checked or not valid else 0
         if not self.writable:
             return flags
+        meta = json.dumps([item.id, item.source_value, item.invalid]).encode()
+        if item.ids is None or item.mask is None:
+            tokens, parts = -1, [meta]
+        else:
+            tokens = len(item.ids)
+            ids = np.ascontiguousarray(item.ids, dtype="<i4").tobytes()
+            parts = [ids, np.ascontiguousarray(item.mask, dtype=np.uint8).tobytes(), meta]
+        index = item.source_index
+        digest = _digest(HEAD.pack(index, tokens, len(meta), flags), *parts)
         try:
             if self._file is None:
                 self._draft = self.folder / f"{DRAFT_PREFIX}{socket.gethostname()}-{os.getpid()}-{os.urandom(8).hex()}"
@@ -257,8 +258,7 @@ class SegmentWriter:
             self.added += len(self._records)
         except OSError as error:
             self._failed(error)
-        self._file = self._draft = None
-        self._records, self._pending = [], 0
+        self._clear()
 
     def __enter__(self) -> SegmentWriter:
         return self
@@ -275,6 +275,10 @@ class SegmentWriter:
             with contextlib.suppress(OSError):
                 self._file.close()
             self._draft.unlink(missing_ok=True)
+        self._clear()
+
+    def _clear(self) -> None:
+        """No segment pending."""
         self._file = self._draft = None
         self._records, self._pending = [], 0
 
@@ -894,7 +898,7 @@ def _abandoned(name: str) -> bool:
     except ProcessLookupError:
         return True
     except OSError:  # (alive, another user's)
-        return False
+        pass
     return False
 
 
