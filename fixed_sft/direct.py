@@ -6,10 +6,11 @@ of it), and which packs in this process, cuts its rows from the records before i
 anything: a unit is a conversation's stored tokens and its ``[EOS]``
 (``fixed_sft.cuts``). It then reads, a row group at a time, the conversations that the
 group's rows hold straight into one buffer of the group's tokens (``store.UnitReader``),
-so that the rows are views of it: no copy per conversation and none per row. While no row
-has been skipped, the writer's row groups are these groups, and go to Arrow uncopied too
-(``output.rows_table``). A row with no supervised token after token 0 is skipped, as
-``fixed_sft.pack`` skips it. The rows, the Parquet file and the manifest are those of
+so that the rows are views of it: no copy per conversation and none per row. A row with
+no supervised token after token 0 is skipped, as ``fixed_sft.pack`` skips it. Each stretch
+read is the rows that fill the writer's row group, which then goes to Arrow uncopied too
+(``output.rows_table``); a group that a skipped row left short takes the rows it lacks
+from a stretch of their own (that group alone is copied). The rows, the Parquet file and the manifest are those of
 packing one conversation at a time (``tests/test_direct.py``).
 
 A conversation whose id an earlier one used, or whose bytes do not match its digest, or a
@@ -76,9 +77,9 @@ def pack(
     trainable = np.zeros(cuts.rows, np.int64)
     digests: list[bytes] = []
     group = rows_per_group(row_tokens)
-    considered, stopped = cuts.rows, False
-    for begin in range(0, cuts.rows, group):
-        end = min(begin + group, cuts.rows)
+    considered, stopped, begin = cuts.rows, False, 0
+    while begin < cuts.rows:
+        end = min(begin + group - len(digests) % group, cuts.rows)  # (the rows that fill the writer's group)
         low, high = int(cuts.first[begin]), int(cuts.last[end - 1]) + 1
         ids, mask, names = reader.take(low, high, (begin * row_tokens, end * row_tokens))
         ids_rows, mask_rows = ids.reshape(-1, row_tokens), mask.reshape(-1, row_tokens)
@@ -107,6 +108,7 @@ def pack(
         progress(len(digests) - kept_before)
         if stopped:
             break
+        begin = end
     if not stopped and not whole:
         raise Unsuited("the conversations the store gives fill too few rows")
     if not stopped and reader.read_to < len(order):

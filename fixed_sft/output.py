@@ -8,6 +8,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -161,8 +162,10 @@ def _starts(lengths: list[int]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
 
 
+@lru_cache(maxsize=2)
 def _prompts(count: int) -> pa.Array:
-    """``count`` rows' ``messages``: each ``PROMPT``."""
+    """``count`` rows' ``messages``: each ``PROMPT`` (one array for every full row group:
+    an Arrow array does not change)."""
     (message,) = PROMPT
     each = [[message[name] for _ in range(count)] for name in ("role", "content")]
     structs = pa.StructArray.from_arrays([arrow.strings(values) for values in each], fields=list(MESSAGE))

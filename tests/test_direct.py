@@ -215,6 +215,31 @@ def test_a_conversation_of_many_row_groups_is_copied_once(tmp_path, monkeypatch)
     assert (tmp_path / "direct.parquet").read_bytes() == (tmp_path / "one.parquet").read_bytes()
 
 
+def test_row_groups_after_a_skipped_row_go_to_arrow_uncopied(tmp_path, monkeypatch) -> None:
+    """A skipped row leaves its row group short: the rows it lacks are read on their own,
+    so that only that group is copied, and each later group is a view of the buffer read."""
+    units = [np.zeros(7, np.uint8), *(np.ones(7, np.uint8) for _ in range(9))]  # (row 0 trains nothing)
+    items = [Encoded(i, f"c{i}", np.arange(7, dtype=np.int32), m, None, True, None) for i, m in enumerate(units)]
+    store, order = _stored(items, tmp_path / "entry"), np.arange(len(items))
+    monkeypatch.setattr(fixed_sft.output, "ROWS_PER_GROUP", 2)
+    viewed: list[bool] = []  # (per column of each row group: whether it went to Arrow as a view)
+    joined = fixed_sft.output._joined
+
+    def watched(parts: list[np.ndarray]) -> np.ndarray:
+        out = joined(parts)
+        viewed.append(bool(np.shares_memory(out, parts[0])))
+        return out
+
+    monkeypatch.setattr(fixed_sft.output, "_joined", watched)
+    writer = RowWriter(tmp_path / "direct.parquet")
+    packed = fixed_sft.direct.pack(store, order, None, (8, 1, False), 0, writer, lambda rows: None)
+    writer.close()
+    assert packed.rows == 9 and viewed == [False, False] + [True, True] * 3 + [True, True]
+    expected, _ = _one_at_a_time(items, order, None, False, 0, (8, 1, False), tmp_path / "one.parquet")
+    assert expected.digests == packed.digests
+    assert (tmp_path / "direct.parquet").read_bytes() == (tmp_path / "one.parquet").read_bytes()
+
+
 @pytest.mark.parametrize("damage", ["a token count out of its file", "a truncated segment"])
 def test_a_damaged_record_is_not_trusted(damage, corpus, kimi_dir, tmp_path, token_store) -> None:
     """A record whose bytes would reach past its file's end (a count with a flipped high bit,
