@@ -13,8 +13,9 @@ Loss mask ``assistant``:
 
 - A template with ``{% generation %}`` blocks: transformers' ``assistant_masks``
   (``return_assistant_tokens_mask=True``): every token that overlaps a block's characters is 1.
-  A block inside a macro or a ``{% set %}``, ``{% filter %}`` or ``{% call %}`` block stops
-  the build: transformers places its characters wrongly there.
+  Blocks are found in the parsed template (not in a comment; in any spelling). A block
+  inside a macro, a ``{% set %}``, ``{% filter %}`` or ``{% call %}`` block or a recursive
+  loop stops the build: transformers places its characters wrongly there.
 - Any other template: assistant message ``k``'s characters are those that the rendering of
   ``messages[:k + 1]`` adds to the rendering of ``messages[:k]`` with the generation prompt;
   each token that overlaps them is 1, as transformers maps generation blocks to tokens.
@@ -22,9 +23,11 @@ Loss mask ``assistant``:
   no text, the span must begin with the message's content, shown by rendering it with a
   marker before its content (else it would take in the assistant's header); and each
   message's span must begin where the one before it ended or later; and the text after a
-  span must not go on with the end-of-sequence token the span lacks (a template that writes
-  a reply's end only when another message follows). Otherwise the conversation is an
-  invalid row, never a guessed mask.
+  span must not go on with an added token (the tokenizer's special and control tokens)
+  that the span lacks, where the span ends with none or that token is the
+  ``eos_token`` (a template that writes a reply's end only when another message follows,
+  or a reply that only the next turn's header ends: ``end_follows``). Otherwise the
+  conversation is an invalid row, never a guessed mask.
 
 Refused: a conversation the template does not render (an error it raises, a type error) is an
 invalid row; a template that reads the clock (``strftime_now``) stops the build, naming the
@@ -35,7 +38,6 @@ rebuild renders the same text.
 from __future__ import annotations
 
 import importlib
-import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -83,7 +85,6 @@ RESERVED = frozenset(
         "strftime_now",
     }
 )
-GENERATION = re.compile(r"\{\%-?\s*generation\s*-?\%\}")  # transformers' test for generation blocks
 # What apply_chat_template renders with (transformers 5), called here one step at a time:
 RENDERER_FUNCTIONS = (
     "_compile_jinja_template",
@@ -217,31 +218,60 @@ def token_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndar
     return mask
 
 
-def end_follows(text: str, through: str, eos: str | None) -> bool:
-    """Whether ``text`` goes on from a reply's ``through`` (the rendering up to the reply)
-    with ``eos`` (white space aside) that ``through`` does not end with: a template that
-    writes a reply's end only when another message follows (``{% if not loop.last %}{{
-    eos_token }}{% endif %}``), whose end the prefix rule would leave 0. Not where ``text``
-    begins with ``eos`` too: there it opens each turn (a tokenizer whose ``bos_token`` is
-    its ``eos_token``).
+class Marks:
+    """A tokenizer's added tokens (its special tokens, its chat format's control tokens):
+    which one a text begins with, and whether it ends with one (a set lookup per length).
 
-    >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo", "</s>")
-    True
-    >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo</s>", "</s>")
-    False
-    >>> end_follows("</s>U: hi A: yo</s>U: ok", "</s>U: hi A: yo", "</s>")
-    False
+    >>> marks = Marks(["</s>", "<|user|>", "<|u"])
+    >>> marks.starting("<|user|>hi"), marks.starting("hi</s>"), marks.ends("hi</s>"), marks.ends("</s>hi")
+    ('<|user|>', None, True, False)
     """
-    if not eos or text.lstrip().startswith(eos):
-        return False
-    return text[len(through) :].lstrip().startswith(eos) and not through.rstrip().endswith(eos)
+
+    def __init__(self, tokens: Sequence[str]):
+        self.tokens = frozenset(token for token in tokens if token)
+        self.lengths = sorted({len(token) for token in self.tokens}, reverse=True)
+
+    def starting(self, text: str) -> str | None:
+        """The longest token ``text`` begins with, or ``None``."""
+        return next((text[:n] for n in self.lengths if text[:n] in self.tokens), None)
+
+    def ends(self, text: str) -> bool:
+        return any(text[-n:] in self.tokens for n in self.lengths)
 
 
-def _buffered_generation(template: Any, text: str) -> str | None:
-    """Where a ``{% generation %}`` block of the template ``text`` renders into a buffer
-    rather than the output: ``line 3, inside a macro`` (or a ``{% set %}``, ``{% filter %}``
-    or ``{% call %}`` block); ``None`` where none does. transformers places a block's
-    characters by the output written so far, which there does not hold the buffer's text."""
+def end_follows(text: str, through: str, marks: Marks, eos: str | None) -> str | None:
+    """The token the template ends a reply with only when another message follows it: the
+    added token ``text`` goes on with after the reply's ``through`` (the rendering up to the
+    reply; white space aside), where ``through`` does not end with that token, and ends with
+    no added token or that token is ``eos``. ``None`` where there is none. The prefix rule
+    would leave such an end 0 in every reply but the last (``{% if not loop.last %}{{
+    eos_token }}{% endif %}``, a ``<|im_end|>`` written before the next message, or a next
+    turn's ``<|user|>`` that no reply ends with): the model would not learn to stop.
+
+    >>> marks = Marks(["</s>", "<|user|>", "<|assistant|>", "<tool>"])
+    >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo", marks, "</s>")
+    '</s>'
+    >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo</s>", marks, "</s>")
+    >>> end_follows("<|assistant|>yo<|user|>ok", "<|assistant|>yo", marks, "</s>")
+    '<|user|>'
+    >>> end_follows("<|assistant|>yo</s> <|user|>ok", "<|assistant|>yo</s> ", marks, "</s>")
+    >>> end_follows("A: <tool></s>U: ok", "A: <tool>", marks, "</s>")
+    '</s>'
+    >>> end_follows("A: yo U: ok", "A: yo", marks, "</s>")
+    """
+    token = marks.starting(text[len(through) :].lstrip())
+    if token is None or through.rstrip().endswith(token):
+        return None
+    return token if token == eos or not marks.ends(through.rstrip()) else None
+
+
+def _generation_blocks(template: Any, text: str) -> tuple[bool, str | None]:
+    """Whether the template ``text`` has ``{% generation %}`` blocks (read from its parsed
+    form: not from a comment, and in any of Jinja's spellings), and where one renders into
+    a buffer rather than the output: ``line 3, inside a macro`` (or a ``{% set %}``,
+    ``{% filter %}`` or ``{% call %}`` block, or a recursive loop); ``None`` where none
+    does. transformers places a block's characters by the output written so far, which
+    there does not hold the buffer's text."""
     import jinja2.nodes as nodes
 
     buffers = {
@@ -250,6 +280,7 @@ def _buffered_generation(template: Any, text: str) -> str | None:
         nodes.AssignBlock: "a set block",
         nodes.FilterBlock: "a filter block",
     }
+    found: list[str | None] = []  # (each block: where it is buffered, or None)
 
     def is_generation(node: Any) -> bool:
         call = getattr(node, "call", None)
@@ -260,19 +291,18 @@ def _buffered_generation(template: Any, text: str) -> str | None:
             and named.name == "_generation_support"
         )
 
-    def find(node: Any, inside: str | None) -> str | None:
+    def find(node: Any, inside: str | None) -> None:
         for child in node.iter_child_nodes():
             if is_generation(child):
-                if inside:
-                    return f"line {child.lineno}, inside {inside}"
-                found = find(child, None)  # (a block inside it lies inside its span: no harm)
+                found.append(f"line {child.lineno}, inside {inside}" if inside else None)
+                find(child, None)  # (a block inside it lies inside its span: no harm)
+            elif isinstance(child, nodes.For) and child.recursive:
+                find(child, inside or "a recursive loop")
             else:
-                found = find(child, buffers.get(type(child), inside))
-            if found:
-                return found
-        return None
+                find(child, buffers.get(type(child), inside))
 
-    return find(template.environment.parse(text), None)
+    find(template.environment.parse(text), None)
+    return bool(found), next((where for where in found if where), None)
 
 
 class HFChatEncoder:
@@ -294,6 +324,8 @@ class HFChatEncoder:
         if lacking:
             raise TokenizerError(f"this transformers' {RENDERER_MODULE} lacks {', '.join(lacking)}, which renders")
         self._renderer = renderer
+        added = [token.content for token in tokenizer.added_tokens_decoder.values()]
+        self._marks = Marks([*added, *tokenizer.all_special_tokens])
         tools, documents = self.template_kwargs.get("tools"), self.template_kwargs.get("documents")
         self._compiled: dict[str, tuple[Any, bool, list[str]]] = {}
         self._use(tools)
@@ -316,8 +348,7 @@ class HFChatEncoder:
             text = self.tokenizer.get_chat_template(None, tools)
             if text not in self._compiled:
                 template = self._renderer._compile_jinja_template(text)
-                generation = GENERATION.search(text) is not None
-                buffered = _buffered_generation(template, text) if generation else None
+                generation, buffered = _generation_blocks(template, text)
                 if buffered:
                     raise TokenizerError(
                         f"the chat template cannot be used: its {{% generation %}} block at {buffered}, where "
@@ -408,11 +439,11 @@ class HFChatEncoder:
                 )
             if len(before) < end:
                 raise InvalidRow(f"assistant message {k}: its span would begin inside the one before it")
-            if end_follows(text, through, self.tokenizer.eos_token):
+            ending = end_follows(text, through, self._marks, self.tokenizer.eos_token)
+            if ending is not None:
                 raise InvalidRow(
-                    f"assistant message {k}: the chat template writes its end ({self.tokenizer.eos_token}) only "
-                    "when another message follows, so the mask would leave it 0; mark replies with "
-                    "{% generation %} blocks"
+                    f"assistant message {k}: the chat template writes its end ({ending}) only when another "
+                    "message follows, so the mask would leave it 0; mark replies with {% generation %} blocks"
                 )
             spans.append((len(before), len(through)))
             end = len(through)

@@ -325,6 +325,53 @@ def test_a_reply_whose_end_comes_only_before_another_message_is_refused(encoder_
     assert encoder_of(_plain(LAST_OPEN)).encode(one) == _oracle(oracle_of(_generation(LAST_OPEN)), one)
 
 
+# Turns that end with <|EOT|> (an added token, not the eos_token) only before another message
+EOT_OPEN = (
+    "{% for m in messages %}{% if m.role == 'user' %}{{ '<｜User｜>' + m.content }}"
+    "{% elif m.role == 'assistant' %}{{ '<｜Assistant｜>' }}[[{{ m.content }}"
+    "{% if not loop.last %}{{ '<|EOT|>' }}{% endif %}]]{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
+)
+# No end at all: a reply runs until the next turn's <｜User｜>, which the model would never learn to write
+NO_END = "{% for m in messages %}{{ '<｜' + m.role | capitalize + '｜>' + m.content }}{% endfor %}" + (
+    "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    "template, end",
+    [
+        (_plain(EOT_OPEN), "<|EOT|>"),
+        (NO_END, "<｜User｜>"),
+        ("{{ eos_token }}" + _plain(LAST_OPEN), "<｜end▁of▁sentence｜>"),  # (as where bos_token is eos_token)
+    ],
+    ids=["added token", "next turn", "text opening with eos"],
+)
+def test_any_end_written_only_before_another_message_is_refused(encoder_of, oracle_of, template, end):
+    """Whatever token a template writes after a reply only when another message follows
+    (its eos_token or another added token, or the next turn's own, where no reply ends with
+    one), the reply is refused, naming it; with generation blocks the end is trained."""
+    chat = [m for m in CHAT if m["role"] != "system"]
+    with pytest.raises(InvalidRow, match=f"assistant message 1: the chat template writes its end \\({end}\\)"):
+        encoder_of(template).encode(chat)
+    ids, mask = encoder_of(_generation(EOT_OPEN)).encode(chat)
+    assert (ids, mask) == _oracle(oracle_of(_generation(EOT_OPEN)), chat)
+    eot = oracle_of(_generation(EOT_OPEN)).convert_tokens_to_ids("<|EOT|>")
+    assert [m for i, m in zip(ids, mask, strict=True) if i == eot] == [1]
+
+
+def test_a_reply_that_ends_with_its_own_token_is_not_refused(encoder_of, oracle_of):
+    """A reply that ends with the eos_token before the next turn's header (Zephyr's form)
+    keeps its end, whatever token the next turn opens with."""
+    zephyr = (
+        "{% for m in messages %}{{ '<｜' + m.role | capitalize + '｜>' }}{% if m.role == 'assistant' %}"
+        "[[{{ m.content + eos_token + '\\n' }}]]{% else %}{{ m.content + eos_token + '\\n' }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
+    )
+    chat = [m for m in CHAT if m["role"] != "system"]
+    assert encoder_of(_plain(zephyr)).encode(chat) == _oracle(oracle_of(_generation(zephyr)), chat)
+
+
 # No generation prompt, and a header a reply's content can look like the start of
 HEADED = (
     "{% for m in messages %}{% if m.role == 'user' %}{{ 'User: ' + m.content + '\\n' }}"
@@ -352,14 +399,32 @@ def test_a_reply_that_looks_like_its_header_is_refused_not_masked_with_it(encode
         "{% endgeneration %}{% endset %}{{ turn }}{% endfor %}",
         "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}{% filter trim %}{% generation %}{{ m.content }}"
         "{% endgeneration %}{% endfilter %}{% endfor %}",
+        "{% for m in messages recursive %}{{ '<|im_start|>' + m.role + '\\n' }}{% generation %}{{ m.content }}"
+        "{% endgeneration %}{% endfor %}",
     ],
-    ids=["macro", "set", "filter"],
+    ids=["macro", "set", "filter", "recursive loop"],
 )
 def test_a_generation_block_rendered_into_a_buffer_is_refused(encoder_of, template):
     """transformers places a block's characters by the output written so far, which inside
-    a macro or a set or filter block does not hold the text before it: its masks are wrong."""
-    with pytest.raises(TokenizerError, match=r"its \{% generation %\} block at line 1, inside a (macro|set|filter)"):
+    a macro, a set or filter block or a recursive loop does not hold the text before it:
+    its masks are wrong."""
+    inside = r"inside a (macro|set block|filter block|recursive loop)"
+    with pytest.raises(TokenizerError, match=r"its \{% generation %\} block at line 1, " + inside):
         encoder_of(template)
+
+
+@pytest.mark.parametrize(
+    "spelling", ["{%+ generation %}", "{%- generation -%}", "{%generation%}"], ids=["plus", "minus", "tight"]
+)
+def test_generation_blocks_are_found_however_jinja_spells_them(encoder_of, oracle_of, spelling):
+    """Blocks are read from the parsed template: each spelling Jinja accepts gives
+    transformers' own masks; a block named only in a comment is no block."""
+    spelt = _generation(CHATML).replace("{% generation %}", spelling)
+    assert encoder_of(spelt).generation
+    assert encoder_of(spelt).encode(CHAT) == _oracle(oracle_of(spelt), CHAT)
+    commented = "{# replies could be marked with {% generation %} blocks #}" + _plain(CHATML)
+    assert not encoder_of(commented).generation
+    assert encoder_of(commented).encode(CHAT) == _oracle(oracle_of(_generation(CHATML)), CHAT)
 
 
 def test_a_reply_first_in_a_template_whose_prompt_comes_with_a_message_is_refused(encoder_of):
