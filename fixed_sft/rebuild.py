@@ -21,6 +21,7 @@ another matplotlib, or built by other code; the rest of
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -36,10 +37,10 @@ from .hub import is_hub_id
 from .manifest import FileHash, Manifest, read
 from .memory import system_allocator
 from .output import MANIFEST_NAME, PARQUET_NAME
-from .params import manifest_label, recorded_values
+from .params import RECORDED, flag, manifest_label, recorded_values
 from .reader import BOUNDARIES, Group, Refused, RowFile
 from .source import SourceError, SourceUnreachable
-from .specs import ResolvedTokenizer, resolve_tokenizer, tokenizer_specs
+from .specs import ResolvedTokenizer, SpecError, resolve_tokenizer, tokenizer_specs
 from .verify import described, read_manifest
 
 
@@ -110,6 +111,30 @@ def recorded_config(
     except UsageError as error:
         raise BuildError(f"the manifest records a parameter this builder refuses: {error}") from None
     return config
+
+
+@contextmanager
+def recorded_parameters(path: Path) -> Iterator[None]:
+    """A parameter the manifest at ``path`` records that the builder refuses only once it
+    reads the tokenizer (a separator not in its vocabulary, a loss mask not its own, a
+    revision of files read from a folder): ``BuildError`` naming the manifest and the
+    parameter's key there, not a flag the caller did not pass.
+
+    >>> try:
+    ...     with recorded_parameters(Path("m.json")):
+    ...         raise UsageError("--separator 'a b' is not a single token of the vocabulary")
+    ... except BuildError as error:
+    ...     str(error).split(": ")[-1]
+    "params.separator 'a b' is not a single token of the vocabulary"
+    """
+    try:
+        yield
+    except (UsageError, SpecError) as error:
+        message = str(error)
+        for name, key in RECORDED.items():
+            message = message.replace(f"{flag(name)} ", f"{key} ")
+        refused = "the manifest records a parameter this builder refuses: " if isinstance(error, UsageError) else ""
+        raise BuildError(f"{path}: cannot rebuild: {refused}{message}") from None
 
 
 def recorded_tokenizer(manifest: Manifest, tokenizer: str | None = None) -> tuple[str, str | None]:
@@ -454,11 +479,13 @@ def rebuild(
         config = recorded_config(manifest, source, tokenizer, workers)
     except BuildError as error:
         raise BuildError(f"{folder / MANIFEST_NAME}: cannot rebuild: {error}") from None
-    check_tokenizer_files(config, check_recorded(manifest).tokenizer.files)
+    with recorded_parameters(folder / MANIFEST_NAME):
+        check_tokenizer_files(config, check_recorded(manifest).tokenizer.files)
     with scratch_folder() as scratch:
         out = scratch / REBUILT
         try:
-            rebuilt = build(config, out, progress)
+            with recorded_parameters(folder / MANIFEST_NAME):
+                rebuilt = build(config, out, progress)
         except SourceUnreachable as error:  # the build's advice names flags a rebuild does not need
             raise SourceError(
                 f"{error.problem}. Without the Hub, download its files at that revision elsewhere "

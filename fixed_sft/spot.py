@@ -85,6 +85,7 @@ from .rebuild import (
     check_tokenizer_files,
     difference,
     recorded_config,
+    recorded_parameters,
     source_view,
     tokenizer_view,
 )
@@ -213,8 +214,9 @@ def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenize
     manifest = check_recorded(document)
     spec = spec.drawn()
     rows = chosen_rows(spec, manifest.stats.rows)
-    check_tokenizer_files(config, manifest.tokenizer.files)
-    setup = encoder_setup(config, load=True)
+    with recorded_parameters(folder / MANIFEST_NAME):
+        check_tokenizer_files(config, manifest.tokenizer.files)
+        setup = encoder_setup(config, load=True)
     encoder = setup.loaded
     assert encoder is not None  # (loaded: load=True)
     with system_allocator():

@@ -414,13 +414,25 @@ def test_a_manifest_of_another_shape_fails_verify_before_any_rebuild(
             lambda m: (m["params"].update(loss_mask_type="other"), m["loss_mask"].update(type="other")),
             "the manifest records a parameter this builder refuses: ",
         ),
+        (
+            lambda m: m["params"].update(separator="two words"),
+            "the manifest records a parameter this builder refuses: params.separator 'two words' is not a single",
+        ),
+        (
+            lambda m: (m["params"].update(loss_mask_type="assistant"), m["loss_mask"].update(type="assistant")),
+            "the manifest records a parameter this builder refuses: tokenizer kimi-k2.6 goes with loss mask kimi_k25",
+        ),
+        (lambda m: m["tokenizer"].update(revision="zzz"), "tokenizer.revision zzz: the files in "),
     ],
 )
-def test_a_manifest_this_builder_cannot_rebuild(three_rows, source, kimi_dir, tmp_path, capsys, change, says):
+@pytest.mark.parametrize("rows", [[], ["--rows", "1"]], ids=["rebuild", "spot check"])
+def test_a_manifest_this_builder_cannot_rebuild(three_rows, source, kimi_dir, tmp_path, capsys, change, says, rows):
+    """A recorded parameter the builder refuses, even one found only once the tokenizer is
+    read, names the manifest and its key there, not a flag the caller did not pass."""
     _copy(three_rows, tmp_path / "o")
     _edit(tmp_path / "o", change)
     capsys.readouterr()
-    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1", *rows) == 1
     err = capsys.readouterr().err
     assert f"manifest.json: cannot rebuild: {says}" in err and len(err.strip().splitlines()) == 1
 
