@@ -209,10 +209,13 @@ def transaction(out: Path, source: str) -> Iterator[Path]:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UsageError(f"cannot create {out.parent}: {error.strerror or error}; choose another --out") from None
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"  # (as long as ``.NAME.old-PID``, longer than the lock)
+    if len(os.fsencode(tmp.name)) > _longest_name(out.parent):
+        too_long = f"its name is too long for the folder {tmp.name} beside it"
+        raise UsageError(f"output {out}: {too_long}; choose another --out")
     with _Lock(out):
         check_target(out, source)
         _recover(out)
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
         with removed_on_exit(tmp):  # (by a second Ctrl-C, which exits at once)
             tmp.mkdir()
             try:
@@ -220,6 +223,14 @@ def transaction(out: Path, source: str) -> Iterator[Path]:
                 _publish(tmp, out)
             finally:
                 remove_build_folder(tmp)
+
+
+def _longest_name(folder: Path) -> int:
+    """The longest file name ``folder``'s file system takes, in bytes (255 where it does not say)."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
 
 
 def _recover(out: Path) -> None:
