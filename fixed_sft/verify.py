@@ -16,9 +16,9 @@ manifest's: every row reads, has ``row_tokens`` ids and mask values, each mask v
 as stored, and hashes to its recorded row hash (the first bad row is named); the row count
 (the footer's) and supervised-token count match; each row's ``metadata.row`` is its number
 and its segments, each a non-empty span from a non-negative start, cover ``row_tokens``
-tokens; the conversations the segments name (each run of segments naming one source row,
-as a build lays them), and those in more than one row, are the stats' counts, and each
-source row named is one of ``source.rows``. In a build
+tokens, no two in a row naming one source row; the conversations the segments name (each
+run of segments naming one source row, as a build lays them), and those in more than one
+row, are the stats' counts, and each source row named is one of ``source.rows``. In a build
 with boundaries (``params.emit_boundaries``; its format must then be ``fixed-sft/3``, else
 ``fixed-sft/2``), the schema is the one with ``metadata.cu_seqlens``, each row's hash covers
 them, and they must be 0 and the end of each of its segments. No value may
@@ -426,8 +426,8 @@ def described(error: BaseException) -> str:
 def _check_metadata(metadata: pa.StructArray, first: int, row_tokens: int) -> str | None:
     """The first problem of rows ``metadata`` (row ``first`` on): a null, a ``metadata.row``
     that is not its row's number, a segment that is not a non-empty span from a
-    non-negative start or names a negative source row, or segments that do not cover
-    ``row_tokens``."""
+    non-negative start or names a negative source row, two segments in a row that name
+    one source row, or segments that do not cover ``row_tokens``."""
     try:
         rows, segments = (pc.struct_field(metadata, key) for key in ("row", "segments"))
         spans = segments.flatten()
@@ -454,9 +454,13 @@ def _check_metadata(metadata: pa.StructArray, first: int, row_tokens: int) -> st
     bad = np.flatnonzero((spans <= 0) | (arrow.to_numpy(starts) < 0))
     if len(bad):
         return f"row {first + parents[bad[0]]}: a metadata segment spans [{starts[bad[0]]}, {ends[bad[0]]})"
-    bad = np.flatnonzero(arrow.to_numpy(fields["source_index"]) < 0)
+    indices = arrow.to_numpy(fields["source_index"])
+    bad = np.flatnonzero(indices < 0)
     if len(bad):
-        return f"row {first + parents[bad[0]]}: a metadata segment names source row {fields['source_index'][bad[0]]}"
+        return f"row {first + parents[bad[0]]}: a metadata segment names source row {indices[bad[0]]}"
+    bad = np.flatnonzero((indices[1:] == indices[:-1]) & (parents[1:] == parents[:-1]))
+    if len(bad):  # (a conversation is one segment of a row: a trainer reading two would split it)
+        return f"row {first + parents[bad[0]]}: two metadata segments in a row name source row {indices[bad[0]]}"
     covered = np.bincount(parents, weights=spans, minlength=len(numbers))
     bad = np.flatnonzero(covered != row_tokens)
     if len(bad):

@@ -158,6 +158,16 @@ def test_a_row_with_nothing_to_train_is_named_though_every_hash_matches(copy):
     assert "row 4: no supervised token after token 0 (the format skips such rows)" in verify(copy)
 
 
+def _split_first_segment(rows) -> None:
+    """Row 2's first conversation as two touching segments: the same tokens, as one
+    trainer reads them, two conversations."""
+    segments = rows[2]["metadata"]["segments"]
+    first = segments[0]
+    middle = (first["start"] + first["end"]) // 2
+    assert first["start"] < middle < first["end"]
+    segments[:1] = [{**first, "end": middle}, {**first, "start": middle}]
+
+
 @pytest.mark.parametrize(
     "change, says",
     [
@@ -167,6 +177,7 @@ def test_a_row_with_nothing_to_train_is_named_though_every_hash_matches(copy):
             lambda rows: rows[2]["metadata"]["segments"][0].update(source_index=-1),
             "row 2: a metadata segment names source row -1",
         ),
+        (_split_first_segment, "row 2: two metadata segments in a row name source row "),
     ],
 )
 def test_an_edited_placeholder_or_provenance_is_named_by_its_row(copy, change, says):
