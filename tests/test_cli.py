@@ -258,11 +258,13 @@ def test_what_the_system_refuses_is_one_line_naming_the_file(source, kimi_dir, t
     long_name = str(tmp_path / ("x" * 300 + ".jsonl"))  # past the file system's name limit
     assert main(["build", "--source", long_name, "--tokenizer", str(kimi_dir), "--workers", "1", "--quiet"]) == 1
     assert capsys.readouterr().err == f"error: {long_name}: File name too long\n"
-    for length in (245, 255):  # (the lock's name fits, the build's folder's does not; neither does)
-        out = tmp_path / ("y" * length)
+    room = 255 - len(f"..tmp-{os.getpid()}")  # (the longest name whose build folder's name fits)
+    assert main(_build_args(source, kimi_dir, tmp_path / ("y" * room))) == 0
+    for length in (room + 1, 255):  # (the lock's name fits, the build folder's does not; neither does)
+        out = tmp_path / ("z" * length)
         assert main(_build_args(source, kimi_dir, out)) == 2
         says = f"error: output {out}: its name is too long for the folder .{out.name}.tmp-{os.getpid()} beside it"
-        assert capsys.readouterr().err == says + "; choose another --out\n" and not list(tmp_path.glob(".y*"))
+        assert capsys.readouterr().err == says + "; choose another --out\n" and not list(tmp_path.glob(".z*"))
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
     loop = f"error: output {tmp_path / 'a'} is a loop of symbolic links; choose another --out\n"
