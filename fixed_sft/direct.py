@@ -10,8 +10,8 @@ so that the rows are views of it: no copy per conversation and none per row. A r
 no supervised token after token 0 is skipped, as ``fixed_sft.pack`` skips it. Each stretch
 read is the rows that fill the writer's row group, which then goes to Arrow uncopied too
 (``output.rows_table``); a group that a skipped row left short takes the rows it lacks
-from a stretch of their own (that group alone is copied). The rows, the Parquet file and the manifest are those of
-packing one conversation at a time (``tests/test_direct.py``).
+from a stretch of their own (that group alone is copied). The rows, the Parquet file and
+the manifest are those of packing one conversation at a time (``tests/test_direct.py``).
 
 A conversation whose id an earlier one used, or whose bytes do not match its digest, or a
 prefix whose rows (some skipped) fall short of those asked for, ends this path
