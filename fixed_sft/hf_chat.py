@@ -239,14 +239,16 @@ class Marks:
         return any(text[-n:] in self.tokens for n in self.lengths)
 
 
-def end_follows(text: str, through: str, marks: Marks, eos: str | None) -> str | None:
+def end_follows(text: str, through: str, marks: Marks, eos: str | None, content: object = None) -> str | None:
     """The token the template ends a reply with only when another message follows it: the
     added token ``text`` goes on with after the reply's ``through`` (the rendering up to the
     reply; white space aside), where ``through`` does not end with that token, and ends with
-    no added token or that token is ``eos``. ``None`` where there is none. The prefix rule
-    would leave such an end 0 in every reply but the last (``{% if not loop.last %}{{
-    eos_token }}{% endif %}``, a ``<|im_end|>`` written before the next message, or a next
-    turn's ``<|user|>`` that no reply ends with): the model would not learn to stop.
+    no added token or that token is ``eos``; a token at the end of the reply's ``content``
+    is not the template's (a reply may end with ``<|im_end|>`` as text). ``None`` where
+    there is none. The prefix rule would leave such an end 0 in every reply but the last
+    (``{% if not loop.last %}{{ eos_token }}{% endif %}``, a ``<|im_end|>`` written before
+    the next message, or a next turn's ``<|user|>`` that no reply ends with): the model
+    would not learn to stop.
 
     >>> marks = Marks(["</s>", "<|user|>", "<|assistant|>", "<tool>"])
     >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo", marks, "</s>")
@@ -257,12 +259,19 @@ def end_follows(text: str, through: str, marks: Marks, eos: str | None) -> str |
     >>> end_follows("<|assistant|>yo</s> <|user|>ok", "<|assistant|>yo</s> ", marks, "</s>")
     >>> end_follows("A: <tool></s>U: ok", "A: <tool>", marks, "</s>")
     '</s>'
+    >>> end_follows("A: yo</s></s>U: ok", "A: yo</s>", marks, "</s>", content="yo</s>")
+    '</s>'
     >>> end_follows("A: yo U: ok", "A: yo", marks, "</s>")
     """
     token = marks.starting(text[len(through) :].lstrip())
-    if token is None or through.rstrip().endswith(token):
+    written = through.rstrip()
+    if token is None:
         return None
-    return token if token == eos or not marks.ends(through.rstrip()) else None
+    if isinstance(content, str) and content.strip() and written.endswith(content.rstrip()):
+        return token  # (the template writes nothing after the content: no end of its own)
+    if written.endswith(token):
+        return None
+    return token if token == eos or not marks.ends(written) else None
 
 
 def _generation_blocks(template: Any, text: str) -> tuple[bool, str | None]:
@@ -439,7 +448,7 @@ class HFChatEncoder:
                 )
             if len(before) < end:
                 raise InvalidRow(f"assistant message {k}: its span would begin inside the one before it")
-            ending = end_follows(text, through, self._marks, self.tokenizer.eos_token)
+            ending = end_follows(text, through, self._marks, self.tokenizer.eos_token, chat[k].get("content"))
             if ending is not None:
                 raise InvalidRow(
                     f"assistant message {k}: the chat template writes its end ({ending}) only when another "

@@ -360,6 +360,15 @@ def test_any_end_written_only_before_another_message_is_refused(encoder_of, orac
     assert [m for i, m in zip(ids, mask, strict=True) if i == eot] == [1]
 
 
+def test_an_end_token_in_a_reply_s_content_is_not_taken_for_the_template_s(encoder_of):
+    """A reply whose content ends with the token the template writes only before another
+    message still lacks the template's end: refused, as without it."""
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo<|EOT|>"}]
+    chat += [{"role": "user", "content": "ok"}, {"role": "assistant", "content": "fine"}]
+    with pytest.raises(InvalidRow, match=r"assistant message 1: the chat template writes its end \(<\|EOT\|>\)"):
+        encoder_of(_plain(EOT_OPEN)).encode(chat)
+
+
 def test_a_reply_that_ends_with_its_own_token_is_not_refused(encoder_of, oracle_of):
     """A reply that ends with the eos_token before the next turn's header (Zephyr's form)
     keeps its end, whatever token the next turn opens with."""
