@@ -24,10 +24,11 @@ Loss mask ``assistant``:
   marker before its content (else it would take in the assistant's header); and each
   message's span must begin where the one before it ended or later; and the text after a
   span must not go on with an added token (the tokenizer's special and control tokens)
-  that the span lacks, where the span ends with none or that token is the
-  ``eos_token`` (a template that writes a reply's end only when another message follows,
-  or a reply that only the next turn's header ends: ``end_follows``). Otherwise the
-  conversation is an invalid row, never a guessed mask.
+  that the span lacks, where the span ends with none (one that ends the reply's content is
+  not the template's) or that token is the ``eos_token``: a template that writes a reply's
+  end only when another message follows, or a reply that only the next turn's header
+  ends (``end_follows``). Otherwise the conversation is an invalid row, never a guessed
+  mask.
 
 Refused: a conversation the template does not render (an error it raises, a type error) is an
 invalid row; a template that reads the clock (``strftime_now``) stops the build, naming the
