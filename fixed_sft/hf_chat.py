@@ -24,11 +24,11 @@ Loss mask ``assistant``:
   marker before its content (else it would take in the assistant's header); and each
   message's span must begin where the one before it ended or later; and the text after a
   span must not go on with an added token (the tokenizer's special and control tokens)
-  that the span lacks, where the span ends with none (one that ends the reply's content is
-  not the template's) or that token is the ``eos_token``: a template that writes a reply's
-  end only when another message follows, or a reply that only the next turn's header
-  ends (``end_follows``). Otherwise the conversation is an invalid row, never a guessed
-  mask.
+  unless the span ends with it, the ``eos_token``, or a token the template writes after the
+  content of the message before or after the reply (one that ends the reply's content is
+  not the template's): else the template writes a reply's end only when another message
+  follows, or a reply only the next turn's header ends (``end_follows``). Otherwise the
+  conversation is an invalid row, never a guessed mask.
 
 Refused: a conversation the template does not render (an error it raises, a type error) is an
 invalid row; a template that reads the clock (``strftime_now``) stops the build, naming the
@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,7 @@ RENDERER_FUNCTIONS = (
     "_alias_reasoning_fields",
     "_render_with_assistant_indices",
 )
-MARK = "\ue000\ue001"  # (private-use characters, which no template writes: where a reply's content starts)
+MARK = "\ue000\ue001"  # (private-use characters, which no template writes: where a content starts or ends)
 _PROBE = [{"role": "system", "content": "probe"}, {"role": "user", "content": "probe"}]
 _PROBE_REPLY = {"role": "assistant", "content": "probe"}
 
@@ -221,11 +222,10 @@ def token_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndar
 
 class Marks:
     """A tokenizer's added tokens (its special tokens, its chat format's control tokens):
-    which one a text begins with, and whether it ends with one (a set lookup per length).
+    which one a text begins with (a set lookup per length).
 
-    >>> marks = Marks(["</s>", "<|user|>", "<|u"])
-    >>> marks.starting("<|user|>hi"), marks.starting("hi</s>"), marks.ends("hi</s>"), marks.ends("</s>hi")
-    ('<|user|>', None, True, False)
+    >>> Marks(["</s>", "<|user|>", "<|u"]).starting("<|user|>hi"), Marks(["</s>"]).starting("hi</s>")
+    ('<|user|>', None)
     """
 
     def __init__(self, tokens: Sequence[str]):
@@ -236,33 +236,45 @@ class Marks:
         """The longest token ``text`` begins with, or ``None``."""
         return next((text[:n] for n in self.lengths if text[:n] in self.tokens), None)
 
-    def ends(self, text: str) -> bool:
-        return any(text[-n:] in self.tokens for n in self.lengths)
+    def leading(self, text: str) -> Iterator[str]:
+        """The tokens ``text`` begins with, one after another (white space between them).
+
+        >>> list(Marks(["</s>", "<|u"]).leading(" </s> <|u</s>hi</s>"))
+        ['</s>', '<|u', '</s>']
+        """
+        while (token := self.starting(text := text.lstrip())) is not None:
+            yield token
+            text = text[len(token) :]
 
 
-def end_follows(text: str, through: str, marks: Marks, eos: str | None, content: object = None) -> str | None:
+def end_follows(
+    text: str, through: str, marks: Marks, ends: Iterable[str | None], content: object = None
+) -> str | None:
     """The token the template ends a reply with only when another message follows it: the
     added token ``text`` goes on with after the reply's ``through`` (the rendering up to the
-    reply; white space aside), where ``through`` does not end with that token, and ends with
-    no added token or that token is ``eos``; a token at the end of the reply's ``content``
-    is not the template's (a reply may end with ``<|im_end|>`` as text). ``None`` where
-    there is none. The prefix rule would leave such an end 0 in every reply but the last
-    (``{% if not loop.last %}{{ eos_token }}{% endif %}``, a ``<|im_end|>`` written before
-    the next message, or a next turn's ``<|user|>`` that no reply ends with): the model
-    would not learn to stop.
+    reply; white space aside), where ``through`` ends neither with that token nor with one of
+    ``ends``, the template's ends of a turn (the ``eos_token``, and the added tokens it
+    writes after the content of the turn before the reply, or after it); ``None`` where
+    there is none. A token that ends
+    the reply's ``content`` is not the template's (a reply may end with ``</tool_call>``).
+    The prefix rule would leave such an end 0 in every reply but the last (``{% if not
+    loop.last %}{{ eos_token }}{% endif %}``, a ``<|im_end|>`` written before the next
+    message, or a next turn's ``<|user|>`` where turns have no end): the model would not
+    learn to stop.
 
-    >>> marks = Marks(["</s>", "<|user|>", "<|assistant|>", "<tool>"])
-    >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo", marks, "</s>")
+    >>> marks = Marks(["</s>", "<|user|>", "<|assistant|>", "<tool>", "<|end|>"])
+    >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo", marks, ["</s>"])
     '</s>'
-    >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo</s>", marks, "</s>")
-    >>> end_follows("<|assistant|>yo<|user|>ok", "<|assistant|>yo", marks, "</s>")
+    >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo</s>", marks, ["</s>"])
+    >>> end_follows("<|assistant|>yo<|user|>ok", "<|assistant|>yo", marks, ["</s>"])
     '<|user|>'
-    >>> end_follows("<|assistant|>yo</s> <|user|>ok", "<|assistant|>yo</s> ", marks, "</s>")
-    >>> end_follows("A: <tool></s>U: ok", "A: <tool>", marks, "</s>")
+    >>> end_follows("<|user|>hi<|end|><|assistant|>yo<|end|><|user|>ok", "<|user|>hi<|end|><|assistant|>yo<|end|>",
+    ...             marks, ["</s>", "<|end|>"])
+    >>> end_follows("A: <tool><|end|>U: ok", "A: <tool>", marks, ["</s>", "<|end|>"])
+    '<|end|>'
+    >>> end_follows("A: yo</s></s>U: ok", "A: yo</s>", marks, ["</s>"], content="yo</s>")
     '</s>'
-    >>> end_follows("A: yo</s></s>U: ok", "A: yo</s>", marks, "</s>", content="yo</s>")
-    '</s>'
-    >>> end_follows("A: yo U: ok", "A: yo", marks, "</s>")
+    >>> end_follows("A: yo U: ok", "A: yo", marks, ["</s>"])
     """
     token = marks.starting(text[len(through) :].lstrip())
     written = through.rstrip()
@@ -270,9 +282,7 @@ def end_follows(text: str, through: str, marks: Marks, eos: str | None, content:
         return None
     if isinstance(content, str) and content.strip() and written.endswith(content.rstrip()):
         return token  # (the template writes nothing after the content: no end of its own)
-    if written.endswith(token):
-        return None
-    return token if token == eos or not marks.ends(written) else None
+    return None if any(end and written.endswith(end) for end in chain([token], ends)) else token
 
 
 def _generation_blocks(template: Any, text: str) -> tuple[bool, str | None]:
@@ -449,7 +459,8 @@ class HFChatEncoder:
                 )
             if len(before) < end:
                 raise InvalidRow(f"assistant message {k}: its span would begin inside the one before it")
-            ending = end_follows(text, through, self._marks, self.tokenizer.eos_token, chat[k].get("content"))
+            ends = self._turn_ends(chat, k, own)
+            ending = end_follows(text, through, self._marks, ends, chat[k].get("content"))
             if ending is not None:
                 raise InvalidRow(
                     f"assistant message {k}: the chat template writes its end ({ending}) only when another "
@@ -458,6 +469,18 @@ class HFChatEncoder:
             spans.append((len(before), len(through)))
             end = len(through)
         return text, spans
+
+    def _turn_ends(self, chat: list[dict], k: int, own: Any) -> Iterator[str | None]:
+        """The tokens the template ends a turn with, each found as it is asked for: the
+        ``eos_token``, then the added tokens it writes after the content of the message
+        before reply ``k``, then after that of the message after it (rendered with ``MARK``
+        after the content: a turn's header comes after its end)."""
+        yield self.tokenizer.eos_token
+        for j in (k - 1, k + 1):
+            content = chat[j].get("content") if 0 <= j < len(chat) else None
+            if isinstance(content, str):
+                marked = self._before([*chat[:j], {**chat[j], "content": content + MARK}], k, j + 1, own)
+                yield from self._marks.leading(marked.partition(MARK)[2])
 
     def _content_first(self, chat: list[dict], k: int, before: str, own: Any) -> bool:
         """Whether the text of assistant message ``k`` after ``before`` begins with its

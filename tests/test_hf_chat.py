@@ -369,16 +369,52 @@ def test_an_end_token_in_a_reply_s_content_is_not_taken_for_the_template_s(encod
         encoder_of(_plain(EOT_OPEN)).encode(chat)
 
 
-def test_a_reply_that_ends_with_its_own_token_is_not_refused(encoder_of, oracle_of):
-    """A reply that ends with the eos_token before the next turn's header (Zephyr's form)
-    keeps its end, whatever token the next turn opens with."""
-    zephyr = (
+# Replies that end with a token of the template's own, whatever comes after
+OWN_ENDS = {
+    # Zephyr's form: the eos_token, then the next turn's header
+    "eos, then a header": (
         "{% for m in messages %}{{ '<｜' + m.role | capitalize + '｜>' }}{% if m.role == 'assistant' %}"
         "[[{{ m.content + eos_token + '\\n' }}]]{% else %}{{ m.content + eos_token + '\\n' }}{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
-    )
+    ),
+    # Phi-3's form: every turn ends with <|EOT|>, a user turn then with the assistant's header
+    "a turn's end, the header in the user's turn": (
+        "{% for m in messages %}{% if m.role == 'user' %}{{ '<｜User｜>' + m.content + '<|EOT|><｜Assistant｜>' }}"
+        "{% elif m.role == 'assistant' %}[[{{ m.content + '<|EOT|>' }}]]{% endif %}{% endfor %}"
+    ),
+    # each turn opened with the eos_token (as where bos_token is eos_token), ended with <|EOT|>
+    "a turn's end, eos opening the next": (
+        "{% for m in messages %}{{ eos_token + '<｜' + m.role | capitalize + '｜>' }}{% if m.role == 'assistant' %}"
+        "[[{{ m.content + '<|EOT|>' }}]]{% else %}{{ m.content + '<|EOT|>' }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ eos_token + '<｜Assistant｜>' }}{% endif %}"
+    ),
+}
+
+
+@pytest.mark.parametrize("form", OWN_ENDS)
+def test_a_reply_that_ends_with_the_template_s_end_is_not_refused(encoder_of, oracle_of, form):
+    """A reply that ends with the eos_token, or with the token the template writes after
+    the other turns' content, keeps its end, whatever token the next turn opens with."""
     chat = [m for m in CHAT if m["role"] != "system"]
-    assert encoder_of(_plain(zephyr)).encode(chat) == _oracle(oracle_of(_generation(zephyr)), chat)
+    template = OWN_ENDS[form]
+    assert encoder_of(_plain(template)).encode(chat) == _oracle(oracle_of(_generation(template)), chat)
+
+
+def test_a_reply_ending_with_an_added_token_of_its_own_still_needs_the_end(encoder_of):
+    """A tool call's closing token ends the reply's text, not its turn: a template that
+    writes the turn's end only before another message is refused there too."""
+    template = (
+        "{% for m in messages %}{% if m.role == 'user' %}{{ '<｜User｜>' + m.content }}"
+        "{% elif m.role == 'assistant' %}{{ '<｜Assistant｜>' + m.content }}"
+        "{% if m.tool_calls %}{{ '<｜tool▁calls▁begin｜>' + m.tool_calls[0].function.name + '<｜tool▁calls▁end｜>' }}"
+        "{% endif %}{% if not loop.last %}{{ '<|EOT|>' }}{% endif %}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
+    )
+    call = {"type": "function", "function": {"name": "add", "arguments": {}}}
+    chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    chat += [{"role": "user", "content": "so?"}, {"role": "assistant", "content": "4"}]
+    with pytest.raises(InvalidRow, match=r"assistant message 1: the chat template writes its end \(<\|EOT\|>\)"):
+        encoder_of(template).encode(chat)
 
 
 # No generation prompt, and a header a reply's content can look like the start of
