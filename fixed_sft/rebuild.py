@@ -160,8 +160,10 @@ def resolve_recorded_tokenizer(
     tokenizer: str, revision: str | None, expected: str | None, recorded: dict[str, FileHash]
 ) -> ResolvedTokenizer:
     """The tokenizer files at ``tokenizer`` (``specs.resolve_tokenizer``), once they are the
-    ``recorded`` ones (``BuildError`` naming those that differ)."""
-    found = resolve_tokenizer(tokenizer, revision, expected=expected, allow_unpinned=True)
+    ``recorded`` ones (``BuildError`` naming those that differ). A folder's files are
+    compared as they are: the recorded ``revision`` is the build's to check against them."""
+    local = Path(tokenizer).is_dir()
+    found = resolve_tokenizer(tokenizer, None if local else revision, expected=expected, allow_unpinned=True)
     other = [name for name, file in found.files.items() if encode(recorded.get(name)) != file]
     other += [name for name in recorded if name not in found.files]
     if other:

@@ -311,6 +311,24 @@ def test_a_source_with_other_bytes_is_not_the_recorded_input(source, kimi_dir, t
     assert "rows_sha256: same" in out and "source: differs (files[0].bytes: " in out
 
 
+@pytest.mark.parametrize("rows", [[], ["--rows", "1"]], ids=["rebuild", "spot check"])
+def test_a_caller_s_tokenizer_of_other_files_is_named_as_theirs(three_rows, source, kimi_dir, tmp_path, capsys, rows):
+    """The manifest records the pinned files and their revision: a --tokenizer folder whose
+    files differ is named, with the files that differ, not the recorded revision."""
+    tokenizer = tmp_path / "tok"
+    shutil.copytree(kimi_dir, tokenizer)
+    config = tokenizer / "tokenizer_config.json"
+    config.write_text(config.read_text().replace("{", '{"x_extra": 1, ', 1))
+    _copy(three_rows, tmp_path / "o")
+    capsys.readouterr()
+    assert _rebuild(tmp_path / "o", "--tokenizer", str(tokenizer), "--workers", "1", *rows) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: the tokenizer files in {tokenizer} are not the ones the manifest records "
+        "(tokenizer_config.json differ); pass --tokenizer FOLDER holding those\n"
+    )
+
+
 def test_tokenizer_files_other_than_the_recorded_ones_are_refused(source, kimi_dir, tmp_path, capsys):
     tokenizer = tmp_path / "tok"
     shutil.copytree(kimi_dir, tokenizer)
