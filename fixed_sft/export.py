@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from .errors import BuildError, UsageError
 from .exits import removed_on_exit
-from .folder import new_file
+from .folder import draft, new_file
 from .hashes import boundaries, row_digest
 from .manifest import Manifest, read
 from .output import MANIFEST_NAME, PARQUET_NAME, naming
@@ -177,6 +177,7 @@ def export(folder: str | Path, to: str, out: str | Path) -> Exported:
         raise UsageError(f"unknown export target {to!r}; choose one of {', '.join(TARGETS)}")
     target = TARGETS[to]
     new_file(out)
+    tmp = draft(out, "choose another output file")
     problems = verify(folder)
     if problems:
         raise BuildError(f"{folder} does not verify, so it is not exported: {problems[0]}")
@@ -190,7 +191,6 @@ def export(folder: str | Path, to: str, out: str | Path) -> Exported:
         "parquet_sha256": manifest.parquet.sha256,
     }
     schema = target.schema.with_metadata({"fixed_sft": json.dumps(provenance, sort_keys=True)})
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     rows = segments = trained_tokens = 0
     tmp.mkdir()
     with removed_on_exit(tmp):

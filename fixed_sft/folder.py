@@ -209,10 +209,7 @@ def transaction(out: Path, source: str) -> Iterator[Path]:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UsageError(f"cannot create {out.parent}: {error.strerror or error}; choose another --out") from None
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"  # (as long as ``.NAME.old-PID``, longer than the lock)
-    if len(os.fsencode(tmp.name)) > _longest_name(out.parent):
-        too_long = f"its name is too long for the folder {tmp.name} beside it"
-        raise UsageError(f"output {out}: {too_long}; choose another --out")
+    tmp = draft(out)
     with _Lock(out):
         check_target(out, source)
         _recover(out)
@@ -223,6 +220,16 @@ def transaction(out: Path, source: str) -> Iterator[Path]:
                 _publish(tmp, out)
             finally:
                 remove_build_folder(tmp)
+
+
+def draft(out: Path, advice: str = "choose another --out") -> Path:
+    """The temporary folder ``.NAME.tmp-PID`` beside ``out`` that this process writes it in
+    (as long as ``.NAME.old-PID``, longer than the lock); ``UsageError`` ending with
+    ``advice`` where the file system takes no name that long."""
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if len(os.fsencode(tmp.name)) > _longest_name(out.parent):
+        raise UsageError(f"output {out}: its name is too long for the folder {tmp.name} beside it; {advice}")
+    return tmp
 
 
 def _longest_name(folder: Path) -> int:
