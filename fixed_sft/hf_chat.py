@@ -24,11 +24,12 @@ Loss mask ``assistant``:
   marker before its content (else it would take in the assistant's header); and each
   message's span must begin where the one before it ended or later; and the text after a
   span must not go on with an added token (the tokenizer's special and control tokens)
-  unless the span ends with it, the ``eos_token``, or a token the template writes after the
-  content of the message before or after the reply (one that ends the reply's content is
-  not the template's): else the template writes a reply's end only when another message
-  follows, or a reply only the next turn's header ends (``end_follows``). Otherwise the
-  conversation is an invalid row, never a guessed mask.
+  unless the span ends with it, or, where it is not the ``eos_token``, the span ends with
+  the ``eos_token`` or with an added token the template writes in the turn before the reply
+  too (after it, for a reply first), that turn's content aside; one that ends the reply's
+  content is not the template's. Else the template writes a reply's end only when another
+  message follows, or a reply only the next turn's header ends (``end_follows``).
+  Otherwise the conversation is an invalid row, never a guessed mask.
 
 Refused: a conversation the template does not render (an error it raises, a type error) is an
 invalid row; a template that reads the clock (``strftime_now``) stops the build, naming the
@@ -40,8 +41,8 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Iterable, Iterator, Sequence
-from itertools import chain
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -222,10 +223,11 @@ def token_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndar
 
 class Marks:
     """A tokenizer's added tokens (its special tokens, its chat format's control tokens):
-    which one a text begins with (a set lookup per length).
+    which one a text begins or ends with (a set lookup per length).
 
-    >>> Marks(["</s>", "<|user|>", "<|u"]).starting("<|user|>hi"), Marks(["</s>"]).starting("hi</s>")
-    ('<|user|>', None)
+    >>> marks = Marks(["</s>", "<|user|>", "<|u"])
+    >>> marks.starting("<|user|>hi"), marks.starting("hi</s>"), marks.ending("hi</s>"), marks.ending("</s>hi")
+    ('<|user|>', None, '</s>', None)
     """
 
     def __init__(self, tokens: Sequence[str]):
@@ -236,53 +238,58 @@ class Marks:
         """The longest token ``text`` begins with, or ``None``."""
         return next((text[:n] for n in self.lengths if text[:n] in self.tokens), None)
 
-    def leading(self, text: str) -> Iterator[str]:
-        """The tokens ``text`` begins with, one after another (white space between them).
-
-        >>> list(Marks(["</s>", "<|u"]).leading(" </s> <|u</s>hi</s>"))
-        ['</s>', '<|u', '</s>']
-        """
-        while (token := self.starting(text := text.lstrip())) is not None:
-            yield token
-            text = text[len(token) :]
+    def ending(self, text: str) -> str | None:
+        """The longest token ``text`` ends with, or ``None``."""
+        return next((text[-n:] for n in self.lengths if text[-n:] in self.tokens), None)
 
 
 def end_follows(
-    text: str, through: str, marks: Marks, ends: Iterable[str | None], content: object = None
+    text: str,
+    through: str,
+    marks: Marks,
+    eos: str | None,
+    content: object = None,
+    elsewhere: Callable[[str], bool] = lambda token: False,
 ) -> str | None:
-    """The token the template ends a reply with only when another message follows it: the
-    added token ``text`` goes on with after the reply's ``through`` (the rendering up to the
-    reply; white space aside), where ``through`` ends neither with that token nor with one of
-    ``ends``, the template's ends of a turn (the ``eos_token``, and the added tokens it
-    writes after the content of the turn before the reply, or after it); ``None`` where
-    there is none. A token that ends
-    the reply's ``content`` is not the template's (a reply may end with ``</tool_call>``).
-    The prefix rule would leave such an end 0 in every reply but the last (``{% if not
-    loop.last %}{{ eos_token }}{% endif %}``, a ``<|im_end|>`` written before the next
-    message, or a next turn's ``<|user|>`` where turns have no end): the model would not
-    learn to stop.
+    """The token the template ends a reply with only when another message follows it, or
+    ``None``: the added token ``text`` goes on with after the reply's ``through`` (the
+    rendering up to the reply; white space aside), unless ``through`` ends with that token,
+    or ends with the ``eos_token`` or with an added token the template also writes around
+    another turn (``elsewhere``: its end, as the next header is not), and the token is not
+    the ``eos_token``. A token that ends the reply's ``content`` is not the template's (a
+    reply may end with ``</tool_call>``). The prefix rule would leave such an end 0 in every
+    reply but the last (``{% if not loop.last %}{{ eos_token }}{% endif %}``, a
+    ``<|im_end|>`` written before the next message, or a next turn's ``<|user|>`` where
+    turns have no end): the model would not learn to stop.
 
     >>> marks = Marks(["</s>", "<|user|>", "<|assistant|>", "<tool>", "<|end|>"])
-    >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo", marks, ["</s>"])
+    >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo", marks, "</s>")
     '</s>'
-    >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo</s>", marks, ["</s>"])
-    >>> end_follows("<|assistant|>yo<|user|>ok", "<|assistant|>yo", marks, ["</s>"])
+    >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo</s>", marks, "</s>")
+    >>> end_follows("<|assistant|>yo<|user|>ok", "<|assistant|>yo", marks, "</s>")
     '<|user|>'
-    >>> end_follows("<|user|>hi<|end|><|assistant|>yo<|end|><|user|>ok", "<|user|>hi<|end|><|assistant|>yo<|end|>",
-    ...             marks, ["</s>", "<|end|>"])
-    >>> end_follows("A: <tool><|end|>U: ok", "A: <tool>", marks, ["</s>", "<|end|>"])
-    '<|end|>'
-    >>> end_follows("A: yo</s></s>U: ok", "A: yo</s>", marks, ["</s>"], content="yo</s>")
+    >>> turns = lambda token: token == "<|end|>"  # (the template ends each turn with <|end|>)
+    >>> end_follows("<|assistant|>yo<|end|><|user|>ok", "<|assistant|>yo<|end|>", marks, "</s>", elsewhere=turns)
+    >>> end_follows("<|assistant|>yo<|end|></s><|user|>ok", "<|assistant|>yo<|end|>", marks, "</s>", elsewhere=turns)
     '</s>'
-    >>> end_follows("A: yo U: ok", "A: yo", marks, ["</s>"])
+    >>> end_follows("A: <tool><|end|>U: ok", "A: <tool>", marks, "</s>", elsewhere=turns)
+    '<|end|>'
+    >>> end_follows("A: yo</s></s>U: ok", "A: yo</s>", marks, "</s>", content="yo</s>")
+    '</s>'
+    >>> end_follows("A: yo U: ok", "A: yo", marks, "</s>")
     """
     token = marks.starting(text[len(through) :].lstrip())
     written = through.rstrip()
     if token is None:
         return None
-    if isinstance(content, str) and content.strip() and written.endswith(content.rstrip()):
+    if (texts := _texts(content)) and written.endswith(texts[-1]):
         return token  # (the template writes nothing after the content: no end of its own)
-    return None if any(end and written.endswith(end) for end in chain([token], ends)) else token
+    if written.endswith(token):
+        return None
+    if token == eos:
+        return token
+    last = marks.ending(written)
+    return None if last is not None and (last == eos or elsewhere(last)) else token
 
 
 def _generation_blocks(template: Any, text: str) -> tuple[bool, str | None]:
@@ -323,6 +330,17 @@ def _generation_blocks(template: Any, text: str) -> tuple[bool, str | None]:
 
     find(template.environment.parse(text), None)
     return bool(found), next((where for where in found if where), None)
+
+
+def _texts(content: object) -> list[str]:
+    """The strings a message's ``content`` holds (itself, or its parts' ``text``), stripped.
+
+    >>> _texts(" hi "), _texts([{"type": "text", "text": "a"}, {"type": "image"}]), _texts(None)
+    (['hi'], ['a'], [])
+    """
+    parts = content if isinstance(content, list) else [content]
+    texts = [part.get("text") if isinstance(part, dict) else part for part in parts]
+    return [text.strip() for text in texts if isinstance(text, str) and text.strip()]
 
 
 class HFChatEncoder:
@@ -459,8 +477,8 @@ class HFChatEncoder:
                 )
             if len(before) < end:
                 raise InvalidRow(f"assistant message {k}: its span would begin inside the one before it")
-            ends = self._turn_ends(chat, k, own)
-            ending = end_follows(text, through, self._marks, ends, chat[k].get("content"))
+            around = partial(self._around, chat, k, own, (before, through, text))
+            ending = end_follows(text, through, self._marks, self.tokenizer.eos_token, chat[k].get("content"), around)
             if ending is not None:
                 raise InvalidRow(
                     f"assistant message {k}: the chat template writes its end ({ending}) only when another "
@@ -470,17 +488,24 @@ class HFChatEncoder:
             end = len(through)
         return text, spans
 
-    def _turn_ends(self, chat: list[dict], k: int, own: Any) -> Iterator[str | None]:
-        """The tokens the template ends a turn with, each found as it is asked for: the
-        ``eos_token``, then the added tokens it writes after the content of the message
-        before reply ``k``, then after that of the message after it (rendered with ``MARK``
-        after the content: a turn's header comes after its end)."""
-        yield self.tokenizer.eos_token
-        for j in (k - 1, k + 1):
-            content = chat[j].get("content") if 0 <= j < len(chat) else None
-            if isinstance(content, str):
-                marked = self._before([*chat[:j], {**chat[j], "content": content + MARK}], k, j + 1, own)
-                yield from self._marks.leading(marked.partition(MARK)[2])
+    def _around(self, chat: list[dict], k: int, own: Any, texts: tuple[str, str, str], token: str) -> bool:
+        """Whether the template writes ``token`` around the turn before reply ``k`` (that
+        turn's text and the generation prompt, its content left out), or where there is
+        none, around the turn after it: a turn's end, which every turn has. ``texts``: the
+        renderings up to the reply with the generation prompt, up to the reply, and whole."""
+        before, through, text = texts
+        if k == 0:
+            after = text if len(chat) == 2 else self._before(chat, k, 2, own)
+            region, message = after[len(through) :], chat[1]
+        else:
+            try:
+                earlier = self._before(chat, k, k - 1, own)
+            except InvalidRow:  # (a template that refuses to end on that message)
+                earlier = ""
+            region, message = before[len(earlier) :] if before.startswith(earlier) else before, chat[k - 1]
+        for written in _texts(message.get("content")):
+            region = region.replace(written, "")  # (a token in the content is the data's)
+        return token in region
 
     def _content_first(self, chat: list[dict], k: int, before: str, own: Any) -> bool:
         """Whether the text of assistant message ``k`` after ``before`` begins with its

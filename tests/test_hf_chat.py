@@ -338,14 +338,23 @@ NO_END = "{% for m in messages %}{{ '<｜' + m.role | capitalize + '｜>' + m.co
 )
 
 
+# Each turn opened with the eos_token (as where bos_token is eos_token): from the text alone,
+# the same as an eos_token written only before another message
+EOS_OPENS = (
+    "{% for m in messages %}{{ eos_token + '<｜' + m.role | capitalize + '｜>' + m.content + '<|EOT|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ eos_token + '<｜Assistant｜>' }}{% endif %}"
+)
+
+
 @pytest.mark.parametrize(
     "template, end",
     [
         (_plain(EOT_OPEN), "<|EOT|>"),
         (NO_END, "<｜User｜>"),
         ("{{ eos_token }}" + _plain(LAST_OPEN), "<｜end▁of▁sentence｜>"),  # (as where bos_token is eos_token)
+        (EOS_OPENS, "<｜end▁of▁sentence｜>"),
     ],
-    ids=["added token", "next turn", "text opening with eos"],
+    ids=["added token", "next turn", "text opening with eos", "eos opening each turn"],
 )
 def test_any_end_written_only_before_another_message_is_refused(encoder_of, oracle_of, template, end):
     """Whatever token a template writes after a reply only when another message follows
@@ -382,12 +391,6 @@ OWN_ENDS = {
         "{% for m in messages %}{% if m.role == 'user' %}{{ '<｜User｜>' + m.content + '<|EOT|><｜Assistant｜>' }}"
         "{% elif m.role == 'assistant' %}[[{{ m.content + '<|EOT|>' }}]]{% endif %}{% endfor %}"
     ),
-    # each turn opened with the eos_token (as where bos_token is eos_token), ended with <|EOT|>
-    "a turn's end, eos opening the next": (
-        "{% for m in messages %}{{ eos_token + '<｜' + m.role | capitalize + '｜>' }}{% if m.role == 'assistant' %}"
-        "[[{{ m.content + '<|EOT|>' }}]]{% else %}{{ m.content + '<|EOT|>' }}{% endif %}{% endfor %}"
-        "{% if add_generation_prompt %}{{ eos_token + '<｜Assistant｜>' }}{% endif %}"
-    ),
 }
 
 
@@ -398,6 +401,30 @@ def test_a_reply_that_ends_with_the_template_s_end_is_not_refused(encoder_of, or
     chat = [m for m in CHAT if m["role"] != "system"]
     template = OWN_ENDS[form]
     assert encoder_of(_plain(template)).encode(chat) == _oracle(oracle_of(_generation(template)), chat)
+
+
+# Turns ending with <|EOT|> (not the eos_token); a user's content in text parts, a tool's as JSON
+PARTS_AND_TOOLS = (
+    "{% for m in messages %}{{ '<｜' + m.role | capitalize + '｜>' }}{% if m.role == 'assistant' %}"
+    "[[{{ m.content + '<|EOT|>' }}]]{% elif m.role == 'tool' %}{{ m.content | tojson + '<|EOT|>' }}"
+    "{% elif m.content is string %}{{ m.content + '<|EOT|>' }}"
+    "{% else %}{% for part in m.content %}{{ part.text }}{% endfor %}{{ '<|EOT|>' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("turns", ["text parts", "tool results"])
+def test_a_turn_s_end_is_found_whatever_the_content_around_the_reply(encoder_of, oracle_of, turns):
+    """The end a reply shares with the turn before it is found in that turn's text, whether
+    its content is text parts or JSON: the reply is encoded, its end trained."""
+    parts = [{"type": "text", "text": "2+2"}, {"type": "text", "text": "?"}]
+    around = {"role": "user", "content": parts} if turns == "text parts" else {"role": "tool", "content": "4"}
+    chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "add"}, around]
+    chat += [{"role": "assistant", "content": "4"}, around, {"role": "assistant", "content": "so 4"}]
+    ids, mask = encoder_of(_plain(PARTS_AND_TOOLS)).encode(chat)
+    assert (ids, mask) == _oracle(oracle_of(_generation(PARTS_AND_TOOLS)), chat)
+    eot = oracle_of(_generation(PARTS_AND_TOOLS)).convert_tokens_to_ids("<|EOT|>")
+    assert [m for i, m in zip(ids, mask, strict=True) if i == eot] == [0, 1, 0, 1, 0, 1]
 
 
 def test_a_reply_ending_with_an_added_token_of_its_own_still_needs_the_end(encoder_of):
