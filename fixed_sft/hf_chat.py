@@ -25,10 +25,12 @@ Loss mask ``assistant``:
   message's span must begin where the one before it ended or later; and the text after a
   span must not go on with an added token (the tokenizer's special and control tokens)
   unless the span ends with it, or, where it is not the ``eos_token``, the span ends with
-  the ``eos_token`` or with an added token the template writes in the turn before the reply
-  too (after it, for a reply first), that turn's content aside; one that ends the reply's
-  content is not the template's. Else the template writes a reply's end only when another
-  message follows, or a reply only the next turn's header ends (``end_follows``).
+  the ``eos_token`` or with an added token the template also writes after the content of
+  the message before the reply (after the next one's, where that has none), shown by
+  rendering it with a marker after its content; a token that ends the reply's content,
+  with nothing of the template's after it, is the content's. Else the template writes a
+  reply's end only when another message follows, or a reply only the next turn's header
+  ends (``end_follows``).
   Otherwise the conversation is an invalid row, never a guessed mask.
 
 Refused: a conversation the template does not render (an error it raises, a type error) is an
@@ -40,6 +42,7 @@ rebuild renders the same text.
 from __future__ import annotations
 
 import importlib
+import json
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -97,6 +100,7 @@ RENDERER_FUNCTIONS = (
     "_render_with_assistant_indices",
 )
 MARK = "\ue000\ue001"  # (private-use characters, which no template writes: where a content starts or ends)
+MARK_JSON = json.dumps(MARK)[1:-1]  # (as ``tojson`` writes it)
 _PROBE = [{"role": "system", "content": "probe"}, {"role": "user", "content": "probe"}]
 _PROBE_REPLY = {"role": "assistant", "content": "probe"}
 
@@ -248,19 +252,20 @@ def end_follows(
     through: str,
     marks: Marks,
     eos: str | None,
-    content: object = None,
-    elsewhere: Callable[[str], bool] = lambda token: False,
+    bare: Callable[[str], bool] = lambda token: False,
+    after: Callable[[str], bool] = lambda token: False,
 ) -> str | None:
     """The token the template ends a reply with only when another message follows it, or
     ``None``: the added token ``text`` goes on with after the reply's ``through`` (the
     rendering up to the reply; white space aside), unless ``through`` ends with that token,
-    or ends with the ``eos_token`` or with an added token the template also writes around
-    another turn (``elsewhere``: its end, as the next header is not), and the token is not
-    the ``eos_token``. A token that ends the reply's ``content`` is not the template's (a
-    reply may end with ``</tool_call>``). The prefix rule would leave such an end 0 in every
-    reply but the last (``{% if not loop.last %}{{ eos_token }}{% endif %}``, a
-    ``<|im_end|>`` written before the next message, or a next turn's ``<|user|>`` where
-    turns have no end): the model would not learn to stop.
+    or the token is not the ``eos_token`` and ``through`` ends with the ``eos_token`` or with
+    an added token the template writes after another turn's content too (``after``: a
+    turn's end, as a tool call's closing token is not). Where the reply's content ends with
+    its last token and the template writes nothing after it (``bare``), that token is the
+    content's. The prefix rule
+    would leave such an end 0 in every reply but the last (``{% if not loop.last %}{{
+    eos_token }}{% endif %}``, a ``<|im_end|>`` written before the next message, or a next
+    turn's ``<|user|>`` where turns have no end): the model would not learn to stop.
 
     >>> marks = Marks(["</s>", "<|user|>", "<|assistant|>", "<tool>", "<|end|>"])
     >>> end_follows("U: hi A: yo</s>U: ok", "U: hi A: yo", marks, "</s>")
@@ -269,27 +274,27 @@ def end_follows(
     >>> end_follows("<|assistant|>yo<|user|>ok", "<|assistant|>yo", marks, "</s>")
     '<|user|>'
     >>> turns = lambda token: token == "<|end|>"  # (the template ends each turn with <|end|>)
-    >>> end_follows("<|assistant|>yo<|end|><|user|>ok", "<|assistant|>yo<|end|>", marks, "</s>", elsewhere=turns)
-    >>> end_follows("<|assistant|>yo<|end|></s><|user|>ok", "<|assistant|>yo<|end|>", marks, "</s>", elsewhere=turns)
+    >>> end_follows("<|assistant|>yo<|end|><|user|>ok", "<|assistant|>yo<|end|>", marks, "</s>", after=turns)
+    >>> end_follows("<|assistant|>yo<|end|></s><|user|>ok", "<|assistant|>yo<|end|>", marks, "</s>", after=turns)
     '</s>'
-    >>> end_follows("A: <tool><|end|>U: ok", "A: <tool>", marks, "</s>", elsewhere=turns)
+    >>> end_follows("A: <tool><|end|>U: ok", "A: <tool>", marks, "</s>", after=turns)
     '<|end|>'
-    >>> end_follows("A: yo</s></s>U: ok", "A: yo</s>", marks, "</s>", content="yo</s>")
+    >>> end_follows("A: yo</s></s>U: ok", "A: yo</s>", marks, "</s>", bare=lambda token: True)
     '</s>'
     >>> end_follows("A: yo U: ok", "A: yo", marks, "</s>")
     """
     token = marks.starting(text[len(through) :].lstrip())
     written = through.rstrip()
+    last = marks.ending(written)
     if token is None:
         return None
-    if (texts := _texts(content)) and written.endswith(texts[-1]):
-        return token  # (the template writes nothing after the content: no end of its own)
+    if last is None or bare(last):
+        return token  # (the template writes no end of its own)
     if written.endswith(token):
         return None
     if token == eos:
         return token
-    last = marks.ending(written)
-    return None if last is not None and (last == eos or elsewhere(last)) else token
+    return None if last == eos or after(last) else token
 
 
 def _generation_blocks(template: Any, text: str) -> tuple[bool, str | None]:
@@ -332,15 +337,9 @@ def _generation_blocks(template: Any, text: str) -> tuple[bool, str | None]:
     return bool(found), next((where for where in found if where), None)
 
 
-def _texts(content: object) -> list[str]:
-    """The strings a message's ``content`` holds (itself, or its parts' ``text``), stripped.
-
-    >>> _texts(" hi "), _texts([{"type": "text", "text": "a"}, {"type": "image"}]), _texts(None)
-    (['hi'], ['a'], [])
-    """
-    parts = content if isinstance(content, list) else [content]
-    texts = [part.get("text") if isinstance(part, dict) else part for part in parts]
-    return [text.strip() for text in texts if isinstance(text, str) and text.strip()]
+def _text_of(part: object) -> str | None:
+    """A content part's text (``{"type": "text", "text": ...}``), or ``None``."""
+    return part["text"] if isinstance(part, dict) and isinstance(part.get("text"), str) else None
 
 
 class HFChatEncoder:
@@ -470,15 +469,18 @@ class HFChatEncoder:
                     f"assistant message {k}: the chat template's rendering of the messages up to it does not "
                     "begin the conversation's rendering, so its span is ambiguous"
                 )
-            if len(before) <= len(self._before(chat, k, k, own)) and not self._content_first(chat, k, before, own):
+            plain = self._before(chat, k, k, own)
+            if len(before) <= len(plain) and not self._content_first(chat, k, before, own):
                 raise InvalidRow(
                     f"assistant message {k}: the chat template adds no generation prompt before it and its text "
                     "does not begin with its content, so its span would take in its header"
                 )
             if len(before) < end:
                 raise InvalidRow(f"assistant message {k}: its span would begin inside the one before it")
-            around = partial(self._around, chat, k, own, (before, through, text))
-            ending = end_follows(text, through, self._marks, self.tokenizer.eos_token, chat[k].get("content"), around)
+            bare = partial(self._bare, chat, k, own)
+            prompt = before[len(plain) :] if before.startswith(plain) else ""
+            after = partial(self._after_content, chat, k, own, prompt)
+            ending = end_follows(text, through, self._marks, self.tokenizer.eos_token, bare, after)
             if ending is not None:
                 raise InvalidRow(
                     f"assistant message {k}: the chat template writes its end ({ending}) only when another "
@@ -488,24 +490,47 @@ class HFChatEncoder:
             end = len(through)
         return text, spans
 
-    def _around(self, chat: list[dict], k: int, own: Any, texts: tuple[str, str, str], token: str) -> bool:
-        """Whether the template writes ``token`` around the turn before reply ``k`` (that
-        turn's text and the generation prompt, its content left out), or where there is
-        none, around the turn after it: a turn's end, which every turn has. ``texts``: the
-        renderings up to the reply with the generation prompt, up to the reply, and whole."""
-        before, through, text = texts
-        if k == 0:
-            after = text if len(chat) == 2 else self._before(chat, k, 2, own)
-            region, message = after[len(through) :], chat[1]
+    def _marked(self, chat: list[dict], j: int, k: int, own: Any) -> tuple[str, int] | None:
+        """The rendering of ``chat[:j + 1]`` with ``MARK`` after message ``j``'s content (after
+        its last text part), and where the mark ends in it (as written, or as JSON writes
+        it); ``None`` where the message has no text to mark or the rendering drops it."""
+        content = chat[j].get("content")
+        if isinstance(content, str):
+            marked: object = content + MARK
+        elif isinstance(content, list) and (texts := [n for n, p in enumerate(content) if _text_of(p) is not None]):
+            last = texts[-1]
+            marked = [*content[:last], {**content[last], "text": content[last]["text"] + MARK}, *content[last + 1 :]]
         else:
-            try:
-                earlier = self._before(chat, k, k - 1, own)
-            except InvalidRow:  # (a template that refuses to end on that message)
-                earlier = ""
-            region, message = before[len(earlier) :] if before.startswith(earlier) else before, chat[k - 1]
-        for written in _texts(message.get("content")):
-            region = region.replace(written, "")  # (a token in the content is the data's)
-        return token in region
+            return None
+        try:
+            rendered = self._before([*chat[:j], {**chat[j], "content": marked}], k, j + 1, own)
+        except InvalidRow:
+            return None
+        for form in (MARK, MARK_JSON):
+            if (at := rendered.rfind(form)) >= 0:
+                return rendered, at + len(form)
+        return None
+
+    def _bare(self, chat: list[dict], k: int, own: Any, token: str) -> bool:
+        """Whether reply ``k``'s content ends with ``token`` and the template writes nothing
+        but white space after it."""
+        content = chat[k].get("content")
+        parts = [_text_of(part) for part in content] if isinstance(content, list) else [content]
+        texts = [text for text in parts if isinstance(text, str)]
+        if not texts or not texts[-1].rstrip().endswith(token):
+            return False
+        found = self._marked(chat, k, k, own)
+        return found is not None and not found[0][found[1] :].strip()
+
+    def _after_content(self, chat: list[dict], k: int, own: Any, prompt: str, token: str) -> bool:
+        """Whether the template writes ``token`` after the content of the message before
+        reply ``k`` (then the generation prompt, ``prompt``), or where that message has none
+        to mark, after that of the message after it: a turn's end, which every turn has."""
+        for j in (k - 1, k + 1):
+            if 0 <= j < len(chat) and (found := self._marked(chat, j, k, own)) is not None:
+                rendered, at = found
+                return token in rendered[at:] + (prompt if j < k else "")
+        return False
 
     def _content_first(self, chat: list[dict], k: int, before: str, own: Any) -> bool:
         """Whether the text of assistant message ``k`` after ``before`` begins with its

@@ -403,34 +403,53 @@ def test_a_reply_that_ends_with_the_template_s_end_is_not_refused(encoder_of, or
     assert encoder_of(_plain(template)).encode(chat) == _oracle(oracle_of(_generation(template)), chat)
 
 
-# Turns ending with <|EOT|> (not the eos_token); a user's content in text parts, a tool's as JSON
+# Turns ending with <|EOT|> (not the eos_token); a user's content in text parts, a tool's as JSON,
+# system messages dropped
 PARTS_AND_TOOLS = (
-    "{% for m in messages %}{{ '<｜' + m.role | capitalize + '｜>' }}{% if m.role == 'assistant' %}"
+    "{% for m in messages %}{% if m.role != 'system' %}{{ '<｜' + m.role | capitalize + '｜>' }}{% endif %}"
+    "{% if m.role == 'assistant' %}"
     "[[{{ m.content + '<|EOT|>' }}]]{% elif m.role == 'tool' %}{{ m.content | tojson + '<|EOT|>' }}"
-    "{% elif m.content is string %}{{ m.content + '<|EOT|>' }}"
+    "{% elif m.role == 'system' %}{% elif m.content is string %}{{ m.content + '<|EOT|>' }}"
     "{% else %}{% for part in m.content %}{{ part.text }}{% endfor %}{{ '<|EOT|>' }}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
 )
 
 
-@pytest.mark.parametrize("turns", ["text parts", "tool results"])
+AROUND = {
+    "text parts": {"role": "user", "content": [{"type": "text", "text": "2+2"}, {"type": "text", "text": "?"}]},
+    "tool results": {"role": "tool", "content": "4"},
+    "content inside the end's text": {"role": "user", "content": "EOT"},
+    "a message the template drops": {"role": "system", "content": "be brief"},
+}
+
+
+@pytest.mark.parametrize("turns", AROUND)
 def test_a_turn_s_end_is_found_whatever_the_content_around_the_reply(encoder_of, oracle_of, turns):
-    """The end a reply shares with the turn before it is found in that turn's text, whether
-    its content is text parts or JSON: the reply is encoded, its end trained."""
-    parts = [{"type": "text", "text": "2+2"}, {"type": "text", "text": "?"}]
-    around = {"role": "user", "content": parts} if turns == "text parts" else {"role": "tool", "content": "4"}
-    chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "add"}, around]
+    """The end a reply shares with the turn before it is found after that turn's content,
+    whether it is text parts or JSON or text the end holds, or after the next turn's where
+    the template drops the one before: the reply is encoded, its end trained. A reply that
+    is the end's last character is no end of its own."""
+    around = AROUND[turns]
+    chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": ">"}, around]
     chat += [{"role": "assistant", "content": "4"}, around, {"role": "assistant", "content": "so 4"}]
+    if turns == "a message the template drops":
+        chat.insert(4, {"role": "user", "content": "so?"})
     ids, mask = encoder_of(_plain(PARTS_AND_TOOLS)).encode(chat)
     assert (ids, mask) == _oracle(oracle_of(_generation(PARTS_AND_TOOLS)), chat)
     eot = oracle_of(_generation(PARTS_AND_TOOLS)).convert_tokens_to_ids("<|EOT|>")
-    assert [m for i, m in zip(ids, mask, strict=True) if i == eot] == [0, 1, 0, 1, 0, 1]
+    assert [m for i, m in zip(ids, mask, strict=True) if i == eot] == [r == "assistant" for r in _roles(chat)]
+
+
+def _roles(chat: list[dict]) -> list[str]:
+    """The roles of the messages the template writes (it drops system messages)."""
+    return [m["role"] for m in chat if m["role"] != "system"]
 
 
 def test_a_reply_ending_with_an_added_token_of_its_own_still_needs_the_end(encoder_of):
     """A tool call's closing token ends the reply's text, not its turn: a template that
     writes the turn's end only before another message is refused there too."""
-    template = (
+    template = (  # (its preamble names the tool-call closing token too)
+        "{{ 'Call tools as <｜tool▁calls▁begin｜>name<｜tool▁calls▁end｜>.' }}"
         "{% for m in messages %}{% if m.role == 'user' %}{{ '<｜User｜>' + m.content }}"
         "{% elif m.role == 'assistant' %}{{ '<｜Assistant｜>' + m.content }}"
         "{% if m.tool_calls %}{{ '<｜tool▁calls▁begin｜>' + m.tool_calls[0].function.name + '<｜tool▁calls▁end｜>' }}"
