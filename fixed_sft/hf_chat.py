@@ -26,8 +26,8 @@ Loss mask ``assistant``:
   span must not go on with an added token (the tokenizer's special and control tokens)
   unless the span ends with it, or, where it is not the ``eos_token``, the span ends with
   the ``eos_token`` or with an added token the template also writes after the content of
-  the message before the reply (after the next one's, where that has none), shown by
-  rendering it with a marker after its content; a token that ends the reply's content,
+  the nearest message before the reply that has some (else after it), shown by rendering
+  it with a marker after its content; a token that ends the reply's content,
   with nothing of the template's after it, is the content's. Else the template writes a
   reply's end only when another message follows, or a reply only the next turn's header
   ends (``end_follows``).
@@ -500,6 +500,8 @@ class HFChatEncoder:
         elif isinstance(content, list) and (texts := [n for n, p in enumerate(content) if _text_of(p) is not None]):
             last = texts[-1]
             marked = [*content[:last], {**content[last], "text": content[last]["text"] + MARK}, *content[last + 1 :]]
+        elif isinstance(content, list):  # (images alone: a text part of the mark after them)
+            marked = [*content, {"type": "text", "text": MARK}]
         else:
             return None
         try:
@@ -523,13 +525,14 @@ class HFChatEncoder:
         return found is not None and not found[0][found[1] :].strip()
 
     def _after_content(self, chat: list[dict], k: int, own: Any, prompt: str, token: str) -> bool:
-        """Whether the template writes ``token`` after the content of the message before
-        reply ``k`` (then the generation prompt, ``prompt``), or where that message has none
-        to mark, after that of the message after it: a turn's end, which every turn has."""
-        for j in (k - 1, k + 1):
-            if 0 <= j < len(chat) and (found := self._marked(chat, j, k, own)) is not None:
+        """Whether the template writes ``token`` after the content of the nearest message
+        before reply ``k`` that has content to mark (after the one before the reply, then the
+        generation prompt, ``prompt``), or where none has, of the nearest after it: a turn's
+        end, which every turn has."""
+        for j in [*range(k - 1, -1, -1), *range(k + 1, len(chat))]:
+            if (found := self._marked(chat, j, k, own)) is not None:
                 rendered, at = found
-                return token in rendered[at:] + (prompt if j < k else "")
+                return token in rendered[at:] + (prompt if j == k - 1 else "")
         return False
 
     def _content_first(self, chat: list[dict], k: int, before: str, own: Any) -> bool:

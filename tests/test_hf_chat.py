@@ -420,15 +420,16 @@ AROUND = {
     "tool results": {"role": "tool", "content": "4"},
     "content inside the end's text": {"role": "user", "content": "EOT"},
     "a message the template drops": {"role": "system", "content": "be brief"},
+    "images alone": {"role": "user", "content": [{"type": "image"}]},
 }
 
 
 @pytest.mark.parametrize("turns", AROUND)
 def test_a_turn_s_end_is_found_whatever_the_content_around_the_reply(encoder_of, oracle_of, turns):
     """The end a reply shares with the turn before it is found after that turn's content,
-    whether it is text parts or JSON or text the end holds, or after the next turn's where
-    the template drops the one before: the reply is encoded, its end trained. A reply that
-    is the end's last character is no end of its own."""
+    whether it is text parts, images alone or JSON or text the end holds, or after the
+    nearest other turn's where the template drops the one before: the reply is encoded,
+    its end trained. A reply that is the end's last character is no end of its own."""
     around = AROUND[turns]
     chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": ">"}, around]
     chat += [{"role": "assistant", "content": "4"}, around, {"role": "assistant", "content": "so 4"}]
