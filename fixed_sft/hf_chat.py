@@ -492,8 +492,9 @@ class HFChatEncoder:
 
     def _marked(self, chat: list[dict], j: int, k: int, own: Any) -> tuple[str, int] | None:
         """The rendering of ``chat[:j + 1]`` with ``MARK`` after message ``j``'s content (after
-        its last text part), and where the mark ends in it (as written, or as JSON writes
-        it); ``None`` where the message has no text to mark or the rendering drops it."""
+        its last text part, or as a part of its own after images), and where the mark ends
+        in it (as written, or as JSON writes it); ``None`` where the content is neither text
+        nor parts (none, an object), or the rendering drops the mark or refuses it."""
         content = chat[j].get("content")
         if isinstance(content, str):
             marked: object = content + MARK
