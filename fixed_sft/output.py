@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -250,24 +250,32 @@ class RowWriter:
 
     def abort(self) -> None:
         """Stop writing after an error: the file is left incomplete (the build discards it).
-        A row group being written is written to its end first: closing the writer under
-        its thread crashes the process (seen as SIGSEGV when a signal stopped a build), so
-        the thread is joined, whatever ``_writing`` recorded (a signal may land between the
-        submit and its assignment), and a signal while joining is raised only once it has ended."""
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        The writer is closed in its own thread, once the row group it may be writing ends:
+        closing it under a write crashes the process (SIGSEGV, seen when a signal stopped a
+        build), and a join that a signal interrupts may take the running thread for ended
+        (Python 3.11's ``Thread.join``). Groups not started write nothing; a signal while
+        waiting is raised once the writer is closed."""
+        self._failed = True  # (a group that starts now writes nothing)
+        try:
+            closed = self._thread.submit(self._close_quietly)
+        except RuntimeError:  # (shut down: by ``close``, once every write had ended, or by an earlier abort)
+            self._close_quietly()
+            return
+        self._thread.shutdown(wait=False)
         interrupted: BaseException | None = None
-        while True:
+        while not closed.done():
             try:
-                self._thread.shutdown(wait=True)
-                break
+                wait([closed])
             except BaseException as error:  # (a signal's exception: the write must still end first)
                 interrupted = interrupted or error
+        if interrupted is not None:
+            raise interrupted
+
+    def _close_quietly(self) -> None:
         try:
             self._writer.close()
         except (OSError, pa.ArrowException):
             pass
-        if interrupted is not None:
-            raise interrupted
 
     def close(self) -> None:
         """Write the last row group and the footer, and flush the file to disk."""
