@@ -446,22 +446,36 @@ def _roles(chat: list[dict]) -> list[str]:
     return [m["role"] for m in chat if m["role"] != "system"]
 
 
-def test_a_reply_ending_with_an_added_token_of_its_own_still_needs_the_end(encoder_of):
+# A tool call's closing token written after other content than a reply's: in a preamble, in
+# a system prompt's tool instructions, after an assistant's content
+CALLS = (
+    "{{ 'Call tools as <｜tool▁calls▁begin｜>name<｜tool▁calls▁end｜>.' }}"
+    "{% for m in messages %}{% if m.role == 'user' %}{{ '<｜User｜>' + m.content }}"
+    "{% elif m.role == 'system' %}{{ m.content + ' Call tools as <｜tool▁calls▁begin｜>name<｜tool▁calls▁end｜>.' }}"
+    "{% elif m.role == 'assistant' %}{{ '<｜Assistant｜>' + m.content }}"
+    "{% if m.tool_calls %}{{ '<｜tool▁calls▁begin｜>' + m.tool_calls[0].function.name + '<｜tool▁calls▁end｜>' }}"
+    "{% endif %}{% if not loop.last %}{{ '<|EOT|>' }}{% endif %}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
+)
+CALL = {"type": "function", "function": {"name": "add", "arguments": {}}}
+BEFORE_THE_CALL = {
+    "a user": [{"role": "user", "content": "2+2?"}],
+    "a system prompt": [{"role": "system", "content": "be brief."}],
+    "an assistant's call": [{"role": "assistant", "content": "so", "tool_calls": [CALL]}],
+}
+
+
+@pytest.mark.parametrize("before", BEFORE_THE_CALL)
+def test_a_reply_ending_with_an_added_token_of_its_own_still_needs_the_end(encoder_of, before):
     """A tool call's closing token ends the reply's text, not its turn: a template that
-    writes the turn's end only before another message is refused there too."""
-    template = (  # (its preamble names the tool-call closing token too)
-        "{{ 'Call tools as <｜tool▁calls▁begin｜>name<｜tool▁calls▁end｜>.' }}"
-        "{% for m in messages %}{% if m.role == 'user' %}{{ '<｜User｜>' + m.content }}"
-        "{% elif m.role == 'assistant' %}{{ '<｜Assistant｜>' + m.content }}"
-        "{% if m.tool_calls %}{{ '<｜tool▁calls▁begin｜>' + m.tool_calls[0].function.name + '<｜tool▁calls▁end｜>' }}"
-        "{% endif %}{% if not loop.last %}{{ '<|EOT|>' }}{% endif %}{% endif %}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
-    )
-    call = {"type": "function", "function": {"name": "add", "arguments": {}}}
-    chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    writes the turn's end only before another message is refused there too, whatever the
+    message before the reply writes after its content."""
+    chat = [*BEFORE_THE_CALL[before], {"role": "assistant", "content": "", "tool_calls": [CALL]}]
     chat += [{"role": "user", "content": "so?"}, {"role": "assistant", "content": "4"}]
-    with pytest.raises(InvalidRow, match=r"assistant message 1: the chat template writes its end \(<\|EOT\|>\)"):
-        encoder_of(template).encode(chat)
+    k = len(chat) - 3 if before != "an assistant's call" else 0
+    says = rf"assistant message {k}: the chat template writes its end \(<\|EOT\|>\)"
+    with pytest.raises(InvalidRow, match=says):
+        encoder_of(CALLS).encode(chat)
 
 
 # No generation prompt, and a header a reply's content can look like the start of
