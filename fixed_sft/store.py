@@ -34,6 +34,7 @@ import importlib.metadata
 import json
 import os
 import socket
+import stat
 import struct
 import sys
 import time
@@ -49,8 +50,8 @@ from .encode import Encoded, EncoderConfig, sampled
 from .errors import BuildError
 
 # Bump when the segment format changes, or what an encoding depends on beyond the modules and
-# libraries below. 2: records checked by XXH3-128, not sha256.
-ENCODING_VERSION = 2
+# libraries below. 2: records checked by XXH3-128, not sha256. 3: a segment names its entry.
+ENCODING_VERSION = 3
 # the modules whose code decides a conversation's ids, mask, invalid reason or template check
 ENCODING_MODULES = (
     "arrow.py",
@@ -71,8 +72,11 @@ ENCODING_MODULES = (
 LIBRARIES = ("gigatoken", "jinja2", "tiktoken", "tokenizers", "transformers")
 CACHE_VARIABLE = "FIXED_SFT_CACHE"
 PROBES_FOLDER = "probes"  # in the store's folder: what encoders learn once (``kept_folder``)
-MAGIC = b"FSFTTOK2"
-HEADER_BYTES = len(MAGIC) + 8  # the magic, then the number of records (uint64)
+MAGIC = b"FSFTTOK3"
+TAG_BYTES = 16
+# the magic, the entry's tag (``entry_tag``: a segment copied from another entry is not read),
+# then the number of records (uint64)
+HEADER_BYTES = len(MAGIC) + TAG_BYTES + 8
 # one record per conversation; ``tokens`` is -1 for an invalid one; ``flags`` bit 0: passed the
 # template check (or invalid: nothing to check); ``digest``: ``_digest`` of the record before it
 # (``offset`` aside) and of its bytes
@@ -251,7 +255,7 @@ class SegmentWriter:
         name = f"{self.after:020d}-{os.getpid()}-{os.urandom(4).hex()}.seg"
         try:
             self._file.seek(0)
-            self._file.write(MAGIC + len(self._records).to_bytes(8, "little"))
+            self._file.write(MAGIC + entry_tag(self.folder) + len(self._records).to_bytes(8, "little"))
             self._file.write(b"".join(self._records))
             self._file.close()
             self._draft.rename(self.folder / name)
@@ -300,7 +304,7 @@ class SegmentReader:
         """Segment ``number``'s descriptor and size (as it was opened)."""
         opened = self._files.get(number)
         if opened is None:
-            fd = os.open(self.paths[number], os.O_RDONLY)
+            fd = os.open(self.paths[number], os.O_RDONLY | os.O_NONBLOCK)  # (never blocks: a FIFO put in its place)
             opened = self._files[number] = (fd, os.fstat(fd).st_size)
             if len(self._files) > OPEN_FILES:
                 os.close(self._files.popitem(last=False)[1][0])
@@ -526,7 +530,7 @@ class TokenStore:
             if not entry.name.endswith(".seg"):
                 continue
             self.writer.after = max(self.writer.after, _stamp(entry.name))
-            records = self._read_records(Path(entry.path))
+            records = self._read_records(Path(entry.path), entry_tag(self.folder))
             try:
                 size = entry.stat().st_size
             except OSError:  # (gone since it was listed)
@@ -563,15 +567,22 @@ class TokenStore:
         return payload is not None and _digest(head, payload) == self.digest[index].tobytes()
 
     @staticmethod
-    def _read_records(path: Path) -> np.ndarray | None:
+    def _read_records(path: Path, tag: bytes) -> np.ndarray | None:
         """A segment's records (those its file holds whole), or ``None`` for a file that is
-        not a segment."""
+        not a segment of the entry ``tag`` names (not a regular file: a FIFO, which would
+        block; a link; another entry's segment, which would give another source's rows)."""
         try:
-            with path.open("rb") as f:
-                header = f.read(HEADER_BYTES)
-                if len(header) < HEADER_BYTES or header[: len(MAGIC)] != MAGIC:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            return None
+        try:
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
                     return None
-                count = int.from_bytes(header[len(MAGIC) :], "little")
+                header = f.read(HEADER_BYTES)
+                if len(header) < HEADER_BYTES or header[: len(MAGIC)] != MAGIC or header[len(MAGIC) : -8] != tag:
+                    return None
+                count = int.from_bytes(header[-8:], "little")
                 size = os.fstat(f.fileno()).st_size
                 count = min(count, (size - HEADER_BYTES) // RECORD.itemsize)
                 return np.frombuffer(f.read(count * RECORD.itemsize), RECORD)
@@ -807,6 +818,15 @@ def _stamp(name: str) -> int:
     """
     digits = name.split("-", 1)[0]
     return int(digits) if digits.isdigit() and len(digits) == 20 else 0
+
+
+def entry_tag(folder: Path) -> bytes:
+    """The tag of the entry in ``folder`` (named by its key) that its segments carry.
+
+    >>> len(entry_tag(Path("tokens/ab12"))), entry_tag(Path("a/ab12")) == entry_tag(Path("b/ab12"))
+    (16, True)
+    """
+    return xxhash.xxh3_128(folder.name.encode()).digest()
 
 
 def _digest(head: bytes, *body: Any) -> bytes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -255,6 +256,34 @@ def test_a_damaged_entry_is_encoded_again_and_stored_anew(corpus, kimi_dir, tmp_
     encoded.clear()
     assert build(cfg, tmp_path / "c") == golden
     assert encoded == []  # stored anew
+
+
+def test_a_segment_of_another_entry_is_not_read(corpus, kimi_dir, tmp_path, token_store, encoded):
+    """A segment copied into another source's entry (each record's checksum matches its
+    bytes) is not that source's: its rows are encoded again, and the rows are the same."""
+    other = tmp_path / "other"
+    synthetic.write_parquet(synthetic.conversations(300, seed=6), other, rows_per_file=300)
+    cfg = config(other, kimi_dir, rows=None)
+    golden = build(cfg, tmp_path / "a")
+    [entry] = token_store.glob("tokens/*")
+    build(config(corpus[0], kimi_dir), tmp_path / "corpus")
+    for segment in entry.glob("*.seg"):
+        segment.unlink()
+    for segment in _segments(token_store):  # (the corpus's entry's, under the names they had)
+        (entry / segment.name).write_bytes(segment.read_bytes())
+    encoded.clear()
+    assert build(cfg, tmp_path / "b") == golden
+    assert sorted(encoded) == list(range(300))
+
+
+@pytest.mark.timeout(120)
+def test_a_fifo_named_as_a_segment_is_passed_over(corpus, kimi_dir, tmp_path, token_store):
+    """Opening a FIFO to read it would wait for a writer: the build goes on without it."""
+    cfg = config(corpus[0], kimi_dir)
+    golden = build(cfg, tmp_path / "a")
+    [entry] = token_store.glob("tokens/*")
+    os.mkfifo(entry / "00000000000000000000-1-fifo.seg")
+    assert build(cfg, tmp_path / "b") == golden
 
 
 def test_a_failing_check_of_a_stored_conversation_stops_the_build(corpus, kimi_dir, tmp_path, monkeypatch):
@@ -619,11 +648,11 @@ def test_rows_in_any_order_are_read_a_segment_at_a_time(tmp_path, monkeypatch) -
     for i in range(40):
         writer.add(Encoded(i, f"id{i}", np.arange(i % 7, dtype=np.int32) + i, np.ones(i % 7, np.uint8)))
     writer.flush()
+    store = TokenStore(tmp_path, 40)  # (which reads each segment's records once)
     opened: list[str] = []
     real_open = store_module.os.open
     monkeypatch.setattr(store_module.os, "open", lambda path, *a: opened.append(str(path)) or real_open(path, *a))
     order = permutation(5, 40)
-    store = TokenStore(tmp_path, 40)
     found = store.lookup_many(order.tolist())
     assert [item.id for item in found] == [f"id{i}" for i in order.tolist()]
     assert [item.ids.tolist() for item in found] == [list(range(i, i + i % 7)) for i in order.tolist()]
