@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from .errors import BuildError, UsageError
 from .fields import FieldError
+from .hashes import row_digest
 from .manifest import Manifest, read
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .reader import Refused, RowFile
@@ -238,6 +239,28 @@ def read_row(folder: Path, manifest: Manifest, number: int) -> tuple[np.ndarray,
     ids = pc.list_flatten(row.field("input_ids")).to_numpy(zero_copy_only=False)
     mask = pc.list_flatten(row.field("loss_mask")).to_numpy(zero_copy_only=False)
     return ids, mask, row.field("segments").to_pylist()[0]
+
+
+TOKEN_COLUMNS = ["metadata.input_ids.list.element", "metadata.loss_mask.list.element"]
+
+
+def token_hashes(folder: Path, manifest: Manifest) -> list[bytes]:
+    """Each row's hash of its ids and mask alone (``hashes.row_digest`` without boundaries),
+    read a row group at a time (``BuildError`` where the file cannot be read)."""
+    digests = []
+    try:
+        with _rows(folder, manifest) as file:
+            for group in file.groups(TOKEN_COLUMNS):
+                metadata = group.column("metadata")
+                ids, mask = (
+                    pc.list_flatten(metadata.field(name)).to_numpy(zero_copy_only=False)
+                    for name in ("input_ids", "loss_mask")
+                )
+                width = len(ids) // max(group.rows, 1)
+                digests += [row_digest(ids[k : k + width], mask[k : k + width]) for k in range(0, len(ids), width)]
+    except (Refused, OSError, ValueError) as error:
+        raise _unreadable(folder, error) from None
+    return digests
 
 
 SEGMENT_COLUMNS = [f"metadata.segments.list.element.{key}" for key in ("source_index", "id", "start", "end")]

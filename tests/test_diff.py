@@ -78,8 +78,21 @@ def test_builds_apart_only_in_their_boundaries_say_so(pair, tmp_path, kimi_dir, 
     capsys.readouterr()
     assert main(["diff", str(pair[0]), str(bounded)]) == 1
     out = capsys.readouterr().out
-    assert "row 0: the same ids and mask; one build's row hashes cover its boundaries too\n" in out
-    assert "  params.emit_boundaries: false | true\n" in out and ", token " not in out
+    assert "rows' ids and masks: the same in every row; one build's row hashes cover its boundaries too\n" in out
+    assert "manifest params.emit_boundaries: absent | true\n" in out and ", token " not in out
+
+
+def test_a_token_apart_is_found_whatever_the_boundaries(pair, tmp_path, kimi_dir, capsys):
+    """A build with boundaries against one without, of sources a token apart: the rows are
+    compared by their ids and masks, and the first differing row and token are named."""
+    assert main(["diff", str(pair[0]), str(pair[1])]) == 1
+    named = next(line for line in capsys.readouterr().out.splitlines() if ", token " in line)
+    changed = [json.loads(line) for line in (pair[1].parent / "b.jsonl").read_text().splitlines()]
+    bounded = _build(tmp_path, changed, kimi_dir, "b", emit_boundaries=True)
+    capsys.readouterr()
+    assert main(["diff", str(pair[0]), str(bounded)]) == 1
+    out = capsys.readouterr().out
+    assert "rows' ids and masks: 1 of 12 rows differ" in out and f"{named}\n" in out
 
 
 def test_rows_of_the_same_tokens_from_other_conversations_are_named(pair, tmp_path, capsys):
