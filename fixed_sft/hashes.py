@@ -10,15 +10,19 @@ Both depend on the row content alone, not on how Parquet encodes it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+STALE_SECONDS = 24 * 3600  # a temporary file this old is a killed writer's (``write_checked_json``)
 
 
 def row_digest(ids: np.ndarray, mask: np.ndarray, cu_seqlens: np.ndarray | None = None) -> bytes:
@@ -50,11 +54,13 @@ def sha256_file(path: Path) -> str:
 
 def write_checked_json(path: Path, body: object) -> None:
     """Keep ``body`` (JSON) at ``path`` with the sha256 of its canonical text (``read_checked_json``),
-    written whole under a temporary name, then renamed; a file that cannot be written is left out."""
+    written whole under a temporary name, then renamed; a file that cannot be written is left out.
+    A temporary name beside it a day old is a killed writer's: removed."""
     document = {"body": body, "sha256": _json_digest(body)}
     draft: Path | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_drafts(path.parent)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".tmp-", delete=False) as f:
             draft = Path(f.name)
             json.dump(document, f)
@@ -62,6 +68,16 @@ def write_checked_json(path: Path, body: object) -> None:
     except OSError:
         if draft is not None:
             draft.unlink(missing_ok=True)
+
+
+def _remove_stale_drafts(folder: Path) -> None:
+    """Remove the temporary files (``.tmp-``) in ``folder`` last written ``STALE_SECONDS`` ago or more."""
+    now = time.time()
+    for entry in os.scandir(folder):
+        if entry.name.startswith(".tmp-"):
+            with contextlib.suppress(OSError):  # (gone, or another's to keep)
+                if now - entry.stat(follow_symlinks=False).st_mtime >= STALE_SECONDS:
+                    os.unlink(entry.path)
 
 
 def read_checked_json(path: Path) -> object:

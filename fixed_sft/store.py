@@ -48,6 +48,7 @@ import xxhash
 
 from .encode import Encoded, EncoderConfig, sampled
 from .errors import BuildError
+from .hashes import STALE_SECONDS  # (a temporary file this old is a killed build's: removed)
 
 # Bump when the segment format changes, or what an encoding depends on beyond the modules and
 # libraries below. 2: records checked by XXH3-128, not sha256. 3: a segment names its entry.
@@ -122,7 +123,6 @@ def _open_files() -> int:
 OPEN_FILES = _open_files()
 BLOCK_ROWS = 4096  # stored conversations a build reads at once (``Stream``): at most this many
 BLOCK_BYTES = 16 << 20  # and of at most this many bytes of ids and masks (or one)
-STALE_SECONDS = 24 * 3600  # a temporary file this old is a killed build's: removed
 
 
 def default_dir() -> Path:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import synthetic
@@ -402,3 +404,22 @@ def test_a_probes_file_that_cannot_be_written_is_left_out(tokenizer, tmp_path, m
     folder = tmp_path / "probes"
     ChatEncoder(tokenizer, probes=folder / "kept.json")
     assert list(folder.iterdir()) == []
+
+
+def test_a_killed_writer_s_probes_draft_is_removed_a_day_later(tokenizer, tmp_path, monkeypatch):
+    """A temporary file a killed build left beside the probes' file is removed by the next
+    writer once it is a day old; a newer one (another build's, still writing) is kept."""
+    import os
+
+    import fixed_sft.chat as chat
+    from fixed_sft.hashes import STALE_SECONDS
+
+    folder = tmp_path / "probes"
+    folder.mkdir()
+    old, new = folder / ".tmp-killed", folder / ".tmp-writing"
+    for draft in (old, new):
+        draft.write_text("{")
+    os.utime(old, (time.time() - STALE_SECONDS - 60,) * 2)
+    monkeypatch.setattr(chat, "_probed", chat.weakref.WeakKeyDictionary())
+    ChatEncoder(tokenizer, probes=folder / "kept.json")
+    assert sorted(p.name for p in folder.iterdir()) == [".tmp-writing", "kept.json"]
