@@ -530,7 +530,7 @@ class TokenStore:
             if not entry.name.endswith(".seg"):
                 continue
             self.writer.after = max(self.writer.after, _stamp(entry.name))
-            records = self._read_records(Path(entry.path), entry_tag(self.folder))
+            records = self._read_records(Path(entry.path))
             try:
                 size = entry.stat().st_size
             except OSError:  # (gone since it was listed)
@@ -567,10 +567,10 @@ class TokenStore:
         return payload is not None and _digest(head, payload) == self.digest[index].tobytes()
 
     @staticmethod
-    def _read_records(path: Path, tag: bytes) -> np.ndarray | None:
+    def _read_records(path: Path) -> np.ndarray | None:
         """A segment's records (those its file holds whole), or ``None`` for a file that is
-        not a segment of the entry ``tag`` names (not a regular file: a FIFO, which would
-        block; a link; another entry's segment, which would give another source's rows)."""
+        not a segment of the entry it is in (not a regular file: a FIFO, which would block;
+        a link; another entry's segment, which would give another source's rows)."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
         except OSError:
@@ -580,7 +580,11 @@ class TokenStore:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     return None
                 header = f.read(HEADER_BYTES)
-                if len(header) < HEADER_BYTES or header[: len(MAGIC)] != MAGIC or header[len(MAGIC) : -8] != tag:
+                if (
+                    len(header) < HEADER_BYTES
+                    or header[: len(MAGIC)] != MAGIC
+                    or header[len(MAGIC) : -8] != entry_tag(path.parent)
+                ):
                     return None
                 count = int.from_bytes(header[-8:], "little")
                 size = os.fstat(f.fileno()).st_size
