@@ -35,7 +35,7 @@ from .engine import MANY_WORKERS, usable_cores
 from .errors import BuildError, UsageError
 from .fill import CheckTask, FreshTask, check_apart, fill, fill_tasks, fresh, ready_to_check
 from .folder import transaction
-from .hashes import rows_digest, sha256_file
+from .hashes import row_digest, rows_digest, sha256_file
 from .hf_chat import MASK_TYPES as HF_MASK_TYPES
 from .hub import is_hub_id, raise_cache_damage
 from .manifest import (
@@ -54,7 +54,7 @@ from .manifest import (
 )
 from .memory import map_large_allocations, system_allocator
 from .order import permutation, positions
-from .output import MANIFEST_NAME, PARQUET_NAME, PartWriter, RowWriter, format_of, naming
+from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter, format_of, naming
 from .pack import Packer, Row, Unit
 from .params import RECORDED, BuildConfig, to_json
 from .plots import Inputs, Plotter
@@ -96,10 +96,6 @@ PARALLEL_PACKING_WORKERS = 4
 # 2.56 s in 16 workers against 3.05 s one at a time; of 256,000, 4.22 s against 10.42 s (measured
 # before fixed_sft.direct, which packs such builds now). Fewer cores than 8 were not measured.
 STORED_PACKING_TOKENS = 1 << 26
-# A build that packs in its own process writes its row groups in this many threads at most, where it
-# has a core for each beside its own (output.PartWriter): its Parquet writer's one thread was its
-# slowest stage (a later build of 42M tokens: 0.72 s of 1.19 s on 2 cores).
-WRITER_THREADS = 4
 STORED_PACKING_CORES = 8
 # With this many workers, a build whose template probes are kept fills the store without the
 # template renderer in its workers (its import took 1.2-2.9 s on the 16-core machine, while every
@@ -393,10 +389,11 @@ def _pack(
     tally: _Tally,
     bar: tqdm,
     tokenized: tqdm,
+    boundaries: bool = False,
 ) -> None:
     """Feed conversations to the packer a block at a time (``_block``) and write kept rows
-    until ``rows`` (``None``: all), each row's hash the writer's; ``tokenized`` counts the
-    conversations, ``bar`` the rows."""
+    until ``rows`` (``None``: all); ``tokenized`` counts the conversations, ``bar`` the rows;
+    with ``boundaries``, each row's hash covers its ``cu_seqlens``."""
     conversations = iter(conversations)
     while block := _block(conversations, rows, packer, writer, tally):
         tokenized.update(len(block))
@@ -409,7 +406,7 @@ def _pack(
                 continue
             writer.write(row)
             tally.settle(row, kept=True)
-            tally.digests.append(writer.digests[-1])
+            tally.digests.append(row_digest(row.ids, row.mask, row.cu_seqlens if boundaries else None))
             tally.supervised += trainable + int(row.mask[0])
             tally.trainable += trainable
             tally.rows_per_conversation.update(s.index for s in row.segments)
@@ -878,14 +875,8 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
             given = direct.reach(store, order, skip, config.rows, config.row_tokens)
             if given is None:
                 return None
-            threads = min(WRITER_THREADS, min(config.workers, usable_cores()) - 1)
-            path = folder / PARQUET_NAME
-            writer = (
-                PartWriter(path, config.emit_boundaries, threads)
-                if threads > 1
-                else RowWriter(path, config.emit_boundaries)
-            )
-            shape = (config.row_tokens, separator_id)
+            writer = RowWriter(folder / PARQUET_NAME, config.emit_boundaries)
+            shape = (config.row_tokens, separator_id, config.emit_boundaries)
             try:
                 packed = direct.pack(store, order, config.rows, shape, config.check_every, writer, bar.update, given)
                 tallied(packed)  # (the plots drawn while the last rows are written)
@@ -912,7 +903,7 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
                     merged = store.stream(order, stream, config.check_every, partial(encoding.one, source, rank))
                 valid = _valid(stream if merged is None else iter(merged), source, config.skip_invalid, tally)
                 try:
-                    _pack(valid, config.rows, packer, writer, tally, bar, tokenized)
+                    _pack(valid, config.rows, packer, writer, tally, bar, tokenized, config.emit_boundaries)
                 except InvalidSourceRow:
                     if merged is not None:
                         merged.finish()  # (a stored conversation before it whose check fails stops the build first)

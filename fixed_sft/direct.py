@@ -26,7 +26,8 @@ from collections.abc import Callable
 import numpy as np
 
 from .cuts import Cuts
-from .output import PartWriter, RowWriter, rows_per_group
+from .hashes import row_digest
+from .output import RowWriter, rows_per_group
 from .pack import Row, Segment
 from .parallel import Packed, Rows, Stream, left_out, tally
 from .store import Damaged, TokenStore
@@ -53,20 +54,20 @@ def pack(
     store: TokenStore,
     order: np.ndarray,
     wanted: int | None,
-    shape: tuple[int, int],
+    shape: tuple[int, int, bool],
     check_every: int,
-    writer: RowWriter | PartWriter,
+    writer: RowWriter,
     progress: Callable[[int], None],
     given: int | None = None,
 ) -> Packed:
     """Write the rows of ``order`` to ``writer``, up to ``wanted`` kept rows (``None``: all),
-    of ``shape``'s row tokens, joined by its separator id, from its first ``given``
-    conversations (``reach``; ``None``: all); what was packed (its digests are the
-    writer's, whole once the caller closes it, as is the file's sha256). ``progress`` is told of each row group's kept
+    with ``shape``'s row tokens, separator id and boundaries, from its first ``given``
+    conversations (``reach``; ``None``: all); what was packed (the file's sha256 is the
+    caller's, once it closes ``writer``). ``progress`` is told of each row group's kept
     rows. Where every row is cut, the conversations after the last are read too (their
     ids counted, as one conversation at a time counts them). ``Unsuited`` where this path
     cannot pack them: a repeated id, a damaged conversation, or too few rows before ``given``."""
-    row_tokens, eos_id = shape
+    row_tokens, eos_id, boundaries = shape
     whole = given is None or given == len(order)
     order = order[:given]
     sizes = store.tokens[order] + 1
@@ -74,11 +75,11 @@ def pack(
     reader = _Reader(store, order, eos_id)
     supervised = np.zeros(cuts.rows, np.int64)
     trainable = np.zeros(cuts.rows, np.int64)
-    kept_rows = 0
+    digests: list[bytes] = []
     group = rows_per_group(row_tokens)
     considered, stopped, begin = cuts.rows, False, 0
     while begin < cuts.rows:
-        end = min(begin + group - kept_rows % group, cuts.rows)  # (the rows that fill the writer's group)
+        end = min(begin + group - len(digests) % group, cuts.rows)  # (the rows that fill the writer's group)
         low, high = int(cuts.first[begin]), int(cuts.last[end - 1]) + 1
         ids, mask, names = reader.take(low, high, (begin * row_tokens, end * row_tokens))
         ids_rows, mask_rows = ids.reshape(-1, row_tokens), mask.reshape(-1, row_tokens)
@@ -86,7 +87,7 @@ def pack(
         trainable[begin:end] = supervised[begin:end] - (mask_rows[:, 0] != 0)  # (token 0 trains nothing)
         where = [a[begin:end].tolist() for a in (cuts.first, cuts.head, cuts.last, cuts.tail)]
         sources, unit_sizes = order[low:high].tolist(), sizes[low:high].tolist()
-        kept_before = kept_rows
+        kept_before = len(digests)
         for r in np.flatnonzero(trainable[begin:end]).tolist():
             first, head, final, tail = (w[r] for w in where)
             segments = tuple(
@@ -98,12 +99,13 @@ def pack(
                 )
                 for unit in range(first, final + 1)
             )
-            writer.write(Row(ids_rows[r], mask_rows[r], segments))
-            kept_rows += 1
-            if kept_rows == wanted:
+            row = Row(ids_rows[r], mask_rows[r], segments)
+            digests.append(row_digest(row.ids, row.mask, row.cu_seqlens if boundaries else None))
+            writer.write(row)
+            if len(digests) == wanted:
                 considered, stopped = begin + r + 1, True
                 break
-        progress(kept_rows - kept_before)
+        progress(len(digests) - kept_before)
         if stopped:
             break
         begin = end
@@ -116,7 +118,7 @@ def pack(
     stream = Stream()  # (what ``tally`` reads of it: the rows' masks gave the supervised tokens)
     stream.indices, stream.codes, stream.values = [order], reader.codes.tolist(), reader.values
     packed = tally(stream, rows, check_every)
-    packed.digests = writer.digests  # (the writer's list: whole once it is closed)
+    packed.digests = digests
     return packed
 
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -18,10 +17,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import arrow
-from .hashes import AppendedHash, row_digest, sha256_file
+from .hashes import AppendedHash
 from .pack import Row
 from .plots import PLOT_NAMES
-from .stitch import Stitcher, footer
 
 FORMAT = "fixed-sft/2"  # the format of the folder: its Parquet schema and manifest (data/README.md)
 BOUNDARIES_FORMAT = "fixed-sft/3"  # the same with each row's boundaries (``--emit-boundaries``)
@@ -38,9 +36,6 @@ QUEUED_VALUES = 1 << 22
 # A row group holds at most this many tokens: fewer rows than ROWS_PER_GROUP where rows are
 # longer than 65536 tokens, so that a reader decodes a bounded amount at once.
 GROUP_VALUES = 1 << 23
-# A part written by a thread of ``PartWriter`` holds row groups of this many tokens at least (or is
-# the last): few parts where row groups are small.
-PART_VALUES = 1 << 20
 WRITE_BATCH_VALUES = 1 << 20  # values per encoding batch: a row group's column in few pages (~10% less CPU)
 # Every column is zstd-compressed, none dictionary-encoded. The token ids are split into their
 # 4 byte planes first (BYTE_STREAM_SPLIT; readers: Arrow >= 17, polars): their high bytes are
@@ -202,13 +197,12 @@ def write_part(path: Path, rows: Iterable[Row], first: int, boundaries: bool) ->
 
 
 class RowWriter:
-    """Appends rows to one Parquet file, a row group (``rows_per_group``) at a time, and
-    hashes each row as it is given (``digests``: ``hashes.row_digest``). Row groups are
-    compressed and written by a background thread (pyarrow releases the GIL), at most
-    ``QUEUED_VALUES`` tokens behind the caller; none is written after one that failed.
-    The caller's thread hashes each row, and each group once written: the writer's thread
-    is a later build's slowest stage, the caller's waits on it.
-    With ``boundaries``, each row's ``metadata.cu_seqlens`` is written (and hashed) too."""
+    """Appends rows to one Parquet file, a row group (``rows_per_group``) at a time. Row
+    groups are compressed and written by a background thread (pyarrow releases the GIL),
+    at most ``QUEUED_VALUES`` tokens behind the caller; none is written after one that failed.
+    The caller's thread hashes each group once written: the writer's thread is a later
+    build's slowest stage, the caller's waits on it.
+    With ``boundaries``, each row's ``metadata.cu_seqlens`` is written too."""
 
     def __init__(self, path: Path, boundaries: bool = False):
         self.path = path
@@ -216,7 +210,6 @@ class RowWriter:
         self._writer = parquet_writer(path, boundaries)
         self._hash = AppendedHash(path)  # (its bytes hashed as each group is written, by ``_wait``)
         self.sha256: str | None = None  # the file's, once closed
-        self.digests: list[bytes] = []  # each row's, in order
         self._pending: list[Row] = []
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="parquet")
         self._writing: deque[Future] = deque()
@@ -224,7 +217,6 @@ class RowWriter:
         self.rows = 0
 
     def write(self, row: Row) -> None:
-        self.digests.append(row_digest(row.ids, row.mask, row.cu_seqlens if self.boundaries else None))
         self._pending.append(row)
         self.rows += 1
         if len(self._pending) >= rows_per_group(len(row.ids)):
@@ -295,93 +287,6 @@ class RowWriter:
             with self.path.open("rb+") as f:
                 os.fsync(f.fileno())
             self.sha256 = self._hash.hexdigest()
-
-
-class PartWriter:
-    """Writes what ``RowWriter`` writes, the same bytes, with cores to spare: the rows of
-    whole row groups of ``PART_VALUES`` tokens or more (or the last) are hashed
-    (``digests``, complete once closed) and written as a Parquet part (``write_part``) by
-    one of ``threads`` threads, at most two a thread ahead of the caller; the parts are
-    joined in order (``fixed_sft.stitch``). A later build's writer thread, its slowest
-    stage, then runs in several."""
-
-    def __init__(self, path: Path, boundaries: bool, threads: int):
-        self.path = path
-        self.boundaries = boundaries
-        self.sha256: str | None = None  # the file's, once closed
-        self.digests: list[bytes] = []  # each row's, in order, as its group is joined
-        self.rows = 0
-        self._parts = path.with_name(f".{path.name}.parts")
-        with naming(self._parts):
-            self._parts.mkdir()
-        with naming(path):
-            self._stitcher = Stitcher(path)
-        self._threads = threads
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="parquet")
-        self._writing: deque[Future] = deque()
-        self._pending: list[Row] = []
-
-    def write(self, row: Row) -> None:
-        self._pending.append(row)
-        self.rows += 1
-        group = rows_per_group(len(row.ids))
-        if len(self._pending) >= group * max(1, PART_VALUES // (group * len(row.ids))):
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        self._wait(2 * self._threads - 1)
-        first = self.rows - len(self._pending)
-        self._writing.append(self._pool.submit(self._write_group, self._pending, first))
-        self._pending = []
-
-    def _write_group(self, rows: list[Row], first: int) -> tuple[Path, list[bytes], tuple]:
-        """Hash ``rows`` and write them as a part: its path, their digests and its footer."""
-        digests = [row_digest(row.ids, row.mask, row.cu_seqlens if self.boundaries else None) for row in rows]
-        part = self._parts / f"{first:012d}.parquet"
-        write_part(part, rows, first, self.boundaries)
-        return part, digests, footer(part)
-
-    def _wait(self, queued: int = 0) -> None:
-        """Join the parts written, in order, until at most ``queued`` groups are still to be."""
-        while len(self._writing) > queued:
-            part, digests, found = self._writing[0].result()
-            with naming(self.path):
-                self._stitcher.append(part, found)  # (which removes the part once copied)
-            self.digests += digests
-            self._writing.popleft()
-
-    def close(self) -> None:
-        """Write the last row group, join every part and write the footer; flush the file to disk."""
-        self._flush()
-        self._wait()
-        self._pool.shutdown()
-        with naming(self.path):
-            if self.rows:
-                self._stitcher.close()  # (once every part is joined, and removed)
-                self.sha256 = self._stitcher.sha256
-            else:  # (no part to join: the file of no row group, as ``RowWriter`` leaves it)
-                self._stitcher.abort()
-                parquet_writer(self.path, self.boundaries).close()
-                self.sha256 = sha256_file(self.path)
-        self._parts.rmdir()
-
-    def abort(self) -> None:
-        """Stop writing after an error: the file is left incomplete (the build discards it),
-        once the parts being written end (a signal while waiting is raised then); groups not
-        started write nothing."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        interrupted: BaseException | None = None
-        while not all(future.done() for future in self._writing):
-            try:
-                wait(self._writing)
-            except BaseException as error:  # (a signal's exception: the parts must still end first)
-                interrupted = interrupted or error
-        self._stitcher.abort()
-        shutil.rmtree(self._parts, ignore_errors=True)
-        if interrupted is not None:
-            raise interrupted
 
 
 class NullValue(ValueError):

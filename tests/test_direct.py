@@ -23,7 +23,7 @@ import fixed_sft.store
 from fixed_sft.build import BuildConfig, build
 from fixed_sft.encode import Encoded
 from fixed_sft.order import permutation
-from fixed_sft.output import PartWriter, RowWriter
+from fixed_sft.output import RowWriter
 from fixed_sft.store import TokenStore
 
 N = 200
@@ -61,20 +61,12 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("threads", [1, 2], ids=["one writer thread", "parts in 2 threads"])
 @pytest.mark.parametrize("case", CASES)
 def test_a_later_build_reads_its_rows_as_one_at_a_time_packs_them(
-    case, threads, corpus, kimi_dir, tmp_path, token_store, read, monkeypatch
+    case, corpus, kimi_dir, tmp_path, token_store, read, monkeypatch
 ) -> None:
     """A build of another seed than the one that filled the store encodes nothing and reads
-    its rows straight from the store: the files of a build without the store, whether its
-    row groups are written by one thread or as parts by several (3 workers on 8 cores)."""
-    writers: list[int] = []
-    parted = build_module.PartWriter
-    monkeypatch.setattr(build_module, "PartWriter", lambda *a: writers.append(a[2]) or parted(*a))
-    if threads > 1:
-        monkeypatch.setattr(build_module, "usable_cores", lambda: 8)
-        monkeypatch.setattr(fixed_sft.output, "PART_VALUES", 4096)  # (parts of few row groups: many parts)
+    its rows straight from the store: the files of a build without the store."""
     overrides = dict(CASES[case])
     if "rows_per_group" in overrides:
         monkeypatch.setattr(fixed_sft.output, "ROWS_PER_GROUP", overrides.pop("rows_per_group"))
@@ -84,10 +76,9 @@ def test_a_later_build_reads_its_rows_as_one_at_a_time_packs_them(
         assert one["stats"]["rows_skipped"] > 0
     build(dataclasses.replace(cfg, seed=cfg.seed + 1, rows=None, no_card=True), tmp_path / "filled")
     assert read == []  # (it encoded every conversation)
-    assert build(dataclasses.replace(cfg, workers=threads + 1), tmp_path / "later") == one
+    assert build(cfg, tmp_path / "later") == one
     assert _files(tmp_path / "later") == _files(tmp_path / "one")
-    assert read == ["packed"] and writers == ([threads] if threads > 1 else [])
-    assert [p.name for p in (tmp_path / "later").iterdir() if p.name.startswith(".")] == []
+    assert read == ["packed"]
 
 
 def test_a_repeated_id_falls_back_to_one_at_a_time(kimi_dir, tmp_path, token_store, read) -> None:
@@ -137,8 +128,7 @@ def test_reading_straight_from_the_store_is_packing_one_at_a_time(data) -> None:
     or not, rows of 1 token up, row groups of 1 row up), reading rows straight from a real
     store entry, whether it gives all of the order or a prefix of it, gives the tally,
     statistics and Parquet bytes of packing one conversation at a time, or ends
-    (``Unsuited``) at a repeated id that the rows read, or where the prefix fills too few rows;
-    whether the rows are written by one thread or as parts by several (``PartWriter``)."""
+    (``Unsuited``) at a repeated id that the rows read, or where the prefix fills too few rows."""
     n = data.draw(st.integers(1, 40))
     repeats = data.draw(st.booleans())
     items = []
@@ -152,7 +142,6 @@ def test_reading_straight_from_the_store_is_packing_one_at_a_time(data) -> None:
     check_every = data.draw(st.sampled_from([0, 1, 3]))
     shape = (data.draw(st.sampled_from([1, 2, 3, 7, 16])), 1, data.draw(st.booleans()))
     group_rows = data.draw(st.sampled_from([1, 2, 3, 128]))
-    threads = data.draw(st.sampled_from([1, 2, 3]))  # (1: ``RowWriter``; more: ``PartWriter``)
     given = np.zeros(n, bool)  # (the store gives a prefix of the order, or all of it)
     given[order[: data.draw(st.sampled_from([n, data.draw(st.integers(0, n))]))]] = True
     with tempfile.TemporaryDirectory() as scratch, pytest.MonkeyPatch.context() as patch:
@@ -163,14 +152,11 @@ def test_reading_straight_from_the_store_is_packing_one_at_a_time(data) -> None:
             assert not given.all()
             return
         patch.setattr(fixed_sft.output, "ROWS_PER_GROUP", group_rows)
-        patch.setattr(fixed_sft.output, "PART_VALUES", data.draw(st.sampled_from([1, 40])))  # (of 1 group, or more)
         one, direct = folder / "one.parquet", folder / "direct.parquet"
         expected, rows = _one_at_a_time(items, order, wanted, False, check_every, shape, one)
-        writer = RowWriter(direct, shape[2]) if threads == 1 else PartWriter(direct, shape[2], threads)
+        writer = RowWriter(direct, shape[2])
         try:
-            packed = fixed_sft.direct.pack(
-                store, order, wanted, shape[:2], check_every, writer, lambda rows: None, reach
-            )
+            packed = fixed_sft.direct.pack(store, order, wanted, shape, check_every, writer, lambda rows: None, reach)
         except fixed_sft.direct.Unsuited as error:
             writer.abort()
             named = [items[i].id for i in order[:reach].tolist() if items[i].id is not None]
@@ -198,12 +184,12 @@ def test_a_repeated_id_after_the_last_row_ends_it(tmp_path) -> None:
     assert "duplicate id (first used by source row 0)" in expected
     writer = RowWriter(tmp_path / "direct.parquet")
     with pytest.raises(fixed_sft.direct.Unsuited, match="source row 2"):
-        fixed_sft.direct.pack(store, order, None, (8, 1), 0, writer, lambda rows: None)
+        fixed_sft.direct.pack(store, order, None, (8, 1, False), 0, writer, lambda rows: None)
     writer.abort()
     items[2] = items[2]._replace(id="c")
     store = _stored(items, tmp_path / "distinct")
     writer = RowWriter(tmp_path / "direct.parquet")
-    packed = fixed_sft.direct.pack(store, order, None, (8, 1), 0, writer, lambda rows: None)
+    packed = fixed_sft.direct.pack(store, order, None, (8, 1, False), 0, writer, lambda rows: None)
     writer.close()
     assert (packed.rows, packed.tail_tokens, packed.rows_per_conversation) == (2, 2, {0: 1, 1: 1})
 
@@ -221,7 +207,7 @@ def test_a_conversation_of_many_row_groups_is_copied_once(tmp_path, monkeypatch)
     monkeypatch.setattr(fixed_sft.store, "_place", lambda ids, *a: copied.append(len(ids)) or place(ids, *a))
     order = np.array([1, 0])
     writer = RowWriter(tmp_path / "direct.parquet")
-    packed = fixed_sft.direct.pack(store, order, None, (8, 1), 0, writer, lambda rows: None)
+    packed = fixed_sft.direct.pack(store, order, None, (8, 1, False), 0, writer, lambda rows: None)
     writer.close()
     assert packed.rows > 600 and sum(copied) <= 10_000 + 2 * 8
     expected, rows = _one_at_a_time(items, order, None, False, 0, (8, 1, False), tmp_path / "one.parquet")
@@ -246,7 +232,7 @@ def test_row_groups_after_a_skipped_row_go_to_arrow_uncopied(tmp_path, monkeypat
 
     monkeypatch.setattr(fixed_sft.output, "_joined", watched)
     writer = RowWriter(tmp_path / "direct.parquet")
-    packed = fixed_sft.direct.pack(store, order, None, (8, 1), 0, writer, lambda rows: None)
+    packed = fixed_sft.direct.pack(store, order, None, (8, 1, False), 0, writer, lambda rows: None)
     writer.close()
     assert packed.rows == 9 and viewed == [False, False] + [True, True] * 3 + [True, True]
     expected, _ = _one_at_a_time(items, order, None, False, 0, (8, 1, False), tmp_path / "one.parquet")
@@ -325,5 +311,5 @@ def test_rows_the_given_conversations_cannot_fill_end_it(tmp_path) -> None:
     assert fixed_sft.direct.reach(store, order, given, 2, 8) == 3
     writer = RowWriter(tmp_path / "direct.parquet")
     with pytest.raises(fixed_sft.direct.Unsuited, match="fill too few rows"):
-        fixed_sft.direct.pack(store, order, 2, (8, 1), 0, writer, lambda rows: None, given=3)
+        fixed_sft.direct.pack(store, order, 2, (8, 1, False), 0, writer, lambda rows: None, given=3)
     writer.abort()

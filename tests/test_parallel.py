@@ -377,7 +377,7 @@ def _one_at_a_time(items, order, wanted, skip, check_every, shape, out):
     try:
         valid = build_module._valid(stream, Source(), skip, tally)
         build_module._pack(
-            valid, wanted, Packer(row_tokens, eos), writer, tally, tqdm(disable=True), tqdm(disable=True)
+            valid, wanted, Packer(row_tokens, eos), writer, tally, tqdm(disable=True), tqdm(disable=True), boundaries
         )
     except build_module.InvalidSourceRow as error:
         writer.abort()
