@@ -26,9 +26,10 @@ Loss mask ``assistant``:
   span must not go on with an added token (the tokenizer's special and control tokens)
   unless the span ends with it, or, where it is not the ``eos_token``, the span ends with
   the ``eos_token`` or with an added token the template also writes after the content of
-  the nearest user message before the reply that has some (else after it; else the nearest
-  other message), shown by rendering it with a marker after its content; a token that ends the reply's content,
-  with nothing of the template's after it, is the content's. Else the template writes a
+  the nearest user message before the reply that has some (else after it; where none has,
+  the conversation is refused), shown by rendering it with a marker after its content; a
+  token that ends the reply's content, with nothing of the template's after it, is the
+  content's. Else the template writes a
   reply's end only when another message follows, or a reply only the next turn's header
   ends (``end_follows``).
   Otherwise the conversation is an invalid row, never a guessed mask.
@@ -528,13 +529,12 @@ class HFChatEncoder:
     def _after_content(self, chat: list[dict], k: int, own: Any, prompt: str, token: str) -> bool:
         """Whether the template writes ``token`` after the content of the nearest user message
         before reply ``k`` that has content to mark (after the one before the reply, then the
-        generation prompt, ``prompt``), else of the nearest after it, else of the nearest other
-        message so (before, then after): a turn's end, which every turn has. A user's turn
-        first: a system prompt's tool instructions or an assistant's tool call write a tool
-        call's closing token after their content too."""
+        generation prompt, ``prompt``), else of the nearest after it: a turn's end, which every
+        turn has. A user's turn alone, and ``False`` where none has content to mark: a system
+        prompt's tool instructions or an assistant's tool call write a tool call's closing
+        token after their content too."""
         nearest = [*range(k - 1, -1, -1), *range(k + 1, len(chat))]
-        users = [j for j in nearest if chat[j].get("role") == "user"]
-        for j in [*users, *(j for j in nearest if j not in users)]:
+        for j in (j for j in nearest if chat[j].get("role") == "user"):
             if (found := self._marked(chat, j, k, own)) is not None:
                 rendered, at = found
                 return token in rendered[at:] + (prompt if j == k - 1 else "")

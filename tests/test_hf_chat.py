@@ -452,6 +452,7 @@ CALLS = (
     "{{ 'Call tools as <｜tool▁calls▁begin｜>name<｜tool▁calls▁end｜>.' }}"
     "{% for m in messages %}{% if m.role == 'user' %}{{ '<｜User｜>' + m.content }}"
     "{% elif m.role == 'system' %}{{ m.content + ' Call tools as <｜tool▁calls▁begin｜>name<｜tool▁calls▁end｜>.' }}"
+    "{% elif m.role == 'tool' %}{{ '<｜Tool｜>' + m.content }}"
     "{% elif m.role == 'assistant' %}{{ '<｜Assistant｜>' + m.content }}"
     "{% if m.tool_calls %}{{ '<｜tool▁calls▁begin｜>' + m.tool_calls[0].function.name + '<｜tool▁calls▁end｜>' }}"
     "{% endif %}{% if not loop.last %}{{ '<|EOT|>' }}{% endif %}{% endif %}{% endfor %}"
@@ -463,15 +464,20 @@ BEFORE_THE_CALL = {
     "a system prompt": [{"role": "system", "content": "be brief."}],
     "an assistant's call": [{"role": "assistant", "content": "so", "tool_calls": [CALL]}],
 }
+AFTER_THE_CALL = {
+    "a user": [{"role": "user", "content": "so?"}, {"role": "assistant", "content": "4"}],
+    "no user": [{"role": "tool", "content": "4"}, {"role": "assistant", "content": "4"}],
+}
 
 
+@pytest.mark.parametrize("after", AFTER_THE_CALL)
 @pytest.mark.parametrize("before", BEFORE_THE_CALL)
-def test_a_reply_ending_with_an_added_token_of_its_own_still_needs_the_end(encoder_of, before):
+def test_a_reply_ending_with_an_added_token_of_its_own_still_needs_the_end(encoder_of, before, after):
     """A tool call's closing token ends the reply's text, not its turn: a template that
     writes the turn's end only before another message is refused there too, whatever the
-    message before the reply writes after its content."""
+    message before the reply writes after its content, with a user message or none."""
     chat = [*BEFORE_THE_CALL[before], {"role": "assistant", "content": "", "tool_calls": [CALL]}]
-    chat += [{"role": "user", "content": "so?"}, {"role": "assistant", "content": "4"}]
+    chat += AFTER_THE_CALL[after]
     k = len(chat) - 3 if before != "an assistant's call" else 0
     says = rf"assistant message {k}: the chat template writes its end \(<\|EOT\|>\)"
     with pytest.raises(InvalidRow, match=says):
