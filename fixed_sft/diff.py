@@ -10,9 +10,10 @@ the ids or the mask differ, the segments (source row and id) that hold it in eac
 the tokens around it decoded with each build's tokenizer (its files from the Hugging Face
 cache or ``--tokenizer``; shown as ids where none can be had). A row only one build has
 is named as such. Where every row has the same tokens but the files differ, the first row
-whose segments differ is named (the row hashes cover tokens, not provenance). Where one
+whose segments differ is named (the row hashes cover tokens, not provenance). Where a
 build has boundaries (``--emit-boundaries``: its row hashes cover them too), rows are
-compared by the hashes of their ids and masks alone, read from both files.
+compared by the hashes of their ids and masks alone, read from both files, and where
+those are all the same, the first row whose boundaries differ is named.
 """
 
 from __future__ import annotations
@@ -118,8 +119,8 @@ def diff(a: Path, b: Path, tokenizer: str | None = None) -> tuple[bool, list[str
     changed = fields(one, two)
     for path in changed:
         lines.append(f"manifest {'.'.join(map(str, path))}: {_value(one, path)} | {_value(two, path)}")
-    hashed = "row hashes"
-    if first.params.emit_boundaries != second.params.emit_boundaries:  # (one build's hashes cover its boundaries)
+    hashed, bounded = "row hashes", [k for k, (x, y) in enumerate(zip(hashes_a, hashes_b)) if x != y]
+    if first.params.emit_boundaries or second.params.emit_boundaries:  # (a row's hash covers its boundaries)
         hashes_a, hashes_b = token_hashes(a, first), token_hashes(b, second)
         hashed = "rows' ids and masks"
     rows = [k for k, (x, y) in enumerate(zip(hashes_a, hashes_b)) if x != y]
@@ -132,9 +133,6 @@ def diff(a: Path, b: Path, tokenizer: str | None = None) -> tuple[bool, list[str
         )
         row_a, row_b = read_row(a, first, number), read_row(b, second, number)
         token = first_token(row_a, row_b)
-        if token == len(row_a.ids) == len(row_b.ids):  # (both verified, with boundaries: theirs differ)
-            lines.append(f"row {number}: the same ids and mask, other boundaries (metadata.cu_seqlens)")
-            return False, lines
         lines.append(f"row {number}, token {token}: first differing id or mask")
         said: set[str] = set()
         for name, folder, manifest, row in ((a, a, first, row_a), (b, b, second, row_b)):
@@ -149,8 +147,16 @@ def diff(a: Path, b: Path, tokenizer: str | None = None) -> tuple[bool, list[str
         shorter = min(len(hashes_a), len(hashes_b))
         if len(hashes_a) != len(hashes_b):
             lines.append(f"the first {shorter} rows are the same")
-        elif hashed != "row hashes":
-            lines.append(f"{hashed}: the same in every row; one build's row hashes cover its boundaries too")
+        elif hashed != "row hashes" and bounded:
+            both = first.params.emit_boundaries and second.params.emit_boundaries
+            lines.append(
+                f"{hashed}: the same in every row; "
+                + (
+                    f"row {bounded[0]} is the first whose boundaries differ"
+                    if both
+                    else "one build's row hashes cover its boundaries too"
+                )
+            )
         if one.get("parquet") != two.get("parquet"):
             lines += _provenance(a, first, b, second)
     return not lines, lines or [f"same: {a} and {b} hold the same rows and manifest"]

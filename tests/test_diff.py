@@ -82,15 +82,18 @@ def test_builds_apart_only_in_their_boundaries_say_so(pair, tmp_path, kimi_dir, 
     assert "manifest params.emit_boundaries: absent | true\n" in out and ", token " not in out
 
 
-def test_a_token_apart_is_found_whatever_the_boundaries(pair, tmp_path, kimi_dir, capsys):
-    """A build with boundaries against one without, of sources a token apart: the rows are
-    compared by their ids and masks, and the first differing row and token are named."""
+@pytest.mark.parametrize("both", [False, True], ids=["one with boundaries", "both"])
+def test_a_token_apart_is_found_whatever_the_boundaries(pair, tmp_path, kimi_dir, capsys, both):
+    """A build with boundaries against one without or with them, of sources a token apart:
+    the rows are compared by their ids and masks, and the first differing row and token
+    are named."""
     assert main(["diff", str(pair[0]), str(pair[1])]) == 1
     named = next(line for line in capsys.readouterr().out.splitlines() if ", token " in line)
-    changed = [json.loads(line) for line in (pair[1].parent / "b.jsonl").read_text().splitlines()]
-    bounded = _build(tmp_path, changed, kimi_dir, "b", emit_boundaries=True)
+    rows = [[json.loads(line) for line in (f.parent / f"{f.name}.jsonl").read_text().splitlines()] for f in pair]
+    first = _build(tmp_path, rows[0], kimi_dir, "a", emit_boundaries=True) if both else pair[0]
+    bounded = _build(tmp_path, rows[1], kimi_dir, "b", emit_boundaries=True)
     capsys.readouterr()
-    assert main(["diff", str(pair[0]), str(bounded)]) == 1
+    assert main(["diff", str(first), str(bounded)]) == 1
     out = capsys.readouterr().out
     assert "rows' ids and masks: 1 of 12 rows differ" in out and f"{named}\n" in out
 
