@@ -175,6 +175,13 @@ class ParquetRowSource(DataSource):
         check_group_size(args.n_samples_per_prompt)
         if self.per_segment:
             check_segment_backend(args)
+        if not getattr(args, "rollout_global_dataset", True):
+            # (miles 78527b91 saves and loads a data source only with it: rollout_manager.py,
+            # RolloutManager.save; placement_group.py)
+            raise ValueError(
+                f"{type(self).__name__} needs miles' rollout dataset on: without it (--disable-rollout-global-"
+                "dataset) miles neither saves nor loads its position, so a resumed run would start at row 0"
+            )
         self.args = args
         path = Path(args.prompt_data)
         self.path = path / "train.parquet" if path.is_dir() else path

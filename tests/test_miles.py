@@ -196,6 +196,15 @@ def test_the_shipped_rollout_passes_the_data_sources_samples_on(built, rollout, 
         check_sample(sample, rows[sample.metadata["row"]])
 
 
+@pytest.mark.parametrize("source", ["ParquetRowSource", "ParquetSegmentSource"])
+def test_a_data_source_without_miles_rollout_dataset_is_refused(built, rollout, tmp_path, source):
+    """miles saves and loads a data source only with its rollout dataset on: without it
+    a resumed run would start again at row 0, so the data source refuses to start."""
+    args = source_args(built[0], tmp_path, rollout_global_dataset=False, use_dynamic_batch_size=True)
+    with pytest.raises(ValueError, match=f"{source} needs miles' rollout dataset on: without it"):
+        getattr(rollout, source)(args)
+
+
 def test_a_resumed_run_continues_at_the_next_sample(built, rollout, tmp_path):
     out, _ = built
     first = rollout.ParquetRowSource(source_args(out, tmp_path))
