@@ -119,7 +119,7 @@ def diff(a: Path, b: Path, tokenizer: str | None = None) -> tuple[bool, list[str
     changed = fields(one, two)
     for path in changed:
         lines.append(f"manifest {'.'.join(map(str, path))}: {_value(one, path)} | {_value(two, path)}")
-    hashed, bounded = "row hashes", [k for k, (x, y) in enumerate(zip(hashes_a, hashes_b)) if x != y]
+    hashed, apart = "row hashes", [k for k, (x, y) in enumerate(zip(hashes_a, hashes_b)) if x != y]
     if first.params.emit_boundaries or second.params.emit_boundaries:  # (a row's hash covers its boundaries)
         hashes_a, hashes_b = token_hashes(a, first), token_hashes(b, second)
         hashed = "rows' ids and masks"
@@ -147,12 +147,12 @@ def diff(a: Path, b: Path, tokenizer: str | None = None) -> tuple[bool, list[str
         shorter = min(len(hashes_a), len(hashes_b))
         if len(hashes_a) != len(hashes_b):
             lines.append(f"the first {shorter} rows are the same")
-        elif hashed != "row hashes" and bounded:
+        elif hashed != "row hashes" and apart:  # (the recorded hashes differ: the boundaries do)
             both = first.params.emit_boundaries and second.params.emit_boundaries
             lines.append(
                 f"{hashed}: the same in every row; "
                 + (
-                    f"row {bounded[0]} is the first whose boundaries differ"
+                    f"row {apart[0]} is the first whose boundaries differ"
                     if both
                     else "one build's row hashes cover its boundaries too"
                 )

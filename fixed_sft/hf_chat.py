@@ -29,9 +29,8 @@ Loss mask ``assistant``:
   the nearest user message before the reply that has some (else after it; where none has,
   the conversation is refused), shown by rendering it with a marker after its content; a
   token that ends the reply's content, with nothing of the template's after it, is the
-  content's. Else the template writes a
-  reply's end only when another message follows, or a reply only the next turn's header
-  ends (``end_follows``).
+  content's. Else the template writes a reply's end only when another message follows, or
+  a reply only the next turn's header ends (``end_follows``).
   Otherwise the conversation is an invalid row, never a guessed mask.
 
 Refused: a conversation the template does not render (an error it raises, a type error) is an
