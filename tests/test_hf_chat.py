@@ -403,14 +403,15 @@ def test_a_reply_that_ends_with_the_template_s_end_is_not_refused(encoder_of, or
     assert encoder_of(_plain(template)).encode(chat) == _oracle(oracle_of(_generation(template)), chat)
 
 
-# Turns ending with <|EOT|> (not the eos_token); a user's content in text parts, a tool's as JSON,
-# system messages dropped
+# Turns ending with <|EOT|> (not the eos_token); a user's content in text parts (an image as an
+# added token), a tool's as JSON, system messages dropped
 PARTS_AND_TOOLS = (
     "{% for m in messages %}{% if m.role != 'system' %}{{ '<｜' + m.role | capitalize + '｜>' }}{% endif %}"
     "{% if m.role == 'assistant' %}"
     "[[{{ m.content + '<|EOT|>' }}]]{% elif m.role == 'tool' %}{{ m.content | tojson + '<|EOT|>' }}"
     "{% elif m.role == 'system' %}{% elif m.content is string %}{{ m.content + '<|EOT|>' }}"
-    "{% else %}{% for part in m.content %}{{ part.text }}{% endfor %}{{ '<|EOT|>' }}{% endif %}{% endfor %}"
+    "{% else %}{% for part in m.content %}{{ part.text if part.type == 'text' else '<｜place▁holder▁no▁0｜>' }}"
+    "{% endfor %}{{ '<|EOT|>' }}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
 )
 
@@ -421,15 +422,16 @@ AROUND = {
     "content inside the end's text": {"role": "user", "content": "EOT"},
     "a message the template drops": {"role": "system", "content": "be brief"},
     "images alone": {"role": "user", "content": [{"type": "image"}]},
+    "text, then an image": {"role": "user", "content": [{"type": "text", "text": "2+2?"}, {"type": "image"}]},
 }
 
 
 @pytest.mark.parametrize("turns", AROUND)
 def test_a_turn_s_end_is_found_whatever_the_content_around_the_reply(encoder_of, oracle_of, turns):
-    """The end a reply shares with the turn before it is found after that turn's content,
-    whether it is text parts, images alone or JSON or text the end holds, or after the
-    nearest other turn's where the template drops the one before: the reply is encoded,
-    its end trained. A reply that is the end's last character is no end of its own."""
+    """The end a reply shares with a user's turn is found after that turn's content, whether
+    it is text parts, images alone, text then an image's token, or text the end holds,
+    whatever comes between (a tool's JSON, a message the template drops): the reply is
+    encoded, its end trained. A reply that is the end's last character is no end of its own."""
     around = AROUND[turns]
     chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": ">"}, around]
     chat += [{"role": "assistant", "content": "4"}, around, {"role": "assistant", "content": "so 4"}]
