@@ -129,13 +129,21 @@ def check_whole_steps(args: Any) -> None:
     ``miles/ray/rollout/rollout_data_conversion.py``, ``build_dp_schedule`` in
     ``miles/utils/dp_schedule.py``), while the data source has moved past them: a
     ``--rollout-batch-size`` that is not a multiple of it leaves rows untrained. (With
-    ``--use-dynamic-global-batch-size`` miles cuts to its data-parallel size instead.)"""
+    ``--use-dynamic-global-batch-size`` miles cuts to its data-parallel size instead.
+    ``--allow-partial-train-step`` trains the rest as a smaller step only where it holds a
+    sample per data-parallel rank: refused too.)"""
     rollouts, step = getattr(args, "rollout_batch_size", None), getattr(args, "global_batch_size", None)
     if getattr(args, "use_dynamic_global_batch_size", False) or not rollouts or not step or rollouts % step == 0:
         return
+    partial = (
+        " (--allow-partial-train-step trains them only where they hold a sample per data-parallel rank, "
+        "which a rollout cannot see)"
+        if getattr(args, "allow_partial_train_step", False)
+        else ""
+    )
     raise ValueError(
         f"--rollout-batch-size {rollouts} is not a multiple of --global-batch-size {step}: miles would drop "
-        f"{rollouts % step} rows of each rollout untrained"
+        f"{rollouts % step} rows of each rollout untrained{partial}"
     )
 
 

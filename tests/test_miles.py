@@ -94,6 +94,16 @@ def test_a_rollout_of_part_of_a_step_is_refused(built, rollout, rollouts, step, 
             rollout.generate_rollout(args, 0, source)
 
 
+def test_a_partial_train_step_is_no_way_around_the_refusal(built, rollout):
+    """miles trains the rest of a rollout as a smaller step only where it holds a sample per
+    data-parallel rank, which a rollout cannot see: still refused, saying so."""
+    out, _ = built
+    source = miles_emulation.RolloutDataSource(miles_emulation.dataset(out / "train.parquet"), n_samples_per_prompt=1)
+    args = SimpleNamespace(rollout_batch_size=50, global_batch_size=16, allow_partial_train_step=True)
+    with pytest.raises(ValueError, match=r"untrained \(--allow-partial-train-step trains them only where"):
+        rollout.generate_rollout(args, 0, source)
+
+
 def test_a_group_of_several_copies_is_refused(built, rollout):
     out, _ = built
     source = miles_emulation.RolloutDataSource(miles_emulation.dataset(out / "train.parquet"), n_samples_per_prompt=2)
