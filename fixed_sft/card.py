@@ -147,7 +147,8 @@ def card_text(manifest: Manifest, license: str, upstream: str | None, plots: Seq
     revision = f" at revision `{source.revision}`" if source.revision else ""
     tokenizer_name = tokenizer.repo or tokenizer.name or "a local tokenizer"
     tokenizer_at = f"`{tokenizer_name}`" + (f" at revision `{tokenizer.revision}`" if tokenizer.revision else "")
-    columns = ", `cu_seqlens`: each conversation's end in the row" if params.emit_boundaries else ""
+    hashed_bounds = " and then its `cu_seqlens` (int32, little-endian)" if params.emit_boundaries else ""
+    columns = ", `cu_seqlens`: 0, then each conversation's end in the row" if params.emit_boundaries else ""
     lines = [
         "---",
         header(manifest, license, upstream).rstrip("\n"),
@@ -208,7 +209,7 @@ def card_text(manifest: Manifest, license: str, upstream: str | None, plots: Seq
         "```",
         "",
         "`rows_sha256` is the SHA-256 of the rows' hashes in order, each the SHA-256 of the row's ids "
-        "(int32, little-endian) followed by its mask (uint8); it depends on the rows alone.",
+        f"(int32, little-endian) followed by its mask (uint8){hashed_bounds}; it depends on the rows alone.",
         "",
     ]
     return "\n".join(lines)

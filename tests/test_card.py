@@ -327,3 +327,25 @@ def test_a_rebuild_compares_the_card_for_information(built, source, kimi_dir):
 def test_a_bad_card_license_is_refused(source, kimi_dir, tmp_path):
     with pytest.raises(UsageError, match="--card-license must be a license id"):
         build(config(source[0], kimi_dir, card_license="ODC By"), tmp_path / "out")
+
+
+@pytest.mark.parametrize("boundaries", [False, True])
+def test_the_cards_row_hash_rule_gives_rows_sha256(source, kimi_dir, tmp_path, boundaries):
+    """The card's sentence on ``rows_sha256`` names every part a row's hash covers: each row's
+    ids and mask, and for a build with boundaries its ``cu_seqlens`` (0 first) too."""
+    import hashlib
+
+    import numpy as np
+
+    out = tmp_path / "build"
+    manifest = build(config(source[0], kimi_dir, rows=6, emit_boundaries=boundaries), out)
+    sentence = next(line for line in _card(out)[1].splitlines() if line.startswith("`rows_sha256` is"))
+    assert ("cu_seqlens" in sentence) == boundaries
+    digests = []
+    for row in pq.read_table(out / "train.parquet").column("metadata").to_pylist():
+        parts = [np.array(row["input_ids"], "<i4").tobytes(), np.array(row["loss_mask"], np.uint8).tobytes()]
+        if boundaries:
+            assert row["cu_seqlens"][0] == 0 and row["cu_seqlens"][-1] == len(row["input_ids"])
+            parts.append(np.array(row["cu_seqlens"], "<i4").tobytes())
+        digests.append(hashlib.sha256(b"".join(parts)).digest())
+    assert hashlib.sha256(b"".join(digests)).hexdigest() == manifest["rows_sha256"]
