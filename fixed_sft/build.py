@@ -31,7 +31,7 @@ from .chat import MASK_TYPES as KIMI_MASK_TYPES
 from .chat import ChatEncoder, read_probes
 from .encode import IN_FLIGHT_BYTES, Chunk, Encoded, EncoderConfig, Encoders, encode_rows, start_fork_server
 from .encoding import Encoder, TemplateMismatch
-from .engine import MANY_WORKERS, usable_cores
+from .engine import MANY_WORKERS, forked, usable_cores
 from .errors import BuildError, UsageError
 from .fill import CheckTask, FreshTask, check_apart, fill, fill_tasks, fresh, ready_to_check
 from .folder import transaction
@@ -52,7 +52,7 @@ from .manifest import (
     Stats,
     TemplateCheck,
 )
-from .memory import map_large_allocations, system_allocator
+from .memory import give_back_often, map_large_allocations, system_allocator
 from .order import permutation, positions
 from .output import MANIFEST_NAME, PARQUET_NAME, RowWriter, format_of, naming
 from .pack import Packer, Row, Unit
@@ -89,13 +89,13 @@ LARGE_ROW_BYTES = CHUNK_BYTES // CHUNK_ROWS
 # gives the conversations the rows need, valid (fixed_sft.direct), else one conversation at a time
 # (benchmarks/README.md: with 2 workers on 2 cores a later build took 4.72 s against 3.31 s with 1).
 PARALLEL_PACKING_WORKERS = 4
-# A build that encodes nothing starts its workers to pack only where its rows hold this many tokens,
-# with at least STORED_PACKING_CORES workers and cores: their start costs it 1-2 s, and in its own
-# process it keeps 2 cores busy (its thread and the Parquet writer's). On the 16-core machine
-# (bench_stored_packing.py), a later build of 64,000 Tulu-like conversations (67M tokens) took
-# 2.56 s in 16 workers against 3.05 s one at a time; of 256,000, 4.22 s against 10.42 s (measured
-# before fixed_sft.direct, which packs such builds now). Fewer cores than 8 were not measured.
-STORED_PACKING_TOKENS = 1 << 26
+# A build that encodes nothing packs in workers forked from its process (``_Encoding.packers``)
+# where its rows hold this many tokens, with at least STORED_PACKING_CORES workers and cores; else
+# in its own process, which keeps 2 cores busy (its thread and the Parquet writer's). On the
+# 16-core machine a later build of 40,000 conversations (42M tokens) at 16 workers took 1.12-1.19 s
+# so, against 1.76-2.34 s in its own process and 1.57-1.61 s in workers from the fork server, which
+# wait for its encoder (bench_store.py, 2 rounds). Fewer cores than 8 were not measured.
+STORED_PACKING_TOKENS = 1 << 24
 STORED_PACKING_CORES = 8
 # With this many workers, a build whose template probes are kept fills the store without the
 # template renderer in its workers (its import took 1.2-2.9 s on the 16-core machine, while every
@@ -462,12 +462,14 @@ def _pack_stored(
     error here. Where the fill just indexed
     every source row (``indexes``), that index stands for the index pass."""
     separator_id, encoding = setup
-    if encoding.workers < PARALLEL_PACKING_WORKERS or encoding.encoders is None:
-        return None  # (too few to pay; or none started: their start costs more than they save)
+    if encoding.workers < PARALLEL_PACKING_WORKERS:
+        return None  # (too few to pay)
+    if encoding.encoders is None and not _packs_stored_apart(config, store):
+        return None  # (none started to encode, and rows too few to start them for)
     if parallel.reachable(store, order, held, config.row_tokens) < (config.rows or math.inf):
         return None
 
-    run = encoding.fresh(config.rows, config.row_tokens).run
+    run = encoding.fresh(config.rows, config.row_tokens).run if encoding.encoders else encoding.packers()
     blocks = indexes.stream() if indexes is not None and held.all() else None
     if blocks is None:
         blocks = parallel.stored(store, order, held, config.rows, config.row_tokens, run, encoding.workers)
@@ -681,6 +683,14 @@ class _Encoding:
             self.encoders, self._checkers, self.encoded = None, [], False
         return self.start(renderer=False)
 
+    def packers(self) -> parallel.Run:
+        """Where a build that encodes nothing packs from the store (``fixed_sft.parallel``):
+        ``workers`` processes forked from this one now (``engine.forked``), which hold its
+        store and order and load nothing; they end with the build."""
+        many = self.workers >= MANY_WORKERS
+        pool = self.stack.enter_context(forked(self.workers, partial(_packer_setup, many)))
+        return lambda fn, tasks: pool.map(fn, ((task,) for task in tasks))
+
     def checkers(self) -> Encoders:
         """Workers of their own that check the sampled rows (``fixed_sft.fill``): one per
         ``CHECKED_BY`` workers, at least 2."""
@@ -751,6 +761,12 @@ def _packs_stored_apart(config: BuildConfig, store: TokenStore) -> bool:
     return cores >= max(PARALLEL_PACKING_WORKERS, STORED_PACKING_CORES) and tokens >= STORED_PACKING_TOKENS
 
 
+def _packer_setup(many: bool) -> None:
+    """A packing worker's allocators, set as an encoding worker's are (``encode._worker_setup``)."""
+    map_large_allocations()
+    give_back_often(many)
+
+
 def _probes_kept(encoder: EncoderConfig) -> bool:
     """Whether the Kimi probes' outcome for ``encoder`` is kept (``fixed_sft.chat.read_probes``)."""
     return encoder.probes is not None and read_probes(Path(encoder.probes)) is not None
@@ -817,8 +833,6 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
         else:  # (nothing to encode: the build is soon at its plots)
             if plotter is not None:
                 plotter.load()
-            if store is not None and _packs_stored_apart(config, store):
-                encoding.start(renderer=False)  # (workers that only pack: nothing to render)
         packer = Packer(config.row_tokens, separator_id)
         tally = _Tally(row_tokens=config.row_tokens)
 

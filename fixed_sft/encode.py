@@ -18,7 +18,6 @@ process is gone.
 
 from __future__ import annotations
 
-import gc
 import importlib
 import json
 import os
@@ -451,7 +450,6 @@ def _worker_setup(config: EncoderConfig, many: bool = False) -> Encoder | Except
     """A worker's state: its encoder (``worker_encoder``), once its allocators are set as
     the build's process sets them (``many``: one of ``engine.MANY_WORKERS`` or more, which
     gives its free memory back often), with BPE on one thread (the workers are the parallelism)."""
-    gc.freeze()  # (what it inherits: a full collection would make every page of it the worker's own copy, ~16 MB)
     pa.set_memory_pool(pa.system_memory_pool())  # as ``system_allocator`` in the build's process
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     map_large_allocations()

@@ -9,7 +9,8 @@ entering on, so that it overlaps the caller's first reads; ``map`` raises its er
 * ``InProcess``: each task runs in this process when the caller asks for its result.
 * ``ProcessPool``: the standard library's ``ProcessPoolExecutor``, ``setup`` its
   initializer; a task is sent while fewer than ``2 * workers`` are in flight and the
-  caller's ``room`` says another fits.
+  caller's ``room`` says another fits. Its workers fork from multiprocessing's fork
+  server (``forkserver_context``), or from the caller's process (``forked``).
 
 Leaving either on Ctrl-C or SIGTERM waits for neither start-up (which may never end) nor
 the tasks in flight: the program exits without them (``fixed_sft.cli.run``), and workers
@@ -20,6 +21,7 @@ end with it (each watches its parent). A distributed engine would give the same
 from __future__ import annotations
 
 import fcntl
+import gc
 import os
 import shutil
 import signal
@@ -34,7 +36,7 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from .exits import remove_on_exit
+from .exits import forget_folders, remove_on_exit
 
 R = TypeVar("R")
 MAX_WORKERS = 1024  # the most worker processes a build may ask for
@@ -188,12 +190,23 @@ class ProcessPool:
                 future.cancel()
 
 
+def forked(workers: int, setup: Callable[[], Any]) -> ProcessPool:
+    """A ``ProcessPool`` whose workers fork from this process as the pool starts: they hold
+    what it holds at that moment (a later build's token store and order, say), so they
+    need nothing loaded, and start without a fork server's wait. Each forgets this
+    process's signal handlers and the folders it removes on exit."""
+    return ProcessPool(workers, setup, get_context("fork"))
+
+
 _state: Any = None  # in a worker: what its setup returned, or the exception it raised
 
 
 def _init_worker(setup: Callable[[], Any]) -> None:
     global _state
+    gc.freeze()  # (what it inherits: a full collection would make every page of it the worker's own copy)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle: it stops the workers
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (a worker forked from the caller has the caller's handler)
+    forget_folders()
     parent = parent_process()
     assert parent is not None  # a worker of the pool, which the caller's process started
     threading.Thread(target=_exit_when_gone, args=(parent.sentinel,), daemon=True).start()

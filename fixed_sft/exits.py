@@ -24,6 +24,12 @@ def remove_on_exit(folder: Path) -> None:
     _folders.append(folder)
 
 
+def forget_folders() -> None:
+    """Remove none of the registered folders on exit: in a process forked from the one that
+    registered them (its worker), which must not remove its parent's folders."""
+    _folders.clear()
+
+
 @contextmanager
 def removed_on_exit(folder: Path) -> Iterator[None]:
     """Have ``exit_now`` remove ``folder`` while the block runs."""

@@ -626,6 +626,72 @@ def test_a_signal_while_workers_pack_from_the_store_stops_the_build(source, kimi
     assert stopped
 
 
+# A later build that packs in workers forked from its process, with 4 workers on any machine
+# (it takes 8 workers and cores, and 16M tokens: ``build._packs_stored_apart``)
+FORKED_PACKERS = (
+    "import sys; from fixed_sft import build, cli; build.STORED_PACKING_CORES = build.STORED_PACKING_TOKENS = 1; "
+    "build.usable_cores = lambda: 4; sys.exit(cli.run())"
+)
+
+
+def test_a_signal_while_forked_workers_pack_stops_the_build(source, kimi_dir, tmp_path, token_store):
+    """A later build that encodes nothing and packs its rows in 4 workers forked from its
+    process (``build._Encoding.packers``), stopped by Ctrl-C (to its process group) or
+    SIGTERM (to the build alone) once they write its Parquet parts, exits as any build
+    does: no output, no temporary folder, no parts, no worker left. A folder beside the
+    build is untouched (a forked worker removes none of its parent's folders)."""
+    from fixed_sft.output import PARTS_NAME
+
+    args = command(source, kimi_dir, tmp_path / "filled")
+    args[args.index("--rows") + 1] = "all"
+    subprocess.run(args, check=True, cwd=ROOT, capture_output=True)  # (fills the store, every sample checked)
+    args = [sys.executable, "-c", FORKED_PACKERS, *args[2:]]
+    args[args.index("--workers") + 1] = "4"
+    args += ["--row-tokens", "256", "--seed", "9"]
+    stopped = 0
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        out, tmpdir = tmp_path / signal.Signals(sig).name / "out", short_tmpdir()
+        out.parent.mkdir()
+        (out.parent / "kept").mkdir()
+        args[args.index("--out") + 1] = str(out)
+        process = _in_session(args, TMPDIR=str(tmpdir))
+        deadline = time.monotonic() + 60
+        while not list(out.parent.glob(f".out.tmp-*/{PARTS_NAME}")) and process.poll() is None:
+            assert time.monotonic() < deadline, "the workers never wrote a part"
+            time.sleep(0.002)
+        os.killpg(process.pid, sig) if sig == signal.SIGINT else process.send_signal(sig)
+        _, stderr = process.communicate(timeout=STOP_WITHIN_S)
+        assert not _wait_until_gone(process.pid) and not leftovers(out, "tmp") and not _removed(tmpdir)
+        assert (out.parent / "kept").is_dir()
+        if process.returncode == 0:  # (done as the signal came)
+            assert assert_absent_or_complete(out, {rows_sha256(out)}) == "complete"
+        else:
+            _assert_stopped_by(sig, process.returncode, stderr)
+            assert not out.exists()
+            stopped += 1
+    assert stopped
+
+
+def _worker_state(_: object) -> tuple[object, list[Path]]:
+    from fixed_sft import exits
+
+    return signal.getsignal(signal.SIGTERM), list(exits._folders)
+
+
+def test_a_forked_worker_has_none_of_its_parents_signal_handlers_or_exit_folders(tmp_path):
+    """A worker forked from the build's process (``engine.forked``) takes SIGTERM's default
+    action and removes no folder on exit: it must not run the build's handler, whose
+    second signal removes the build's temporary folders (``exits.exit_now``)."""
+    from fixed_sft import engine, exits
+
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with exits.removed_on_exit(tmp_path), engine.forked(1, lambda: None) as pool:
+            assert list(pool.map(_worker_state, [()])) == [(signal.SIG_DFL, [])]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_the_fork_server_ends_quietly_when_a_build_vanishes_mid_request() -> None:
     """A build stopped as one of its workers starts may close its fork server's connection
     before it sends the worker's files: the server ends (the build is going), with no

@@ -733,9 +733,10 @@ def test_a_build_that_fills_apart_starts_its_fork_server_first(
 def test_a_build_that_encodes_nothing_packs_in_its_workers_where_its_rows_are_many(
     rows, corpus, kimi_dir, tmp_path, packed, monkeypatch
 ) -> None:
-    """A build whose store gives every conversation starts workers (without the renderer)
-    to pack only where its rows hold ``STORED_PACKING_TOKENS`` tokens, with
-    ``STORED_PACKING_CORES`` workers and cores: the same bytes either way."""
+    """A build whose store gives every conversation packs in workers forked from its process
+    (``_Encoding.packers``), which load no encoder, only where its rows hold
+    ``STORED_PACKING_TOKENS`` tokens, with ``STORED_PACKING_CORES`` workers and cores: the
+    same bytes either way. No encoding worker starts."""
     monkeypatch.setattr(build_module, "STORED_PACKING_CORES", 2)
     cfg = _config(corpus, kimi_dir, rows=rows, row_tokens=1024)
     one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
@@ -743,18 +744,27 @@ def test_a_build_that_encodes_nothing_packs_in_its_workers_where_its_rows_are_ma
     started: list[dict] = []
     start = build_module._Encoding.start
     monkeypatch.setattr(build_module._Encoding, "start", lambda *a, **k: started.append(k) or start(*a, **k))
+    pools: list[str] = []
+    forked = build_module.forked
+
+    def recorded(workers, setup):
+        pool = forked(workers, setup)
+        pools.append(pool._pool._mp_context.get_start_method())
+        return pool
+
+    monkeypatch.setattr(build_module, "forked", recorded)
     needed = None if rows is None else rows * cfg.row_tokens
-    cases = [(1 << 40, 2, []), (1, 1, []), (1, 2, [{"renderer": False}])]
+    cases = [(1 << 40, 2, []), (1, 1, []), (1, 2, ["fork"])]
     if needed is not None:  # (the rows' tokens: those asked for)
-        cases += [(needed + 1, 2, []), (needed, 2, [{"renderer": False}])]
+        cases += [(needed + 1, 2, []), (needed, 2, ["fork"])]
     for number, (threshold, cores, expected) in enumerate(cases):
         monkeypatch.setattr(build_module, "STORED_PACKING_TOKENS", threshold)
         monkeypatch.setattr(build_module, "usable_cores", lambda cores=cores: cores)
-        started.clear()
+        pools.clear()
         packed.clear()
         assert build(dataclasses.replace(cfg, workers=2), tmp_path / f"later-{number}") == one
         assert _files(tmp_path / f"later-{number}") == _files(tmp_path / "one")
-        assert started[:1] == expected  # (then taken again as they pack)
+        assert pools == expected and started == []
         assert packed == (["packed"] if expected else [])
 
 
@@ -764,8 +774,8 @@ def test_rows_are_written_by_workers_that_encoded_nothing(
 ) -> None:
     """Workers that encoded (a fill, or a first build of some rows) end before the rows are
     written, where they are many enough (``PART_VALUES`` tokens a worker), and as many
-    start anew to write them; a later build's workers, which encoded nothing, write them.
-    The same bytes as one conversation at a time."""
+    start anew to write them; a later build, which encodes nothing, writes them in workers
+    forked from its process. The same bytes as one conversation at a time."""
     monkeypatch.setattr(fixed_sft.parallel, "PART_VALUES", 1024)  # (30 rows of 1024: parts for 2 workers)
     asked: list[tuple[object, object, bool]] = []  # the workers before and after, whether those before ended
     fresh = build_module._Encoding.fresh
@@ -789,8 +799,12 @@ def test_rows_are_written_by_workers_that_encoded_nothing(
     for name, value in (("STORED_PACKING_TOKENS", 1), ("STORED_PACKING_CORES", 2), ("usable_cores", lambda: 2)):
         monkeypatch.setattr(build_module, name, value)  # (workers started to pack: ``_packs_stored_apart``)
     asked.clear()
+    packers: list[int] = []
+    take = build_module._Encoding.packers
+    monkeypatch.setattr(build_module._Encoding, "packers", lambda self: packers.append(1) or take(self))
+    packed.clear()
     assert build(dataclasses.replace(cfg, workers=2), tmp_path / "later") == one
-    assert len(asked) == 1 and asked[0][0] is asked[0][1] and not asked[0][2]
+    assert asked == [] and packers == [1] and packed == ["packed"]
     assert _files(tmp_path / "first") == _files(tmp_path / "later") == _files(tmp_path / "one")
 
 
