@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -238,6 +239,17 @@ class _Spliced(io.RawIOBase):
         return n
 
 
+def open_regular(path: Path) -> io.BufferedReader | None:
+    """``path`` opened to read where it is a regular file, else ``None``. It is opened
+    without blocking: a plain ``open`` of a FIFO waits for a writer forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # (reads of a regular file ignore the flag)
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        f.close()
+        return None
+    return f
+
+
 class RowFile:
     """A Parquet file whose footer is checked (see the module docstring), opened to read
     its row groups. ``rows``: the file's row count, from its footer. With ``boundaries``
@@ -246,7 +258,10 @@ class RowFile:
     def __init__(self, path: Path, rows: int, row_tokens: int, boundaries: bool = False):
         self.path = Path(path)
         self.boundaries = boundaries
-        self._file = self.path.open("rb")
+        opened = open_regular(self.path)
+        if opened is None:
+            raise self._refuse("not a file")
+        self._file = opened
         try:
             self._open(rows, row_tokens)
         except BaseException:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,7 @@ from .hashes import boundaries, row_digest, rows_digest, sha256_file
 from .manifest import Manifest, read
 from .memory import system_allocator
 from .output import CARD_FILES, CARD_NAME, MANIFEST_NAME, PARQUET_NAME, PROMPT, NullValue, first_null, format_of
-from .reader import BOUNDARIES, Group, Refused, RowFile, SchemaDiffers
+from .reader import BOUNDARIES, Group, Refused, RowFile, SchemaDiffers, open_regular
 from .source import non_unicode
 
 
@@ -322,11 +321,11 @@ def read_manifest(path: Path) -> Any:
     """The JSON document in manifest file ``path`` (read by ``fields.loads``), read only
     when it is a regular file of at most ``MANIFEST_BYTES`` whose count of values bounds
     parsing to ``MANIFEST_MEMORY``; ``ManifestRefused`` otherwise."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # (a FIFO would block a plain open)
-    with os.fdopen(fd, "rb") as f:
+    opened = open_regular(path)
+    if opened is None:
+        raise ManifestRefused("not a file")
+    with opened as f:
         info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ManifestRefused("not a file")
         if info.st_size > MANIFEST_BYTES:
             raise ManifestRefused(
                 f"{info.st_size} bytes, more than the {MANIFEST_BYTES} a manifest of "

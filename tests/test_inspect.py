@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shutil
 import sys
@@ -247,3 +248,27 @@ def test_a_build_with_a_file_of_the_users_beside_it_is_inspected_as_verify_check
     capsys.readouterr()
     assert main(["diff", str(out), str(copy)]) == 0
     assert "hold the same rows and manifest" in capsys.readouterr().out
+
+
+def test_a_fifo_in_place_of_the_rows_is_named_without_blocking(built, kimi_dir, tmp_path, capsys):
+    """Opening a FIFO to read it waits for a writer: ``inspect``, with a row or without, and
+    ``diff`` name it in one line at once, as ``verify`` does."""
+    import threading
+
+    out, _ = built
+    fifo_build = tmp_path / "fifo"
+    shutil.copytree(out, fifo_build)
+    (fifo_build / "train.parquet").unlink()
+    os.mkfifo(fifo_build / "train.parquet")
+    for args in (
+        ["inspect", str(fifo_build)],
+        ["inspect", str(fifo_build), "--row", "0", "--tokenizer", str(kimi_dir)],
+        ["diff", str(out), str(fifo_build)],
+    ):
+        codes: list[int] = []
+        worker = threading.Thread(target=lambda args=args, codes=codes: codes.append(main(args)), daemon=True)
+        worker.start()
+        worker.join(60)
+        assert codes, f"{args[0]} blocked on a FIFO"
+        err = capsys.readouterr().err
+        assert codes[0] != 0 and err.count("\n") == 1 and f"{fifo_build / 'train.parquet'}: not a file" in err, err
