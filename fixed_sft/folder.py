@@ -116,8 +116,16 @@ def _not_replaceable(out: Path) -> str | None:
 
 def check_target(out: Path, source: str) -> None:
     """A target must be absent, an empty folder, or a previous build, and lie neither
-    inside a build (which would then no longer be one) nor inside a source folder
-    (``out`` is a resolved path)."""
+    inside a build (which would then no longer be one) nor inside a source folder, nor
+    be the current folder or hold it (which a build would move away from under its
+    shell); ``out`` is a resolved path."""
+    try:
+        here = Path.cwd()
+    except OSError:  # (removed: nothing to move from under it)
+        here = Path("/nonexistent-cwd")
+    if out == here or out in here.parents:
+        which = "the current folder" if out == here else "a folder that holds the current one"
+        raise UsageError(f"output {out} is {which}; choose another --out")
     if out.exists() and (why := _not_replaceable(out)) is not None:
         raise UsageError(f"output {out} exists and is not a previous build ({why}); choose another --out")
     inside = next((folder for folder in out.parents if is_build(folder)), None)

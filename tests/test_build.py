@@ -1099,6 +1099,29 @@ def test_an_output_inside_a_build_or_a_source_folder_is_refused(corpus, kimi_dir
     assert not (corpus[0] / "parquet" / "out").exists()
 
 
+def test_an_output_that_is_or_holds_the_current_folder_is_refused(corpus, kimi_dir, tmp_path, monkeypatch, capsys):
+    """A build moves its target away as it publishes: never the folder the user stands in
+    (``--out .``, or ``--out ''``, which reads as ``.``), nor one that holds it, even where
+    it is empty or a previous build."""
+    from fixed_sft.cli import main
+
+    here = tmp_path / "empty" / "here"
+    here.mkdir(parents=True)
+    monkeypatch.chdir(here)
+    for out, which in ((".", "the current folder"), ("..", "a folder that holds the current one")):
+        with pytest.raises(UsageError, match=f"output {Path(out).resolve()} is {which}; choose another --out"):
+            build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), Path(out))
+    argv = ["build", "--source", str(corpus[0] / "rows.jsonl"), "--tokenizer", str(kimi_dir), "--rows", "1"]
+    assert main([*argv, "--row-tokens", "256", "--workers", "1", "--quiet", "--out", ""]) == 2
+    assert "is the current folder; choose another --out" in capsys.readouterr().err
+    assert Path.cwd() == here and here.is_dir() and sorted(tmp_path.rglob("*")) == [tmp_path / "empty", here]
+    monkeypatch.chdir(tmp_path)
+    build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), here)  # (from elsewhere: an empty folder is replaced)
+    monkeypatch.chdir(here)
+    with pytest.raises(UsageError, match="is the current folder"):
+        build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), Path("."))
+
+
 def test_a_source_that_fills_no_row_is_an_error(kimi_dir, tmp_path):
     synthetic.write_jsonl(synthetic.conversations(1, seed=1), tmp_path / "one.jsonl")
     with pytest.raises(BuildError, match="fills only 0 rows of 8192 tokens with supervised tokens; a build needs"):
