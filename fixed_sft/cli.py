@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import BrokenExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, get_args, get_origin
@@ -655,10 +656,14 @@ def _exit_code(error: Exception) -> int | None:
         return USAGE_ERROR
     if isinstance(error, (BuildError, SourceError, SpecError, TemplateMismatch, TokenizerError, OSError)):
         return FAILURE  # (an OSError: what the system refused, such as a file it may not read)
+    if isinstance(error, BrokenExecutor):
+        return FAILURE
     return None
 
 
 def _describe(error: Exception) -> str:
     if isinstance(error, OSError) and error.filename is not None:
         return f"{error.filename}: {error.strerror}"
+    if isinstance(error, BrokenExecutor):
+        return "a worker process ended abruptly (killed by a signal, or by the system when out of memory)"
     return str(error)

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -766,6 +767,35 @@ def test_a_build_that_encodes_nothing_packs_in_its_workers_where_its_rows_are_ma
         assert _files(tmp_path / f"later-{number}") == _files(tmp_path / "one")
         assert pools == expected and started == []
         assert packed == (["packed"] if expected else [])
+
+
+def _killed(*_: object) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_forked_worker_killed_ends_the_build_in_one_line(
+    corpus, kimi_dir, tmp_path, token_store, packed, monkeypatch, capsys
+):
+    """A worker that dies (killed by a signal, or by the system when out of memory) ends
+    the build with one line that says so, exit 1, and no output. A worker forked from the
+    build runs the build's code as it was when forked: here, a write that kills it."""
+    from fixed_sft.cli import main
+
+    cfg = _config(corpus, kimi_dir, row_tokens=1024)
+    build(cfg, tmp_path / "first")  # (stores every row, checked)
+    for name, value in (("STORED_PACKING_TOKENS", 1), ("STORED_PACKING_CORES", 2), ("usable_cores", lambda: 2)):
+        monkeypatch.setattr(build_module, name, value)  # (a later build packs in forked workers)
+    monkeypatch.setattr(fixed_sft.parallel, "write", _killed)
+    argv = ["build", "--source", str(corpus), "--tokenizer", str(kimi_dir), "--rows", "all", "--row-tokens", "1024"]
+    argv += ["--check-every", "3", "--skip-invalid"]
+    out = tmp_path / "later"
+    assert main([*argv, "--seed", "8", "--workers", "2", "--quiet", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.splitlines()  # (transformers may say first that it finds no PyTorch)
+    assert err[-1:] == [
+        "error: a worker process ended abruptly (killed by a signal, or by the system when out of memory)"
+    ]
+    assert not any("Traceback" in line for line in err)
+    assert not out.exists() and not list(tmp_path.glob(".later.tmp-*"))
 
 
 @pytest.mark.parametrize("rows", [None, 30])
