@@ -13,6 +13,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack, closing, contextmanager, nullcontext
@@ -96,6 +97,7 @@ PARALLEL_PACKING_WORKERS = 4
 # so, against 1.76-2.34 s in its own process and 1.57-1.61 s in workers from the fork server, which
 # wait for its encoder (bench_store.py, 2 rounds). Fewer cores than 8 were not measured.
 STORED_PACKING_TOKENS = 1 << 24
+FORKS_PACKERS = sys.platform == "linux"  # (a fork beside threads: sound on Linux, not with macOS's frameworks)
 STORED_PACKING_CORES = 8
 # With this many workers, a build whose template probes are kept fills the store without the
 # template renderer in its workers (its import took 1.2-2.9 s on the 16-core machine, while every
@@ -751,14 +753,16 @@ def _fills_apart(config: BuildConfig, encoder: EncoderConfig) -> bool:
 
 def _packs_stored_apart(config: BuildConfig, store: TokenStore) -> bool:
     """Whether a build that encodes nothing (the store gives every conversation it needs)
-    starts workers to pack: with ``STORED_PACKING_CORES`` of them and as many cores, where
-    its rows hold at least ``STORED_PACKING_TOKENS`` tokens (all rows: the store's)."""
+    forks workers to pack (on Linux: ``FORKS_PACKERS``): with ``STORED_PACKING_CORES`` of
+    them and as many cores, where its rows hold at least ``STORED_PACKING_TOKENS`` tokens
+    (all rows: the store's)."""
     cores = min(config.workers, usable_cores())
     if config.rows is not None:
         tokens = config.rows * config.row_tokens
     else:
         tokens = int(np.maximum(store.tokens, 0).sum()) + len(store.tokens)  # (each with its separator)
-    return cores >= max(PARALLEL_PACKING_WORKERS, STORED_PACKING_CORES) and tokens >= STORED_PACKING_TOKENS
+    enough = cores >= max(PARALLEL_PACKING_WORKERS, STORED_PACKING_CORES) and tokens >= STORED_PACKING_TOKENS
+    return enough and FORKS_PACKERS
 
 
 def _packer_setup(many: bool) -> None:

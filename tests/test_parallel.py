@@ -758,9 +758,13 @@ def test_a_build_that_encodes_nothing_packs_in_its_workers_where_its_rows_are_ma
     cases = [(1 << 40, 2, []), (1, 1, []), (1, 2, ["fork"])]
     if needed is not None:  # (the rows' tokens: those asked for)
         cases += [(needed + 1, 2, []), (needed, 2, ["fork"])]
+    cases += [(1, 2, "not on Linux")]  # (where a fork beside threads is not sound: ``FORKS_PACKERS``)
     for number, (threshold, cores, expected) in enumerate(cases):
         monkeypatch.setattr(build_module, "STORED_PACKING_TOKENS", threshold)
         monkeypatch.setattr(build_module, "usable_cores", lambda cores=cores: cores)
+        if expected == "not on Linux":
+            monkeypatch.setattr(build_module, "FORKS_PACKERS", False)
+            expected = []
         pools.clear()
         packed.clear()
         assert build(dataclasses.replace(cfg, workers=2), tmp_path / f"later-{number}") == one
