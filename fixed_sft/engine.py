@@ -141,7 +141,11 @@ class ProcessPool:
     def _start_workers(self) -> None:
         """The pool starts one worker per task submitted while none is idle: submit one per
         core that holds its worker for ``START_HOLD_S`` (a worker that had already done its
-        task would be idle, and take the next one instead of a new worker starting)."""
+        task would be idle, and take the next one instead of a new worker starting). With
+        Ctrl-C and SIGTERM blocked in this thread: a worker forked here (``forked``) has
+        them blocked until ``_init_worker`` has set its own handlers, so that neither
+        reaches the handlers of the caller's it starts with."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_SIGNALS)  # (this helper thread's alone)
         for _ in range(min(self.workers, os.cpu_count() or 1)):
             self._pool.submit(time.sleep, START_HOLD_S)
 
@@ -199,6 +203,7 @@ def forked(workers: int, setup: Callable[[], Any]) -> ProcessPool:
 
 
 _state: Any = None  # in a worker: what its setup returned, or the exception it raised
+WORKER_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # a worker ignores the first and dies of the second
 
 
 def _init_worker(setup: Callable[[], Any]) -> None:
@@ -206,6 +211,7 @@ def _init_worker(setup: Callable[[], Any]) -> None:
     gc.freeze()  # (what it inherits: a full collection would make every page of it the worker's own copy)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle: it stops the workers
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (a worker forked from the caller has the caller's handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKER_SIGNALS)  # (blocked as it was forked: ``_start_workers``)
     forget_folders()
     parent = parent_process()
     assert parent is not None  # a worker of the pool, which the caller's process started

@@ -672,24 +672,39 @@ def test_a_signal_while_forked_workers_pack_stops_the_build(source, kimi_dir, tm
     assert stopped
 
 
-def _worker_state(_: object) -> tuple[object, list[Path]]:
+_blocked_when_forked: set[int] = set()  # (in a forked worker: the signals blocked as it began)
+
+
+def _note_blocked() -> None:
+    _blocked_when_forked.update(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+os.register_at_fork(after_in_child=_note_blocked)
+
+
+def _worker_state(_: object) -> tuple[object, list[Path], set[int], set[int]]:
     from fixed_sft import exits
 
-    return signal.getsignal(signal.SIGTERM), list(exits._folders)
+    blocked = set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    return signal.getsignal(signal.SIGTERM), list(exits._folders), set(_blocked_when_forked), blocked
 
 
 def test_a_forked_worker_has_none_of_its_parents_signal_handlers_or_exit_folders(tmp_path):
     """A worker forked from the build's process (``engine.forked``) takes SIGTERM's default
     action and removes no folder on exit: it must not run the build's handler, whose
-    second signal removes the build's temporary folders (``exits.exit_now``)."""
+    second signal removes the build's temporary folders (``exits.exit_now``). It begins
+    with Ctrl-C and SIGTERM blocked, so that neither reaches that handler before it has
+    set its own, and then takes them."""
     from fixed_sft import engine, exits
 
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with exits.removed_on_exit(tmp_path), engine.forked(1, lambda: None) as pool:
-            assert list(pool.map(_worker_state, [()])) == [(signal.SIG_DFL, [])]
+            ((handler, folders, at_fork, now),) = pool.map(_worker_state, [()])
     finally:
         signal.signal(signal.SIGTERM, previous)
+    assert handler == signal.SIG_DFL and folders == []
+    assert {signal.SIGINT, signal.SIGTERM} <= at_fork and not {signal.SIGINT, signal.SIGTERM} & now
 
 
 def test_the_fork_server_ends_quietly_when_a_build_vanishes_mid_request() -> None:
