@@ -35,7 +35,11 @@ PLOT_NAMES = ("supervised_ratio.png", "conversation_tokens.png", "source_mix.png
 SUPERVISED_PLOT, LENGTHS_PLOT, MIX_PLOT = PLOT_NAMES
 DPI = 100
 DRAW_TIMEOUT_S = 120  # a drawing process silent this long is killed, and the plots drawn here
-LOAD = b"L"  # sent to a drawing process started ``lazy``: import matplotlib now (``Plotter.load``)
+# What a build sends its drawing process: ``LOAD`` (one started ``lazy``: import matplotlib now,
+# ``Plotter.load``), then ``DRAW``, the pickled inputs' length (8 bytes, little-endian) and
+# the inputs. The process reads no further than the inputs' end, not to its stdin's end: workers
+# forked from the build hold the pipe open too.
+LOAD, DRAW = b"L", b"D"
 
 
 @dataclass(frozen=True)
@@ -152,7 +156,7 @@ def _spawn(lazy: bool = False) -> subprocess.Popen | None:
 class Plotter:
     """Draws a build's plots (``draw``), in the process ``start_early`` started, else in one
     started on entering unless this one has matplotlib loaded. That process reads one
-    pickled ``Inputs`` on stdin and writes the pickled plots to stdout; it ends once it has,
+    pickled ``Inputs`` on stdin (``DRAW``) and writes the pickled plots to stdout; it ends once it has,
     once its stdin closes (when this process dies), or when it is killed (on leaving, and
     after ``DRAW_TIMEOUT_S``). It runs in a process group of its own, so that a Ctrl-C meant
     for the build does not interrupt its import. Where it cannot start or fails, this
@@ -208,7 +212,8 @@ class Plotter:
     def _wait(self, process: subprocess.Popen, inputs: Inputs) -> None:
         """Send ``inputs`` to the drawing process and keep its plots (none where it fails)."""
         try:
-            output, _ = process.communicate(pickle.dumps(inputs), timeout=DRAW_TIMEOUT_S)
+            data = pickle.dumps(inputs)
+            output, _ = process.communicate(DRAW + len(data).to_bytes(8, "little") + data, timeout=DRAW_TIMEOUT_S)
             plots = pickle.loads(output) if process.returncode == 0 and output else None
             self._drawn = plots if isinstance(plots, dict) else None
         except (OSError, ValueError, subprocess.TimeoutExpired, pickle.UnpicklingError, EOFError):
@@ -254,23 +259,37 @@ def same(a: Inputs, b: Inputs) -> bool:
 
 
 def _serve(lazy: bool = False) -> None:
-    """The drawing process: load matplotlib (``lazy``: once stdin gives a first byte,
-    ``LOAD`` or the inputs' first), draw the ``Inputs`` read from stdin (none: the build
-    is gone or needs none), write the plots to stdout and exit. It collects no garbage:
-    it ends soon (~0.05 CPU-s less)."""
+    """The drawing process: load matplotlib (``lazy``: once stdin gives ``LOAD`` or
+    ``DRAW``), draw the ``Inputs`` that ``DRAW`` gives, write the plots to stdout and exit;
+    exit without drawing where stdin ends first (the build is gone, or needs none). It
+    collects no garbage: it ends soon (~0.05 CPU-s less)."""
     gc.disable()
+    stdin = sys.stdin.buffer
     if not lazy:
         _load()
-    data = sys.stdin.buffer.read(1)
-    if data and lazy:
+    tag = stdin.read(1)
+    if tag == LOAD:
         _load()
-    if data == LOAD:
-        data = b""
-    data += sys.stdin.buffer.read()
-    if data:
+        tag = stdin.read(1)
+    if tag != DRAW:
+        return
+    _load()  # (where not yet: a lazy process given no LOAD)
+    header = _read(stdin, 8)
+    size = int.from_bytes(header, "little")
+    data = _read(stdin, size)
+    if len(header) == 8 and len(data) == size:
         sys.stdout.buffer.write(pickle.dumps(draw(pickle.loads(data), apart=True)))
         sys.stdout.buffer.flush()
         os._exit(0)  # (the build waits for this process to end: not for its teardown, ~0.04 s)
+
+
+def _read(stream: Any, size: int) -> bytes:
+    """``size`` bytes of ``stream``, or fewer where it ends first."""
+    parts, left = [], size
+    while left and (part := stream.read(left)):
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
 
 
 def _load() -> None:

@@ -254,3 +254,32 @@ def _group_alive(group: int) -> bool:
             if int(fields[2]) == group and fields[0] != "Z":
                 return True
     return False
+
+
+HELD = """
+import hashlib, os, sys
+import numpy as np
+from fixed_sft.plots import Inputs, Plotter
+rows, conversations = np.array([10, 900, 4000, 2500]), np.array([3, 40, 500, 7000])
+INPUTS = Inputs(rows, 4096, 0.45, conversations, [("tulu/$math$", 900), ("(none)", 12)])
+with Plotter() as plotter:
+    assert plotter._process is not None, "no drawing process"
+    held = os.dup(plotter._process.stdin.fileno())  # (as a forked worker holds it)
+    plotter.start(INPUTS)
+    plotter._drawing[1].join(60)
+    assert not plotter._drawing[1].is_alive(), "the drawing waited for its stdin's end"
+    assert plotter._drawn is not None, "not drawn by the drawing process"
+    for name, data in sorted(plotter._drawn.items()):
+        print(name, hashlib.sha256(data).hexdigest())
+    os.close(held)
+"""
+
+
+def test_the_drawing_process_draws_while_a_worker_holds_its_stdin():
+    """Workers forked from the build (``engine.forked``) hold copies of the drawing
+    process's stdin, so its end never comes while they run: the process reads no further
+    than the inputs, and draws while they write the rows."""
+    result = _run(HELD)
+    assert result.returncode == 0, result.stderr[-2000:]
+    here = {name: hashlib.sha256(data).hexdigest() for name, data in draw(INPUTS).items()}
+    assert dict(line.split() for line in result.stdout.splitlines()) == here
