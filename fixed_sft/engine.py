@@ -127,7 +127,8 @@ class ProcessPool:
     """Runs tasks in up to ``workers`` processes made by ``context``; each runs ``setup``
     once as it starts (a failure is raised by its first task, so that the caller gets the
     error itself rather than a broken pool). A worker starts per core on entering, up to
-    ``workers``; more start only when tasks wait for them."""
+    ``workers``; more start only when tasks wait for them (all at once where they fork
+    from the caller's process: ``forked``)."""
 
     def __init__(self, workers: int, setup: Callable[[], Any], context: BaseContext):
         self.workers = workers
@@ -141,7 +142,8 @@ class ProcessPool:
     def _start_workers(self) -> None:
         """The pool starts one worker per task submitted while none is idle: submit one per
         core that holds its worker for ``START_HOLD_S`` (a worker that had already done its
-        task would be idle, and take the next one instead of a new worker starting). With
+        task would be idle, and take the next one instead of a new worker starting); a pool
+        that forks from this process (``forked``) starts every worker at the first. With
         Ctrl-C and SIGTERM blocked in this thread: a worker forked here (``forked``) has
         them blocked until ``_init_worker`` has set its own handlers, so that neither
         reaches the handlers of the caller's it starts with."""
