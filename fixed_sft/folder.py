@@ -119,11 +119,8 @@ def check_target(out: Path, source: str) -> None:
     inside a build (which would then no longer be one) nor inside a source folder, nor
     be the current folder or hold it (which a build would move away from under its
     shell); ``out`` is a resolved path."""
-    try:
-        here = Path.cwd()
-    except OSError:  # (removed: nothing to move from under it)
-        here = Path("/nonexistent-cwd")
-    if out == here or out in here.parents:
+    here = _current_folder()
+    if here is not None and (out == here or out in here.parents):
         which = "the current folder" if out == here else "a folder that holds the current one"
         raise UsageError(f"output {out} is {which}; choose another --out")
     if out.exists() and (why := _not_replaceable(out)) is not None:
@@ -133,6 +130,14 @@ def check_target(out: Path, source: str) -> None:
         raise UsageError(f"output {out} is inside the build {inside}; choose another --out")
     if Path(source).is_dir() and out.is_relative_to(Path(source).resolve()):
         raise UsageError(f"output {out} is inside the source folder {source}; choose another --out")
+
+
+def _current_folder() -> Path | None:
+    """This process's current folder; ``None`` where it was removed."""
+    try:
+        return Path.cwd()
+    except OSError:
+        return None
 
 
 def _regular(entry: os.DirEntry) -> bool:
