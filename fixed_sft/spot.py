@@ -16,11 +16,12 @@ For each chosen row K it proves:
   ``skipped_invalid`` left out): a segment after another starts at 0 and the one before ends
   at its unit's end, and the source rows between them in the order are all listed in
   ``skipped_invalid``, each re-read and found invalid, or a duplicate: valid, with an id that
-  a row read holds earlier in the packing order. The source row its reason names as the
-  first to use the id is read too, and must have it; a reason that names none leaves the
-  duplicate not proven, unless every row is checked (every conversation the stream holds
-  is then read, so the earlier copy must be among them); no two of the conversations read
-  and held share an id;
+  a row read holds earlier in the packing order. A valid conversation listed must be a
+  duplicate: its reason names the source row that used the id first, which is read too
+  and must have it. A reason that names none (``LEGACY_DUPLICATE``, as builds wrote it
+  before) leaves the duplicate not proven, unless the rows checked run from row 0 past
+  it (every conversation before it is then read, so the earlier copy must be among
+  them); no two of the conversations read and held share an id;
 - K begins where row K - 1 ends in the stream (where K - 1 is not checked, as the file holds
   it: its last segment must name a unit a row may hold, with that unit's id, and its tokens
   and mask there must be the unit's; the rest of it is not re-encoded; row 0 at the
@@ -101,6 +102,9 @@ STORED = [
     "metadata.row",
     *(f"metadata.segments.list.element.{key}" for key in ("source_index", "id", "start", "end")),
 ]
+
+
+LEGACY_DUPLICATE = "duplicate id"  # a duplicate's skip reason before builds named its first user
 
 
 @dataclass(frozen=True)
@@ -274,17 +278,38 @@ def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenize
         if (problem := stream.check(number, stored, neighbours)) is not None:
             problems[number] = problem
     every = 0 < len(rows) == manifest.stats.rows  # (rows: sorted, each once; the stream read to its end)
+    read = _read_to(rows, stored, stream.rank)
     if every and not problems and stream.dropped != manifest.stats.rows_skipped:
         problems[int(rows[-1])] = (
             f"the stream up to it drops {stream.dropped} rows, stats.rows_skipped says {manifest.stats.rows_skipped}"
         )
-    if every and not problems and stream.duplicates:  # (every conversation a row holds or drops is read)
-        listed = ", ".join(map(str, sorted(stream.duplicates)))
-        problems[int(rows[-1])] = (
+    unfounded = sorted(i for i in stream.duplicates if every or stream.rank[i] < read)
+    if not problems and unfounded:  # (every conversation before them that a row holds or drops is read)
+        listed = ", ".join(map(str, unfounded))
+        problems[int(rows[-1]) if every else _prefix(rows) - 1] = (
             f"skipped_invalid lists source rows {listed} as duplicates, but no conversation before them in the "
             "packing order has their ids"
         )
+        stream.duplicates -= set(unfounded)
     return SpotCheck(rows.tolist(), inputs, problems, sorted(stream.duplicates), stream.dropped, spec, every)
+
+
+def _prefix(rows: np.ndarray) -> int:
+    """How many of the checked ``rows`` (sorted, each once) run on from row 0.
+
+    >>> _prefix(np.array([0, 1, 2, 5])), _prefix(np.array([1, 2]))
+    (3, 0)
+    """
+    return int(np.count_nonzero(rows == np.arange(len(rows))))
+
+
+def _read_to(rows: np.ndarray, stored: dict[int, StoredRow], rank: np.ndarray) -> int:
+    """The packing position up to which the check reads every conversation a row holds or
+    drops, and every one ``skipped_invalid`` lists: the last segment's of the rows checked
+    from row 0 on (0: none)."""
+    prefix = _prefix(rows)
+    segments = stored[prefix - 1].segments if prefix else []
+    return int(rank[segments[-1].index]) if segments and 0 <= segments[-1].index < len(rank) else 0
 
 
 def _stored_rows(path: Path, manifest: Manifest, rows: np.ndarray) -> dict[int, StoredRow]:
@@ -337,12 +362,13 @@ class _Stream:
         self.tail_of_all = manifest.stats.tail_tokens_dropped if manifest.params.rows == "all" else None
         self.hashes = manifest.row_sha256
         self.bounded = manifest.params.emit_boundaries  # (the row hash then covers each row's cu_seqlens)
-        listed = [row.index for row in manifest.skipped_invalid] if manifest.params.skip_invalid else []
-        self.skipped = np.unique(np.array(listed, np.int64))  # (a build that does not skip stops at an invalid row)
+        skipped = manifest.skipped_invalid if manifest.params.skip_invalid else []
+        self.skipped = np.unique(np.array([row.index for row in skipped], np.int64))  # (else a build stops at one)
+        self.reasons = {row.index: row.reason for row in skipped}
         self.named = {  # of each duplicate skipped, the source row its reason says used its id first
-            row.index: first
-            for row in (manifest.skipped_invalid if manifest.params.skip_invalid else [])
-            if (first := first_user(row.reason)) is not None and self._in_range(first)
+            index: first
+            for index, reason in self.reasons.items()
+            if (first := first_user(reason)) is not None and self._in_range(first)
         }
         self.encoded: dict[int, Encoded] = {}
         self.failed: dict[int, str] = {}  # a source row whose template check fails: the build would have stopped
@@ -468,6 +494,12 @@ class _Stream:
             return None
         if item.id is None:
             return f"source row {index} is in skipped_invalid, but is a valid conversation without an id"
+        reason = self.reasons.get(index, "")
+        if reason != LEGACY_DUPLICATE and index not in self.named:
+            return (
+                f"source row {index} is in skipped_invalid as {reason!r}, but is a valid conversation, "
+                "which a build skips only as a duplicate of a source row it names"
+            )
         named = self.named.get(index)
         if named is not None and (problem := self._first_user_problem(named, item.id)) is not None:
             return f"source row {index} is in skipped_invalid as a duplicate of id {item.id!r} first used by {problem}"

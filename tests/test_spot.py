@@ -675,13 +675,16 @@ def test_two_rows_swapped_are_caught_when_both_neighbours_name_them(builds, kimi
         assert f"  row {k}: differs (from row {k - 1}'s end, as the file holds it: row {k - 1}'s tokens where" in out
 
 
-@pytest.mark.parametrize("names", [True, False])
+@pytest.mark.parametrize("names", [True, False, "the rows from 0", "not a duplicate", "past the source"])
 def test_a_valid_conversation_listed_as_a_duplicate_is_named(kimi_dir, tmp_path, capsys, names):
     """A build of a source with one conversation emptied, its manifest then pointed at the
-    source with it whole and the skip's reason made a duplicate id. Where the reason names
-    the source row that used the id first, that row is read: its id is another, which a
-    check of the rows beside names. Where it names none, a check of every row reads every
-    conversation before the stream's end, and names the duplicate without an earlier copy."""
+    source with it whole and the skip's reason made a duplicate id: the conversation is cut
+    out of the rows. Where the reason names the source row that used the id first, that row
+    is read: its id is another, which a check of the rows beside names. Where it names none
+    (as builds wrote it before), a check of every row, or of the rows from row 0 past it,
+    reads every conversation before it, and names the duplicate without an earlier copy.
+    A valid conversation listed for another reason, or as a duplicate of a row past the
+    source's end, is named by a check of the rows beside it."""
     from fixed_sft.order import permutation
 
     order = permutation(7, 40)
@@ -700,21 +703,28 @@ def test_a_valid_conversation_listed_as_a_duplicate_is_named(kimi_dir, tmp_path,
     manifest = json.loads((tmp_path / "emptied" / "manifest.json").read_text())
     (skipped,) = manifest["skipped_invalid"]
     assert skipped["index"] == int(order[9])
-    skipped["reason"] = f"duplicate id (first used by source row {int(order[3])})" if names else "duplicate id"
+    skipped["reason"] = {
+        True: f"duplicate id (first used by source row {int(order[3])})",
+        "not a duplicate": "'messages' is missing",
+        "past the source": "duplicate id (first used by source row 999)",
+    }.get(names, "duplicate id")
     manifest["source"] = made["whole"]["source"]
     (tmp_path / "emptied" / "manifest.json").write_text(json.dumps(manifest, indent=1))
     assert verify(tmp_path / "emptied") == []
     segments = _segments(tmp_path / "emptied")
     k = next(k for k, row in enumerate(segments) if int(order[10]) in {s["source_index"] for s in row})
     capsys.readouterr()
-    checked = f"{k - 1}-{k}" if names else f"0-{manifest['stats']['rows'] - 1}"
+    checked = {False: f"0-{manifest['stats']['rows'] - 1}", "the rows from 0": f"0-{k}"}.get(names, f"{k - 1}-{k}")
     assert _spot(tmp_path / "emptied", whole, kimi_dir, checked) == 1
     out = capsys.readouterr().out
-    if names:
+    if names is True:
         says = f"as a duplicate of id 'synthetic_{int(order[9])}' first used by source row {int(order[3])}, whose id"
         assert says in out
-    else:
+    elif names in (False, "the rows from 0"):
         assert f"skipped_invalid lists source rows {int(order[9])} as duplicates, but no conversation before" in out
+    else:
+        says = f"source row {int(order[9])} is in skipped_invalid as {skipped['reason']!r}, but is a valid conversation"
+        assert says in out
 
 
 def test_a_folder_of_no_rows_is_named_not_raised(builds, kimi_dir, tmp_path, capsys):
