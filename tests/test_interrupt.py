@@ -592,62 +592,13 @@ def test_repeated_signals_stop_a_two_worker_build_within_seconds(sig, long_sourc
     _report(results, set())  # (the whole source is far from built by then)
 
 
-def test_a_signal_while_workers_pack_from_the_store_stops_the_build(source, kimi_dir, tmp_path, token_store):
-    """A later build, whose 4 workers check its sample of conversations (stored unchecked)
-    and then pack its rows from the store, stopped by Ctrl-C or SIGTERM once they write its
-    Parquet parts, exits as any build does: no output, no temporary folder, no parts, no
-    workers left. (One the signal came too late for is complete.)"""
+def _stop_once_parts_are_written(args: list[str], tmp_path: Path) -> None:
+    """Run the build ``args`` (its ``--out`` replaced) twice, stopped by Ctrl-C to its process
+    group, then by SIGTERM to it alone, once its workers write Parquet parts: each exits as
+    any build does (no output, no temporary folder, no worker left), or is complete where
+    the signal came too late, and a folder beside the output is untouched. At least one stops."""
     from fixed_sft.output import PARTS_NAME
 
-    args = command(source, kimi_dir, tmp_path / "filled")
-    args[args.index("--rows") + 1] = "all"
-    subprocess.run([*args, "--check-every", "0"], check=True, cwd=ROOT, capture_output=True)  # (fills the store)
-    args[args.index("--workers") + 1] = "4"
-    args += ["--row-tokens", "256", "--seed", "9"]  # (its sample: checked, then packed from the store)
-    stopped = 0
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        out, tmpdir = tmp_path / signal.Signals(sig).name / "out", short_tmpdir()
-        out.parent.mkdir()
-        args[args.index("--out") + 1] = str(out)
-        process = _in_session(args, TMPDIR=str(tmpdir))
-        deadline = time.monotonic() + 60
-        while not list(out.parent.glob(f".out.tmp-*/{PARTS_NAME}")) and process.poll() is None:
-            assert time.monotonic() < deadline, "the workers never wrote a part"
-            time.sleep(0.002)
-        os.killpg(process.pid, sig) if sig == signal.SIGINT else process.send_signal(sig)
-        _, stderr = process.communicate(timeout=STOP_WITHIN_S)
-        assert not _wait_until_gone(process.pid) and not leftovers(out, "tmp") and not _removed(tmpdir)
-        if process.returncode == 0:  # (done as the signal came)
-            assert assert_absent_or_complete(out, {rows_sha256(out)}) == "complete"
-        else:
-            _assert_stopped_by(sig, process.returncode, stderr)
-            assert not out.exists()
-            stopped += 1
-    assert stopped
-
-
-# A later build that packs in workers forked from its process, with 4 workers on any machine
-# (it takes 8 workers and cores, and 16M tokens: ``build._packs_stored_apart``)
-FORKED_PACKERS = (
-    "import sys; from fixed_sft import build, cli; build.STORED_PACKING_CORES = build.STORED_PACKING_TOKENS = 1; "
-    "build.usable_cores = lambda: 4; sys.exit(cli.run())"
-)
-
-
-def test_a_signal_while_forked_workers_pack_stops_the_build(source, kimi_dir, tmp_path, token_store):
-    """A later build that encodes nothing and packs its rows in 4 workers forked from its
-    process (``build._Encoding.packers``), stopped by Ctrl-C (to its process group) or
-    SIGTERM (to the build alone) once they write its Parquet parts, exits as any build
-    does: no output, no temporary folder, no parts, no worker left. A folder beside the
-    build is untouched (a forked worker removes none of its parent's folders)."""
-    from fixed_sft.output import PARTS_NAME
-
-    args = command(source, kimi_dir, tmp_path / "filled")
-    args[args.index("--rows") + 1] = "all"
-    subprocess.run(args, check=True, cwd=ROOT, capture_output=True)  # (fills the store, every sample checked)
-    args = [sys.executable, "-c", FORKED_PACKERS, *args[2:]]
-    args[args.index("--workers") + 1] = "4"
-    args += ["--row-tokens", "256", "--seed", "9"]
     stopped = 0
     for sig in (signal.SIGINT, signal.SIGTERM):
         out, tmpdir = tmp_path / signal.Signals(sig).name / "out", short_tmpdir()
@@ -670,6 +621,42 @@ def test_a_signal_while_forked_workers_pack_stops_the_build(source, kimi_dir, tm
             assert not out.exists()
             stopped += 1
     assert stopped
+
+
+def test_a_signal_while_workers_pack_from_the_store_stops_the_build(source, kimi_dir, tmp_path, token_store):
+    """A later build, whose 4 workers check its sample of conversations (stored unchecked)
+    and then pack its rows from the store, stopped by Ctrl-C or SIGTERM once they write its
+    Parquet parts, exits as any build does: no output, no temporary folder, no parts, no
+    workers left. (One the signal came too late for is complete.)"""
+    args = command(source, kimi_dir, tmp_path / "filled")
+    args[args.index("--rows") + 1] = "all"
+    subprocess.run([*args, "--check-every", "0"], check=True, cwd=ROOT, capture_output=True)  # (fills the store)
+    args[args.index("--workers") + 1] = "4"
+    args += ["--row-tokens", "256", "--seed", "9"]  # (its sample: checked, then packed from the store)
+    _stop_once_parts_are_written(args, tmp_path)
+
+
+# A later build that packs in workers forked from its process, with 4 workers on any machine
+# (it takes 8 workers and cores, and 16M tokens: ``build._packs_stored_apart``)
+FORKED_PACKERS = (
+    "import sys; from fixed_sft import build, cli; build.STORED_PACKING_CORES = build.STORED_PACKING_TOKENS = 1; "
+    "build.usable_cores = lambda: 4; sys.exit(cli.run())"
+)
+
+
+def test_a_signal_while_forked_workers_pack_stops_the_build(source, kimi_dir, tmp_path, token_store):
+    """A later build that encodes nothing and packs its rows in 4 workers forked from its
+    process (``build._Encoding.packers``), stopped by Ctrl-C (to its process group) or
+    SIGTERM (to the build alone) once they write its Parquet parts, exits as any build
+    does: no output, no temporary folder, no parts, no worker left. A folder beside the
+    build is untouched (a forked worker removes none of its parent's folders)."""
+    args = command(source, kimi_dir, tmp_path / "filled")
+    args[args.index("--rows") + 1] = "all"
+    subprocess.run(args, check=True, cwd=ROOT, capture_output=True)  # (fills the store, every sample checked)
+    args = [sys.executable, "-c", FORKED_PACKERS, *args[2:]]
+    args[args.index("--workers") + 1] = "4"
+    args += ["--row-tokens", "256", "--seed", "9"]
+    _stop_once_parts_are_written(args, tmp_path)
 
 
 _blocked_when_forked: set[int] = set()  # (in a forked worker: the signals blocked as it began)
