@@ -466,12 +466,13 @@ def _pack_stored(
     separator_id, encoding = setup
     if encoding.workers < PARALLEL_PACKING_WORKERS:
         return None  # (too few to pay)
-    if encoding.encoders is None and not _packs_stored_apart(config, store):
-        return None  # (none started to encode, and rows too few to start them for)
+    started = encoding.encoders is not None  # (to encode)
+    if not started and not _packs_stored_apart(config, store):
+        return None  # (rows too few to fork workers for)
     if parallel.reachable(store, order, held, config.row_tokens) < (config.rows or math.inf):
         return None
 
-    run = encoding.fresh(config.rows, config.row_tokens).run if encoding.encoders else encoding.packers()
+    run = encoding.fresh(config.rows, config.row_tokens).run if started else encoding.packers()
     blocks = indexes.stream() if indexes is not None and held.all() else None
     if blocks is None:
         blocks = parallel.stored(store, order, held, config.rows, config.row_tokens, run, encoding.workers)
