@@ -383,12 +383,21 @@ def check_segment_backend(args: Any) -> None:
     ``rollout_id``) with ``--use-dynamic-batch-size``. The FSDP backend and ``--indep-dp``
     count a step's batch in samples, and a fixed ``--micro-batch-size`` splits by sample count.
     ``--use-dynamic-global-batch-size`` fails an assertion in miles on samples that carry a
-    ``rollout_id``."""
+    ``rollout_id``. ``--delay-split-train-data-by-dp`` and ``--multi-lora`` turn the
+    rollout-side schedule off (miles ``78527b91``: ``put_train_data`` in
+    ``miles/ray/rollout/rollout_manager.py``, ``can_schedule_on_rollout_side`` in
+    ``miles/ray/rollout/train_data_conversion.py``): the training side then splits by sample."""
     if getattr(args, "train_backend", "megatron") != "megatron" or getattr(args, "indep_dp", False):
         raise ValueError(
             "ParquetSegmentSource needs the Megatron backend without --indep-dp: others count a step's "
             "batch in samples, not rows; use ParquetRowSource"
         )
+    for flag in ("delay_split_train_data_by_dp", "multi_lora"):
+        if getattr(args, flag, False):
+            raise ValueError(
+                f"ParquetSegmentSource cannot take --{flag.replace('_', '-')}: miles then splits a step's "
+                "batch by sample count on the training side, not by row; use ParquetRowSource"
+            )
     if not getattr(args, "use_dynamic_batch_size", False):
         raise ValueError(
             "ParquetSegmentSource needs --use-dynamic-batch-size: a fixed --micro-batch-size splits "

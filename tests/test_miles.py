@@ -443,6 +443,8 @@ def test_segment_mode_trains_the_rows_tokens_each_within_its_conversation(bounde
         ({"use_dynamic_batch_size": False}, "needs --use-dynamic-batch-size"),
         ({"train_backend": "fsdp"}, "needs the Megatron backend"),
         ({"indep_dp": True}, "without --indep-dp"),
+        ({"delay_split_train_data_by_dp": True}, "cannot take --delay-split-train-data-by-dp"),
+        ({"multi_lora": True}, "cannot take --multi-lora"),
         ({"use_dynamic_global_batch_size": True}, "cannot take --use-dynamic-global-batch-size"),
     ],
 )
