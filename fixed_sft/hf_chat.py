@@ -91,6 +91,9 @@ RESERVED = frozenset(
         "strftime_now",
     }
 )
+# Names transformers' renderer takes for its own (``_render_with_assistant_indices``): a template
+# variable of one of these names cannot reach the template through it.
+RENDERER_RESERVED = frozenset({"compiled_template"})
 # What apply_chat_template renders with (transformers 5), called here one step at a time:
 RENDERER_FUNCTIONS = (
     "_compile_jinja_template",
@@ -254,10 +257,12 @@ def end_follows(
     eos: str | None,
     bare: Callable[[str], bool] = lambda token: False,
     after: Callable[[str], bool] = lambda token: False,
+    start: int = 0,
 ) -> str | None:
     """The token the template ends a reply with only when another message follows it, or
     ``None``: the added token ``text`` goes on with after the reply's ``through`` (the
-    rendering up to the reply; white space aside), unless ``through`` ends with that token,
+    rendering up to the reply; white space aside; the reply's span begins at ``start``:
+    an added token before it, such as its header's, is no end of the reply), unless ``through`` ends with that token,
     or the token is not the ``eos_token`` and ``through`` ends with the ``eos_token`` or with
     an added token the template writes after another turn's content too (``after``: a
     turn's end, as a tool call's closing token is not). Where the reply's content ends with
@@ -282,10 +287,12 @@ def end_follows(
     >>> end_follows("A: yo</s></s>U: ok", "A: yo</s>", marks, "</s>", bare=lambda token: True)
     '</s>'
     >>> end_follows("A: yo U: ok", "A: yo", marks, "</s>")
+    >>> end_follows("<|assistant|><tool>U: ok", "<|assistant|>", marks, "</s>", start=13)  # (an empty reply)
+    '<tool>'
     """
     token = marks.starting(text[len(through) :].lstrip())
     written = through.rstrip()
-    last = marks.ending(written)
+    last = marks.ending(written[start:])
     if token is None:
         return None
     if last is None or bare(last):
@@ -356,6 +363,9 @@ class HFChatEncoder:
         reserved = sorted(RESERVED & set(self.template_kwargs))
         if reserved:
             raise TokenizerError(f"template variable {reserved[0]!r} is an argument of apply_chat_template, not one")
+        taken = sorted(RENDERER_RESERVED & set(self.template_kwargs))
+        if taken:
+            raise TokenizerError(f"template variable {taken[0]!r} is a name transformers' renderer takes for its own")
         renderer = importlib.import_module(RENDERER_MODULE)
         lacking = [name for name in RENDERER_FUNCTIONS if not hasattr(renderer, name)]
         if lacking:
@@ -395,9 +405,23 @@ class HFChatEncoder:
         except TokenizerError:
             raise
         except Exception as error:  # several templates and none the default, Jinja syntax
-            raise TokenizerError(f"the chat template cannot be used ({type(error).__name__}: {error})") from None
+            line = getattr(error, "lineno", None)  # (a Jinja syntax error's)
+            where = f" at line {line}" if isinstance(line, int) else ""
+            raise TokenizerError(
+                f"the chat template{self._name(tools)} cannot be used ({type(error).__name__}{where}: {error})"
+            ) from None
         self.chat_template = text
         self._template, self.generation, self._clock_names = self._compiled[text]
+
+    def _name(self, tools: Any) -> str:
+        """The named template ``apply_chat_template`` picks for ``tools``, as an error names it:
+        `` 'tool_use' (for conversations with tools)``, `` 'default'``, or nothing (one template)."""
+        named = self.tokenizer.chat_template
+        if not isinstance(named, dict):
+            return ""
+        if tools is not None and "tool_use" in named:
+            return " 'tool_use' (for conversations with tools)"
+        return " 'default'" if "default" in named else ""
 
     def _chat(self, messages: Sequence[Message]) -> list[dict]:
         """The messages as the template sees them (transformers' plain copy, reasoning aliased)."""
@@ -480,13 +504,14 @@ class HFChatEncoder:
             bare = partial(self._bare, chat, k, own)
             prompt = before[len(plain) :] if before.startswith(plain) else ""
             after = partial(self._after_content, chat, k, own, prompt)
-            ending = end_follows(text, through, self._marks, self.tokenizer.eos_token, bare, after)
+            ending = end_follows(text, through, self._marks, self.tokenizer.eos_token, bare, after, len(before))
             if ending is not None:
                 raise InvalidRow(
                     f"assistant message {k}: the chat template writes its end ({ending}) only when another "
                     "message follows, so the mask would leave it 0; mark replies with {% generation %} blocks"
                 )
-            spans.append((len(before), len(through)))
+            if len(through) > len(before):  # (a reply that renders nothing overlaps no token)
+                spans.append((len(before), len(through)))
             end = len(through)
         return text, spans
 

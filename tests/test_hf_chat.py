@@ -233,6 +233,24 @@ def test_a_conversation_with_tools_uses_the_tool_use_template(deepseek_dir, orac
     assert without[1].tolist() == _oracle(oracle_of(_generation(CHATML)), CHAT)[1]
 
 
+def test_a_broken_tool_use_template_is_named_when_a_conversation_needs_it(deepseek_dir, tmp_path):
+    """Rows without tools render with the default template; the first with tools stops the
+    build, naming the ``tool_use`` template and the line of its error."""
+    config = json.loads((deepseek_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["chat_template"] = [
+        {"name": "default", "template": _plain(CHATML)},
+        {"name": "tool_use", "template": "{% for m in messages %}\n{{ m.content + }}\n{% endfor %}"},
+    ]
+    (tmp_path / "tokenizer.json").symlink_to(deepseek_dir / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    encoder = HFChatEncoder(load_tokenizer(tmp_path))
+    assert encoder.encode(CHAT)[0]
+    says = r"the chat template 'tool_use' \(for conversations with tools\) cannot be used "
+    says += r"\(TemplateSyntaxError at line 2:"
+    with pytest.raises(TokenizerError, match=says):
+        encoder.encode_batch([CHAT], [TOOLS])
+
+
 @settings(max_examples=25, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversations(max_turns=6, long_one_in=0))
 def test_deepseek_parity_on_generated_conversations(encoder_of, oracle_of, messages):
@@ -367,6 +385,56 @@ def test_any_end_written_only_before_another_message_is_refused(encoder_of, orac
     assert (ids, mask) == _oracle(oracle_of(_generation(EOT_OPEN)), chat)
     eot = oracle_of(_generation(EOT_OPEN)).convert_tokens_to_ids("<|EOT|>")
     assert [m for i, m in zip(ids, mask, strict=True) if i == eot] == [1]
+
+
+# A header that ends with white space, and each reply trimmed: an empty reply's rendering ends with its header
+HEADER_EOT_OPEN = (
+    "{% for m in messages %}{% if m.role == 'user' %}{{ '<｜User｜>\\n\\n' + m.content | trim + '<|EOT|>' }}"
+    "{% elif m.role == 'assistant' %}{{ '<｜Assistant｜>\\n\\n' }}[[{{ m.content | trim }}"
+    "{% if not loop.last %}{{ '<|EOT|>' }}{% endif %}]]{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<｜Assistant｜>\\n\\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("reply", ["", " ", "\n\n"])
+def test_an_empty_reply_whose_end_comes_only_before_another_message_is_refused(encoder_of, oracle_of, reply):
+    """The added token the reply's rendering ends with is its header's, not an end of the
+    reply: the ``<|EOT|>`` written after it only when another message follows is refused as
+    for any reply, where a generation block trains it."""
+    chat = [CHAT[1], {"role": "assistant", "content": reply}, *CHAT[3:]]
+    with pytest.raises(InvalidRow, match=r"assistant message 1: the chat template writes its end \(<\|EOT\|>\)"):
+        encoder_of(_plain(HEADER_EOT_OPEN)).encode(chat)
+    ids, mask = encoder_of(_generation(HEADER_EOT_OPEN)).encode(chat)
+    assert (ids, mask) == _oracle(oracle_of(_generation(HEADER_EOT_OPEN)), chat)
+    eot = oracle_of(_generation(HEADER_EOT_OPEN)).convert_tokens_to_ids("<|EOT|>")
+    assert [m for i, m in zip(ids, mask, strict=True) if i == eot] == [0, 1, 0]  # (the empty reply's end is trained)
+    plain = [CHAT[1], {"role": "assistant", "content": "4"}, *CHAT[3:]]
+    with pytest.raises(InvalidRow, match=r"assistant message 1: the chat template writes its end"):
+        encoder_of(_plain(HEADER_EOT_OPEN)).encode(plain)
+
+
+# A reply with no content renders nothing at all
+SILENT_EMPTY = (
+    "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}"
+    "{% elif m.content %}{{ m.content + eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def test_a_reply_that_renders_nothing_trains_no_token_around_it(encoder_of):
+    """An empty span overlaps no token: the user's token that straddles where the reply
+    would be stays 0."""
+    chat = [
+        {"role": "user", "content": "hello wor"},
+        {"role": "assistant", "content": ""},
+        {"role": "user", "content": "ld"},
+        {"role": "assistant", "content": "ok"},
+    ]
+    encoder = encoder_of(SILENT_EMPTY)
+    ids, mask = encoder.encode(chat)
+    tokenizer = encoder.tokenizer
+    trained = tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
+    assert trained == "ok" + tokenizer.eos_token
+    assert tokenizer.decode(ids) == "hello world" + "ok" + tokenizer.eos_token
 
 
 def test_an_end_token_in_a_reply_s_content_is_not_taken_for_the_template_s(encoder_of):
@@ -617,6 +685,8 @@ def test_the_separator_is_eos_or_a_single_vocabulary_token(folder_of):
 def test_a_template_variable_that_is_an_argument_is_refused(encoder_of):
     with pytest.raises(TokenizerError, match="'add_generation_prompt' is an argument of apply_chat_template"):
         encoder_of(_plain(CHATML), {"add_generation_prompt": True})
+    with pytest.raises(TokenizerError, match="'compiled_template' is a name transformers' renderer takes"):
+        encoder_of(_generation(CHATML), {"compiled_template": 1})
 
 
 def test_check_compares_with_apply_chat_template(encoder_of):
