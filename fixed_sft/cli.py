@@ -239,6 +239,8 @@ def _config(args: argparse.Namespace) -> tuple[BuildConfig, Path, dict | None]:
     if "tokenizer" in values:
         values["expected_tokenizer"] = values["tokenizer"]
     values.update({key: from_json(key, getattr(args, key)) for key in FLAGS if key in args})
+    if values.get("no_cache") and values.get("cache_dir") is not None:
+        raise UsageError("--cache-dir names a token store that --no-cache turns off; give one")
     config = BuildConfig(name=name or "custom", **values)
     return config, Path(args.out or Path("out") / config.name), spec.get("published")
 
@@ -334,6 +336,11 @@ def _verify(args: argparse.Namespace) -> int:
         raise UsageError(
             "--source, --tokenizer, --workers, --quiet, --rows and --sample are for a rebuild; add --rebuild"
         )
+    if args.workers is not None:  # (the caller's flag: a usage error before any hashing)
+        from .params import PARAMS
+
+        if problem := PARAMS["workers"].metadata["range"].problem("--workers", args.workers):
+            raise UsageError(problem)
     spec = None
     if args.rows is not None:
         from .spot import check_in_range, parse_rows
@@ -576,6 +583,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         close = difflib.get_close_matches(name, list(COMMANDS), n=1)
         if close:
             top.error(f"no command or build named {name!r} (did you mean {close[0]}?)")
+        from .source import SUFFIXES
+
+        if os.path.exists(name) or Path(name).suffix.lower() in SUFFIXES:  # (a source given where a name goes)
+            top.error(f"no build named {name!r}; a source file or folder is given with --source: --source {name}")
     if extra:
         [commands] = [action for action in top._actions if isinstance(action, argparse._SubParsersAction)]
         command: argparse.ArgumentParser = commands.choices[args.command]
@@ -634,15 +645,22 @@ def _ignore_signals() -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
+# Control characters but the tab, as ``\\xNN``: quoted from the data, they would reach the terminal as commands.
+_CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0)) if code != 0x09}
+
+
 def one_line(text: str) -> str:
     """``text`` as one line: an error is one line on stderr, and it may quote values from the
     data (an id, a path) or a library's message that hold line breaks (any that
-    ``str.splitlines`` splits at), each shown as ``\\n``.
+    ``str.splitlines`` splits at), each shown as ``\\n``, and other control characters (an
+    escape sequence), each shown as ``\\xNN``.
 
     >>> print(one_line("row 2 (id a\\nerror: b\\u2028c): bad\\n"))
     row 2 (id a\\nerror: b\\nc): bad
+    >>> print(one_line("role 'x\\x1b[2J' unknown"))
+    role 'x\\x1b[2J' unknown
     """
-    return "\\n".join(text.splitlines())
+    return "\\n".join(text.splitlines()).translate(_CONTROLS)
 
 
 def _exit_code(error: Exception) -> int | None:

@@ -51,13 +51,20 @@ class Between(Range):
 
 @dataclass(frozen=True)
 class AtLeast(Range):
-    """An integer of at least ``low`` (``None`` passes: all), named by ``what``."""
+    """An integer of at least ``low`` (``None`` passes: all), named by ``what``, and at most
+    2**63 - 1, as a manifest records a count."""
 
     low: int
     what: str
 
     def problem(self, label: str, value: Any) -> str | None:
-        return None if value is None or value >= self.low else f"{label} must be {self.what}, got {value}"
+        if value is None or self.low <= value <= 2**63 - 1:
+            return None
+        return (
+            f"{label} must be {self.what}, got {value}"
+            if value < self.low
+            else f"{label} must be at most 2**63 - 1, got {value}"
+        )
 
 
 @dataclass(frozen=True)

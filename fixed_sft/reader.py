@@ -243,11 +243,15 @@ def open_regular(path: Path) -> io.BufferedReader | None:
     """``path`` opened to read where it is a regular file, else ``None``. It is opened
     without blocking: a plain ``open`` of a FIFO waits for a writer forever."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # (reads of a regular file ignore the flag)
-    f = os.fdopen(fd, "rb")
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        f.close()
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not regular:  # (before ``fdopen``, which refuses a folder naming its descriptor, not the path)
+        os.close(fd)
         return None
-    return f
+    return os.fdopen(fd, "rb")
 
 
 class RowFile:

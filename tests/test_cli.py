@@ -122,6 +122,16 @@ def test_a_mistyped_command_is_named_with_the_closest_command(capsys, argv):
     assert exit_.value.code == 2 and f"no command or build named {argv[0]!r} (did you mean {closest}?)" in err
 
 
+@pytest.mark.parametrize("given", ["chats.jsonl", "data.PARQUET", "folder"])
+def test_a_source_where_a_build_name_goes_says_to_give_it_with_source(capsys, tmp_path, monkeypatch, given):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(SystemExit) as exit_:
+        main([given])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"a source file or folder is given with --source: --source {given}" in err
+
+
 def test_a_mistyped_flag_is_named_with_the_commands_usage_and_closest_flag(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["build", "--rows-tokens", "64"])
@@ -545,3 +555,9 @@ def test_quiet_turns_the_hubs_download_bars_off_for_the_build_only(source, kimi_
     assert main(_build_args(source, kimi_dir, tmp_path / "q")) == 0
     assert main([a for a in _build_args(source, kimi_dir, tmp_path / "loud") if a != "--quiet"]) == 0
     assert seen == [True, before] and are_progress_bars_disabled() == before
+
+
+def test_a_token_store_named_and_turned_off_is_a_usage_error(tmp_path, capsys):
+    assert main(["--source", "x.jsonl", "--cache-dir", str(tmp_path), "--no-cache", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == "error: --cache-dir names a token store that --no-cache turns off; give one\n"
+    assert not (tmp_path / "o").exists()

@@ -272,3 +272,18 @@ def test_a_fifo_in_place_of_the_rows_is_named_without_blocking(built, kimi_dir, 
         assert codes, f"{args[0]} blocked on a FIFO"
         err = capsys.readouterr().err
         assert codes[0] != 0 and err.count("\n") == 1 and f"{fifo_build / 'train.parquet'}: not a file" in err, err
+
+
+@pytest.mark.parametrize("name", ["train.parquet", "manifest.json"])
+def test_a_folder_in_place_of_a_build_file_is_not_a_file(built, tmp_path, capsys, name):
+    """A folder opens, and only then is seen not to be a file: named by its path, as
+    ``verify`` names it (not by the descriptor the open gave)."""
+    out, _ = built
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / name).unlink()
+    (copy / name).mkdir()
+    for args in (["inspect", str(copy)], ["diff", str(out), str(copy)]):
+        assert main(args) != 0
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{copy / name}: not a file" in err, err

@@ -49,6 +49,12 @@ def test_every_recorded_parameter_has_its_manifest_key():
             "template_check.every must be non-negative",
         ),
         ({"source_files": ("",)}, "--source-files must not be empty", "source.file_patterns must not be empty"),
+        (  # (a manifest records a count up to 2**63 - 1: a build of more could not be verified)
+            {"check_every": 2**63},
+            f"--check-every must be at most 2**63 - 1, got {2**63}",
+            "template_check.every must be at most 2**63 - 1",
+        ),
+        ({"rows": 2**63}, "--rows must be at most 2**63 - 1", "params.rows must be at most 2**63 - 1"),
     ],
 )
 def test_a_range_rule_names_the_parameter_as_each_place_spells_it(values, flag_says, manifest_says):

@@ -470,6 +470,18 @@ def test_empty_input_flags_are_refused(three_rows, source, kimi_dir, tmp_path, c
     assert "must not be empty" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("rows", [[], ["--rows", "0"]])
+@pytest.mark.parametrize("workers", ["0", "5000"])
+def test_a_workers_flag_out_of_range_is_a_usage_error_before_any_check(three_rows, tmp_path, capsys, rows, workers):
+    """The caller's own flag: exit 2 naming it, not a manifest the builder refuses, and
+    before the folder is hashed."""
+    _copy(three_rows, tmp_path / "o")
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "o"), "--rebuild", "--workers", workers, *rows]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"error: --workers must be between 1 and 1024, got {workers}\n"
+
+
 @pytest.mark.parametrize("flags", [["--source", "x"], ["--tokenizer", "x"], ["--workers", "2"], ["--quiet"]])
 def test_rebuild_flags_need_rebuild(tmp_path, capsys, flags):
     assert main(["verify", str(tmp_path), *flags]) == 2
