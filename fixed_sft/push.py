@@ -1,9 +1,9 @@
 """A verified build -> a Hugging Face Hub dataset repo, uploaded in one commit.
 
 The folder must verify first (``verify``). The commit adds ``manifest.json``,
-``train.parquet`` and, where the folder holds them, ``README.md`` and ``.png`` card files;
-the uploaded manifest is the one verified (its bytes read before and after), and the
-Parquet file's upload hash (its sha256, which the Hub checks) must be the manifest's. A
+``train.parquet`` and the card files the manifest records (``card.files``), nothing else of
+the folder; the uploaded manifest is the one verified (its bytes read before and after),
+and each other file's upload hash (its sha256, which the Hub checks) must be the manifest's. A
 missing repo is created as a dataset repo (``private`` applies only then, and a public
 repo is refused when it was asked for). A repo holding any file but ``.gitattributes`` and
 ``README.md`` is refused unless ``force``; with it, those files stay beside the build. The
@@ -21,10 +21,9 @@ from typing import Any
 
 from .errors import BuildError, UsageError
 from .manifest import read
-from .output import MANIFEST_NAME, PARQUET_NAME
+from .output import CARD_FILES, MANIFEST_NAME, PARQUET_NAME
 from .verify import MANIFEST_BYTES, verify
 
-CARD_FILES = ("README.md",)  # beside the .png files
 KEPT = {".gitattributes", "README.md"}  # files a repo may hold and still take a build without --force
 _REPO = re.compile(r"[\w.-]+/[\w.-]+")
 
@@ -58,7 +57,11 @@ def push(folder: str | Path, repo: str, private: bool = False, force: bool = Fal
     if manifest_bytes != before:
         raise BuildError(f"{folder / MANIFEST_NAME} changed while it was verified; not pushed")
     manifest = read(_loads(manifest_bytes))
-    names = [MANIFEST_NAME, PARQUET_NAME] + _card_files(folder)
+    card = manifest.card.files if manifest.card is not None else {}
+    expected = {PARQUET_NAME: manifest.parquet.sha256} | {
+        name: card[name].sha256 for name in CARD_FILES if name in card
+    }
+    names = [MANIFEST_NAME, *expected]
     from huggingface_hub import CommitOperationAdd, HfApi
 
     api = api if api is not None else HfApi()
@@ -68,8 +71,9 @@ def push(folder: str | Path, repo: str, private: bool = False, force: bool = Fal
         ]
     except (OSError, ValueError) as error:
         raise BuildError(f"{folder}: cannot read the files to push ({error})") from None
-    if operations[1].upload_info.sha256.hex() != manifest.parquet.sha256:
-        raise BuildError(f"{folder / PARQUET_NAME} changed since it was verified; not pushed")
+    for operation in operations[1:]:
+        if operation.upload_info.sha256.hex() != expected[operation.path_in_repo]:
+            raise BuildError(f"{folder / operation.path_in_repo} changed since it was verified; not pushed")
     try:
         url = api.create_repo(repo, repo_type="dataset", private=private, exist_ok=True)
         info = api.dataset_info(repo)
@@ -129,10 +133,3 @@ def _loads(data: bytes) -> Any:
     from .fields import loads
 
     return loads(data.decode("utf-8"))
-
-
-def _card_files(folder: Path) -> list[str]:
-    """``README.md`` and the ``.png`` files of ``folder``, regular files only, in name order."""
-    names = [n for n in CARD_FILES if (folder / n).is_file() and not (folder / n).is_symlink()]
-    pngs = sorted(p.name for p in folder.glob("*.png") if p.is_file() and not p.is_symlink())
-    return names + pngs

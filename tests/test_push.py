@@ -89,6 +89,18 @@ def test_push_uploads_the_build_and_its_card_in_one_commit(folder, hub, tmp_path
     assert verify(pulled) == []
 
 
+def test_only_the_files_the_manifest_records_are_pushed(folder, hub, capsys):
+    """A file the build did not write (a picture, notes) passes ``verify``, which reads a
+    build's own files, and stays out of the commit."""
+    (folder / "holiday-photo.png").write_bytes(b"\x89PNG not the build's")
+    (folder / "notes.txt").write_text("mine")
+    assert verify(folder) == []
+    assert main(["push", str(folder), "--quiet", "--repo", REPO]) == 0
+    (commit,) = hub.repos[REPO].commits
+    card = json.loads((folder / "manifest.json").read_text())["card"]["files"]
+    assert sorted(commit["files"]) == sorted(["manifest.json", "train.parquet", *card])
+
+
 def test_a_repo_holding_other_files_is_refused_unless_forced(folder, hub, capsys):
     hub.repos[REPO] = Repo(private=False)
     hub.repos[REPO].files.update({"README.md": b"# mine\n", "data/old.parquet": b"old"})
@@ -191,19 +203,20 @@ def test_the_program_pushes_where_hf_endpoint_points(folder):
         assert sorted(fake.repos[REPO].commits[0]["files"]) == sorted(["manifest.json", "train.parquet", *card])
 
 
-def test_a_file_changed_after_verification_is_not_pushed(folder, hub, monkeypatch, capsys):
-    """What is uploaded is what was verified: the Parquet file's upload hash must be the manifest's."""
+@pytest.mark.parametrize("name", ["train.parquet", "README.md", "supervised_ratio.png"])
+def test_a_file_changed_after_verification_is_not_pushed(folder, hub, monkeypatch, capsys, name):
+    """What is uploaded is what was verified: each file's upload hash must be the manifest's."""
     import fixed_sft.push as module
 
     real_verify = module.verify
 
     def verify_then_change(path):
         problems = real_verify(path)
-        with (folder / "train.parquet").open("ab") as f:
+        with (folder / name).open("ab") as f:
             f.write(b"\0")
         return problems
 
     monkeypatch.setattr(module, "verify", verify_then_change)
     assert main(["push", str(folder), "--quiet", "--repo", REPO]) == 1
-    assert capsys.readouterr().err == f"error: {folder / 'train.parquet'} changed since it was verified; not pushed\n"
+    assert capsys.readouterr().err == f"error: {folder / name} changed since it was verified; not pushed\n"
     assert hub.requests == []
