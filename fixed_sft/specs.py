@@ -353,6 +353,8 @@ def pin_tokenizer(
     else:
         raise UsageError(f"tokenizer {tokenizer!r} is neither a folder nor a Hub repo id")
     family, names, files = _folder(directory, trust_remote_code)
+    # (a pin is trusted from here on: bytes the Hub does not hold are never pinned)
+    raise_cache_damage([directory / name for name in names], SpecError, [files[name]["sha256"] for name in names])
     kwargs = (TEMPLATE_KWARGS if family == KIMI else {}) if template_kwargs is None else template_kwargs
     mask = loss_mask_type or (KIMI_MASK_TYPES if family == KIMI else HF_MASK_TYPES)[0]
     config = EncoderConfig(

@@ -917,6 +917,28 @@ def test_pin_tokenizer_writes_a_spec_that_builds_check_files_against(folder_of, 
     assert f"--out {tmp_path / 'no'}: no such folder" in capsys.readouterr().err
 
 
+def test_pin_tokenizer_refuses_files_damaged_in_the_hub_cache(folder_of, spec_folder, tmp_path, capsys):
+    """A pin is what later builds trust: bytes the Hub does not hold (a cached blob changed
+    since it was downloaded) are refused, naming the blob to delete, not pinned."""
+    from conftest import cache_link
+
+    from fixed_sft.cli import main
+
+    folder = folder_of(_plain(CHATML))
+    snapshot = tmp_path / "hub" / "models--someone--Chat-Model" / "snapshots" / REVISION
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        cache_link(snapshot, name, (folder / name).read_bytes())
+    template = (snapshot / "chat_template.jinja").resolve()
+    template.write_bytes(template.read_bytes() + b" ")
+    assert main(["pin-tokenizer", str(snapshot)]) == 1
+    err = capsys.readouterr().err
+    assert (
+        f"{snapshot / 'chat_template.jinja'} is damaged in the Hugging Face cache" in err
+        and f"delete {template}" in err
+    )
+    assert not (spec_folder / "chat-model.json").exists()
+
+
 def test_a_spec_name_downloads_its_files_at_the_pinned_revision(folder_of, spec_folder, monkeypatch):
     from fixed_sft.specs import pin_tokenizer, resolve_tokenizer, write_tokenizer_spec
 

@@ -74,6 +74,28 @@ def test_local_source_files_are_chosen_by_glob(tmp_path):
         open_source(str(tmp_path / "data" / "test.jsonl"), patterns=("other.jsonl",))
 
 
+def test_a_set_of_shards_chosen_by_a_glob_must_be_whole(tmp_path):
+    """A folder, or a glob, that holds some shards of a set (a download or copy cut short)
+    is refused naming the first shard it lacks; files named one by one are a choice."""
+    import doctest
+
+    import fixed_sft.source
+
+    assert doctest.testmod(fixed_sft.source).failed == 0
+    for k in (0, 2):
+        synthetic.write_parquet(synthetic.conversations(3), tmp_path / "data" / f"train-0000{k}-of-00003.parquet")
+    synthetic.write_parquet(synthetic.conversations(3), tmp_path / "data" / "extra.parquet")
+    says = f"{tmp_path} lacks data/train-00001-of-00003.parquet: 2 of the 3 files of its set are there"
+    for patterns in (None, ("data/*",), ("data/",), ("*/train-*", "data/extra.parquet")):
+        with pytest.raises(SourceError, match=re.escape(says)):
+            open_source(str(tmp_path), patterns=patterns)
+    chosen = ("data/train-00000-of-00003.parquet", "data/train-00002-of-00003.parquet")
+    assert open_source(str(tmp_path), patterns=chosen).num_rows == 6
+    assert open_source(str(tmp_path), patterns=(chosen[0], "*/extra*")).num_rows == 6
+    synthetic.write_parquet(synthetic.conversations(3), tmp_path / "data" / "train-00001-of-00003.parquet")
+    assert open_source(str(tmp_path)).num_rows == 12
+
+
 def test_unreachable_hub_says_how_to_use_local_files(monkeypatch):
     def offline(repo_id, **kwargs):
         raise OSError("offline")
