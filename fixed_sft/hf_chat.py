@@ -133,6 +133,25 @@ def remote_code_files(config_path: Path) -> list[str]:
     return sorted(module.replace(".", "/") + ".py" for module in modules)
 
 
+def foreign_code(directory: Path) -> tuple[str, str] | None:
+    """The first ``auto_map`` reference of ``tokenizer_config.json`` or ``config.json`` to
+    code in another repo (``other/repo--module.Class``), and the file naming it: transformers
+    fetches such code from that repo's default branch, which no pin covers."""
+    for name in ("tokenizer_config.json", "config.json"):
+        if not (directory / name).is_file():
+            continue
+        try:
+            config = read_json_object(directory / name, TokenizerError)
+        except TokenizerError:
+            continue  # (loading names what is wrong with it)
+        auto_map = config.get("auto_map")
+        for references in auto_map.values() if isinstance(auto_map, dict) else []:
+            for reference in references if isinstance(references, list) else [references]:
+                if isinstance(reference, str) and "--" in reference:
+                    return name, reference
+    return None
+
+
 class ClockRead(TemplateMismatch):
     """The chat template reads the clock, so its text would differ from one day to the next:
     the build stops (when it reaches the conversation), as for a template check that fails."""
@@ -160,6 +179,11 @@ def load_tokenizer(directory: Path, trust_remote_code: bool = False, key: tuple 
             return found
         from transformers import AutoTokenizer
 
+        if trust_remote_code and (foreign := foreign_code(directory)) is not None:
+            raise TokenizerError(
+                f"{directory}: the auto_map of {foreign[0]} names code in another repo ({foreign[1]}), which "
+                "transformers would fetch unpinned and unhashed; put that code in the folder"
+            )
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code)
         except Exception as error:  # malformed files, remote code refused, an unknown tokenizer class

@@ -1089,3 +1089,22 @@ def test_a_conversation_that_reads_the_clock_stops_the_build_naming_its_row(
     err = capsys.readouterr().err
     assert err.startswith("error: source row ") and "the chat template reads the clock (strftime_now)" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_remote_code_in_another_repo_is_refused(deepseek_dir, tmp_path):
+    """transformers fetches ``other/repo--module.Class`` from that repo's default branch:
+    code no pin covers, refused before any is fetched; the folder's own module is named
+    among its files."""
+    from fixed_sft.hf_chat import foreign_code, remote_code_files
+
+    config = json.loads((deepseek_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    (tmp_path / "tokenizer.json").symlink_to(deepseek_dir / "tokenizer.json")
+    config["auto_map"] = {"AutoTokenizer": [None, "someone/code--tokenization_x.XTokenizerFast"]}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    assert foreign_code(tmp_path) == ("tokenizer_config.json", "someone/code--tokenization_x.XTokenizerFast")
+    with pytest.raises(TokenizerError, match=r"names code in another repo \(someone/code--tokenization_x"):
+        load_tokenizer(tmp_path, trust_remote_code=True)
+    config["auto_map"] = {"AutoTokenizer": [None, "tokenization_x.XTokenizerFast"]}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    assert foreign_code(tmp_path) is None
+    assert remote_code_files(tmp_path / "tokenizer_config.json") == ["tokenization_x.py"]
