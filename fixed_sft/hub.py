@@ -56,10 +56,12 @@ def download_files(what: str, repo_id: str, revision: str, names: Sequence[str])
     resolved to (cached; honours HF_HUB_OFFLINE); ``what`` names the files in an error."""
     from huggingface_hub import hf_hub_download
 
+    paths: list[Path] = []
     try:
-        paths = [Path(hf_hub_download(repo_id, name, revision=revision)) for name in names]
+        for name in names:
+            paths.append(Path(hf_hub_download(repo_id, name, revision=revision)))
     except Exception as error:  # network, offline mode, missing revision: all end the same way
-        raise _unreachable(what, repo_id, revision, error) from None
+        raise _unreachable(what, repo_id, revision, error, names[len(paths)]) from None
     return paths[0].parent, snapshot_commit(paths[0].parent, revision)
 
 
@@ -73,6 +75,7 @@ def download_present(
     from huggingface_hub.errors import LocalEntryNotFoundError, RemoteEntryNotFoundError
 
     paths: dict[str, Path] = {}
+    name = None
     try:
         for name in (*required, *optional):
             try:
@@ -88,7 +91,7 @@ def download_present(
             if path.is_file():
                 paths[name] = path
     except Exception as error:  # network, offline mode, missing revision: all end the same way
-        raise _unreachable(what, repo_id, revision, error) from None
+        raise _unreachable(what, repo_id, revision, error, name) from None
     if not paths:
         raise HubUnreachable(f"{what} {repo_id}@{revision} has none of {', '.join((*required, *optional))}")
     folder = next(iter(paths.values())).parent
@@ -118,17 +121,19 @@ def download_folder(what: str, repo_id: str, revision: str, folder: str, suffix:
     return download_present(what, repo_id, revision, names, ())[2] if names else []
 
 
-def _unreachable(what: str, repo_id: str, revision: str, error: Exception) -> HubUnreachable:
+def _unreachable(what: str, repo_id: str, revision: str, error: Exception, name: str | None = None) -> HubUnreachable:
     """The one-line error for files the Hub and its cache cannot give (huggingface_hub's
-    own message, which spans lines, joined into one).
+    own message, which spans lines, joined into one), naming the file ``name`` it failed at.
 
     >>> str(_unreachable("dataset", "o/n", "main", OSError("no network\\nPlease check")))
     'cannot get dataset o/n@main from the Hugging Face Hub or its cache (OSError: no network Please check)'
+    >>> str(_unreachable("tokenizer", "o/n", "main", OSError("offline"), "tokenizer.json"))
+    'cannot get tokenizer o/n@main from the Hugging Face Hub or its cache (tokenizer.json: OSError: offline)'
     """
     said = " ".join(str(error).split())
     return HubUnreachable(
         f"cannot get {what} {repo_id}@{revision} from the Hugging Face Hub or its cache "
-        f"({type(error).__name__}: {said})"
+        f"({f'{name}: ' if name else ''}{type(error).__name__}: {said})"
     )
 
 

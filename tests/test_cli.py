@@ -468,6 +468,11 @@ def test_hub_names_resolve_through_the_hugging_face_cache(kimi_dir, tmp_path):
     assert changed.returncode == 1 and "chat_template.jinja" in changed.stderr and "Traceback" not in changed.stderr
     assert not (tmp_path / "o2").exists()
 
+    (snapshot / "chat_template.jinja").unlink()  # offline, a file the cache lacks is named
+    lacking = run("build", "--source", spec["source"], "--source-revision", spec["source_revision"], "--out", "o4")
+    assert lacking.returncode == 1 and "Traceback" not in lacking.stderr, lacking.stderr
+    assert "from the Hugging Face Hub or its cache (chat_template.jinja: " in lacking.stderr
+
 
 @pytest.mark.parametrize("file", ["train.parquet", "manifest.json"])
 def test_a_full_disk_names_the_file_it_could_not_write(source, kimi_dir, tmp_path, capsys, monkeypatch, file):
