@@ -585,7 +585,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
             top.error(f"no command or build named {name!r} (did you mean {close[0]}?)")
         from .source import SUFFIXES
 
-        if os.path.exists(name) or Path(name).suffix.lower() in SUFFIXES:  # (a source given where a name goes)
+        if os.path.exists(name) or Path(name).suffix in SUFFIXES:  # (a source given where a name goes)
             top.error(f"no build named {name!r}; a source file or folder is given with --source: --source {name}")
     if extra:
         [commands] = [action for action in top._actions if isinstance(action, argparse._SubParsersAction)]

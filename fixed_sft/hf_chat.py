@@ -133,11 +133,15 @@ def remote_code_files(config_path: Path) -> list[str]:
     return sorted(module.replace(".", "/") + ".py" for module in modules)
 
 
+LOADED_CODE = ("AutoTokenizer", "AutoConfig")  # (config.json's AutoConfig: where the tokenizer's config names no class)
+
+
 def foreign_code(directory: Path) -> tuple[str, str] | None:
-    """The first ``auto_map`` reference of ``tokenizer_config.json`` or ``config.json`` to
-    code in another repo (``other/repo--module.Class``), and the file naming it: transformers
-    fetches such code from that repo's default branch, which no pin covers."""
-    for name in ("tokenizer_config.json", "config.json"):
+    """The first ``auto_map`` reference to code in another repo (``other/repo--module.Class``)
+    of the classes ``AutoTokenizer`` may load (``LOADED_CODE``: the model's own, such as
+    ``AutoModelForCausalLM``, it never does), and the file naming it: transformers fetches
+    such code from that repo's default branch, which no pin covers."""
+    for name, classes in (("tokenizer_config.json", LOADED_CODE[:1]), ("config.json", LOADED_CODE)):
         if not (directory / name).is_file():
             continue
         try:
@@ -145,7 +149,10 @@ def foreign_code(directory: Path) -> tuple[str, str] | None:
         except TokenizerError:
             continue  # (loading names what is wrong with it)
         auto_map = config.get("auto_map")
-        for references in auto_map.values() if isinstance(auto_map, dict) else []:
+        if not isinstance(auto_map, dict):
+            continue
+        for kind in classes:
+            references = auto_map.get(kind)
             for reference in references if isinstance(references, list) else [references]:
                 if isinstance(reference, str) and "--" in reference:
                     return name, reference
@@ -525,6 +532,8 @@ class HFChatEncoder:
                 )
             if len(before) < end:
                 raise InvalidRow(f"assistant message {k}: its span would begin inside the one before it")
+            if len(through) == len(before) and self._unwritten(chat, k, own, text):
+                continue  # (a reply the template writes nothing of: no token to train, no end to find)
             bare = partial(self._bare, chat, k, own)
             prompt = before[len(plain) :] if before.startswith(plain) else ""
             after = partial(self._after_content, chat, k, own, prompt)
@@ -534,7 +543,7 @@ class HFChatEncoder:
                     f"assistant message {k}: the chat template writes its end ({ending}) only when another "
                     "message follows, so the mask would leave it 0; mark replies with {% generation %} blocks"
                 )
-            if len(through) > len(before):  # (a reply that renders nothing overlaps no token)
+            if len(through) > len(before):  # (an empty span overlaps no token)
                 spans.append((len(before), len(through)))
             end = len(through)
         return text, spans
@@ -600,6 +609,16 @@ class HFChatEncoder:
             return False
         marked = self._before([*chat[:k], {**chat[k], "content": MARK + content}], k, k + 1, own)
         return marked.startswith(before) and marked[len(before) :].lstrip().startswith(MARK)
+
+    def _unwritten(self, chat: list[dict], k: int, own: Any, text: str) -> bool:
+        """Whether the conversation renders as ``text`` without message ``k`` too: the
+        template writes nothing of that reply, nor anything after it for it (an end)."""
+        try:
+            return self._render([*chat[:k], *chat[k + 1 :]], tools=own)[0] == text
+        except ClockRead:
+            raise
+        except Exception:  # (a template that needs the reply there: it writes something of it)
+            return False
 
     def _before(self, chat: list[dict], k: int, count: int, own: Any, prompt: bool = False) -> str:
         """The text of ``chat[:count]`` (with the generation prompt: ``prompt``), to find

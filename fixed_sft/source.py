@@ -39,7 +39,8 @@ SOURCE_COLUMN = "source"
 SOURCE_CHUNK_BYTES = 16 << 20
 _DATA_PATTERNS = tuple(f"*{suffix}" for suffix in SUFFIXES)
 # A file of a set of shards, as the Hub's datasets name them: ``data/train-00002-of-00006.parquet``.
-_SHARD = re.compile(r"(?P<stem>.+)-(?P<k>\d+)-of-(?P<n>\d+)(?P<suffix>\.parquet|\.jsonl)")
+# (older ``datasets`` releases add a fingerprint: ``train-00002-of-00006-9c4f1a2b3d.parquet``)
+_SHARD = re.compile(r"(?P<stem>.+)-(?P<k>\d+)-of-(?P<n>\d+)(?P<tail>-[0-9a-f]+)?(?P<suffix>\.parquet|\.jsonl)")
 _WILDCARDS = re.compile(r"[*?\[]|/$")  # (a pattern that chooses files by a glob, or a folder's)
 # The largest Parquet page (uncompressed) of the columns a build reads: a reader decodes a whole
 # page, taking about 4 times its size in memory with the values it gives, before any value of it
@@ -357,34 +358,38 @@ def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Pa
     if len({f.suffix for f in files}) > 1:
         raise SourceError(f"{path} mixes .parquet and .jsonl files; use one format")
     globs = None if patterns is None else [pattern for pattern in patterns if _WILDCARDS.search(pattern)]
-    if globs != []:  # (the files globs chose: a file named one by one is a choice)
+    if path.is_dir() and globs != []:  # (the files globs chose: a file named one by one is a choice)
         _whole_shard_sets(path, [name(f) for f in filter_repo_objects(files, allow_patterns=globs, key=name)])
     return tuple(files)
 
 
 def _whole_shard_sets(path: Path, names: list[str]) -> None:
     """``SourceError`` naming a shard that ``names`` (files chosen by a glob, or all of a
-    folder's) lack: where one is ``NAME-00001-of-00003.parquet``, ``NAME-00000-`` through
-    ``NAME-00002-of-00003.parquet`` must all be there (a download or copy cut short would
-    otherwise build from part of the data, as if it were all).
+    folder's) lack: where one is ``NAME-00001-of-00003.parquet``, shards 0 through 2 (or 1
+    through 3) of 3 must all be there (a download or copy cut short would otherwise build
+    from part of the data, as if it were all).
 
     >>> _whole_shard_sets(Path("d"), ["a-00000-of-00002.jsonl", "a-00001-of-00002.jsonl", "b.jsonl"])
+    >>> _whole_shard_sets(Path("d"), [f"a-{k}-of-3.jsonl" for k in (1, 2, 3)])  # (numbered from 1)
     >>> try:
     ...     _whole_shard_sets(Path("d"), ["data/a-00000-of-00003.jsonl", "data/a-00002-of-00003.jsonl"])
     ... except SourceError as error:
     ...     print(str(error).split(":")[0])
     d lacks data/a-00001-of-00003.jsonl
     """
-    sets: dict[tuple[str, str, str], set[str]] = {}
+    sets: dict[tuple[str, str, str], dict[int, str]] = {}
     for name in names:
         if (shard := _SHARD.fullmatch(name)) is not None:
-            sets.setdefault((shard["stem"], shard["n"], shard["suffix"]), set()).add(shard["k"])
+            sets.setdefault((shard["stem"], shard["n"], shard["suffix"]), {})[int(shard["k"])] = shard["k"]
     for (stem, n, suffix), held in sorted(sets.items()):
-        width = len(next(iter(held)))
-        missing = [k for k in range(int(n)) if f"{k:0{width}d}" not in held]
+        count = int(n)
+        first = 1 if 0 not in held and count in held else 0
+        missing = [k for k in range(first, first + count) if k not in held]
         if missing:
+            widths = {len(k) for k in held.values()}
+            shown = f"{missing[0]:0{widths.pop()}d}" if len(widths) == 1 else str(missing[0])
             raise SourceError(
-                f"{path} lacks {stem}-{missing[0]:0{width}d}-of-{n}{suffix}: {int(n) - len(missing)} of the {int(n)} "
+                f"{path} lacks {stem}-{shown}-of-{n}{suffix}: {count - len(missing)} of the {count} "
                 "files of its set are there (name the files to build from some of them with --source-files)"
             )
 

@@ -122,7 +122,7 @@ def test_a_mistyped_command_is_named_with_the_closest_command(capsys, argv):
     assert exit_.value.code == 2 and f"no command or build named {argv[0]!r} (did you mean {closest}?)" in err
 
 
-@pytest.mark.parametrize("given", ["chats.jsonl", "data.PARQUET", "folder"])
+@pytest.mark.parametrize("given", ["chats.jsonl", "data.parquet", "folder"])
 def test_a_source_where_a_build_name_goes_says_to_give_it_with_source(capsys, tmp_path, monkeypatch, given):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "folder").mkdir()

@@ -420,6 +420,25 @@ SILENT_EMPTY = (
 )
 
 
+# The same, each user turn opened with an added token
+SILENT_EMPTY_HEADED = SILENT_EMPTY.replace("{{ m.content }}", "{{ '<｜User｜>' + m.content }}", 1)
+
+
+def test_a_reply_the_template_writes_nothing_of_is_no_reply_to_end(encoder_of):
+    """The conversation renders the same without it: the next turn's added token is that
+    turn's, not an end written for the reply."""
+    chat = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": ""},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "ok"},
+    ]
+    encoder = encoder_of(SILENT_EMPTY_HEADED)
+    ids, mask = encoder.encode(chat)
+    trained = encoder.tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
+    assert trained == "ok" + encoder.tokenizer.eos_token
+
+
 def test_a_reply_that_renders_nothing_trains_no_token_around_it(encoder_of):
     """An empty span overlaps no token: the user's token that straddles where the reply
     would be stays 0."""
@@ -1108,3 +1127,9 @@ def test_remote_code_in_another_repo_is_refused(deepseek_dir, tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     assert foreign_code(tmp_path) is None
     assert remote_code_files(tmp_path / "tokenizer_config.json") == ["tokenization_x.py"]
+    model = {"auto_map": {"AutoModelForCausalLM": "base/model--modeling_x.XForCausalLM"}}  # (never loaded here)
+    (tmp_path / "config.json").write_text(json.dumps(model), encoding="utf-8")
+    assert foreign_code(tmp_path) is None
+    model["auto_map"]["AutoConfig"] = "base/model--configuration_x.XConfig"
+    (tmp_path / "config.json").write_text(json.dumps(model), encoding="utf-8")
+    assert foreign_code(tmp_path) == ("config.json", "base/model--configuration_x.XConfig")

@@ -92,8 +92,28 @@ def test_a_set_of_shards_chosen_by_a_glob_must_be_whole(tmp_path):
     chosen = ("data/train-00000-of-00003.parquet", "data/train-00002-of-00003.parquet")
     assert open_source(str(tmp_path), patterns=chosen).num_rows == 6
     assert open_source(str(tmp_path), patterns=(chosen[0], "*/extra*")).num_rows == 6
+    assert open_source(str(tmp_path / "data" / "train-00000-of-00003.parquet")).num_rows == 3  # (a file: a choice)
     synthetic.write_parquet(synthetic.conversations(3), tmp_path / "data" / "train-00001-of-00003.parquet")
     assert open_source(str(tmp_path)).num_rows == 12
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        [f"train-{k}-of-12.jsonl" for k in range(12)],  # (unpadded: 2 and 10 are not told apart by width)
+        [f"train-{k:05d}-of-00003.jsonl" for k in (1, 2, 3)],  # (numbered from 1)
+        [f"train-{k:05d}-of-00002-{'ab' * 8}.jsonl" for k in range(2)],  # (an older release's fingerprint)
+        ["data/train-00000-of-00001.jsonl", "data/test-00000-of-00002.jsonl", "data/test-00001-of-00002.jsonl"],
+    ],
+    ids=["unpadded", "from 1", "fingerprint", "two splits"],
+)
+def test_whole_shard_sets_of_any_numbering_are_read(tmp_path, names):
+    for name in names:
+        synthetic.write_jsonl(synthetic.conversations(1), tmp_path / name)
+    assert open_source(str(tmp_path)).num_rows == len(names)
+    (tmp_path / names[1]).unlink()
+    with pytest.raises(SourceError, match=f"lacks {re.escape(names[1].split('-of-')[0])}-of-"):
+        open_source(str(tmp_path))
 
 
 def test_unreachable_hub_says_how_to_use_local_files(monkeypatch):
