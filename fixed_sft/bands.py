@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import arrow
-from .source import COLUMNS, SOURCE_COLUMN, Source, SourceError, changed, unreadable
+from .source import COLUMNS, SOURCE_COLUMN, Source, SourceError, changed, check_stamp, unreadable
 
 READ_BATCH_ROWS = 4096
 # Parquet rows are decoded in batches of at most this many bytes (by the row group's bytes per
@@ -183,20 +183,22 @@ def _read_selected(source: Source, rank: np.ndarray, select: Callable[[int, int]
     its row count, which of its rows to read."""
     starts = np.concatenate(([0], np.cumsum(source.row_counts)[:-1]))
 
-    def read_file(path: Path, start: int, count: int, source_column: bool) -> tuple[list[pa.Table], np.ndarray] | None:
+    def read_file(
+        path: Path, start: int, count: int, source_column: bool, stamp: tuple[int, int]
+    ) -> tuple[list[pa.Table], np.ndarray] | None:
         positions = rank[start : start + count]
         inside = select(start, count)
         if not inside.any():
             return None
         tables, kept = [], []
-        for local, table in _read_file(path, inside, source_column):
+        for local, table in _read_file(path, inside, source_column, stamp=stamp):
             tables.append(table.append_column("index", arrow.numbers(local + start, pa.int64())))
             kept.append(positions[local])
         return tables, np.concatenate(kept)
 
     threads = 1 if source.page_bytes > SHARED_PAGE_BYTES else READ_THREADS  # (large pages: decoded one at a time)
     with ThreadPoolExecutor(min(len(source.files), os.cpu_count() or 1, threads)) as pool:
-        files = source.files, starts.tolist(), source.row_counts, source_columns(source)
+        files = source.files, starts.tolist(), source.row_counts, source_columns(source), source.stamps
         found = [part for part in pool.map(read_file, *files) if part]
     memory = pa.default_memory_pool()
     memory.release_unused()  # the freed decode buffers, before the copies (larger blocks) are allocated
@@ -220,12 +222,30 @@ def source_columns(source: Source) -> tuple[bool, ...]:
 
 
 def _read_file(
-    path: Path, inside: np.ndarray, source_column: bool, batch_bytes: int | None = None
+    path: Path,
+    inside: np.ndarray,
+    source_column: bool,
+    batch_bytes: int | None = None,
+    stamp: tuple[int, int] | None = None,
 ) -> Iterator[tuple[np.ndarray, pa.Table]]:
-    """``_read_parquet`` or ``_read_jsonl``, by the file's suffix."""
-    if path.suffix == ".parquet":
-        return _read_parquet(path, inside, source_column, batch_bytes)
-    return _read_jsonl(path, inside, batch_bytes)
+    """``_read_parquet`` or ``_read_jsonl``, by the file's suffix. With ``stamp`` (its size
+    and modification time as the source was opened), a batch is given only where the file
+    is unchanged once it is read (``changed`` otherwise): rows of other bytes than those the
+    store's key hashed are never encoded, nor stored under that key."""
+    batches = (
+        _read_parquet(path, inside, source_column, batch_bytes)
+        if path.suffix == ".parquet"
+        else _read_jsonl(path, inside, batch_bytes)
+    )
+    return batches if stamp is None else _unchanged(path, stamp, batches)
+
+
+def _unchanged(
+    path: Path, stamp: tuple[int, int], batches: Iterator[tuple[np.ndarray, pa.Table]]
+) -> Iterator[tuple[np.ndarray, pa.Table]]:
+    for batch in batches:
+        check_stamp(path, stamp)
+        yield batch
 
 
 def _read_parquet(
@@ -390,13 +410,18 @@ def _read_jsonl(
 
 
 def read_file_rows(
-    path: Path, start: int, inside: np.ndarray, source_column: bool, batch_bytes: int | None = None
+    path: Path,
+    start: int,
+    inside: np.ndarray,
+    source_column: bool,
+    batch_bytes: int | None = None,
+    stamp: tuple[int, int] | None = None,
 ) -> Iterator[pa.Table]:
     """The rows of one source file that ``inside`` marks (its first row is source row
     ``start``), in batches of at most ``batch_bytes``, with the columns of ``read_band``
     (``source_column``: its ``Source.source_columns``): memory holds a batch, whatever the
-    file's size."""
-    for local, table in _read_file(path, inside, source_column, batch_bytes):
+    file's size. ``stamp``: ``_read_file``'s."""
+    for local, table in _read_file(path, inside, source_column, batch_bytes, stamp):
         if table.num_rows:
             yield table.append_column("index", arrow.numbers(local + start, pa.int64()))
 

@@ -264,8 +264,9 @@ def _streamed(store: TokenStore, encoding: _Encoding, source: Source, wanted: np
 
     def chunks() -> Iterator[pa.Table]:
         start = 0
-        for path, count, source_column in zip(source.files, source.row_counts, source_columns(source)):
-            for batch in read_file_rows(path, start, wanted[start : start + count], source_column):
+        files = zip(source.files, source.row_counts, source_columns(source), source.stamps)
+        for path, count, source_column, stamp in files:
+            for batch in read_file_rows(path, start, wanted[start : start + count], source_column, stamp=stamp):
                 yield from Band([batch], [np.arange(batch.num_rows)]).chunks(CHUNK_ROWS, CHUNK_BYTES)
             start += count
 

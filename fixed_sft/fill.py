@@ -62,6 +62,7 @@ class FillTask(NamedTuple):
     folder: str
     apart: int = 0
     source_column: bool = False  # whether the file's ``source`` column is read (``Source.source_columns``)
+    stamp: tuple[int, int] | None = None  # the file's ``Source.stamps``: rows read after it changed are not stored
 
 
 class Filled(NamedTuple):
@@ -95,7 +96,9 @@ def fill_tasks(
     """The tasks that store the source rows ``wanted`` marks, in source order: one per row
     group holding one; ``chunks``: their ``chunk_rows`` and ``chunk_bytes``."""
     start = 0
-    for path, count, source_column in zip(source.files, source.row_counts, source_columns(source)):
+    for path, count, source_column, stamp in zip(
+        source.files, source.row_counts, source_columns(source), source.stamps
+    ):
         local = np.flatnonzero(wanted[start : start + count])
         if len(local):
             ends = np.asarray(row_groups(path, count))
@@ -103,7 +106,15 @@ def fill_tasks(
             cuts = np.flatnonzero(np.diff(groups)) + 1
             for part in np.split(local, cuts):
                 yield FillTask(
-                    str(path), start, count, part, check_every, *chunks, str(folder), source_column=source_column
+                    str(path),
+                    start,
+                    count,
+                    part,
+                    check_every,
+                    *chunks,
+                    str(folder),
+                    source_column=source_column,
+                    stamp=stamp,
                 )
         start += count
 
@@ -116,7 +127,8 @@ def fill(encoder: Encoder, task: FillTask) -> Filled:
         conversations = apart_bytes = 0
         apart: list[Record] = []
         index = []
-        for batch in read_file_rows(Path(task.path), task.start, inside, task.source_column, FILL_BATCH_BYTES):
+        batches = read_file_rows(Path(task.path), task.start, inside, task.source_column, FILL_BATCH_BYTES, task.stamp)
+        for batch in batches:
             for rows in Band([batch], [np.arange(batch.num_rows)]).chunks(task.chunk_rows, task.chunk_bytes):
                 picked = set()
                 if task.apart:

@@ -13,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import io
 import json
 import os
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -80,6 +82,23 @@ def _remove_stale_drafts(folder: Path) -> None:
                     os.unlink(entry.path)
 
 
+def open_regular(path: Path, follow_links: bool = True) -> io.BufferedReader | None:
+    """``path`` opened to read where it is a regular file (``follow_links``: or a link to
+    one), else ``None``. It is opened without blocking: a plain ``open`` of a FIFO waits for
+    a writer forever."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else getattr(os, "O_NOFOLLOW", 0))
+    fd = os.open(path, flags)  # (reads of a regular file ignore O_NONBLOCK)
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not regular:  # (before ``fdopen``, which refuses a folder naming its descriptor, not the path)
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
 def read_checked_json(path: Path) -> object:
     """The body ``write_checked_json`` kept at ``path``; ``None`` where there is no such file,
     or its body does not match its sha256.
@@ -93,7 +112,11 @@ def read_checked_json(path: Path) -> object:
     ({'ids': [1, 2]}, None)
     """
     try:
-        document = json.loads(path.read_bytes())
+        opened = open_regular(path)  # (a FIFO put in its place would block the build)
+        if opened is None:
+            return None
+        with opened:
+            document = json.loads(opened.read())
         body = document["body"]
         return body if document["sha256"] == _json_digest(body) else None
     except (OSError, ValueError, KeyError, TypeError):

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import io
 import os
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -38,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import thrift
+from .hashes import open_regular
 from .output import GROUP_VALUES, schema, tokens
 from .pages import HEADER_BYTES
 from .stitch import footer_bytes
@@ -237,21 +237,6 @@ class _Spliced(io.RawIOBase):
             view[n : n + len(part)] = part
             n, self._pos = n + len(part), self._pos + len(part)
         return n
-
-
-def open_regular(path: Path) -> io.BufferedReader | None:
-    """``path`` opened to read where it is a regular file, else ``None``. It is opened
-    without blocking: a plain ``open`` of a FIFO waits for a writer forever."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # (reads of a regular file ignore the flag)
-    try:
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-    except BaseException:
-        os.close(fd)
-        raise
-    if not regular:  # (before ``fdopen``, which refuses a folder naming its descriptor, not the path)
-        os.close(fd)
-        return None
-    return os.fdopen(fd, "rb")
 
 
 class RowFile:

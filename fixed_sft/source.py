@@ -71,6 +71,17 @@ def changed(path: Path) -> SourceError:
     return SourceError(f"{path} changed while the build read it; build from files that stay unchanged")
 
 
+def check_stamp(path: Path, stamp: tuple[int, int]) -> None:
+    """``changed(path)`` where the file's size or modification time (``_stamp``) is not
+    ``stamp``, or it is gone."""
+    try:
+        now = _stamp(path)
+    except OSError:
+        now = None
+    if now != stamp:
+        raise changed(path)
+
+
 def unreadable(path: Path, error: OSError) -> SourceError:
     """The error for a source file the system would not let the build read."""
     return SourceError(f"{path}: cannot read ({error.strerror or error})")
@@ -99,12 +110,7 @@ class Source:
         """Raise ``SourceError`` naming a file whose size or modification time is not what
         it was when the source was opened: its rows, count and hash may be of two versions."""
         for path, stamp in zip(self.files, self.stamps):
-            try:
-                now = _stamp(path)
-            except OSError:
-                now = None
-            if now != stamp:
-                raise changed(path)
+            check_stamp(path, stamp)
 
     def locate(self, index: int) -> tuple[Path, int]:
         """The file holding global row ``index``, and the row's number in that file."""

@@ -34,7 +34,6 @@ import importlib.metadata
 import json
 import os
 import socket
-import stat
 import struct
 import sys
 import time
@@ -48,7 +47,7 @@ import xxhash
 
 from .encode import Encoded, EncoderConfig, sampled
 from .errors import BuildError
-from .hashes import STALE_SECONDS  # (a temporary file this old is a killed build's: removed)
+from .hashes import STALE_SECONDS, open_regular  # (a temporary file this old is a killed build's: removed)
 
 # Bump when the segment format changes, or what an encoding depends on beyond the modules and
 # libraries below. 2: records checked by XXH3-128, not sha256. 3: a segment names its entry.
@@ -94,8 +93,10 @@ RECORD = np.dtype(
 RECORD_STRUCT = struct.Struct("<qqqqB16s")  # (the same, read one at a time)
 HEAD = struct.Struct("<qqqB")  # what a record's digest covers: index, tokens, meta, flags
 PASSED = 1
-MAX_TOKENS = 1 << 40  # a record of more tokens, or of more bytes of metadata, is not one a build wrote
-MAX_META = 1 << 31
+# A record of more tokens, or of more bytes of metadata, is not one a build wrote: a conversation
+# holds at most MAX_CONVERSATION_BYTES (8 MiB), and a token at least a byte of it or of its template.
+MAX_TOKENS = 1 << 25
+MAX_META = 1 << 25
 SEGMENT_BYTES = 16 << 20  # a build writes a segment once it has this many bytes of conversations
 SEGMENT_CONVERSATIONS = 4096  # or this many conversations
 DRAFT_PREFIX = ".tmp-"  # a segment being written: then its host, its writer's pid and a random part
@@ -572,13 +573,10 @@ class TokenStore:
         not a segment of the entry it is in (not a regular file: a FIFO, which would block;
         a link; another entry's segment, which would give another source's rows)."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            return None
-        try:
-            with os.fdopen(fd, "rb") as f:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    return None
+            opened = open_regular(path, follow_links=False)
+            if opened is None:
+                return None
+            with opened as f:
                 header = f.read(HEADER_BYTES)
                 if (
                     len(header) < HEADER_BYTES
@@ -586,7 +584,7 @@ class TokenStore:
                     or header[len(MAGIC) : -8] != entry_tag(path.parent)
                 ):
                     return None
-                count = int.from_bytes(header[-8:], "little")
+                count = min(int.from_bytes(header[-8:], "little"), SEGMENT_CONVERSATIONS)  # (what a writer writes)
                 size = os.fstat(f.fileno()).st_size
                 count = min(count, (size - HEADER_BYTES) // RECORD.itemsize)
                 return np.frombuffer(f.read(count * RECORD.itemsize), RECORD)

@@ -39,11 +39,11 @@ import pyarrow.compute as pc
 
 from . import arrow
 from .fields import FieldError, loads, show
-from .hashes import boundaries, row_digest, rows_digest, sha256_file
+from .hashes import boundaries, open_regular, row_digest, rows_digest, sha256_file
 from .manifest import Manifest, read
 from .memory import system_allocator
 from .output import CARD_FILES, CARD_NAME, MANIFEST_NAME, PARQUET_NAME, PROMPT, NullValue, first_null, format_of
-from .reader import BOUNDARIES, Group, Refused, RowFile, SchemaDiffers, open_regular
+from .reader import BOUNDARIES, Group, Refused, RowFile, SchemaDiffers
 from .source import non_unicode
 
 

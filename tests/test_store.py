@@ -119,6 +119,38 @@ def test_rows_are_byte_identical_from_the_store_at_each_worker_count(corpus, kim
     assert (tmp_path / "stored" / "train.parquet").read_bytes() == (tmp_path / "plain" / "train.parquet").read_bytes()
 
 
+@pytest.mark.parametrize("rows", [None, 5], ids=["every row (the fill)", "some rows"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_rows_read_after_a_source_file_changed_are_not_stored(corpus, kimi_dir, tmp_path, token_store, workers, rows):
+    """The store's key hashes the source as the build opens it: a file written to once the
+    key is made (here, as the entry opens) stops the build, and what was read of its new
+    bytes is not stored under the old bytes' key, so the file put back builds the right rows."""
+    import shutil
+
+    import fixed_sft.build
+
+    source = tmp_path / "source"
+    shutil.copytree(corpus[0], source)
+    first = sorted(source.glob("*.parquet"))[0]
+    original = first.read_bytes()
+    other = tmp_path / "other"
+    synthetic.write_parquet(synthetic.conversations(400, seed=9), other, rows_per_file=400)
+    opened = fixed_sft.build._open_store
+
+    def open_then_change(*args, **kwargs):
+        entry = opened(*args, **kwargs)
+        shutil.copyfile(next(other.glob("*.parquet")), first)
+        return entry
+
+    cfg = config(source, kimi_dir, rows=rows, workers=workers)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fixed_sft.build, "_open_store", open_then_change)
+        with pytest.raises(Exception, match=f"{first} changed while the build read it"):
+            build(cfg, tmp_path / "changed")
+    first.write_bytes(original)
+    assert build(cfg, tmp_path / "stored")["rows_sha256"] == _without_store(cfg, tmp_path / "plain")["rows_sha256"]
+
+
 def test_no_cache_writes_nothing(corpus, kimi_dir, tmp_path, token_store):
     manifest = build(config(corpus[0], kimi_dir, no_cache=True), tmp_path / "a")
     assert manifest["rows_sha256"] == GOLDEN_ROWS_SHA256
@@ -774,3 +806,48 @@ def test_a_task_that_fails_leaves_no_temporary_file_and_a_dead_writers_goes(tmp_
         (tmp_path / f"{DRAFT_PREFIX}{name}").write_bytes(b"x")
     TokenStore(tmp_path, 1)
     assert sorted(p.name for p in tmp_path.glob(".tmp-*")) == sorted(DRAFT_PREFIX + n for n in names[1:])
+
+
+def test_a_segment_header_claiming_more_records_than_a_writer_writes_is_read_to_that_bound(tmp_path) -> None:
+    """A damaged count in a segment's header (a sparse file of zeros behind it) is read no
+    further than the most records a writer writes: memory stays bounded, and the records
+    there are still found."""
+    from fixed_sft.encode import Encoded
+
+    item = Encoded(3, "r3", np.arange(5, dtype=np.int32), np.ones(5, np.uint8), None, True)
+    writer = SegmentWriter(tmp_path)
+    writer.add(item)
+    writer.flush()
+    [segment] = tmp_path.glob("*.seg")
+    with segment.open("r+b") as f:
+        f.seek(store_module.HEADER_BYTES - 8)
+        f.write((1 << 40).to_bytes(8, "little"))
+        f.truncate(1 << 30)  # (sparse: no disk used)
+    records = TokenStore._read_records(segment)
+    assert records is not None and len(records) == store_module.SEGMENT_CONVERSATIONS
+    store = TokenStore(tmp_path, 5)
+    found = store.lookup(3)
+    assert found is not None and store_module.same_encoding(found, item)
+    store.close()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_kept_json_file_that_is_no_file_reads_as_none_at_once(tmp_path, kind) -> None:
+    """The store's probes and parity files: a FIFO in their place would block a plain read forever."""
+    import threading
+
+    from fixed_sft.hashes import read_checked_json, write_checked_json
+
+    path = tmp_path / "kept.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    got: list[object] = []
+    reading = threading.Thread(target=lambda: got.append(read_checked_json(path)), daemon=True)
+    reading.start()
+    reading.join(30)
+    assert got == [None], "blocked"
+    other = tmp_path / "other.json"
+    write_checked_json(other, {"a": 1})
+    assert read_checked_json(other) == {"a": 1}
