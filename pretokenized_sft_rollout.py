@@ -47,6 +47,7 @@ except ImportError:
 logger = logging.getLogger(__name__)
 
 PROMPT = [{"role": "user", "content": ""}]  # every row's ``messages`` (data/README.md)
+GROUP_ROWS = 128  # the most rows a build writes in a row group (fixed_sft.output.ROWS_PER_GROUP)
 
 
 def response(ids: list[int], mask: list[int]) -> tuple[int, list[int]]:
@@ -66,24 +67,24 @@ def response(ids: list[int], mask: list[int]) -> tuple[int, list[int]]:
     return len(ids) - first, mask[first:]
 
 
-def segment_responses(mask: list[int], lengths: list[int]) -> list[tuple[int, int, int, list[int]]]:
-    """``(start, end, response_length, loss_mask)`` of each segment of a row that trains, in
-    order: a segment of ``lengths[k]`` tokens from where the ones before it end, its response
-    by ``response``'s rule over its own mask (so its first token is never trained); a segment
-    with no supervised token after its first is left out.
+def segment_responses(mask: list[int], lengths: list[int]) -> list[tuple[int, int, int, int, list[int]]]:
+    """``(segment, start, end, response_length, loss_mask)`` of each segment of a row that
+    trains, in order: segment ``k``, of ``lengths[k]`` tokens from where the ones before it
+    end, its response by ``response``'s rule over its own mask (so its first token is never
+    trained); a segment with no supervised token after its first is left out.
 
-    >>> segment_responses([0, 1, 1, 0, 0, 0, 1, 0], [3, 2, 3])
-    [(0, 3, 2, [1, 1]), (5, 8, 2, [1, 0])]
+    >>> segment_responses([0, 1, 0, 0, 1, 1, 1, 0], [1, 2, 5])
+    [(2, 3, 8, 4, [1, 1, 1, 0])]
     """
     if sum(lengths) != len(mask):
         raise ValueError(f"fixed-sft row's segments cover {sum(lengths)} tokens, not its {len(mask)}")
     spans, start = [], 0
-    for length in lengths:
+    for k, length in enumerate(lengths):
         end = start + length
         part = mask[start:end]
         if 1 in part[1:]:
             first = max(part.index(1), 1)
-            spans.append((start, end, length - first, part[first:]))
+            spans.append((k, start, end, length - first, part[first:]))
         start = end
     return spans
 
@@ -200,6 +201,7 @@ class ParquetRowSource(DataSource):
         self.rows = int(self.group_starts[-1])
         if not self.rows:
             raise ValueError(f"{self.path}: no rows")
+        self.row_tokens = check_rows_file(self.path, self.file, self.rows, self.per_segment)
         self.dataset = range(self.rows)  # miles counts rollouts per epoch as len(dataset) // rollout_batch_size
         self.shuffle = bool(args.rollout_shuffle)
         self.seed = int(args.rollout_seed)
@@ -227,6 +229,7 @@ class ParquetRowSource(DataSource):
         if self._held is None or self._held[0] != (self.epoch_id, g):
             rows = self.file.read_row_group(g, columns=["metadata"]).column("metadata").combine_chunks()
             ids, mask = rows.field("input_ids"), rows.field("loss_mask")
+            check_group(self.path, int(self.group_starts[g]), rows, self.row_tokens, self.per_segment)
             order = list(range(len(rows)))
             if self.shuffle:
                 random.Random(f"{self.seed}/{self.epoch_id}/{g}").shuffle(order)
@@ -304,7 +307,7 @@ class ParquetRowSource(DataSource):
                         raise ValueError(f"{self.path}: no row has a segment that trains")
                     continue
                 group = []
-                for k, (start, end, length, loss_mask) in enumerate(spans):
+                for k, start, end, length, loss_mask in spans:
                     group.append(
                         Sample(
                             group_index=self.sample_group_index,
@@ -364,17 +367,109 @@ class ParquetRowSource(DataSource):
         if not os.path.exists(path):
             logger.info("%s does not exist: starting at the first sample", path)
             return
-        with open(path, encoding="utf-8") as f:
-            state = json.load(f)
+        try:
+            with open(path, encoding="utf-8") as f:
+                state = json.load(f)
+        except ValueError as error:
+            raise ValueError(f"{path} is not a saved position (not JSON: {error})") from None
+        if not isinstance(state, dict):
+            raise ValueError(f"{path} is not a saved position (a JSON {type(state).__name__}, not an object)")
         identity = self._identity()
         saved = {key: state.get(key, False if key == "per_segment" else None) for key in identity}  # (states
         if saved != identity:  # saved before segment mode lack ``per_segment``: they were saved by rows)
             raise ValueError(f"{path} was saved for {saved}, but this run has {identity}")
-        self.epoch_id, self.sample_offset = state["epoch_id"], state["sample_offset"]
-        self.sample_group_index, self.sample_index = state["sample_group_index"], state["sample_index"]
+        counts: dict[str, int] = {}
+        for key in ("epoch_id", "sample_offset", "sample_group_index", "sample_index"):
+            value = state.get(key)
+            if type(value) is not int or value < 0 or (key == "sample_offset" and value > self.rows):
+                bound = f"0 .. {self.rows}" if key == "sample_offset" else "a count"
+                raise ValueError(f"{path}: {key} is {value!r}, not {bound}")
+            counts[key] = value
+        self.epoch_id, self.sample_offset = counts["epoch_id"], counts["sample_offset"]
+        self.sample_group_index, self.sample_index = counts["sample_group_index"], counts["sample_index"]
 
     def get_buffer_length(self) -> int | None:
         return None
+
+
+def check_rows_file(path: Path, file: Any, rows: int, per_segment: bool) -> int:
+    """The row length of a file of fixed-sft rows (``pq.ParquetFile``), read from its
+    schema and the ``manifest.json`` beside it; ``ValueError`` naming the file where its
+    columns are not a build's (``metadata.input_ids`` list<int32>, ``metadata.loss_mask``
+    list<uint8>, and in segment mode ``metadata.segments``), or its manifest names another
+    format, row count or file. Each row group is checked as it is read (``check_group``)."""
+    import pyarrow as pa
+
+    schema = file.schema_arrow
+    metadata = schema.field("metadata").type if "metadata" in schema.names else None
+    fields = (
+        {metadata.field(k).name: metadata.field(k).type for k in range(metadata.num_fields)}
+        if (metadata is not None and pa.types.is_struct(metadata))
+        else {}
+    )
+    wanted = {"input_ids": pa.list_(pa.int32()), "loss_mask": pa.list_(pa.uint8())}
+    for name, kind in wanted.items():
+        if name not in fields or not fields[name].equals(kind, check_metadata=False):
+            raise ValueError(
+                f"{path} is not fixed-sft rows: metadata.{name} is {fields.get(name, 'missing')}, not {kind} "
+                "(train on a build's train.parquet, format fixed-sft/2 or fixed-sft/3)"
+            )
+    if per_segment and "segments" not in fields:
+        raise ValueError(f"{path} is not fixed-sft rows: segment mode needs metadata.segments")
+    manifest_path = path.parent / "manifest.json"
+    row_tokens = None
+    if manifest_path.is_file():
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            recorded = (manifest["format"], manifest["stats"]["rows"], manifest["params"]["row_tokens"])
+            parquet = manifest["parquet"]["bytes"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{manifest_path} is not a fixed-sft manifest ({type(error).__name__}: {error})") from None
+        if recorded[0] not in ("fixed-sft/2", "fixed-sft/3") or recorded[1] != rows or parquet != path.stat().st_size:
+            raise ValueError(
+                f"{path} is not the file {manifest_path} records (format {recorded[0]}, {recorded[1]} rows, "
+                f"{parquet} bytes; the file has {rows} rows, {path.stat().st_size} bytes): run verify on the folder"
+            )
+        row_tokens = recorded[2]
+    if row_tokens is None:
+        row_tokens = len(file.read_row_group(0, columns=["metadata"]).column("metadata")[0]["input_ids"])
+    if type(row_tokens) is not int or row_tokens < 2:
+        raise ValueError(f"{manifest_path}: params.row_tokens is {row_tokens!r}")
+    largest = max(file.metadata.row_group(g).num_rows for g in range(file.metadata.num_row_groups))
+    if largest > GROUP_ROWS:
+        logger.warning(
+            "%s holds row groups of up to %d rows, all held at once (a build writes %d)", path, largest, GROUP_ROWS
+        )
+    return row_tokens
+
+
+def check_group(path: Path, first: int, rows: Any, row_tokens: int, per_segment: bool) -> None:
+    """``ValueError`` naming the file and row where a row group's rows (the ``metadata``
+    struct array; its first row is file row ``first``) are not fixed-sft rows: each row's
+    ids and mask ``row_tokens`` long, mask values 0 and 1 only, and in segment mode
+    segments that cover the row."""
+    ids, mask = rows.field("input_ids"), rows.field("loss_mask")
+    lengths = np.diff(ids.offsets.to_numpy())
+    bad = np.flatnonzero((lengths != row_tokens) | (np.diff(mask.offsets.to_numpy()) != lengths))
+    if len(bad):
+        k = int(bad[0])
+        raise ValueError(
+            f"{path}: row {first + k} has {lengths[k]} ids and {len(mask[k])} mask values, not {row_tokens} of each"
+        )
+    values = mask.values.to_numpy()
+    if len(values) and values.max() > 1:
+        k = int(np.searchsorted(mask.offsets.to_numpy(), int(np.argmax(values > 1)), side="right")) - 1
+        raise ValueError(f"{path}: row {first + k} has a mask value other than 0 and 1")
+    if per_segment:
+        segments = rows.field("segments")
+        counts = np.diff(segments.offsets.to_numpy())
+        spans = segments.flatten()
+        lengths = spans.field("end").to_numpy() - spans.field("start").to_numpy()
+        covered = np.bincount(np.repeat(np.arange(len(rows)), counts), weights=lengths, minlength=len(rows))
+        uncovered = np.flatnonzero(covered != row_tokens)
+        if len(uncovered):
+            k = int(uncovered[0])
+            raise ValueError(f"{path}: row {first + k}'s segments cover {int(covered[k])} tokens, not its {row_tokens}")
 
 
 def check_segment_backend(args: Any) -> None:

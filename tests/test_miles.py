@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import doctest
+import json
+import re
 from types import SimpleNamespace
 
 import miles_emulation
@@ -259,6 +261,100 @@ def test_a_state_saved_for_another_file_is_refused(built, rollout, tmp_path):
     pq.write_table(pq.read_table(out / "train.parquet"), other, compression="none")  # same rows, other bytes
     with pytest.raises(ValueError, match="'bytes'"):
         rollout.ParquetRowSource(source_args(other, tmp_path, load=str(tmp_path / "ckpt"))).load(1)
+
+
+def _edited(out, folder, edit):
+    """A copy of build ``out``'s train.parquet (row groups of 128 rows, no manifest beside it)
+    whose ``metadata`` rows ``edit`` changes (a list of dicts, in place)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(out / "train.parquet")
+    rows = table.column("metadata").to_pylist()
+    edit(rows)
+    column = pa.array(rows, table.schema.field("metadata").type)
+    folder.mkdir()
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("metadata"), "metadata", column),
+        folder / "train.parquet",
+        row_group_size=128,
+    )
+    return folder
+
+
+def _take_all(source):
+    return [g for _ in range(3) for g in source.get_samples(ROWS // 3 + 1)]
+
+
+def test_a_file_that_is_not_fixed_sft_rows_is_refused_at_start(built, rollout, tmp_path):
+    out, _ = built
+    source = out.parent / "src.parquet"  # (the conversations the build read)
+    with pytest.raises(ValueError, match=r"src.parquet is not fixed-sft rows: metadata.input_ids is missing"):
+        rollout.ParquetRowSource(source_args(source, tmp_path))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "train.parquet").write_bytes((out / "train.parquet").read_bytes())
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["stats"]["rows"] += 1  # (another build's manifest)
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"is not the file .*manifest.json records .*run verify on the folder"):
+        rollout.ParquetRowSource(source_args(other, tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda rows: rows[10]["loss_mask"].append(0), "row 10 has 128 ids and 129 mask values"),
+        (
+            lambda rows: rows[140].update(input_ids=rows[140]["input_ids"][:-1], loss_mask=rows[140]["loss_mask"][:-1]),
+            "row 140 has 127 ids and 127 mask values, not 128 of each",
+        ),
+        (lambda rows: rows[7]["loss_mask"].__setitem__(5, 2), "row 7 has a mask value other than 0 and 1"),
+    ],
+    ids=["a mask longer than its ids", "a short row", "a mask value of 2"],
+)
+def test_a_damaged_row_is_named_before_any_row_of_its_group_is_given(built, rollout, tmp_path, edit, says):
+    """A mask one longer than its ids would shift every later row's mask in the group."""
+    out, _ = built
+    folder = _edited(out, tmp_path / "edited", edit)
+    source = rollout.ParquetRowSource(source_args(folder, tmp_path, rollout_shuffle=False))
+    with pytest.raises(ValueError, match=re.escape(says)):
+        _take_all(source)
+
+
+def test_segment_mode_names_a_row_its_segments_do_not_cover(bounded, rollout, tmp_path):
+    out, _ = bounded
+
+    def shorten(rows):
+        rows[3]["segments"][-1]["end"] -= 1
+
+    folder = _edited(out, tmp_path / "edited", shorten)
+    source = rollout.ParquetSegmentSource(segment_args(folder, tmp_path, rollout_shuffle=False))
+    with pytest.raises(ValueError, match=r"row 3's segments cover 127 tokens, not its 128"):
+        source.get_samples(1)
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"sample_offset": ROWS + 1}, f"sample_offset is {ROWS + 1}, not 0 .. {ROWS}"),
+        ({"sample_offset": -1}, "sample_offset is -1"),
+        ({"epoch_id": 1.5}, "epoch_id is 1.5, not a count"),
+        ({"sample_index": True}, "sample_index is True"),
+        ({"sample_group_index": None}, "sample_group_index is None"),
+    ],
+)
+def test_a_saved_position_out_of_range_is_refused_naming_it(built, rollout, tmp_path, change, says):
+    out, _ = built
+    rollout.ParquetRowSource(source_args(out, tmp_path)).save(1)
+    path = tmp_path / "ckpt" / "rollout" / "fixed_sft_row_source_1.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    loading = rollout.ParquetRowSource(source_args(out, tmp_path, load=str(tmp_path / "ckpt")))
+    with pytest.raises(ValueError, match=re.escape(f"{path}: {says}")):
+        loading.load(1)
+    path.write_text("[1, 2")
+    with pytest.raises(ValueError, match=re.escape(f"{path} is not a saved position (not JSON")):
+        loading.load(1)
 
 
 def test_a_save_waits_for_the_batch_being_taken(built, rollout, tmp_path):
