@@ -424,36 +424,29 @@ SILENT_EMPTY = (
 SILENT_EMPTY_HEADED = SILENT_EMPTY.replace("{{ m.content }}", "{{ '<｜User｜>' + m.content }}", 1)
 
 
-def test_a_reply_the_template_writes_nothing_of_is_no_reply_to_end(encoder_of):
-    """The conversation renders the same without it: the next turn's added token is that
-    turn's, not an end written for the reply."""
+@pytest.mark.parametrize(
+    ("template", "first", "then", "text"),
+    [
+        (SILENT_EMPTY, "hello wor", "ld", "hello worldok"),
+        (SILENT_EMPTY_HEADED, "hi", "again", "<｜User｜>hi<｜User｜>againok"),
+    ],
+    ids=["a token across its place", "the next turn's added token"],
+)
+def test_a_reply_that_renders_nothing_trains_nothing_and_needs_no_end(encoder_of, template, first, then, text):
+    """The conversation renders the same without it: an empty span overlaps no token (the
+    user's token that straddles where the reply would be stays 0), and the next turn's
+    added token is that turn's, not an end written for the reply."""
     chat = [
-        {"role": "user", "content": "hi"},
+        {"role": "user", "content": first},
         {"role": "assistant", "content": ""},
-        {"role": "user", "content": "again"},
+        {"role": "user", "content": then},
         {"role": "assistant", "content": "ok"},
     ]
-    encoder = encoder_of(SILENT_EMPTY_HEADED)
-    ids, mask = encoder.encode(chat)
-    trained = encoder.tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
-    assert trained == "ok" + encoder.tokenizer.eos_token
-
-
-def test_a_reply_that_renders_nothing_trains_no_token_around_it(encoder_of):
-    """An empty span overlaps no token: the user's token that straddles where the reply
-    would be stays 0."""
-    chat = [
-        {"role": "user", "content": "hello wor"},
-        {"role": "assistant", "content": ""},
-        {"role": "user", "content": "ld"},
-        {"role": "assistant", "content": "ok"},
-    ]
-    encoder = encoder_of(SILENT_EMPTY)
+    encoder = encoder_of(template)
     ids, mask = encoder.encode(chat)
     tokenizer = encoder.tokenizer
-    trained = tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
-    assert trained == "ok" + tokenizer.eos_token
-    assert tokenizer.decode(ids) == "hello world" + "ok" + tokenizer.eos_token
+    assert tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m]) == "ok" + tokenizer.eos_token
+    assert tokenizer.decode(ids) == text + tokenizer.eos_token
 
 
 def test_an_end_token_in_a_reply_s_content_is_not_taken_for_the_template_s(encoder_of):
