@@ -407,9 +407,10 @@ def check_rows_file(path: Path, file: Any, rows: int, per_segment: bool) -> int:
         if (metadata is not None and pa.types.is_struct(metadata))
         else {}
     )
-    wanted = {"input_ids": pa.list_(pa.int32()), "loss_mask": pa.list_(pa.uint8())}
-    for name, kind in wanted.items():
-        if name not in fields or not fields[name].equals(kind, check_metadata=False):
+    wanted = {"input_ids": pa.int32(), "loss_mask": pa.uint8()}  # (lists of them, their items nullable or not)
+    for name, item in wanted.items():
+        kind = pa.list_(item)
+        if name not in fields or not (pa.types.is_list(fields[name]) and fields[name].value_type == item):
             raise ValueError(
                 f"{path} is not fixed-sft rows: metadata.{name} is {fields.get(name, 'missing')}, not {kind} "
                 "(train on a build's train.parquet, format fixed-sft/2 or fixed-sft/3)"
@@ -417,7 +418,6 @@ def check_rows_file(path: Path, file: Any, rows: int, per_segment: bool) -> int:
     if per_segment and "segments" not in fields:
         raise ValueError(f"{path} is not fixed-sft rows: segment mode needs metadata.segments")
     manifest_path = path.parent / "manifest.json"
-    row_tokens = None
     if manifest_path.is_file():
         try:
             manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
@@ -431,10 +431,14 @@ def check_rows_file(path: Path, file: Any, rows: int, per_segment: bool) -> int:
                 f"{parquet} bytes; the file has {rows} rows, {path.stat().st_size} bytes): run verify on the folder"
             )
         row_tokens = recorded[2]
-    if row_tokens is None:
-        row_tokens = len(file.read_row_group(0, columns=["metadata"]).column("metadata")[0]["input_ids"])
-    if type(row_tokens) is not int or row_tokens < 2:
-        raise ValueError(f"{manifest_path}: params.row_tokens is {row_tokens!r}")
+        if type(row_tokens) is not int or row_tokens < 2:
+            raise ValueError(f"{manifest_path}: params.row_tokens is {row_tokens!r}")
+    else:  # (no manifest: the first row's length)
+        first = next(g for g in range(file.metadata.num_row_groups) if file.metadata.row_group(g).num_rows)
+        row = file.read_row_group(first, columns=["metadata"]).column("metadata")[0].as_py()
+        if not isinstance(row, dict) or not isinstance(row.get("input_ids"), list) or len(row["input_ids"]) < 2:
+            raise ValueError(f"{path}: its first row holds no ids of a fixed-sft row")
+        row_tokens = len(row["input_ids"])
     largest = max(file.metadata.row_group(g).num_rows for g in range(file.metadata.num_row_groups))
     if largest > GROUP_ROWS:
         logger.warning(
@@ -449,12 +453,17 @@ def check_group(path: Path, first: int, rows: Any, row_tokens: int, per_segment:
     ids and mask ``row_tokens`` long, mask values 0 and 1 only, and in segment mode
     segments that cover the row."""
     ids, mask = rows.field("input_ids"), rows.field("loss_mask")
+    nulls = [array for array in (rows, ids, mask) if array.null_count]
+    if nulls:
+        k = int(np.flatnonzero(nulls[0].is_null().to_numpy(zero_copy_only=False))[0])
+        raise ValueError(f"{path}: row {first + k} is null where its ids and mask should be")
     lengths = np.diff(ids.offsets.to_numpy())
     bad = np.flatnonzero((lengths != row_tokens) | (np.diff(mask.offsets.to_numpy()) != lengths))
     if len(bad):
         k = int(bad[0])
         raise ValueError(
-            f"{path}: row {first + k} has {lengths[k]} ids and {len(mask[k])} mask values, not {row_tokens} of each"
+            f"{path}: row {first + k} has {lengths[k]} ids and {len(mask[k].values)} mask values, "
+            f"not {row_tokens} of each"
         )
     values = mask.values.to_numpy()
     if len(values) and values.max() > 1:

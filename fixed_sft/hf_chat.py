@@ -149,6 +149,8 @@ def foreign_code(directory: Path) -> tuple[str, str] | None:
         except TokenizerError:
             continue  # (loading names what is wrong with it)
         auto_map = config.get("auto_map")
+        if isinstance(auto_map, list):  # (the older form: the tokenizer's classes alone)
+            auto_map = {"AutoTokenizer": auto_map}
         if not isinstance(auto_map, dict):
             continue
         for kind in classes:

@@ -1126,3 +1126,7 @@ def test_remote_code_in_another_repo_is_refused(deepseek_dir, tmp_path):
     model["auto_map"]["AutoConfig"] = "base/model--configuration_x.XConfig"
     (tmp_path / "config.json").write_text(json.dumps(model), encoding="utf-8")
     assert foreign_code(tmp_path) == ("config.json", "base/model--configuration_x.XConfig")
+    (tmp_path / "config.json").unlink()
+    config["auto_map"] = [None, "someone/code--tokenization_x.XTokenizerFast"]  # (the older form)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    assert foreign_code(tmp_path) == ("tokenizer_config.json", "someone/code--tokenization_x.XTokenizerFast")

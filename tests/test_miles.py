@@ -310,8 +310,9 @@ def test_a_file_that_is_not_fixed_sft_rows_is_refused_at_start(built, rollout, t
             "row 140 has 127 ids and 127 mask values, not 128 of each",
         ),
         (lambda rows: rows[7]["loss_mask"].__setitem__(5, 2), "row 7 has a mask value other than 0 and 1"),
+        (lambda rows: rows[3].update(loss_mask=None), "row 3 is null where its ids and mask should be"),
     ],
-    ids=["a mask longer than its ids", "a short row", "a mask value of 2"],
+    ids=["a mask longer than its ids", "a short row", "a mask value of 2", "a null mask"],
 )
 def test_a_damaged_row_is_named_before_any_row_of_its_group_is_given(built, rollout, tmp_path, edit, says):
     """A mask one longer than its ids would shift every later row's mask in the group."""
@@ -320,6 +321,41 @@ def test_a_damaged_row_is_named_before_any_row_of_its_group_is_given(built, roll
     source = rollout.ParquetRowSource(source_args(folder, tmp_path, rollout_shuffle=False))
     with pytest.raises(ValueError, match=re.escape(says)):
         _take_all(source)
+
+
+def test_a_file_of_rows_written_otherwise_is_read(built, rollout, tmp_path):
+    """Without a manifest, an empty first row group and list items marked required (as
+    other writers may write them) are still fixed-sft rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out, rows = built
+    table = pq.read_table(out / "train.parquet")
+    required = pa.schema(
+        [
+            field
+            if field.name != "metadata"
+            else pa.field(
+                "metadata",
+                pa.struct(
+                    [
+                        pa.field(f.name, pa.list_(pa.field("element", f.type.value_type, nullable=False)))
+                        if f.name in ("input_ids", "loss_mask")
+                        else f
+                        for f in field.type
+                    ]
+                ),
+            )
+            for field in table.schema
+        ]
+    )
+    table = table.cast(required)
+    (tmp_path / "other").mkdir()
+    with pq.ParquetWriter(tmp_path / "other" / "train.parquet", required) as writer:
+        writer.write_table(table.slice(0, 0))
+        writer.write_table(table, row_group_size=128)
+    source = rollout.ParquetRowSource(source_args(tmp_path / "other", tmp_path, rollout_shuffle=False))
+    assert [group[0].tokens for group in _take_all(source)][: len(rows)] == [ids for ids, _ in rows]
 
 
 def test_segment_mode_names_a_row_its_segments_do_not_cover(bounded, rollout, tmp_path):

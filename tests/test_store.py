@@ -119,8 +119,11 @@ def test_rows_are_byte_identical_from_the_store_at_each_worker_count(corpus, kim
     assert (tmp_path / "stored" / "train.parquet").read_bytes() == (tmp_path / "plain" / "train.parquet").read_bytes()
 
 
-@pytest.mark.parametrize("rows", [None, 5], ids=["every row (the fill)", "some rows"])
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize(
+    ("rows", "workers"),
+    [(None, 1), (None, 2), (None, 4), (50, 2)],
+    ids=["the fill, 1 worker", "the fill, 2 workers", "the fill read here (fewer files than workers)", "a band"],
+)
 def test_rows_read_after_a_source_file_changed_are_not_stored(corpus, kimi_dir, tmp_path, token_store, workers, rows):
     """The store's key hashes the source as the build opens it: a file written to once the
     key is made (here, as the entry opens) stops the build, and what was read of its new
