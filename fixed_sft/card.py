@@ -8,7 +8,11 @@ source's license and the attribution it requires, the manifest's key figures, th
 no date, path or version of the builder's machine, and the plots are drawn by matplotlib's
 Agg backend with their metadata fixed, so the same build writes the same bytes. The license
 is the one given, else ``odc-by`` for an ODC-By source (Tulu 3's), the source's license where
-it is a Hub license id, ``other`` for another license, and ``unknown`` without one.
+it is one of ``HUB_LICENSES``, ``other`` for another license, and ``unknown`` without one.
+The ODC-By attribution is owed by the source, whatever license the card declares: it is
+written for a source recorded as ODC-By, or that is Tulu 3. Text from the inputs (the
+source's name, revision and license, the separator) is shown in code spans that no line
+break or backtick of it can end.
 """
 
 from __future__ import annotations
@@ -144,11 +148,12 @@ def header(manifest: Manifest, license: str, upstream: str | None) -> str:
 def card_text(manifest: Manifest, license: str, upstream: str | None, plots: Sequence[str]) -> str:
     """``README.md``: the YAML header, then the card's sections (module docstring)."""
     stats, params, source, tokenizer = manifest.stats, manifest.params, manifest.source, manifest.tokenizer
-    revision = f" at revision `{source.revision}`" if source.revision else ""
+    revision = f" at revision `{_cell(source.revision)}`" if source.revision else ""
     tokenizer_name = tokenizer.repo or tokenizer.name or "a local tokenizer"
     tokenizer_at = f"`{tokenizer_name}`" + (f" at revision `{tokenizer.revision}`" if tokenizer.revision else "")
     hashed_bounds = " and then its `cu_seqlens` (int32, little-endian)" if params.emit_boundaries else ""
-    columns = ", `cu_seqlens`: 0, then each conversation's end in the row" if params.emit_boundaries else ""
+    columns = ", `cu_seqlens`: 0, then the end of each segment in the row" if params.emit_boundaries else ""
+    separator = _cell(str(params.separator))
     lines = [
         "---",
         header(manifest, license, upstream).rstrip("\n"),
@@ -159,7 +164,7 @@ def card_text(manifest: Manifest, license: str, upstream: str | None, plots: Seq
         f"{stats.rows:,} rows of exactly {params.row_tokens:,} tokens of supervised fine-tuning data, packed by "
         f"fixed-sft from `{_cell(source.name)}`{revision}, rendered with the chat template of "
         f"{tokenizer_at} and masked by `{params.loss_mask_type}` (assistant tokens only). Each row is "
-        f"conversations, each followed by `{params.separator}`, cut at exactly {params.row_tokens:,} tokens; "
+        f"conversations, each followed by `{separator}`, cut at exactly {params.row_tokens:,} tokens; "
         "nothing is padded. The tokens are in `train.parquet`, in its `metadata` column (`input_ids`, "
         f"`loss_mask`, `row`, `segments`{columns}); `manifest.json` holds the parameters and a SHA-256 hash of "
         "every row.",
@@ -218,9 +223,11 @@ def card_text(manifest: Manifest, license: str, upstream: str | None, plots: Seq
 def _license_lines(license: str, source_license: str | None, upstream: str | None) -> list[str]:
     name, url = LICENSE_NAMES.get(license, (None, None))
     declared = f"[{name}]({url})" if name else f"`{license}`"
-    recorded = f"the source's recorded license is `{source_license}`" if source_license else "the source records none"
+    recorded = (
+        f"the source's recorded license is `{_cell(source_license)}`" if source_license else "the source records none"
+    )
     lines = [f"This card declares the license {declared}; {recorded}."]
-    if license == "odc-by":
+    if "odc-by" in (license, HUB_LICENSES.get((source_license or "").lower())) or upstream == TULU3:
         origin = f"[{upstream}](https://huggingface.co/datasets/{upstream})" if upstream else "its source dataset"
         lines += [
             "",
@@ -236,7 +243,7 @@ def _license_lines(license: str, source_license: str | None, upstream: str | Non
             "data under their own licenses and terms, which also apply to the rows built from them; see the "
             "mixture's own dataset card.",
         ]
-    elif license in ("other", "unknown"):
+    if license in ("other", "unknown"):
         lines += ["", "Check the source's own terms before using or sharing these rows."]
     return lines
 

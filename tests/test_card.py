@@ -316,6 +316,38 @@ def test_a_tulu_source_declares_odc_by_with_its_attribution(source, kimi_dir, tm
     assert verify(out) == []
 
 
+@pytest.mark.parametrize(
+    ("overrides", "license"),
+    [
+        ({"source_license": "ODC-By-1.0", "card_license": "apache-2.0"}, "apache-2.0"),
+        ({"name": "kimi-k26-tulu3-fixed8192-v1"}, "unknown"),  # (a local --source: no license recorded)
+    ],
+    ids=["another license declared", "tulu 3 without its license"],
+)
+def test_the_attribution_an_odc_by_source_requires_is_written_whatever_the_card_declares(
+    source, kimi_dir, tmp_path, overrides, license
+):
+    out = tmp_path / "card"
+    build(config(source[0], kimi_dir, rows=2, **overrides), out)
+    header, body = _card(out)
+    assert header["license"] == license
+    assert "which is licensed under ODC-By 1.0. The license requires attribution" in body
+    assert ("Check the source's own terms" in body) is (license == "unknown")
+
+
+def test_text_of_the_inputs_cannot_break_the_card(source, kimi_dir, tmp_path):
+    """The source's revision and license, from the command line or a spec, are shown in
+    code spans no line break or backtick of theirs can end."""
+    out = tmp_path / "card"
+    hostile = "x`\n\n---\nlicense: mit\n# Heading <script>alert(1)</script>"
+    build(config(source[0], kimi_dir, rows=2, source_revision=hostile, source_license=hostile), out)
+    header, body = _card(out)
+    assert header["license"] == "other"
+    assert not [line for line in body.splitlines() if line.startswith(("# Heading", "license:", "---"))]
+    assert "`x' --- license: mit # Heading <script>alert(1)</script>`" in body
+    assert verify(out) == []
+
+
 def test_a_rebuild_compares_the_card_for_information(built, source, kimi_dir):
     out, _ = built
     proven, lines = report(rebuild(out, str(source[0]), str(kimi_dir)))

@@ -82,6 +82,35 @@ print("ok")
     assert result.returncode == 0 and result.stdout == "ok\n", result.stderr[-2000:]
 
 
+def test_a_users_matplotlibrc_does_not_change_the_plots(tmp_path):
+    """The plots are drawn under matplotlib's defaults, whatever matplotlibrc the user has
+    (``MPLCONFIGDIR``, ``~/.config/matplotlib``, the working folder): the same bytes."""
+    (tmp_path / "matplotlibrc").write_text("axes.facecolor: yellow\nfont.size: 17\nlines.linewidth: 5\n")
+    code = """
+import hashlib
+import matplotlib
+from fixed_sft import plots
+assert matplotlib.rcParams["axes.facecolor"] == "yellow"
+INPUTS = plots.Inputs([10, 900, 3000], 4096, 0.4, [3, 40, 900], [("a", 9)])
+print(sorted((name, hashlib.sha256(data).hexdigest()) for name, data in plots.draw(INPUTS).items()))
+"""
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code.replace('assert matplotlib.rcParams["axes.facecolor"] == "yellow"', check)],
+            capture_output=True,
+            text=True,
+            env={**environment, "MPLCONFIGDIR": str(folder)},
+        )
+        for folder, check in (
+            (tmp_path, 'assert matplotlib.rcParams["axes.facecolor"] == "yellow"'),
+            (tmp_path / "none", ""),
+        )
+    ]
+    assert all(run.returncode == 0 for run in runs), runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
+    assert runs[0].stdout == runs[1].stdout
+
+
 def test_plots_started_early_are_those_drawn_when_asked():
     """``start`` has the process draw at once; ``draw`` of the same inputs takes its plots, and
     of other inputs draws those (here), not the ones started."""
