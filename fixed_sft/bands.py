@@ -315,6 +315,8 @@ def value_bytes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     even share of the array's buffers."""
     if isinstance(values, pa.ChunkedArray):
         return np.concatenate([np.zeros(0, np.int64), *map(value_bytes, values.chunks)])
+    if isinstance(values, pa.ExtensionArray):  # (Arrow's JSON type, say: its text)
+        return value_bytes(values.storage)
     kind, count = values.type, len(values)
     if pa.types.is_dictionary(kind):
         return value_bytes(values.dictionary_decode())

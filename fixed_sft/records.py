@@ -1,7 +1,9 @@
 """A row as read -> its record: a dict, or the ``InvalidRow`` it is.
 
 A JSONL line is parsed as strict JSON (an object that repeats a key is refused); a
-Parquet row is taken as pyarrow gives it (a string that is not UTF-8 is refused). A row
+Parquet row is taken as pyarrow gives it (a string that is not UTF-8 is refused), but for
+values of Arrow's JSON type (``arrow.json``, which ``datasets`` writes for a field whose
+type varies by row), each parsed as a JSONL line's values are, as ``datasets`` reads them. A row
 whose data was dropped as it was read (over ``fixed_sft.bands.MAX_CONVERSATION_BYTES``) is
 invalid, named by its id where it kept one.
 """
@@ -43,12 +45,70 @@ def records(chunk: pa.Table) -> list[tuple[int, dict | InvalidRow]]:
         decoded = rows.to_pylist()
     except UnicodeDecodeError:  # a string that is not UTF-8: find the row(s)
         decoded = [_parquet_row(rows.slice(k, 1)) for k in range(len(indices))]
+    paths = [(field.name, *path) for field in rows.schema for path in json_paths(field.type)]
+    if paths:
+        decoded = [_with_json_parsed(record, paths) for record in decoded]
     for k, (size, drop) in enumerate(zip(sizes, dropped)):
         if drop:
             record = decoded[k]
             row_id = record.get("id") if isinstance(record, dict) else None
             decoded[k] = InvalidRow(too_large(size), None if row_id is None else str(row_id))
     return list(zip(indices, decoded))
+
+
+ITEMS = None  # a path's step into each item of a list
+
+
+def json_paths(kind: pa.DataType) -> list[tuple[str | None, ...]]:
+    """Where values of Arrow's JSON type lie in values of ``kind``: the paths to them, each
+    a field name or ``ITEMS`` (every item of a list) per step.
+
+    >>> json_paths(pa.list_(pa.struct([("role", pa.string()), ("content", pa.json_())])))
+    [(None, 'content')]
+    """
+    if isinstance(kind, pa.BaseExtensionType):
+        return [()] if kind.extension_name == "arrow.json" else json_paths(kind.storage_type)
+    if pa.types.is_struct(kind):
+        return [(kind.field(k).name, *path) for k in range(kind.num_fields) for path in json_paths(kind.field(k).type)]
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return [(ITEMS, *path) for path in json_paths(kind.value_type)]
+    return []
+
+
+def _with_json_parsed(record: dict | InvalidRow, paths: list[tuple[str | None, ...]]) -> dict | InvalidRow:
+    """``record`` with the JSON text at each of ``paths`` parsed (a null stays null), or the
+    ``InvalidRow`` a text that is not strict JSON makes it."""
+    if isinstance(record, InvalidRow):
+        return record
+    try:
+        for path in paths:
+            _parse_at(record, path)
+    except DuplicateKey as error:
+        return InvalidRow(f"a JSON value repeats the key {error.key!r} in an object", _id_of(record))
+    except (ValueError, RecursionError) as error:
+        return InvalidRow(f"a JSON value is not readable JSON ({type(error).__name__})", _id_of(record))
+    return record
+
+
+def _parse_at(holder: dict | list, path: tuple[str | None, ...]) -> None:
+    """Parse, in place, the JSON texts that ``path`` leads to from ``holder``."""
+    step, rest = path[0], path[1:]
+    keys = (
+        range(len(holder)) if step is ITEMS and isinstance(holder, list) else [step] if isinstance(holder, dict) else []
+    )
+    for key in keys:
+        value = holder[key]  # type: ignore[index]
+        if value is None:
+            continue
+        if rest:
+            _parse_at(value, rest)
+        else:
+            holder[key] = STRICT_JSON.decode(value)  # type: ignore[index]
+
+
+def _id_of(record: dict) -> str | None:
+    row_id = record.get("id")
+    return None if row_id is None else str(row_id)
 
 
 def _parquet_row(row: pa.Table) -> dict | InvalidRow:

@@ -410,3 +410,82 @@ def test_a_parquet_value_of_no_json_kind_is_an_invalid_row(kimi_dir, tmp_path):
     assert _build_here(tmp_path / "rows.parquet", kimi_dir, tmp_path / "o", "--skip-invalid") == 0
     [skipped] = json.loads((tmp_path / "o" / "manifest.json").read_text())["skipped_invalid"]
     assert skipped["id"] == "odd" and skipped["reason"] == "message 1 holds a Decimal, which is not a JSON value"
+
+
+def test_values_of_arrows_json_type_are_read_as_the_json_they_hold(kimi_dir, tmp_path):
+    """``datasets`` writes a field whose type varies by row (content a string here and parts
+    there, arguments of other keys) as Arrow's JSON type: text holding the value. The rows
+    are those of the same conversations as JSONL, not of the JSON text."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def call(k: int, arguments: dict) -> dict:
+        function = {"name": "tool", "arguments": arguments}
+        return {"id": f"functions.tool:{k}", "type": "function", "function": function}
+
+    rows = [
+        {
+            "id": "a",
+            "messages": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": "", "tool_calls": [call(0, {"city": "Paris"})]},
+                {"role": "tool", "content": "sunny", "tool_call_id": "functions.tool:0"},
+                {"role": "assistant", "content": "It is sunny."},
+            ],
+        },
+        {
+            "id": "b",
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+                *[{"role": "assistant", "content": "Hello " * 30}],
+            ],
+        },
+        {
+            "id": "c",
+            "messages": [
+                {"role": "user", "content": "Add"},
+                *[
+                    {"role": "assistant", "content": "", "tool_calls": [call(1, {"a": 1, "b": [2, None]})]},
+                    {"role": "tool", "content": "3", "tool_call_id": "functions.tool:1"},
+                    {"role": "assistant", "content": "3, as asked " * 9},
+                ],
+            ],
+        },
+    ]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    def texts(message: dict) -> dict:  # (as datasets stores it: JSON text, a null where a key is absent)
+        calls = message.get("tool_calls")
+        return {
+            "role": message["role"],
+            "content": json.dumps(message["content"]),
+            "tool_calls": None
+            if calls is None
+            else [
+                {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}} for c in calls
+            ],
+            "tool_call_id": message.get("tool_call_id"),
+        }
+
+    function = pa.struct([("name", pa.string()), ("arguments", pa.string())])
+    calls = pa.list_(pa.struct([("id", pa.string()), ("type", pa.string()), ("function", function)]))
+    stored = [("role", pa.string()), ("content", pa.string()), ("tool_calls", calls), ("tool_call_id", pa.string())]
+    json_calls = pa.list_(
+        pa.struct(
+            [
+                ("id", pa.string()),
+                ("type", pa.string()),
+                ("function", pa.struct([("name", pa.string()), ("arguments", pa.json_())])),
+            ]
+        )
+    )
+    typed = [("role", pa.string()), ("content", pa.json_()), ("tool_calls", json_calls), ("tool_call_id", pa.string())]
+    messages = pa.array([[texts(m) for m in row["messages"]] for row in rows], pa.list_(pa.struct(stored)))
+    table = pa.table({"id": [row["id"] for row in rows], "messages": messages.cast(pa.list_(pa.struct(typed)))})
+    pq.write_table(table, tmp_path / "rows.parquet")
+    assert _build_here(tmp_path / "rows.jsonl", kimi_dir, tmp_path / "jsonl") == 0
+    assert _build_here(tmp_path / "rows.parquet", kimi_dir, tmp_path / "parquet") == 0
+    hashes = [
+        json.loads((tmp_path / name / "manifest.json").read_text())["rows_sha256"] for name in ("jsonl", "parquet")
+    ]
+    assert hashes[0] == hashes[1]
