@@ -148,12 +148,12 @@ def header(manifest: Manifest, license: str, upstream: str | None) -> str:
 def card_text(manifest: Manifest, license: str, upstream: str | None, plots: Sequence[str]) -> str:
     """``README.md``: the YAML header, then the card's sections (module docstring)."""
     stats, params, source, tokenizer = manifest.stats, manifest.params, manifest.source, manifest.tokenizer
-    revision = f" at revision `{_cell(source.revision)}`" if source.revision else ""
+    revision = f" at revision `{_code(source.revision)}`" if source.revision else ""
     tokenizer_name = tokenizer.repo or tokenizer.name or "a local tokenizer"
     tokenizer_at = f"`{tokenizer_name}`" + (f" at revision `{tokenizer.revision}`" if tokenizer.revision else "")
     hashed_bounds = " and then its `cu_seqlens` (int32, little-endian)" if params.emit_boundaries else ""
     columns = ", `cu_seqlens`: 0, then the end of each segment in the row" if params.emit_boundaries else ""
-    separator = _cell(str(params.separator))
+    separator = _code(str(params.separator))
     lines = [
         "---",
         header(manifest, license, upstream).rstrip("\n"),
@@ -162,7 +162,7 @@ def card_text(manifest: Manifest, license: str, upstream: str | None, plots: Seq
         f"# {manifest.name}",
         "",
         f"{stats.rows:,} rows of exactly {params.row_tokens:,} tokens of supervised fine-tuning data, packed by "
-        f"fixed-sft from `{_cell(source.name)}`{revision}, rendered with the chat template of "
+        f"fixed-sft from `{_code(source.name)}`{revision}, rendered with the chat template of "
         f"{tokenizer_at} and masked by `{params.loss_mask_type}` (assistant tokens only). Each row is "
         f"conversations, each followed by `{separator}`, cut at exactly {params.row_tokens:,} tokens; "
         "nothing is padded. The tokens are in `train.parquet`, in its `metadata` column (`input_ids`, "
@@ -224,10 +224,10 @@ def _license_lines(license: str, source_license: str | None, upstream: str | Non
     name, url = LICENSE_NAMES.get(license, (None, None))
     declared = f"[{name}]({url})" if name else f"`{license}`"
     recorded = (
-        f"the source's recorded license is `{_cell(source_license)}`" if source_license else "the source records none"
+        f"the source's recorded license is `{_code(source_license)}`" if source_license else "the source records none"
     )
     lines = [f"This card declares the license {declared}; {recorded}."]
-    if "odc-by" in (license, HUB_LICENSES.get((source_license or "").lower())) or upstream == TULU3:
+    if HUB_LICENSES.get((source_license or "").lower()) == "odc-by" or upstream == TULU3:
         origin = f"[{upstream}](https://huggingface.co/datasets/{upstream})" if upstream else "its source dataset"
         lines += [
             "",
@@ -266,6 +266,11 @@ def _mix_lines(manifest: Manifest, plotted: bool) -> list[str]:
     if plotted:
         lines += ["", f"![Source mix]({MIX_PLOT})"]
     return lines
+
+
+def _code(text: str) -> str:
+    """Text in a code span of a paragraph: no line break or backtick ends it."""
+    return " ".join(text.split()).replace("`", "'")
 
 
 def _cell(text: str) -> str:

@@ -335,6 +335,14 @@ def test_the_attribution_an_odc_by_source_requires_is_written_whatever_the_card_
     assert ("Check the source's own terms" in body) is (license == "unknown")
 
 
+def test_odc_by_declared_for_a_source_of_another_license_claims_no_odc_by_source(source, kimi_dir, tmp_path):
+    out = tmp_path / "card"
+    build(config(source[0], kimi_dir, rows=2, source_license="MIT", card_license="odc-by"), out)
+    header, body = _card(out)
+    assert header["license"] == "odc-by" and "the source's recorded license is `MIT`" in body
+    assert "licensed under ODC-By 1.0" not in body
+
+
 def test_text_of_the_inputs_cannot_break_the_card(source, kimi_dir, tmp_path):
     """The source's revision and license, from the command line or a spec, are shown in
     code spans no line break or backtick of theirs can end."""
@@ -345,6 +353,9 @@ def test_text_of_the_inputs_cannot_break_the_card(source, kimi_dir, tmp_path):
     assert header["license"] == "other"
     assert not [line for line in body.splitlines() if line.startswith(("# Heading", "license:", "---"))]
     assert "`x' --- license: mit # Heading <script>alert(1)</script>`" in body
+    piped = tmp_path / "piped"
+    build(config(source[0], kimi_dir, rows=2, source_license="MIT | see NOTICE"), piped)
+    assert "the source's recorded license is `MIT | see NOTICE`" in _card(piped)[1]  # (a code span, not a table cell)
     assert verify(out) == []
 
 
