@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -181,25 +181,21 @@ def read_rows(source: Source, rank: np.ndarray, indices: np.ndarray) -> Band:
 def _read_selected(source: Source, rank: np.ndarray, select: Callable[[int, int], np.ndarray]) -> Band:
     """``read_band`` of the rows that ``select`` keeps: given a file's first global row and
     its row count, which of its rows to read."""
-    starts = np.concatenate(([0], np.cumsum(source.row_counts)[:-1]))
 
-    def read_file(
-        path: Path, start: int, count: int, source_column: bool, stamp: tuple[int, int]
-    ) -> tuple[list[pa.Table], np.ndarray] | None:
-        positions = rank[start : start + count]
-        inside = select(start, count)
+    def read_file(file: FileRead) -> tuple[list[pa.Table], np.ndarray] | None:
+        positions = rank[file.start : file.start + file.rows]
+        inside = select(file.start, file.rows)
         if not inside.any():
             return None
         tables, kept = [], []
-        for local, table in _read_file(path, inside, source_column, stamp=stamp):
-            tables.append(table.append_column("index", arrow.numbers(local + start, pa.int64())))
+        for local, table in _read_file(file.path, inside, file.source_column, stamp=file.stamp):
+            tables.append(table.append_column("index", arrow.numbers(local + file.start, pa.int64())))
             kept.append(positions[local])
         return tables, np.concatenate(kept)
 
     threads = 1 if source.page_bytes > SHARED_PAGE_BYTES else READ_THREADS  # (large pages: decoded one at a time)
     with ThreadPoolExecutor(min(len(source.files), os.cpu_count() or 1, threads)) as pool:
-        files = source.files, starts.tolist(), source.row_counts, source_columns(source), source.stamps
-        found = [part for part in pool.map(read_file, *files) if part]
+        found = [part for part in pool.map(read_file, file_reads(source)) if part]
     memory = pa.default_memory_pool()
     memory.release_unused()  # the freed decode buffers, before the copies (larger blocks) are allocated
     parts, positions = [], []
@@ -216,9 +212,23 @@ def _read_selected(source: Source, rank: np.ndarray, select: Callable[[int, int]
     return Band(parts, positions)
 
 
-def source_columns(source: Source) -> tuple[bool, ...]:
-    """Per file of ``source``, whether its ``source`` column is read (JSONL: read with the line)."""
-    return source.source_columns or (False,) * len(source.files)
+class FileRead(NamedTuple):
+    """A file of a source, as a reader takes it: its path, its first row's global index, its
+    rows, whether its ``source`` column is read (JSONL: read with the line), and its size
+    and modification time as the source was opened (``_read_file``'s ``stamp``)."""
+
+    path: Path
+    start: int
+    rows: int
+    source_column: bool
+    stamp: tuple[int, int]
+
+
+def file_reads(source: Source) -> list[FileRead]:
+    """Each file of ``source``, as a reader takes it, in order."""
+    columns = source.source_columns or (False,) * len(source.files)
+    starts = np.concatenate(([0], np.cumsum(source.row_counts)[:-1])).tolist()
+    return list(map(FileRead, source.files, starts, source.row_counts, columns, source.stamps))
 
 
 def _read_file(

@@ -27,7 +27,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from . import __version__, direct, parallel
-from .bands import Band, band_bytes, file_bytes, read_band, read_file_rows, read_rows, source_columns
+from .bands import Band, band_bytes, file_bytes, file_reads, read_band, read_file_rows, read_rows
 from .chat import MASK_TYPES as KIMI_MASK_TYPES
 from .chat import ChatEncoder, read_probes
 from .encode import IN_FLIGHT_BYTES, Chunk, Encoded, EncoderConfig, Encoders, encode_rows, start_fork_server
@@ -263,12 +263,9 @@ def _streamed(store: TokenStore, encoding: _Encoding, source: Source, wanted: np
     template check (reached later in packing order, where it stops the build)."""
 
     def chunks() -> Iterator[pa.Table]:
-        start = 0
-        files = zip(source.files, source.row_counts, source_columns(source), source.stamps)
-        for path, count, source_column, stamp in files:
+        for path, start, count, source_column, stamp in file_reads(source):
             for batch in read_file_rows(path, start, wanted[start : start + count], source_column, stamp=stamp):
                 yield from Band([batch], [np.arange(batch.num_rows)]).chunks(CHUNK_ROWS, CHUNK_BYTES)
-            start += count
 
     try:
         with closing(encoding.encode(chunks(), lambda: math.inf)) as encoded:

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import arrow
-from .bands import FILL_BATCH_BYTES, Band, read_file_rows, row_groups, source_columns
+from .bands import FILL_BATCH_BYTES, Band, file_reads, read_file_rows, row_groups
 from .encode import Chunk, Encoded, Record, encode_records, encode_rows, release_after, sampled
 from .encode import ready_to_check as ready
 from .encoding import Encoder, TemplateMismatch
@@ -95,28 +95,24 @@ def fill_tasks(
 ) -> Iterator[FillTask]:
     """The tasks that store the source rows ``wanted`` marks, in source order: one per row
     group holding one; ``chunks``: their ``chunk_rows`` and ``chunk_bytes``."""
-    start = 0
-    for path, count, source_column, stamp in zip(
-        source.files, source.row_counts, source_columns(source), source.stamps
-    ):
-        local = np.flatnonzero(wanted[start : start + count])
+    for file in file_reads(source):
+        local = np.flatnonzero(wanted[file.start : file.start + file.rows])
         if len(local):
-            ends = np.asarray(row_groups(path, count))
+            ends = np.asarray(row_groups(file.path, file.rows))
             groups = np.searchsorted(ends, local, side="right")  # each row's row group
             cuts = np.flatnonzero(np.diff(groups)) + 1
             for part in np.split(local, cuts):
                 yield FillTask(
-                    str(path),
-                    start,
-                    count,
+                    str(file.path),
+                    file.start,
+                    file.rows,
                     part,
                     check_every,
                     *chunks,
                     str(folder),
-                    source_column=source_column,
-                    stamp=stamp,
+                    source_column=file.source_column,
+                    stamp=file.stamp,
                 )
-        start += count
 
 
 def fill(encoder: Encoder, task: FillTask) -> Filled:

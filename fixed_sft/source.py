@@ -40,7 +40,7 @@ SOURCE_CHUNK_BYTES = 16 << 20
 _DATA_PATTERNS = tuple(f"*{suffix}" for suffix in SUFFIXES)
 # A file of a set of shards, as the Hub's datasets name them: ``data/train-00002-of-00006.parquet``.
 # (older ``datasets`` releases add a fingerprint: ``train-00002-of-00006-9c4f1a2b3d.parquet``)
-_SHARD = re.compile(r"(?P<stem>.+)-(?P<k>\d+)-of-(?P<n>\d+)(?P<tail>-[0-9a-f]+)?(?P<suffix>\.parquet|\.jsonl)")
+_SHARD = re.compile(r"(?P<stem>.+)-(?P<k>\d+)-of-(?P<n>\d+)(?:-[0-9a-f]+)?(?P<suffix>\.parquet|\.jsonl)")
 _WILDCARDS = re.compile(r"[*?\[]|/$")  # (a pattern that chooses files by a glob, or a folder's)
 # The largest Parquet page (uncompressed) of the columns a build reads: a reader decodes a whole
 # page, taking about 4 times its size in memory with the values it gives, before any value of it
