@@ -4,8 +4,9 @@ A record is valid when its ``messages`` is a non-empty list of objects, each wit
 the encoder encodes and a ``content`` of valid Unicode, and no other key the encoder does
 not read for that role; its ``id``, where present and not null, is a string or an integer.
 A key whose value is null counts as absent: a Parquet struct carries every key of its
-file's schema, null where a row has none. A key the encoder would drop is refused, never
-silently left out of the ids.
+file's schema, null where a row has none; so does an empty value (``""``, ``[]``, ``{}``)
+of a key the encoder does not read for the message's role (``tool_calls: []`` on a user
+message). Any other key the encoder would drop is refused, never silently left out of the ids.
 
 Values, where the schema reads the key (OpenAI's chat schema):
 
@@ -135,6 +136,13 @@ def _a(word: str) -> str:
     return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
 
 
+def _empty_unread(schema: MessageSchema, role: str, key: str, value: Any) -> bool:
+    """Whether ``value`` is empty (``""``, ``[]``, ``{}``) under a key ``schema`` does not read
+    for ``role``: it holds nothing to drop, as exports write ``tool_calls: []`` on every
+    message."""
+    return isinstance(value, str | list | dict) and not value and not schema.reads(role, key)
+
+
 def _reduced(n: int, message: Message, schema: MessageSchema, row_id: str | None) -> Message:
     """Message ``n`` without its null keys, or the ``InvalidRow`` it is: a role missing or
     not one of ``schema.roles``, a key with a value that ``schema`` does not read for the
@@ -144,7 +152,11 @@ def _reduced(n: int, message: Message, schema: MessageSchema, row_id: str | None
     if role not in schema.roles:
         why = "has no role" if role is None else f"has unknown role {role!r}"
         raise InvalidRow(f"message {n} {why}", row_id)
-    kept = {key: value for key, value in message.items() if value is not None}
+    kept = {
+        key: value
+        for key, value in message.items()
+        if value is not None and not _empty_unread(schema, role, key, value)
+    }
     for key in kept:
         if not schema.reads(role, key):
             where = f" on {role} messages" if any(key in keys for keys in schema.role_keys.values()) else ""

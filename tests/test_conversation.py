@@ -126,6 +126,18 @@ def test_a_message_key_the_encoder_does_not_read_is_refused_by_name(key, value):
     assert error.row_id == "row"
 
 
+def test_an_empty_value_of_a_key_the_encoder_does_not_read_counts_as_absent():
+    """As chat exports write ``tool_calls: []`` and ``reasoning_content: ""`` on every
+    message: nothing is dropped. A key the role reads keeps its empty value."""
+    user = {"role": "user", "content": "q", "tool_calls": [], "reasoning_content": "", "tool_call_id": ""}
+    reply = {"role": "assistant", "content": "", "tool_calls": [], "reasoning_content": ""}
+    kept = conversation({"messages": [user, reply]}, SCHEMA).messages
+    assert kept == [{"role": "user", "content": "q"}, reply]
+    assert _refusal({"messages": [{**user, "tool_calls": CALL}]}).reason == (
+        "message 0 has the key 'tool_calls', which the kimi_k25 encoder does not read on user messages"
+    )
+
+
 def test_an_unknown_role_is_named_before_the_keys_of_its_message():
     record = {"messages": [{"role": "tool", "content": "out", "tool_call_id": "c1"}]}
     with pytest.raises(InvalidRow, match="message 0 has unknown role 'tool'"):
