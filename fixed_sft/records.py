@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import codecs
 import json
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -90,20 +92,19 @@ def _with_json_parsed(record: dict | InvalidRow, paths: list[tuple[str | None, .
     return record
 
 
-def _parse_at(holder: dict | list, path: tuple[str | None, ...]) -> None:
-    """Parse, in place, the JSON texts that ``path`` leads to from ``holder``."""
+def _parse_at(holder: Any, path: tuple[str | None, ...]) -> None:
+    """Parse, in place, the JSON texts that ``path`` leads to from ``holder`` (a dict or a
+    list, as ``to_pylist`` gives a struct or a list)."""
     step, rest = path[0], path[1:]
-    keys = (
-        range(len(holder)) if step is ITEMS and isinstance(holder, list) else [step] if isinstance(holder, dict) else []
-    )
+    keys: Iterable[Any] = range(len(holder)) if step is ITEMS else [step]
     for key in keys:
-        value = holder[key]  # type: ignore[index]
+        value = holder[key]
         if value is None:
             continue
         if rest:
             _parse_at(value, rest)
         else:
-            holder[key] = STRICT_JSON.decode(value)  # type: ignore[index]
+            holder[key] = STRICT_JSON.decode(value)
 
 
 def _id_of(record: dict) -> str | None:
