@@ -833,6 +833,8 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
         if (skip is None or not skip.all()) and not reads_directly:
             apart = fill and config.workers >= CHECKS_APART_WORKERS and config.check_every >= CHECKS_APART_EVERY
             encoding.start(checks_apart=apart and _probes_kept(encoder_config))
+            if plotter is not None:
+                plotter.encodes()
         else:  # (nothing to encode: the build is soon at its plots)
             if plotter is not None:
                 plotter.load()

@@ -562,7 +562,7 @@ def _start_early(argv: list[str]) -> None:
     if not given.no_card:
         from .plots import start_early
 
-        start_early(lazy=workers >= MANY_WORKERS)  # (matplotlib not held beside many workers' until needed)
+        start_early(lazy=workers >= MANY_WORKERS and given.no_cache)  # (one that encodes: ``Plotter.encodes``)
     if min(workers, cores) >= EARLY_WORKERS:
         from .early import start
 

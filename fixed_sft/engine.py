@@ -42,8 +42,8 @@ R = TypeVar("R")
 MAX_WORKERS = 1024  # the most worker processes a build may ask for
 START_HOLD_S = 0.05  # how long each worker started on entering is held by its start-up task
 # A build of this many workers or more: what each process holds adds up, so its workers give
-# their free memory back often (``memory.give_back_often``) and its drawing process imports
-# matplotlib only when it is needed (``plots.start_early``'s ``lazy``)
+# their free memory back often (``memory.give_back_often``), and while it encodes its drawing
+# process holds no matplotlib (``plots.Plotter.encodes``)
 MANY_WORKERS = 8
 Task = tuple[Any, ...]
 

@@ -3,13 +3,13 @@
 The plots carry no metadata that varies (no ``Software`` stamp), so the same figures give
 the same bytes in any process. Importing matplotlib takes about 0.3 s, a fifth of a later
 build from the token store, so a build draws in a process of its own (``Plotter``). The
-program starts it before its own imports (``start_early``, which imports no numpy): on 2
-cores the two import side by side, before the build's writer thread needs the second core.
-With many workers (``start_early``'s ``lazy``) it imports once the build asks
-(``Plotter.load``) or sends what to draw: its 45-50 MiB are not held beside the workers'
-while they encode, and there are cores to spare for the import. There each plot but the
-first is drawn in a child forked for it, all at once. A process that has matplotlib
-loaded already draws itself.
+program starts it before its own imports (``start_early``, which imports no numpy), and it
+imports matplotlib at once: on 2 cores the two import side by side, before the build's
+writer thread needs the second core. With many workers a build that encodes replaces it
+with a ``lazy`` one (``Plotter.encodes``), which imports once the build sends what to draw:
+its 45-50 MiB are not held beside the workers' while they encode, and there are cores to
+spare for the import. There each plot but the first is drawn in a child forked for it, all
+at once. A process that has matplotlib loaded already draws itself.
 """
 
 from __future__ import annotations
@@ -116,12 +116,13 @@ def _taken(pid: int, read: int) -> bytes | None:
     return data if status == 0 and data else None
 
 
-_early: subprocess.Popen | None = None  # the drawing process ``start_early`` started, until a Plotter takes it
+_early: _Drawing | None = None  # the drawing process ``start_early`` started, until a Plotter takes it
 
 
 def start_early(lazy: bool = False) -> None:
     """Start the drawing process now, for the next ``Plotter`` entered in this process;
-    ``lazy``: it imports matplotlib only when asked (``Plotter.load``, or what to draw)."""
+    ``lazy``: it imports matplotlib only when asked (``Plotter.load``, or what to draw), for a
+    build known to encode with many workers."""
     global _early
     if _early is None:
         _early = _spawn(lazy)
@@ -137,14 +138,20 @@ def discard_early() -> None:
         process.communicate()  # (its pipes closed, and it reaped)
 
 
-def _spawn(lazy: bool = False) -> subprocess.Popen | None:
-    """A drawing process (``Plotter``; ``lazy``: ``_serve``'s); ``None`` where this process cannot start one."""
+class _Drawing(subprocess.Popen):
+    """A drawing process (``_serve``); ``lazy``: it imports matplotlib only when asked."""
+
+    lazy = False
+
+
+def _spawn(lazy: bool = False) -> _Drawing | None:
+    """A drawing process (``Plotter``); ``None`` where this process cannot start one."""
     if not sys.executable or getattr(sys, "frozen", False):
         return None
     # -P and this process's sys.path: the child imports the modules this process would
     serve = f"import sys; sys.path[:] = {sys.path!r}; from fixed_sft.plots import _serve; _serve({lazy})"
     try:
-        return subprocess.Popen(
+        process = _Drawing(
             [sys.executable, "-P", "-c", serve],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -153,6 +160,8 @@ def _spawn(lazy: bool = False) -> subprocess.Popen | None:
         )
     except OSError:
         return None
+    process.lazy = lazy
+    return process
 
 
 class Plotter:
@@ -164,8 +173,8 @@ class Plotter:
     for the build does not interrupt its import. Where it cannot start or fails, this
     process draws."""
 
-    def __init__(self, lazy: bool = False) -> None:
-        self.lazy = lazy  # (for a process started on entering: ``start_early``'s)
+    def __init__(self, many: bool = False) -> None:
+        self.many = many  # (many workers: ``encodes``)
         self._process: subprocess.Popen | None = None
         self._drawing: tuple[Inputs, threading.Thread] | None = None  # (``start``)
         self._drawn: dict[str, bytes] | None = None
@@ -174,7 +183,7 @@ class Plotter:
         global _early
         self._process, _early = _early, None
         if self._process is None and "matplotlib.figure" not in sys.modules:
-            self._process = _spawn(self.lazy)
+            self._process = _spawn()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -200,6 +209,16 @@ class Plotter:
             with suppress(OSError, ValueError):  # (gone: this process draws)
                 self._process.stdin.write(LOAD)
                 self._process.stdin.flush()
+
+    def encodes(self) -> None:
+        """The build encodes: with many workers, a drawing process that imports matplotlib
+        at once is replaced by a ``lazy`` one, so that its 45-50 MiB are not held beside
+        the workers' while they encode."""
+        process = self._process
+        if self.many and isinstance(process, _Drawing) and not process.lazy and self._drawing is None:
+            _kill(process)
+            process.communicate()
+            self._process = _spawn(lazy=True)
 
     def start(self, inputs: Inputs) -> None:
         """Have the process draw ``inputs`` now, while this one goes on (a build knows what

@@ -878,6 +878,7 @@ def test_the_fork_server_starts_early_for_builds_of_many_workers(argv, cores, st
     [
         (["build"], True),
         (["build", "--workers", "16", "--no-cache"], True),
+        (["build", "--workers", "16"], True),
         (["build", "--no-card"], False),
         (["build", "--no-car"], False),
         (["build", "--no-ca"], False),  # (ambiguous: the build's parser names the error)
@@ -888,7 +889,8 @@ def test_the_fork_server_starts_early_for_builds_of_many_workers(argv, cores, st
 def test_the_drawing_process_starts_early_for_builds_with_a_card(argv, started, monkeypatch) -> None:
     """The program starts the card's drawing process before the build's imports, as it reads
     the command line: not for a build without a card, nor for another command; one that
-    imports matplotlib only when asked for a build of ``engine.MANY_WORKERS`` workers or more."""
+    imports matplotlib only when asked for a build of ``engine.MANY_WORKERS`` workers or more
+    without the store (which encodes: ``plots.Plotter.encodes``)."""
     from fixed_sft import cli, early, engine, plots
 
     calls: list[bool] = []
@@ -896,7 +898,7 @@ def test_the_drawing_process_starts_early_for_builds_with_a_card(argv, started, 
     monkeypatch.setattr(early, "start", lambda *hint: None)
     monkeypatch.setattr(engine, "usable_cores", lambda: 2)
     cli._start_early(argv)
-    assert calls == ([engine.MANY_WORKERS <= 16 and "16" in argv] if started else [])
+    assert calls == ([engine.MANY_WORKERS <= 16 and "16" in argv and "--no-cache" in argv] if started else [])
 
 
 @pytest.mark.parametrize(

@@ -264,6 +264,9 @@ class EarlyPlotter:
     def load(self):  # (as ``Plotter.load``: a build that encodes nothing)
         self.events.append("load")
 
+    def encodes(self):  # (as ``Plotter.encodes``)
+        self.events.append("encodes")
+
     def start(self, inputs):  # (as ``Plotter.start``: the first start draws, a later one is ignored)
         if self.started is None:
             self.events.append("plots")
@@ -284,16 +287,29 @@ def test_the_cards_plots_are_drawn_before_the_rows_are_all_written(
     close, write = RowWriter.close, fixed_sft.parallel._write
     monkeypatch.setattr(RowWriter, "close", lambda self: events.append("written") or close(self))
     monkeypatch.setattr(fixed_sft.parallel, "_write", lambda *a: events.append("writing") or write(*a))
-    monkeypatch.setattr(build_module, "Plotter", lambda lazy=False: EarlyPlotter(events))
+    monkeypatch.setattr(build_module, "Plotter", lambda many=False: EarlyPlotter(events))
     cfg = _config(corpus, kimi_dir, rows=60, row_tokens=2048)
     one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
-    assert events == ["plots", "written"]
+    assert events == ["encodes", "plots", "written"]
     events.clear()
     _prefill(cfg, tmp_path / "filled")
     events.clear()
     assert build(dataclasses.replace(cfg, workers=workers), tmp_path / "w") == one
-    assert events == (["plots", "written"] if workers == 1 else ["plots", "writing"])
+    assert events == ["encodes", "plots", "written" if workers == 1 else "writing"]  # (the checks of its sample)
     assert _files(tmp_path / "w") == _files(tmp_path / "one")
+
+
+def test_a_build_that_encodes_nothing_has_its_plots_process_import_at_once(
+    corpus, kimi_dir, tmp_path, token_store, monkeypatch
+) -> None:
+    events: list[str] = []
+    monkeypatch.setattr(build_module, "Plotter", lambda many=False: EarlyPlotter(events))
+    cfg = _config(corpus, kimi_dir, rows=None, row_tokens=2048)
+    build(cfg, tmp_path / "first")
+    assert events[0] == "encodes"
+    events.clear()
+    build(dataclasses.replace(cfg, seed=cfg.seed + 1), tmp_path / "later")
+    assert events[0] == "load" and "encodes" not in events
 
 
 def test_some_rows_record_the_invalid_rows_before_their_end(corpus, kimi_dir, tmp_path, token_store, packed) -> None:

@@ -145,7 +145,10 @@ def loaded(pid):  # (matplotlib's font library mapped in the process)
     with open(f"/proc/{pid}/maps") as maps:
         return "ft2font" in maps.read()
 
-with Plotter(lazy=True) as plotter:
+with Plotter(many=True) as plotter:
+    first = plotter._process
+    plotter.encodes()  # (a build of many workers that encodes)
+    assert first.returncode is not None and plotter._process.lazy, "not replaced"
     pid = plotter._process.pid
     time.sleep(1)
     print("before", loaded(pid))
@@ -163,14 +166,26 @@ for name, data in sorted(plots.items()):
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="no /proc")
 @pytest.mark.parametrize("load", [True, False])
-def test_a_lazy_drawing_process_imports_matplotlib_when_asked(load):
-    """A drawing process started ``lazy`` has not imported matplotlib until it is asked
-    (``load``) or sent what to draw; it draws these plots either way."""
+def test_a_build_of_many_workers_that_encodes_draws_in_a_lazy_process(load):
+    """With many workers, a build that encodes replaces the drawing process with one that has
+    not imported matplotlib until it is asked (``load``) or sent what to draw; it draws these
+    plots either way."""
     result = _run(LAZY, "load" if load else "draw")
     assert result.returncode == 0, result.stderr[-2000:]
     lines = dict(line.split() for line in result.stdout.splitlines())
     assert lines.pop("before") == "False" and lines.pop("loaded", "True") == "True"
     assert lines == {name: hashlib.sha256(data).hexdigest() for name, data in draw(INPUTS).items()}
+
+
+@pytest.mark.parametrize("many, lazy", [(False, False), (False, True), (True, True)])
+def test_a_drawing_process_is_kept_where_it_holds_no_matplotlib_beside_many_workers(many, lazy):
+    """A build that encodes keeps its drawing process with few workers, or where it is lazy."""
+    code = "from fixed_sft import plots\n"
+    code += f"plots.start_early({lazy})\nearly = plots._early\n"
+    code += f"with plots.Plotter(many={many}) as plotter:\n    plotter.encodes()\n"
+    code += f'    assert plotter._process is early and early.lazy is {lazy} and early.poll() is None, "replaced"\n'
+    result = _run(code)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_a_plotter_takes_the_process_started_early():
