@@ -15,7 +15,7 @@ For each chosen row K it proves:
 - its segments follow the packing order (the seed's permutation, the rows of
   ``skipped_invalid`` left out): a segment after another starts at 0 and the one before ends
   at its unit's end, and the source rows between them in the order are all listed in
-  ``skipped_invalid``, each re-read and found invalid, or a duplicate: valid, with an id that
+  ``skipped_invalid``, each re-read with its recorded id and found invalid, or a duplicate: valid, with an id that
   a row read holds earlier in the packing order. A valid conversation listed must be a
   duplicate: its reason names the source row that used the id first, which is read too
   and must have it. A reason that names none (``LEGACY_DUPLICATE``, as builds wrote it
@@ -42,8 +42,8 @@ For each chosen row K it proves:
 It does not prove where the stream reaches a row when the rows before it are not all checked
 (which conversation, and at which token, follows from the lengths of all the conversations
 before it and the rows dropped); that no conversation held repeats
-the id of one outside the rows read; the stats, ``template_check`` and the rows of
-``skipped_invalid`` outside the checked rows. The full ``--rebuild`` proves them all.
+the id of one outside the rows read; the stats, ``template_check``, ``source_mix`` and the rows
+of ``skipped_invalid`` outside the checked rows. The full ``--rebuild`` proves them all.
 A sample's seed is drawn at random unless given (``RowsSpec``), and reported.
 """
 
@@ -365,6 +365,7 @@ class _Stream:
         skipped = manifest.skipped_invalid if manifest.params.skip_invalid else []
         self.skipped = np.unique(np.array([row.index for row in skipped], np.int64))  # (else a build stops at one)
         self.reasons = {row.index: row.reason for row in skipped}
+        self.skipped_ids = {row.index: row.id for row in skipped}
         self.named = {  # of each duplicate skipped, the source row its reason says used its id first
             index: first
             for index, reason in self.reasons.items()
@@ -490,6 +491,8 @@ class _Stream:
         if index in self.failed:
             return f"source row {index}, in skipped_invalid: {self.failed[index]}"
         item = self.encoded[index]
+        if (recorded := self.skipped_ids.get(index)) != item.id:
+            return f"source row {index} is in skipped_invalid with id {recorded!r}, but re-read its id is {item.id!r}"
         if item.invalid is not None:
             return None
         if item.id is None:
@@ -723,5 +726,6 @@ def report(result: SpotCheck) -> tuple[bool, list[str]]:
     left = "where a row after an unchecked one is cut, ids repeated from rows not read, the stats"
     if result.every:  # (every cut and conversation read: the stats but rows_skipped and the tail are left)
         left = "the stats but rows_skipped and tail_tokens_dropped"
+    left += ", template_check, source_mix, skipped_invalid outside the rows read"
     lines.append(f"  not proven by a spot check: {left}; --rebuild without --rows proves them")
     return result.same, lines

@@ -128,8 +128,8 @@ def test_every_row_checked_proves_the_whole_stream(builds, kimi_dir, kind):
     result = spot_check(folder, parse_rows(f"0-{manifest['stats']['rows'] - 1}"), str(source), str(kimi_dir))
     assert result.same and not result.problems and not result.duplicates
     assert report(result)[1][-1] == (
-        "  not proven by a spot check: the stats but rows_skipped and tail_tokens_dropped; --rebuild without "
-        "--rows proves them"
+        "  not proven by a spot check: the stats but rows_skipped and tail_tokens_dropped, template_check, "
+        "source_mix, skipped_invalid outside the rows read; --rebuild without --rows proves them"
     )
     if kind == "jsonl":  # (of every row: dropped ones after the last row count too)
         assert result.dropped == manifest["stats"]["rows_skipped"] > 0
@@ -501,6 +501,22 @@ def test_a_held_row_listed_as_skipped_is_named(builds, kimi_dir, tmp_path, capsy
     last = len(rows[4]["segments"]) - 1
     assert f"  row 4: differs (segment {last} (source row {index}, " in (out := capsys.readouterr().out)
     assert f"): skipped_invalid lists source row {index})" in out
+
+
+def test_a_skipped_rows_forged_id_is_named(builds, kimi_dir, tmp_path, capsys):
+    """A skipped invalid row whose recorded id is not the one the source row has; verify alone
+    does not tell, a spot check that reads that row does."""
+    folder, source, manifest = _copy(builds, "jsonl", tmp_path)
+    text = json.loads((folder / "manifest.json").read_text())
+    entry = text["skipped_invalid"][0]
+    entry["id"] = "forged"
+    (folder / "manifest.json").write_text(json.dumps(text, indent=1))
+    assert verify(folder) == []
+    last = manifest["stats"]["rows"] - 1
+    capsys.readouterr()
+    assert _spot(folder, source, kimi_dir, f"0-{last}") == 1
+    out = capsys.readouterr().out
+    assert f"source row {entry['index']} is in skipped_invalid with id 'forged', but re-read its id is " in out
 
 
 @pytest.mark.parametrize(
