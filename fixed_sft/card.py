@@ -22,12 +22,16 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .manifest import Card, FileHash, Manifest, SourceShare
 from .output import CARD_NAME, PARQUET_NAME, naming
 from .plots import LENGTHS_PLOT, MIX_PLOT, SUPERVISED_PLOT, Inputs, Plotter, draw, plot_names
+
+if TYPE_CHECKING:
+    from huggingface_hub import DatasetCardData
 
 # Source licenses as the manifest may record them (lowercased) -> the Hub's license ids.
 HUB_LICENSES = {
@@ -129,10 +133,15 @@ def size_category(rows: int) -> str:
 
 def header(manifest: Manifest, license: str, upstream: str | None) -> str:
     """The card's YAML header (without its ``---`` lines), written by huggingface_hub."""
+    return header_values(manifest, license, upstream).to_yaml()
+
+
+def header_values(manifest: Manifest, license: str, upstream: str | None) -> DatasetCardData:
+    """The values of the card's YAML header."""
     from huggingface_hub import DatasetCardData
 
     tokenizer = manifest.tokenizer
-    data = DatasetCardData(
+    return DatasetCardData(
         license=license,
         pretty_name=manifest.name,
         source_datasets=[upstream] if upstream else None,
@@ -142,7 +151,27 @@ def header(manifest: Manifest, license: str, upstream: str | None) -> str:
         configs=[{"config_name": "default", "data_files": [{"split": "train", "path": PARQUET_NAME}]}],
         tokenizer=tokenizer.repo or tokenizer.name,
     )
-    return data.to_yaml()
+
+
+def header_problem(path: Path, manifest: Manifest) -> str | None:
+    """Why the card ``path``'s YAML header is not one a build of ``manifest`` writes, where
+    loaders act on it: a key the card does not write (``dataset_info``'s features, say),
+    ``configs`` naming other data than the build's Parquet file, or a license other than
+    ``card.license``. ``None`` where it is; its other values are the card's text."""
+    from huggingface_hub.repocard import metadata_load
+
+    try:
+        found = metadata_load(path) or {}
+    except Exception as error:  # (YAML's errors, of several classes)
+        return f"its YAML header does not read ({type(error).__name__})"
+    license = manifest.card.license if manifest.card is not None else None
+    written = header_values(manifest, license or "unknown", "upstream").to_dict()
+    if (other := next((key for key in found if key not in written), None)) is not None:
+        return f"its YAML header holds {other!r}, which the card does not write"
+    for key, wanted in (("configs", written["configs"]), ("license", license)):
+        if found.get(key) != wanted:
+            return f"its YAML header's {key} is {found.get(key)!r}, not {wanted!r}"
+    return None
 
 
 def card_text(manifest: Manifest, license: str, upstream: str | None, plots: Sequence[str]) -> str:

@@ -29,7 +29,7 @@ from .hashes import row_digest
 from .manifest import Manifest, read
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .reader import Refused, RowFile
-from .verify import Conversations, ManifestRefused, described, read_manifest
+from .verify import Conversations, ManifestRefused, check_metadata, described, read_manifest
 
 ROW_COLUMNS = [
     "metadata.input_ids.list.element",
@@ -45,7 +45,7 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 def open_build(folder: Path) -> Manifest:
     """The manifest of build folder ``folder``; ``BuildError`` (one line) for a folder
     without a manifest, or whose manifest does not read. Other files in the folder are
-    not its concern, as they are not ``verify``'s."""
+    not its concern (``verify`` names data files the build did not write)."""
     if not folder.is_dir():
         raise BuildError(f"{folder}: {'not a folder' if folder.exists() else 'no such folder'}")
     if not os.path.lexists(folder / MANIFEST_NAME):
@@ -227,7 +227,7 @@ def decoder(manifest: Manifest, tokenizer: str | None, command: str = "inspect")
 
 def read_row(folder: Path, manifest: Manifest, number: int) -> tuple[np.ndarray, np.ndarray, list[dict]]:
     """Row ``number``'s ids, mask and segments, read from its row group (``BuildError``
-    where the file does not hold it)."""
+    where the file does not hold it, or its segments do not cover its ``row_tokens`` ids)."""
     try:
         with _rows(folder, manifest) as file:
             if number >= file.rows:
@@ -238,6 +238,12 @@ def read_row(folder: Path, manifest: Manifest, number: int) -> tuple[np.ndarray,
     row = group.column("metadata").slice(number - group.first, 1)
     ids = pc.list_flatten(row.field("input_ids")).to_numpy(zero_copy_only=False)
     mask = pc.list_flatten(row.field("loss_mask")).to_numpy(zero_copy_only=False)
+    size = manifest.params.row_tokens
+    problem = check_metadata(row, number, size)
+    if problem is None and not len(ids) == len(mask) == size:
+        problem = f"row {number}: {len(ids)} ids and {len(mask)} mask values, not {size}"
+    if problem is not None:  # (decoded as it is, it would show other text than a trainer reads)
+        raise BuildError(f"{folder / PARQUET_NAME}: {problem}: run verify")
     return ids, mask, row.field("segments").to_pylist()[0]
 
 

@@ -65,6 +65,9 @@ class Refused(ValueError):
     is the whole problem, naming the file."""
 
 
+ARROW_SCHEMA = b"ARROW:schema"  # the only key-value metadata a build's file holds: pyarrow's copy of its schema
+
+
 class SchemaDiffers(ValueError):
     """The file's schema is not the format's; the message says where."""
 
@@ -303,6 +306,12 @@ class RowFile:
         source = _Spliced(f, self._data_end, spliced + len(spliced).to_bytes(4, "little") + MAGIC)
         self._parquet = pq.ParquetFile(source, buffer_size=1 << 20, pre_buffer=False, read_dictionary=list(STRINGS))
         self.metadata = self._parquet.metadata
+        foreign = [key for key in self.metadata.metadata or {} if key != ARROW_SCHEMA]
+        if foreign:  # (``datasets`` takes its features from a ``huggingface`` key, say)
+            shown = foreign[0].decode(errors="replace")
+            raise SchemaDiffers(
+                f"its key-value metadata holds {shown!r}, which a build does not write, but loaders read"
+            )
         self.rows = self.metadata.num_rows
         self._firsts = self._check_groups(row_tokens)
 
@@ -339,6 +348,8 @@ class RowFile:
                 at = f"row group {g}, column {_name(path)}"
                 if chunk.file_path:
                     raise self._refuse(f"{at}: stored in another file ({chunk.file_path!r}); not read")
+                if rows == 0 and chunk.num_values == 0:
+                    continue  # (an empty row group: pyarrow writes one for an empty table, and reads nothing of it)
                 start = _chunk_start(chunk)
                 if not (4 <= start and 0 <= chunk.total_compressed_size <= self._data_end - start):
                     raise self._refuse(f"{at}: lies outside the file's data; not read")

@@ -38,7 +38,7 @@ from .manifest import FileHash, Manifest, read
 from .memory import system_allocator
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .params import RECORDED, flag, manifest_label, recorded_values
-from .reader import BOUNDARIES, Group, Refused, RowFile
+from .reader import ARROW_SCHEMA, BOUNDARIES, Group, Refused, RowFile
 from .source import SourceError, SourceUnreachable
 from .specs import ResolvedTokenizer, SpecError, resolve_tokenizer, tokenizer_specs
 from .verify import described, read_manifest
@@ -296,7 +296,7 @@ def _file_metadata(file: RowFile) -> dict:
     return {
         key.decode(errors="replace"): value.decode(errors="replace")
         for key, value in (file.metadata.metadata or {}).items()
-        if key != b"ARROW:schema"
+        if key != ARROW_SCHEMA
     }
 
 
@@ -524,11 +524,13 @@ def report(results: list[Compared]) -> tuple[bool, list[str]]:
     """Whether every ``proof`` value is the same, and a line per value: same, or where it differs."""
     agrees = {r.key: r.same for r in results}  # each compared once: the provenance holds every row
     proven = all(agrees[r.key] for r in results if r.proof)
-    rows = agrees["rows_sha256"] and agrees["provenance"]
+    provenance = next(r for r in results if r.key == "provenance")  # (its rows, and the file's metadata)
+    here, rebuilt = (v.get("rows") if isinstance(v, dict) else v for v in (provenance.here, provenance.rebuilt))
+    rows = agrees["rows_sha256"] and same(here, rebuilt)
     verdict = (
         "gives the same rows and manifest"
         if proven
-        else "gives the same rows, but not what the manifest says of them"
+        else "gives the same rows, but not what the manifest or the file's metadata says of them"
         if rows
         else "does not give the same rows"
     )

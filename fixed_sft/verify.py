@@ -1,29 +1,31 @@
 """A built folder -> the list of ways it differs from its manifest (empty when it matches).
 
 Checks, in order: the manifest is a regular file no larger, and of no more values, than a
-build's (``read_manifest``), reads, repeats no key, and has the format's fields and no
-other (``manifest.read``), each of its type (``1`` is not ``1.0``), with each row hash 64
-lowercase hex digits, each count and size at least 0 and the seed within the order's;
-values derived from others (tokens, padding, ratio, rows, the mask type) agree, and
-``rows_sha256`` equals the hash of its own row hashes, and the source mix's conversations and
-tokens add up to the stats'; the dataset card's files (``card.files``) are regular files of
-the recorded sizes and sha256s, and no card file lies beside them that it does not record; the Parquet file exists with
-the recorded size and sha256, and has the format's schema (so no value can wrap into a
-hash), down to each column's Parquet types; its footer and page headers agree with the
-rows the manifest lists before a page is decoded (``reader``: a file that disagrees is
-named and not decoded); then a row group at a time, up to the first row past the
-manifest's: every row reads, has ``row_tokens`` ids and mask values, each mask value 0 or 1
-as stored, and hashes to its recorded row hash (the first bad row is named); the row count
-(the footer's) and supervised-token count match; each row's ``metadata.row`` is its number
-and its segments, each a non-empty span from a non-negative start, cover ``row_tokens``
-tokens, no two in a row naming one source row; the conversations the segments name (each
-run of segments naming one source row, as a build lays them), and those in more than one
-row, are the stats' counts, and each source row named is one of ``source.rows``. In a build
-with boundaries (``params.emit_boundaries``; its format must then be ``fixed-sft/3``, else
-``fixed-sft/2``), the schema is the one with ``metadata.cu_seqlens``, each row's hash covers
-them, and they must be 0 and the end of each of its segments. No value may
-be null but a segment's ``id``. What the manifest says of how the rows were made (seed,
-source, tokenizer, checks, skipped rows) only a rebuild proves.
+build's (``read_manifest``), reads, repeats no key, and has the format's fields and no other
+(``manifest.read``), each of its type (``1`` is not ``1.0``), with each row hash 64 lowercase
+hex digits, each count and size at least 0 and the seed within the order's; values derived from
+others (tokens, padding, ratio, rows, the mask type) agree, and ``rows_sha256`` equals the hash
+of its own row hashes, and the source mix's conversations and tokens add up to the stats'; the
+dataset card's files (``card.files``) are regular files of the recorded sizes and sha256s, and
+no card file lies beside them that it does not record; the card's YAML header is one a build
+writes where loaders act on it (``card.header_problem``); no other data file lies in the folder
+(``foreign_data``); the Parquet file exists with the recorded size and sha256, and has the
+format's schema (so no value can wrap into a hash), down to each column's Parquet types, with
+no key-value metadata but ``ARROW:schema``; its footer and page headers agree with the rows the
+manifest lists before a page is decoded (``reader``: a file that disagrees is named and not
+decoded); then a row group at a time, up to the first row past the manifest's: every row reads,
+has ``row_tokens`` ids and mask values, no id negative, each mask value 0 or 1 as stored, and
+hashes to its recorded row hash (the first bad row is named); the row count (the footer's) and
+supervised-token count match; each row's ``metadata.row`` is its number and its segments, each
+a non-empty span from a non-negative start, cover ``row_tokens`` tokens, no two in a row naming
+one source row; the conversations the segments name (each run of segments naming one source
+row, as a build lays them), and those in more than one row, are the stats' counts, and each
+source row named is one of ``source.rows``. In a build with boundaries
+(``params.emit_boundaries``; its format must then be ``fixed-sft/3``, else ``fixed-sft/2``),
+the schema is the one with ``metadata.cu_seqlens``, each row's hash covers them, and they must
+be 0 and the end of each of its segments. No value may be null but a segment's ``id``. What the
+manifest says of how the rows were made (seed, source, tokenizer, checks, skipped rows) only a
+rebuild proves.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import arrow
+from .card import header_problem
 from .fields import FieldError, loads, show
 from .hashes import boundaries, open_regular, row_digest, rows_digest, sha256_file
 from .manifest import Manifest, read
@@ -91,6 +94,8 @@ def verify(folder: str | Path) -> list[str]:
         problems += _check_card(folder, manifest)
     except OSError as error:
         problems.append(f"{folder}: a card file is unreadable ({described(error)})")
+    if (found := foreign_data(folder)) is not None:
+        problems.append(f"{found}: a data file the build did not write, which loaders of the folder read as rows")
     parquet = folder / PARQUET_NAME
     if not parquet.is_file():
         return problems + [f"{parquet}: {'not a file' if parquet.exists() else 'missing'}"]
@@ -113,7 +118,7 @@ def verify(folder: str | Path) -> list[str]:
         return problems + checks.problems() + [str(error)]
     except Exception as error:  # any read failure means a damaged file
         return problems + checks.problems() + [f"{parquet}: unreadable ({described(error)})"]
-    problems += checks.problems("mask", "content")
+    problems += checks.problems("ids", "mask", "content")
     if count != len(expected):
         problems.append(f"{parquet}: {count} rows, manifest lists {len(expected)}")
     if read_all and checks.supervised != stats.supervised_tokens:
@@ -154,7 +159,7 @@ class _RowChecks:
     """The checks of each row, a row group at a time: the first problem of each kind (named
     by its row), and the counts over the rows seen."""
 
-    KINDS = ("mask", "content", "untrained", "messages", "metadata")
+    KINDS = ("ids", "mask", "content", "untrained", "messages", "metadata")
 
     def __init__(self, expected: list[bytes], row_tokens: int, bounded: bool = False):
         self.expected, self.row_tokens, self.bounded = expected, row_tokens, bounded
@@ -172,6 +177,10 @@ class _RowChecks:
         ids, mask, offsets = group.tokens()
         first, count = group.first, len(offsets) - 1
         cu = stored_boundaries(group.column("metadata"), first) if self.bounded else None
+        if "ids" not in self.first and len(ids) and ids.min() < 0:  # (a trainer's embedding lookup fails on one)
+            bad = np.flatnonzero(ids < 0)
+            row = int(np.searchsorted(offsets, bad[0], side="right")) - 1
+            self._note("ids", f"row {first + row}: an input_ids value is {ids[bad[0]]}, not a token id")
         if "mask" not in self.first and len(mask) and (bad := np.flatnonzero((mask < 0) | (mask > 1))).size:
             row = int(np.searchsorted(offsets, bad[0], side="right")) - 1
             self._note("mask", f"row {first + row}: a loss_mask value is {mask[bad[0]]}, not 0 or 1")
@@ -194,7 +203,7 @@ class _RowChecks:
         if "messages" not in self.first and (problem := _check_messages(group.column("messages"), first)):
             self._note("messages", problem)
         if "metadata" not in self.first and (
-            problem := _check_metadata(group.column("metadata"), first, self.row_tokens)
+            problem := check_metadata(group.column("metadata"), first, self.row_tokens)
             or (_check_boundaries(group.column("metadata"), first, cu) if cu is not None else None)
         ):
             self._note("metadata", problem)
@@ -246,7 +255,7 @@ class Conversations:
     def add(self, metadata: pa.StructArray) -> None:
         segments = pc.struct_field(metadata, "segments").flatten()
         indices = pc.struct_field(segments, "source_index")
-        values = arrow.to_numpy(arrow.filled(indices, -1))  # (a null is noted by _check_metadata)
+        values = arrow.to_numpy(arrow.filled(indices, -1))  # (a null is noted by check_metadata)
         if not len(values):
             return
         self.highest = max(self.highest, int(values.max()))
@@ -414,7 +423,43 @@ def _check_card(folder: Path, manifest: Manifest) -> list[str]:
             problems.append(f"{path}: {size} bytes, manifest says {recorded[name].bytes}")
         elif sha256_file(path) != recorded[name].sha256:
             problems.append(f"{path}: sha256 differs from the manifest")
+        elif name == CARD_NAME and (problem := header_problem(path, manifest)) is not None:
+            problems.append(f"{path}: {problem}")
     return problems
+
+
+# What loaders take for rows in a folder (``datasets`` by extension; pyarrow and polars read
+# a folder's Parquet files): a build's folder holds none but its own. Compressed too.
+DATA_SUFFIXES = {".parquet", ".geoparquet", ".gpq", ".arrow", ".feather", ".jsonl", ".ndjson", ".json", ".csv", ".tsv"}
+COMPRESSED = {".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip"}
+
+
+def foreign_data(folder: Path) -> Path | None:
+    """A file in ``folder`` or a folder under it, hidden ones aside (``.cache``, as loaders
+    skip them), that loaders would read as rows and the build did not write; ``None``
+    where there is none.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> for name in ("train.parquet", "manifest.json", "notes.md", ".cache/x.json"):
+    ...     (folder / name).parent.mkdir(exist_ok=True)
+    ...     (folder / name).touch()
+    >>> foreign_data(folder) is None
+    True
+    >>> (folder / "extra.jsonl.gz").touch()
+    >>> foreign_data(folder).name
+    'extra.jsonl.gz'
+    """
+    for root, folders, files in os.walk(folder):  # (links to folders not followed)
+        folders[:] = sorted(name for name in folders if not name.startswith((".", "_")))
+        for name in sorted(files):
+            suffixes = [suffix.lower() for suffix in Path(name).suffixes[-2:]]
+            if suffixes and suffixes[-1] in COMPRESSED:
+                suffixes.pop()
+            own = Path(root) == folder and name in (PARQUET_NAME, MANIFEST_NAME)
+            if suffixes and suffixes[-1] in DATA_SUFFIXES and not own and not name.startswith((".", "_")):
+                return Path(root) / name
+    return None
 
 
 def described(error: BaseException) -> str:
@@ -422,7 +467,7 @@ def described(error: BaseException) -> str:
     return f"{type(error).__name__}: {' '.join(str(error).split())}"
 
 
-def _check_metadata(metadata: pa.StructArray, first: int, row_tokens: int) -> str | None:
+def check_metadata(metadata: pa.StructArray, first: int, row_tokens: int) -> str | None:
     """The first problem of rows ``metadata`` (row ``first`` on): a null, a ``metadata.row``
     that is not its row's number, a segment that is not a non-empty span from a
     non-negative start or names a negative source row, two segments in a row that name

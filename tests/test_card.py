@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -392,3 +393,51 @@ def test_the_cards_row_hash_rule_gives_rows_sha256(source, kimi_dir, tmp_path, b
             parts.append(np.array(row["cu_seqlens"], "<i4").tobytes())
         digests.append(hashlib.sha256(b"".join(parts)).digest())
     assert hashlib.sha256(b"".join(digests)).hexdigest() == manifest["rows_sha256"]
+
+
+def _recard(out: Path, edit) -> None:
+    """Edit README.md's text with ``edit`` and record its new size and sha256, as a forger
+    would: only the check of what loaders read of the card can tell."""
+    path = out / "README.md"
+    path.write_text(edit(path.read_text(encoding="utf-8")), encoding="utf-8")
+    manifest = json.loads((out / "manifest.json").read_text())
+    data = path.read_bytes()
+    manifest["card"]["files"]["README.md"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (lambda text: text.replace("path: train.parquet", "path: extra.parquet"), "header's configs is "),
+        (lambda text: text.replace("\nlicense: ", "\ndataset_info:\n  features: []\nlicense: ", 1), "'dataset_info'"),
+        (lambda text: text.replace("\nlicense: unknown\n", "\nlicense: mit\n", 1), "header's license is 'mit'"),
+        (lambda text: text.replace("---\n", "---\n[", 1), "its YAML header does not read"),
+    ],
+)
+def test_a_card_whose_header_loaders_act_on_is_forged_is_named(built, tmp_path, edit, says):
+    """``configs`` says which files ``datasets`` loads: a card that names other data, or
+    declares another license than the manifest's, is a difference though its hash is recorded."""
+    out = tmp_path / "copy"
+    shutil.copytree(built[0], out)
+    _recard(out, lambda text: text)
+    assert verify(out) == []
+    _recard(out, edit)
+    problems = verify(out)
+    assert len(problems) == 1 and problems[0].startswith(f"{out / 'README.md'}: ") and says in problems[0], problems
+
+
+@pytest.mark.parametrize("name", ["extra.parquet", "data/train-00001.parquet", "more.jsonl.gz", "config.json"])
+def test_a_data_file_the_build_did_not_write_is_named(built, tmp_path, name):
+    """Loaders read a folder's data files as rows (datasets by extension, pyarrow and polars
+    its Parquet files): a build's folder holds none but its own. Hidden folders aside."""
+    out = tmp_path / "copy"
+    shutil.copytree(built[0], out)
+    (out / ".cache" / "huggingface").mkdir(parents=True)
+    (out / ".cache" / "huggingface" / "x.json").write_text("{}")
+    (out / "notes.md").write_text("mine")
+    assert verify(out) == []
+    (out / name).parent.mkdir(exist_ok=True)
+    shutil.copy(out / "train.parquet", out / name)
+    said = f"{out / name}: a data file the build did not write, which loaders of the folder read as rows"
+    assert verify(out) == [said]

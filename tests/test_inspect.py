@@ -287,3 +287,27 @@ def test_a_folder_in_place_of_a_build_file_is_not_a_file(built, tmp_path, capsys
         assert main(args) != 0
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"{copy / name}: not a file" in err, err
+
+
+@pytest.mark.parametrize("damage", ["segment", "short"])
+def test_a_damaged_row_is_named_not_decoded(built, kimi_dir, tmp_path, capsys, damage):
+    """A row whose segments do not cover its ids (one segment more; ids cut short) is named
+    in one line, not shown as text a trainer would not read."""
+    import pyarrow as pa
+
+    out, _ = built
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    table = pq.read_table(copy / "train.parquet")
+    rows = table.to_pylist()
+    metadata = rows[1]["metadata"]
+    if damage == "segment":
+        metadata["segments"].append({**metadata["segments"][-1], "source_index": 10**6})
+    else:
+        metadata["input_ids"], metadata["loss_mask"] = metadata["input_ids"][:100], metadata["loss_mask"][:100]
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), copy / "train.parquet")
+    capsys.readouterr()
+    assert main(["inspect", str(copy), "--row", "1", "--tokenizer", str(kimi_dir)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "row 1: " in err and err.rstrip().endswith(": run verify"), err
+    assert "internal error" not in err

@@ -201,7 +201,8 @@ def test_a_manifest_that_misstates_the_build_is_caught(three_rows, source, kimi_
     _edit(tmp_path / "o", change)
     code, out = _checked_then_rebuilt(tmp_path / "o", kimi_dir, capsys)
     assert code == 1
-    assert "rows_sha256: differs" in out if "does not give" in says else "but not what the manifest says" in out
+    same_rows = "but not what the manifest or the file's metadata says" in out
+    assert "rows_sha256: differs" in out if "does not give" in says else same_rows
     assert says in out
 
 
@@ -256,16 +257,20 @@ def test_forged_provenance_is_caught(three_rows, source, kimi_dir, tmp_path, cap
     assert "parquet: differs (" in out and "encoded otherwise" not in out
 
 
-def test_parquet_key_value_metadata_is_provenance(three_rows, source, kimi_dir, tmp_path, capsys):
-    """The file's own metadata may say where the rows came from, too."""
+@pytest.mark.parametrize("key", [b"about", b"huggingface"])
+def test_parquet_key_value_metadata_is_refused(three_rows, kimi_dir, tmp_path, capsys, key):
+    """The file's own metadata may say where the rows came from, or what loaders make of
+    them (``datasets`` takes features from ``huggingface``): verify refuses any key but
+    pyarrow's copy of the schema, before a rebuild."""
     _copy(three_rows, tmp_path / "o")
     parquet = tmp_path / "o" / "train.parquet"
     table = pq.read_table(parquet)
-    pq.write_table(table.replace_schema_metadata({b"about": b"seed 1"}), parquet)
+    pq.write_table(table.replace_schema_metadata({key: b"{}"}), parquet)
     _edit(tmp_path / "o", lambda m: m["parquet"].update(bytes=parquet.stat().st_size, sha256=sha256_file(parquet)))
     capsys.readouterr()
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
-    assert 'provenance: differs (file metadata.about: "seed 1" here, missing rebuilt)' in capsys.readouterr().out
+    said = f"{parquet}: its key-value metadata holds {key.decode()!r}, which a build does not write, but loaders read"
+    assert said in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("field", ["metadata", "segments"])
@@ -289,10 +294,9 @@ def test_field_metadata_in_the_arrow_schema_is_provenance(three_rows, source, ki
     assert main(["verify", str(tmp_path / "o")]) == 0
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 1
     path = "metadata" if field == "metadata" else "metadata.segments"
-    assert (
-        f'provenance: differs (field metadata.{path}: {{"about": "seed 1"}} here, missing rebuilt)'
-        in capsys.readouterr().out
-    )
+    out = capsys.readouterr().out
+    assert f'provenance: differs (field metadata.{path}: {{"about": "seed 1"}} here, missing rebuilt)' in out
+    assert "gives the same rows, but not what the manifest or the file's metadata says of them" in out
 
 
 def test_a_source_with_other_bytes_is_not_the_recorded_input(source, kimi_dir, tmp_path, capsys):

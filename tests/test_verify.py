@@ -145,6 +145,17 @@ def _rehash_rows(folder):
     (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
+def test_a_negative_token_id_is_named_though_every_hash_matches(copy):
+    """No tokenizer gives a negative id: a trainer's embedding lookup fails on one."""
+
+    def negate(rows):
+        rows[6]["metadata"]["input_ids"][30] = -5
+
+    _change_rows(copy, negate)
+    _rehash_rows(copy)
+    assert verify(copy) == ["row 6: an input_ids value is -5, not a token id"]
+
+
 def test_a_row_with_nothing_to_train_is_named_though_every_hash_matches(copy):
     """The format skips a row with no supervised token after token 0: one forged in, its
     hashes and counts recorded, is named."""
@@ -974,3 +985,17 @@ def test_the_manifest_says_which_schema_and_hash_rule_apply(bounded, bounded_cop
     (copy / "manifest.json").write_text(json.dumps(plain))
     problems = verify(copy)
     assert len(problems) == 1 and "schema differs from the format's" in problems[0]
+
+
+def test_an_empty_row_group_between_the_rows_is_read_past(copy):
+    """pyarrow writes an empty row group for an empty table: a file with one holds the same
+    rows, which verify reads as it reads any row-group layout."""
+    table = pq.read_table(copy / "train.parquet")
+    path = copy / "train.parquet"
+    with pq.ParquetWriter(path, table.schema, use_dictionary=False) as writer:  # (its pages at offset 0)
+        writer.write_table(table.slice(0, 5))
+        writer.write_table(table.slice(0, 0))
+        writer.write_table(table.slice(5))
+    assert pq.ParquetFile(path).metadata.row_group(1).num_rows == 0
+    _resave_bytes(copy)
+    assert verify(copy) == []
