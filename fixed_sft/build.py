@@ -281,7 +281,8 @@ def _streamed(store: TokenStore, encoding: _Encoding, source: Source, wanted: np
 def build(config: BuildConfig, out: Path, progress: bool = False) -> dict:
     """Build ``config`` into folder ``out``; return the manifest."""
     config.validate()
-    with transaction(out, config.source) as folder, system_allocator():
+    cache = None if config.no_cache else _cache_root(config)
+    with transaction(out, config.source, cache) as folder, system_allocator():
         manifest = _build_into(config, folder, progress)
     return manifest
 
@@ -1109,7 +1110,7 @@ def _manifest(
 
 def _write_manifest(path: Path, manifest: dict) -> None:
     with naming(path), path.open("w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1)
+        json.dump(manifest, f, indent=1, allow_nan=False)  # (standard JSON, which verify reads)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())

@@ -153,24 +153,35 @@ def header_values(manifest: Manifest, license: str, upstream: str | None) -> Dat
     )
 
 
+HEADER_CHARS = 1 << 16  # a card's YAML header ends within this many characters (a build's: under 1,000)
+
+
 def header_problem(path: Path, manifest: Manifest) -> str | None:
     """Why the card ``path``'s YAML header is not one a build of ``manifest`` writes, where
     loaders act on it: a key the card does not write (``dataset_info``'s features, say),
     ``configs`` naming other data than the build's Parquet file, or a license other than
-    ``card.license``. ``None`` where it is; its other values are the card's text."""
-    from huggingface_hub.repocard import metadata_load
+    ``card.license``. ``None`` where it is; its other values are the card's text. The
+    header is read from the file's first ``HEADER_CHARS`` characters, and no value of it
+    is shown (YAML's aliases may make one of any size)."""
+    from huggingface_hub import RepoCard
+    from huggingface_hub.repocard import REGEX_YAML_BLOCK
 
+    with path.open(encoding="utf-8", errors="replace") as f:
+        text = f.read(HEADER_CHARS)
+    if not REGEX_YAML_BLOCK.search(text):
+        return f"it has no YAML header within its first {HEADER_CHARS} characters"
     try:
-        found = metadata_load(path) or {}
+        found = RepoCard(text).data.to_dict()
     except Exception as error:  # (YAML's errors, of several classes)
         return f"its YAML header does not read ({type(error).__name__})"
     license = manifest.card.license if manifest.card is not None else None
     written = header_values(manifest, license or "unknown", "upstream").to_dict()
     if (other := next((key for key in found if key not in written), None)) is not None:
-        return f"its YAML header holds {other!r}, which the card does not write"
-    for key, wanted in (("configs", written["configs"]), ("license", license)):
-        if found.get(key) != wanted:
-            return f"its YAML header's {key} is {found.get(key)!r}, not {wanted!r}"
+        return f"its YAML header holds {str(other)[:80]!r}, which the card does not write"
+    if found.get("configs") != written["configs"]:
+        return f"its YAML header's configs do not name {PARQUET_NAME} alone as the train split"
+    if found.get("license") != license:
+        return f"its YAML header's license is not {license!r}, the manifest's"
     return None
 
 

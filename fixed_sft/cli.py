@@ -83,12 +83,15 @@ def _rows(value: str) -> int | None:
 
 
 def _json(value: str) -> Any:
-    """A flag's JSON value; the text itself where it is not JSON."""
+    """A flag's JSON value; the text itself where it is not JSON, unless it opens as a JSON
+    object or array does (then why it is not)."""
     from .fields import loads
 
     try:
         return loads(value)
-    except ValueError:
+    except ValueError as error:
+        if value.lstrip().startswith(("{", "[")):
+            raise argparse.ArgumentTypeError(f"not JSON ({error})") from None
         return value
 
 
@@ -126,7 +129,7 @@ def parser() -> argparse.ArgumentParser:
     """The commands (``build``, ``verify``, ``inspect``, ``diff``, ``pin-tokenizer``, ``export``, ``push``)."""
     from .specs import DEFAULT_BUILD
 
-    top = argparse.ArgumentParser(
+    top = _Parser(
         prog="generate_fixed_sft.py",
         description="Build fixed-length packed SFT datasets with a SHA-256 manifest, and verify them.",
     )
@@ -362,7 +365,7 @@ def _verify(args: argparse.Namespace) -> int:
             raise UsageError(f"build {args.published} has no published values")
     problems = verify(args.folder)
     for problem in problems:
-        print(f"MISMATCH {problem}")
+        print(f"MISMATCH {one_line(problem)}")  # (a file's name may hold any character)
     if problems:
         if published:
             print("published values not compared: the folder does not match its own manifest")
@@ -522,6 +525,13 @@ def main(argv: list[str] | None = None, early: bool = False) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+class _Parser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line, as the others are (``--help`` shows the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
 
 
 class _SilentParser(argparse.ArgumentParser):

@@ -30,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import forkserver, get_context, parent_process, resource_tracker, util
 from multiprocessing.connection import wait
 from multiprocessing.context import BaseContext
@@ -149,16 +150,24 @@ class ProcessPool:
         reaches the handlers of the caller's it starts with."""
         signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_SIGNALS)  # (this helper thread's alone)
         for _ in range(min(self.workers, os.cpu_count() or 1)):
-            self._pool.submit(time.sleep, START_HOLD_S)
+            self._submit(time.sleep, START_HOLD_S)
 
     def _start_up(self) -> Future:
         assert self._started is not None, "map runs inside the engine's with-block"
         return self._started
 
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """The pool's ``submit``, which may start a worker: a fork server that ended before it
+        forked one (killed, or out of memory) makes a broken pool, as a worker that ended does."""
+        try:
+            return self._pool.submit(fn, *args)
+        except (EOFError, ConnectionError) as error:  # (multiprocessing's read of the new worker's pid)
+            raise BrokenProcessPool(f"the workers' fork server ended ({error})") from None
+
     def submit(self, fn: Callable[..., R], *task: Any) -> Future:
         """``fn(state, *task)`` in a worker, apart from ``map``'s order: its result is the future's."""
         self._start_up().result()
-        return self._pool.submit(_run, fn, *task)
+        return self._submit(_run, fn, *task)
 
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         if kind is not None and not issubclass(kind, Exception):  # Ctrl-C, SIGTERM
@@ -187,7 +196,7 @@ class ProcessPool:
                 while pending and (len(pending) >= 2 * self.workers or not room([w for _, w in pending], weight)):
                     yield oldest()
                 self._start_up().result()
-                pending.append((self._pool.submit(_run, fn, *task), weight))
+                pending.append((self._submit(_run, fn, *task), weight))
                 del task  # (the executor holds it until it is sent)
             while pending:
                 yield oldest()

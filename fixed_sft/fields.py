@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import types
 import typing
 from pathlib import Path
@@ -58,17 +59,31 @@ def _not_json(constant: str) -> object:
     raise ValueError(f"{constant} is not JSON")
 
 
-STANDARD_JSON = json.JSONDecoder(object_pairs_hook=unique_keys, parse_constant=_not_json)
+def _finite(text: str) -> float:
+    """A JSON number with a fraction or exponent, refused where it is out of a float's range
+    (``1e999``: it would be written back as ``Infinity``, which is not JSON)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of the range of a float")
+    return value
+
+
+STANDARD_JSON = json.JSONDecoder(object_pairs_hook=unique_keys, parse_constant=_not_json, parse_float=_finite)
 
 
 def loads(text: str) -> object:
     """The JSON document ``text``; a ``ValueError`` for an object that repeats a key
-    (``DuplicateKey``) or a number JSON does not have (``NaN``, ``Infinity``).
+    (``DuplicateKey``) or a number JSON does not have (``NaN``, ``Infinity``), or a float
+    cannot hold.
 
     >>> loads('{"a": NaN}')
     Traceback (most recent call last):
     ...
     ValueError: NaN is not JSON
+    >>> loads('{"a": 1e999}')
+    Traceback (most recent call last):
+    ...
+    ValueError: 1e999 is out of the range of a float
     """
     return STANDARD_JSON.decode(text)
 

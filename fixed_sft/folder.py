@@ -114,11 +114,16 @@ def _not_replaceable(out: Path) -> str | None:
     return not_a_build(out)
 
 
-def check_target(out: Path, source: str) -> None:
+def check_target(out: Path, source: str, cache: Path | None = None) -> None:
     """A target must be absent, an empty folder, or a previous build, and lie neither
     inside a build (which would then no longer be one) nor inside a source folder, nor
     be the current folder or hold it (which a build would move away from under its
-    shell); ``out`` is a resolved path."""
+    shell), nor a mount point (which no rename replaces), nor hold the token store
+    ``cache`` (which would write into it); ``out`` is a resolved path."""
+    if os.path.ismount(out):
+        raise UsageError(f"output {out} is a mount point, which a build cannot replace; choose a folder inside it")
+    if cache is not None and Path(os.path.realpath(cache)).is_relative_to(out):
+        raise UsageError(f"the token store {cache} is inside the output {out}; choose another --cache-dir or --out")
     here = _current_folder()
     if here is not None and (out == here or out in here.parents):
         which = "the current folder" if out == here else "a folder that holds the current one"
@@ -200,11 +205,11 @@ class _Lock:
 
 
 @contextmanager
-def transaction(out: Path, source: str) -> Iterator[Path]:
+def transaction(out: Path, source: str, cache: Path | None = None) -> Iterator[Path]:
     """An empty temporary folder beside ``out`` to build into, renamed to ``out`` once the
     block ends without an error (``_publish``) and deleted however it ends. First ``out``
     is resolved (a link to a build is rebuilt where it points) and checked
-    (``check_target``; ``source`` is the build's), its lock taken (``_Lock``), and what a
+    (``check_target``; ``source`` and the token store ``cache`` are the build's), its lock taken (``_Lock``), and what a
     killed build into it left cleaned up (``_recover``)."""
     try:
         resolved = Path(out).resolve()  # a link to a build is rebuilt where it points
@@ -217,14 +222,14 @@ def transaction(out: Path, source: str) -> Iterator[Path]:
         raise UsageError(
             f"output {shown}: the path is not valid UTF-8, which pyarrow cannot write; choose another --out"
         )
-    check_target(out, source)
+    check_target(out, source, cache)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UsageError(f"cannot create {out.parent}: {error.strerror or error}; choose another --out") from None
     tmp = draft(out)
     with _Lock(out):
-        check_target(out, source)
+        check_target(out, source, cache)
         _recover(out)
         with removed_on_exit(tmp):  # (by a second Ctrl-C, which exits at once)
             tmp.mkdir()
@@ -254,8 +259,8 @@ def _longest_name(folder: Path) -> int:
 
 
 def _recover(out: Path) -> None:
-    """Clean up after a build into ``out`` that was killed: put back a previous build
-    that was moved aside but not yet replaced, and delete temporary and old folders.
+    """Clean up after a build into ``out`` that was killed: put back the previous build
+    that was moved aside last but not yet replaced, and delete temporary and old folders.
     Such a folder holds only a build's files; one holding anything else stops the build
     (``UsageError`` naming it) before anything is moved or deleted."""
     own = re.compile(rf"\.{re.escape(out.name)}\.(tmp|old)-\d+")  # not another target's, such as ``.NAME.old-x.tmp-1``
@@ -267,12 +272,18 @@ def _recover(out: Path) -> None:
                 f"{leftover}, named as a killed build's temporary folder, is not one ({why}); "
                 "move it away and build again"
             )
-    if not out.exists():
-        previous = next((p for p in leftovers if p.name.startswith(f".{out.name}.old-") and is_build(p)), None)
+    if not out.exists():  # (the build moved aside last: one whose removal failed may lie there from before)
+        moved = [p for p in leftovers if p.name.startswith(f".{out.name}.old-") and is_build(p)]
+        previous = max(moved, key=_moved_at, default=None)
         if previous is not None:
             previous.rename(out)
     for stale in leftovers:
         remove_build_folder(stale)
+
+
+def _moved_at(folder: Path) -> int:
+    """When ``folder`` was last renamed, in ns (its inode's change time)."""
+    return folder.lstat().st_ctime_ns
 
 
 def _publish(tmp: Path, out: Path) -> None:

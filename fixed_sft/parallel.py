@@ -677,7 +677,7 @@ def tally(stream: Stream, rows: Rows, check_every: int) -> Packed:
         packed.tail_tokens = int(cuts.starts[-1] - cuts.rows * cuts.row_tokens)
     packed.conversations_encoded = fed
     packed.tokens_encoded = int(rows.sizes[:fed].sum())
-    indices = np.concatenate(stream.indices)
+    indices = np.concatenate([np.zeros(0, np.int64), *stream.indices])  # (none from an empty source)
     packed.template_checked = int(np.count_nonzero(sampled(indices[rows.units[:fed]], check_every)))
     every_kept = np.zeros(cuts.rows, bool)
     every_kept[:considered] = kept

@@ -307,7 +307,8 @@ class RowFile:
         self._parquet = pq.ParquetFile(source, buffer_size=1 << 20, pre_buffer=False, read_dictionary=list(STRINGS))
         self.metadata = self._parquet.metadata
         foreign = [key for key in self.metadata.metadata or {} if key != ARROW_SCHEMA]
-        if foreign:  # (``datasets`` takes its features from a ``huggingface`` key, say)
+        foreign += list(self.arrow_schema.metadata or {})  # (those stored inside ``ARROW:schema``)
+        if foreign:  # (``datasets`` takes its features from a ``huggingface`` key, pandas its index from ``pandas``)
             shown = foreign[0].decode(errors="replace")
             raise SchemaDiffers(
                 f"its key-value metadata holds {shown!r}, which a build does not write, but loaders read"

@@ -95,7 +95,11 @@ def verify(folder: str | Path) -> list[str]:
     except OSError as error:
         problems.append(f"{folder}: a card file is unreadable ({described(error)})")
     if (found := foreign_data(folder)) is not None:
-        problems.append(f"{found}: a data file the build did not write, which loaders of the folder read as rows")
+        shown = non_unicode(found) or str(found)
+        if found.name == LOADER_CONFIG:
+            problems.append(f"{shown}: it tells loaders which files to read, and the build did not write it")
+        else:
+            problems.append(f"{shown}: a data file the build did not write, which loaders of the folder read as rows")
     parquet = folder / PARQUET_NAME
     if not parquet.is_file():
         return problems + [f"{parquet}: {'not a file' if parquet.exists() else 'missing'}"]
@@ -428,36 +432,45 @@ def _check_card(folder: Path, manifest: Manifest) -> list[str]:
     return problems
 
 
-# What loaders take for rows in a folder (``datasets`` by extension; pyarrow and polars read
-# a folder's Parquet files): a build's folder holds none but its own. Compressed too.
-DATA_SUFFIXES = {".parquet", ".geoparquet", ".gpq", ".arrow", ".feather", ".jsonl", ".ndjson", ".json", ".csv", ".tsv"}
+# What loaders take for rows in a folder: ``datasets`` by extension (its builders of rows,
+# not its image, audio, video, mesh or PDF folders), compressed too; pyarrow and polars read
+# a folder's Parquet files. A build's folder holds none but its own. ``datasets`` also takes
+# which files to load from ``.huggingface.yaml``, over the card's header.
+DATA_SUFFIXES = {
+    *(".parquet", ".geoparquet", ".gpq", ".arrow", ".feather", ".jsonl", ".ndjson", ".json", ".csv", ".tsv"),
+    *(".txt", ".tar", ".xml", ".h5", ".hdf5", ".lance", ".vortex", ".tsfile", ".eval", ".conll", ".conllu"),
+}
 COMPRESSED = {".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip"}
+LOADER_CONFIG = ".huggingface.yaml"
 
 
 def foreign_data(folder: Path) -> Path | None:
-    """A file in ``folder`` or a folder under it, hidden ones aside (``.cache``, as loaders
-    skip them), that loaders would read as rows and the build did not write; ``None``
-    where there is none.
+    """A file in ``folder`` or a folder under it that loaders would read as rows (or as
+    which files to load) and the build did not write; ``None`` where there is none. As
+    ``datasets``, it passes over names that start with ``.`` (``.cache``, ``.gitattributes``)
+    and folders that start with ``__``.
 
     >>> import tempfile
     >>> folder = Path(tempfile.mkdtemp())
-    >>> for name in ("train.parquet", "manifest.json", "notes.md", ".cache/x.json"):
+    >>> for name in ("train.parquet", "manifest.json", "notes.md", ".cache/x.json", "__x__/y.csv"):
     ...     (folder / name).parent.mkdir(exist_ok=True)
     ...     (folder / name).touch()
     >>> foreign_data(folder) is None
     True
-    >>> (folder / "extra.jsonl.gz").touch()
+    >>> (folder / "_extra.jsonl.gz").touch()
     >>> foreign_data(folder).name
-    'extra.jsonl.gz'
+    '_extra.jsonl.gz'
     """
+    if os.path.lexists(folder / LOADER_CONFIG):
+        return folder / LOADER_CONFIG
     for root, folders, files in os.walk(folder):  # (links to folders not followed)
-        folders[:] = sorted(name for name in folders if not name.startswith((".", "_")))
+        folders[:] = sorted(name for name in folders if not name.startswith((".", "__")))
         for name in sorted(files):
             suffixes = [suffix.lower() for suffix in Path(name).suffixes[-2:]]
-            if suffixes and suffixes[-1] in COMPRESSED:
+            if len(suffixes) == 2 and suffixes[-1] in COMPRESSED:
                 suffixes.pop()
             own = Path(root) == folder and name in (PARQUET_NAME, MANIFEST_NAME)
-            if suffixes and suffixes[-1] in DATA_SUFFIXES and not own and not name.startswith((".", "_")):
+            if suffixes and suffixes[-1] in DATA_SUFFIXES | COMPRESSED and not own and not name.startswith("."):
                 return Path(root) / name
     return None
 

@@ -347,10 +347,16 @@ def test_an_agentic_build_records_its_template_variables_and_rebuilds(kimi_dir, 
     assert read[0]["rows_sha256"] == read[1]["rows_sha256"] and read[0]["stats"]["invalid_rows_skipped"] == 0
 
 
-@pytest.mark.parametrize("value", ["[1]", "true", "{x", '"thinking"'])
+@pytest.mark.parametrize("value", ["[1]", "true", "{x", '"thinking"', "[1"])
 def test_template_variables_that_are_not_a_json_object_are_a_usage_error(value, capsys):
     from fixed_sft.cli import main
 
+    if value.startswith(("{", "[")) and value[-1] not in "}]":  # (not JSON: the parser's error)
+        with pytest.raises(SystemExit, match="2"):
+            main(["build", "--source", "none.jsonl", "--template-kwargs", value])
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "argument --template-kwargs: not JSON (" in err
+        return
     assert main(["build", "--source", "none.jsonl", "--template-kwargs", value]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--template-kwargs must be a JSON object" in err

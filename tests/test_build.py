@@ -1101,6 +1101,33 @@ def test_an_output_inside_a_build_or_a_source_folder_is_refused(corpus, kimi_dir
     assert not (corpus[0] / "parquet" / "out").exists()
 
 
+def test_an_output_that_holds_the_token_store_is_refused_before_building(corpus, kimi_dir, tmp_path, monkeypatch):
+    """A store inside the output would be written into it, which then is no build; a
+    previous build there is left as it was."""
+    source = corpus[0] / "rows.jsonl"
+    build(config(source, kimi_dir, rows=1, no_cache=True), tmp_path / "o")
+    before = sorted(p.name for p in (tmp_path / "o").iterdir())
+    for cache in (tmp_path / "o" / "cache", tmp_path / "o"):
+        with pytest.raises(UsageError, match=f"the token store {cache} is inside the output {tmp_path / 'o'}; choose"):
+            build(config(source, kimi_dir, rows=1, cache_dir=str(cache)), tmp_path / "o")
+        assert sorted(p.name for p in (tmp_path / "o").iterdir()) == before
+    monkeypatch.setenv("FIXED_SFT_CACHE", str(tmp_path / "o" / "store"))
+    with pytest.raises(UsageError, match="is inside the output"):
+        build(config(source, kimi_dir, rows=1), tmp_path / "o")
+    build(config(source, kimi_dir, rows=1, no_cache=True), tmp_path / "o")  # (no store: nothing written there)
+
+
+def test_an_output_that_is_a_mount_point_is_refused_before_building(corpus, kimi_dir, monkeypatch):
+    """No rename replaces a mount point: a build into one would fail only at its end."""
+    from fixed_sft import folder
+
+    mount = Path("/proc")  # (a mount point wherever there is /proc; the check comes first)
+    if not os.path.ismount(mount):
+        mount = Path("/")
+    with pytest.raises(UsageError, match=f"output {mount} is a mount point, which a build cannot replace"):
+        folder.check_target(mount, str(corpus[0] / "rows.jsonl"))
+
+
 def test_an_output_that_is_or_holds_the_current_folder_is_refused(corpus, kimi_dir, tmp_path, monkeypatch, capsys):
     """A build moves its target away as it publishes: never the folder the user stands in
     (``--out .``, or ``--out ''``, which reads as ``.``), nor one that holds it, even where
@@ -1135,6 +1162,22 @@ def test_a_source_that_fills_no_row_is_an_error(kimi_dir, tmp_path):
     with pytest.raises(BuildError, match=says):
         build(config(tmp_path / "bad.jsonl", kimi_dir, rows=None, row_tokens=4, skip_invalid=True), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_an_empty_source_is_an_error_with_the_store_and_workers(kimi_dir, tmp_path, token_store, workers, kind):
+    """With 4 workers the build packs in them: an empty source fills no row there too."""
+    path = tmp_path / f"empty.{kind}"
+    if kind == "jsonl":
+        path.write_text("")
+    else:
+        messages = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+        pq.write_table(pa.table({"id": pa.array([], pa.string()), "messages": pa.array([], messages)}), path)
+    for rows, says in ((1, "--rows is 1"), (None, "a build needs at least one")):
+        with pytest.raises(BuildError, match=f"fills only 0 rows of 16 tokens with supervised tokens; {says}"):
+            build(config(path, kimi_dir, rows=rows, row_tokens=16, workers=workers), tmp_path / "out")
+        assert not (tmp_path / "out").exists()
 
 
 def test_an_output_that_is_a_link_is_rebuilt_where_it_points(corpus, kimi_dir, tmp_path):

@@ -409,10 +409,20 @@ def _recard(out: Path, edit) -> None:
 @pytest.mark.parametrize(
     "edit, says",
     [
-        (lambda text: text.replace("path: train.parquet", "path: extra.parquet"), "header's configs is "),
+        (lambda text: text.replace("path: train.parquet", "path: extra.parquet"), "header's configs do not name"),
         (lambda text: text.replace("\nlicense: ", "\ndataset_info:\n  features: []\nlicense: ", 1), "'dataset_info'"),
-        (lambda text: text.replace("\nlicense: unknown\n", "\nlicense: mit\n", 1), "header's license is 'mit'"),
+        (lambda text: text.replace("\nlicense: unknown\n", "\nlicense: mit\n", 1), "header's license is not 'unknown'"),
         (lambda text: text.replace("---\n", "---\n[", 1), "its YAML header does not read"),
+        (lambda text: text.replace("---\n", "", 1), "it has no YAML header within its first 65536 characters"),
+        (lambda text: text.replace("\n---\n", "\n" + " " * 70000 + "\n---\n", 1), "no YAML header within"),
+        (  # (YAML's aliases: a value that would print as gigabytes is not shown)
+            lambda text: text.replace(
+                "\nlicense: unknown\n",
+                "\nlicense: &a0 [x, x]\n" + "".join(f"x{k}: &a{k} [*a{k - 1}, *a{k - 1}]\n" for k in range(1, 40)),
+                1,
+            ),
+            "which the card does not write",
+        ),
     ],
 )
 def test_a_card_whose_header_loaders_act_on_is_forged_is_named(built, tmp_path, edit, says):
@@ -427,17 +437,51 @@ def test_a_card_whose_header_loaders_act_on_is_forged_is_named(built, tmp_path, 
     assert len(problems) == 1 and problems[0].startswith(f"{out / 'README.md'}: ") and says in problems[0], problems
 
 
-@pytest.mark.parametrize("name", ["extra.parquet", "data/train-00001.parquet", "more.jsonl.gz", "config.json"])
+@pytest.mark.parametrize(
+    "name",
+    ["extra.parquet", "data/train-00001.parquet", "more.jsonl.gz", "config.json", "_x.parquet", "a.txt", "b.zip"],
+)
 def test_a_data_file_the_build_did_not_write_is_named(built, tmp_path, name):
     """Loaders read a folder's data files as rows (datasets by extension, pyarrow and polars
-    its Parquet files): a build's folder holds none but its own. Hidden folders aside."""
+    its Parquet files): a build's folder holds none but its own. As datasets, it passes
+    over names that start with a dot, and folders that start with two underscores."""
     out = tmp_path / "copy"
     shutil.copytree(built[0], out)
     (out / ".cache" / "huggingface").mkdir(parents=True)
     (out / ".cache" / "huggingface" / "x.json").write_text("{}")
+    (out / "__pycache__").mkdir()
+    (out / "__pycache__" / "x.json").write_text("{}")
+    (out / ".gitattributes").write_text("*.parquet filter=lfs")
     (out / "notes.md").write_text("mine")
     assert verify(out) == []
     (out / name).parent.mkdir(exist_ok=True)
     shutil.copy(out / "train.parquet", out / name)
     said = f"{out / name}: a data file the build did not write, which loaders of the folder read as rows"
     assert verify(out) == [said]
+
+
+def test_a_loader_config_beside_the_card_is_named(built, tmp_path, capsys):
+    """datasets takes which files to load from ``.huggingface.yaml``, over the card's header."""
+    out = tmp_path / "copy"
+    shutil.copytree(built[0], out)
+    (out / ".huggingface.yaml").write_text("configs:\n- config_name: default\n  data_files: .x/evil.parquet\n")
+    said = f"{out / '.huggingface.yaml'}: it tells loaders which files to read, and the build did not write it"
+    assert verify(out) == [said]
+
+
+def test_a_files_name_is_shown_in_one_line(built, tmp_path, capsys):
+    """A name may hold a line break, an escape sequence or bytes that are not UTF-8: the
+    MISMATCH line shows each escaped, and stays one line."""
+    out = tmp_path / "copy"
+    shutil.copytree(built[0], out)
+    shutil.copy(out / "train.parquet", out / "x\nok: it matches\x1b[2J.parquet")
+    os.makedirs(os.fsencode(out / "sub"))
+    (Path(os.fsdecode(os.fsencode(out / "sub") + b"/\xff.jsonl"))).write_text("{}")
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("MISMATCH ") and "\\n" in lines[0] and "\\x1b" in lines[0]
+    os.unlink(out / "x\nok: it matches\x1b[2J.parquet")
+    assert main(["verify", str(out)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and "sub/\\xff.jsonl: a data file the build did not write" in lines[0], lines

@@ -132,15 +132,53 @@ def test_a_source_where_a_build_name_goes_says_to_give_it_with_source(capsys, tm
     assert exit_.value.code == 2 and f"a source file or folder is given with --source: --source {given}" in err
 
 
-def test_a_mistyped_flag_is_named_with_the_commands_usage_and_closest_flag(capsys):
+def test_a_mistyped_flag_is_named_in_one_line_with_the_closest_flag(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["build", "--rows-tokens", "64"])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "usage: generate_fixed_sft.py build" in err
-    assert "unrecognized arguments: --rows-tokens (did you mean --row-tokens?)" in err
+    assert exit_.value.code == 2 and err.count("\n") == 1
+    assert (
+        err
+        == "generate_fixed_sft.py build: error: unrecognized arguments: --rows-tokens (did you mean --row-tokens?)\n"
+    )
     with pytest.raises(SystemExit):
         main(["verify", "out", "--sampel", "3"])
-    assert "usage: generate_fixed_sft.py verify" in (err := capsys.readouterr().err) and "--sample?" in err
+    err = capsys.readouterr().err
+    assert err.startswith("generate_fixed_sft.py verify: error: ") and "--sample?" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["build", "--rows", "abc"], "argument --rows: expected a number or 'all', got 'abc'"),
+        (["build", "--seed", "0x10"], "argument --seed: invalid int value: '0x10'"),
+        (["build", "--template-kwargs", '{"thinking": 1e999}'], "not JSON (1e999 is out of the range of a float)"),
+        (["verify"], "the following arguments are required: folder"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_a_one_line_usage_error(capsys, argv, says):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and says in err, err
+
+
+def test_a_fork_server_that_ends_before_a_worker_starts_is_a_worker_that_ended(
+    source, kimi_dir, tmp_path, capsys, monkeypatch
+):
+    """multiprocessing reads a new worker's pid from the fork server: one killed before
+    (by the system, out of memory) ends that read, which the build reports as it does a
+    worker that ended, in one line, nothing written."""
+    from multiprocessing import forkserver
+
+    def ended(*args):
+        raise EOFError("unexpected EOF")
+
+    monkeypatch.setattr(forkserver, "read_signed", ended)
+    assert main(_build_args(source, kimi_dir, tmp_path / "o", "--workers", "2", "--no-cache")) == 1
+    err = capsys.readouterr().err
+    assert err == "error: a worker process ended abruptly (killed by a signal, or by the system when out of memory)\n"
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

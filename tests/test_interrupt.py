@@ -302,6 +302,22 @@ def test_recover_keeps_a_published_build_and_deletes_the_old_one(tmp_path):
     assert leftovers(out, "old") == []
 
 
+def test_recover_puts_back_the_build_moved_aside_last(tmp_path):
+    """A previous build whose removal failed (a read-only folder) stays moved aside; a later
+    build killed between its two renames leaves its own previous build beside it. The one
+    moved aside last is put back, whatever the names' order."""
+    from fixed_sft.folder import _recover
+
+    _fake_build(tmp_path / "stuck", "older")
+    _fake_build(tmp_path / "out", "newer")
+    (tmp_path / "stuck").rename(tmp_path / ".out.old-100")  # (first by name)
+    time.sleep(0.01)
+    (tmp_path / "out").rename(tmp_path / ".out.old-900")  # (moved aside after the stuck one)
+    _recover(tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["name"] == "newer"
+    assert leftovers(tmp_path / "out", "old") == []
+
+
 def test_recover_never_publishes_a_killed_builds_temporary_folder(tmp_path):
     """Only a previous build moved aside is put back; a complete temporary folder is deleted."""
     from fixed_sft.folder import _recover

@@ -273,6 +273,30 @@ def test_parquet_key_value_metadata_is_refused(three_rows, kimi_dir, tmp_path, c
     assert said in capsys.readouterr().out
 
 
+def test_metadata_kept_inside_the_stored_arrow_schema_is_refused(three_rows, kimi_dir, tmp_path, capsys):
+    """pyarrow reads the schema metadata that ``ARROW:schema`` itself holds as it reads a key
+    of the file's own (pandas takes its index from ``pandas``): a file that keeps it there
+    alone is refused as well."""
+    from fixed_sft import thrift
+
+    _copy(three_rows, tmp_path / "o")
+    parquet = tmp_path / "o" / "train.parquet"
+    pq.write_table(pq.read_table(parquet).replace_schema_metadata({"pandas": "{}"}), parquet)
+    data = parquet.read_bytes()
+    length = int.from_bytes(data[-8:-4], "little")
+    fields = thrift.Reader(data[-8 - length : -8]).value(thrift.STRUCT)
+    for n, (field, kind, value) in enumerate(fields):
+        if field == 5:  # (FileMetaData.key_value_metadata: ARROW:schema alone is left)
+            fields[n] = (field, kind, (value[0], [kv for kv in value[1] if thrift.get(kv, 1) == b"ARROW:schema"]))
+    footer = thrift.write_struct(fields)
+    parquet.write_bytes(data[: -8 - length] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+    assert list(pq.ParquetFile(parquet).metadata.metadata) == [b"ARROW:schema"]
+    _edit(tmp_path / "o", lambda m: m["parquet"].update(bytes=parquet.stat().st_size, sha256=sha256_file(parquet)))
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "o")]) == 1
+    assert "its key-value metadata holds 'pandas', which a build does not write" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("field", ["metadata", "segments"])
 def test_field_metadata_in_the_arrow_schema_is_provenance(three_rows, source, kimi_dir, tmp_path, capsys, field):
     """A field of the Arrow schema the file stores (``ARROW:schema``) may carry key-value
