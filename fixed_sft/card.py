@@ -168,7 +168,8 @@ def header_problem(path: Path, manifest: Manifest) -> str | None:
 
     with path.open(encoding="utf-8", errors="replace") as f:
         text = f.read(HEADER_CHARS)
-    if not REGEX_YAML_BLOCK.search(text):
+    block = REGEX_YAML_BLOCK.search(text)
+    if block is None or (not block.group(4) and len(text) == HEADER_CHARS):  # (cut at the limit, it may go on)
         return f"it has no YAML header within its first {HEADER_CHARS} characters"
     try:
         found = RepoCard(text).data.to_dict()

@@ -64,7 +64,7 @@ def _finite(text: str) -> float:
     (``1e999``: it would be written back as ``Infinity``, which is not JSON)."""
     value = float(text)
     if not math.isfinite(value):
-        raise ValueError(f"{text} is out of the range of a float")
+        raise ValueError(f"{text if len(text) <= 24 else text[:20] + '...'} is out of the range of a float")
     return value
 
 
@@ -84,6 +84,10 @@ def loads(text: str) -> object:
     Traceback (most recent call last):
     ...
     ValueError: 1e999 is out of the range of a float
+    >>> loads("[1" + "0" * 5000 + "e999]")  # (its text cut: an error is one short line)
+    Traceback (most recent call last):
+    ...
+    ValueError: 10000000000000000000... is out of the range of a float
     """
     return STANDARD_JSON.decode(text)
 

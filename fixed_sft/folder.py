@@ -120,7 +120,7 @@ def check_target(out: Path, source: str, cache: Path | None = None) -> None:
     be the current folder or hold it (which a build would move away from under its
     shell), nor a mount point (which no rename replaces), nor hold the token store
     ``cache`` (which would write into it); ``out`` is a resolved path."""
-    if os.path.ismount(out):
+    if _is_mount(out):
         raise UsageError(f"output {out} is a mount point, which a build cannot replace; choose a folder inside it")
     if cache is not None and Path(os.path.realpath(cache)).is_relative_to(out):
         raise UsageError(f"the token store {cache} is inside the output {out}; choose another --cache-dir or --out")
@@ -135,6 +135,23 @@ def check_target(out: Path, source: str, cache: Path | None = None) -> None:
         raise UsageError(f"output {out} is inside the build {inside}; choose another --out")
     if Path(source).is_dir() and out.is_relative_to(Path(source).resolve()):
         raise UsageError(f"output {out} is inside the source folder {source}; choose another --out")
+
+
+MOUNTINFO = Path("/proc/self/mountinfo")  # this process's mounts, each point's path octal-escaped
+
+
+def _is_mount(path: Path) -> bool:
+    """Whether ``path`` (resolved) is a mount point: another device's root, or any mount
+    this process's ``MOUNTINFO`` lists there (a bind mount of the same device)."""
+    if os.path.ismount(path):
+        return True
+    try:
+        with open(MOUNTINFO, "rb") as listed:
+            points = [line.split(b" ")[4] for line in listed if line.count(b" ") >= 4]
+    except OSError:
+        return False
+    unescaped = (re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), point) for point in points)
+    return os.fsencode(path) in set(unescaped)
 
 
 def _current_folder() -> Path | None:

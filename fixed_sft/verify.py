@@ -94,7 +94,7 @@ def verify(folder: str | Path) -> list[str]:
         problems += _check_card(folder, manifest)
     except OSError as error:
         problems.append(f"{folder}: a card file is unreadable ({described(error)})")
-    if (found := foreign_data(folder)) is not None:
+    if (found := foreign_data(folder, pinned=manifest.card is not None)) is not None:
         shown = non_unicode(found) or str(found)
         if found.name == LOADER_CONFIG:
             problems.append(f"{shown}: it tells loaders which files to read, and the build did not write it")
@@ -432,37 +432,46 @@ def _check_card(folder: Path, manifest: Manifest) -> list[str]:
     return problems
 
 
-# What loaders take for rows in a folder: ``datasets`` by extension (its builders of rows,
-# not its image, audio, video, mesh or PDF folders), compressed too; pyarrow and polars read
-# a folder's Parquet files. A build's folder holds none but its own. ``datasets`` also takes
-# which files to load from ``.huggingface.yaml``, over the card's header.
+# What loaders take for rows in a folder. pyarrow and polars read a folder's Parquet files.
+# ``datasets`` reads the files its card's ``configs`` names, else those of the formats it
+# reads rows from (by extension; not its image, audio, video or PDF folders), compressed too;
+# and it takes which files to load from ``.huggingface.yaml`` over the card. A build's folder
+# holds none but its own.
+PARQUET_SUFFIXES = {".parquet", ".geoparquet", ".gpq"}
 DATA_SUFFIXES = {
-    *(".parquet", ".geoparquet", ".gpq", ".arrow", ".feather", ".jsonl", ".ndjson", ".json", ".csv", ".tsv"),
-    *(".txt", ".tar", ".xml", ".h5", ".hdf5", ".lance", ".vortex", ".tsfile", ".eval", ".conll", ".conllu"),
+    *PARQUET_SUFFIXES,
+    *(".arrow", ".feather", ".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".txt", ".tar", ".xml", ".h5", ".hdf5"),
+    *(".lance", ".vortex", ".tsfile", ".eval", ".conll", ".conllu", ".fa", ".fasta", ".fna", ".faa", ".ffn"),
+    *(".frn", ".afa", ".fq", ".fastq", ".gb", ".gbk", ".genbank", ".pdb", ".ent", ".cif", ".mmcif"),
 }
 COMPRESSED = {".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip"}
 LOADER_CONFIG = ".huggingface.yaml"
 
 
-def foreign_data(folder: Path) -> Path | None:
+def foreign_data(folder: Path, pinned: bool = True) -> Path | None:
     """A file in ``folder`` or a folder under it that loaders would read as rows (or as
-    which files to load) and the build did not write; ``None`` where there is none. As
-    ``datasets``, it passes over names that start with ``.`` (``.cache``, ``.gitattributes``)
-    and folders that start with ``__``.
+    which files to load) and the build did not write; ``None`` where there is none.
+    ``pinned``: the folder's card names its data (``configs``), so only Parquet files are
+    read beside it; else any file of ``DATA_SUFFIXES``. As ``datasets``, it passes over
+    names that start with ``.`` (``.cache``, ``.gitattributes``) and folders that start
+    with ``__``.
 
     >>> import tempfile
     >>> folder = Path(tempfile.mkdtemp())
-    >>> for name in ("train.parquet", "manifest.json", "notes.md", ".cache/x.json", "__x__/y.csv"):
+    >>> for name in ("train.parquet", "manifest.json", "notes.txt", ".cache/x.parquet", "__x__/y.csv"):
     ...     (folder / name).parent.mkdir(exist_ok=True)
     ...     (folder / name).touch()
     >>> foreign_data(folder) is None
     True
-    >>> (folder / "_extra.jsonl.gz").touch()
+    >>> foreign_data(folder, pinned=False).name
+    'notes.txt'
+    >>> (folder / "_extra.parquet").touch()
     >>> foreign_data(folder).name
-    '_extra.jsonl.gz'
+    '_extra.parquet'
     """
     if os.path.lexists(folder / LOADER_CONFIG):
         return folder / LOADER_CONFIG
+    read = PARQUET_SUFFIXES if pinned else DATA_SUFFIXES | COMPRESSED
     for root, folders, files in os.walk(folder):  # (links to folders not followed)
         folders[:] = sorted(name for name in folders if not name.startswith((".", "__")))
         for name in sorted(files):
@@ -470,7 +479,7 @@ def foreign_data(folder: Path) -> Path | None:
             if len(suffixes) == 2 and suffixes[-1] in COMPRESSED:
                 suffixes.pop()
             own = Path(root) == folder and name in (PARQUET_NAME, MANIFEST_NAME)
-            if suffixes and suffixes[-1] in DATA_SUFFIXES | COMPRESSED and not own and not name.startswith("."):
+            if suffixes and suffixes[-1] in read and not own and not name.startswith("."):
                 return Path(root) / name
     return None
 

@@ -1117,7 +1117,7 @@ def test_an_output_that_holds_the_token_store_is_refused_before_building(corpus,
     build(config(source, kimi_dir, rows=1, no_cache=True), tmp_path / "o")  # (no store: nothing written there)
 
 
-def test_an_output_that_is_a_mount_point_is_refused_before_building(corpus, kimi_dir, monkeypatch):
+def test_an_output_that_is_a_mount_point_is_refused_before_building(corpus, kimi_dir, tmp_path, monkeypatch):
     """No rename replaces a mount point: a build into one would fail only at its end."""
     from fixed_sft import folder
 
@@ -1126,6 +1126,14 @@ def test_an_output_that_is_a_mount_point_is_refused_before_building(corpus, kimi
         mount = Path("/")
     with pytest.raises(UsageError, match=f"output {mount} is a mount point, which a build cannot replace"):
         folder.check_target(mount, str(corpus[0] / "rows.jsonl"))
+    bound = tmp_path / "a volume"  # (a bind mount of the same device: listed in mountinfo alone)
+    bound.mkdir()
+    listed = tmp_path / "mountinfo"
+    listed.write_text(f"36 35 98:0 /src {str(bound).replace(' ', chr(92) + '040')} rw,noatime - ext4 /dev/x rw\n")
+    monkeypatch.setattr(folder, "MOUNTINFO", listed)
+    with pytest.raises(UsageError, match="is a mount point"):
+        folder.check_target(bound, str(corpus[0] / "rows.jsonl"))
+    folder.check_target(tmp_path / "elsewhere", str(corpus[0] / "rows.jsonl"))
 
 
 def test_an_output_that_is_or_holds_the_current_folder_is_refused(corpus, kimi_dir, tmp_path, monkeypatch, capsys):

@@ -395,6 +395,18 @@ def test_the_cards_row_hash_rule_gives_rows_sha256(source, kimi_dir, tmp_path, b
     assert hashlib.sha256(b"".join(digests)).hexdigest() == manifest["rows_sha256"]
 
 
+def _header_going_on_past_the_limit(text: str) -> str:
+    """A header padded so that a ``---`` ends the first ``HEADER_CHARS`` characters, where
+    the line goes on (so loaders read on, to a later ``---``, and other values)."""
+    from fixed_sft.card import HEADER_CHARS
+
+    close = text.index("\n---\n", 4)
+    pad = HEADER_CHARS - close - len("\n# ") - len("\n---")
+    forged = text[:close] + "\n# " + "p" * pad + "\n---" + "x: 1\nlicense: mit\n---\n" + text[close + 5 :]
+    assert forged[:HEADER_CHARS].endswith("\n---") and forged[HEADER_CHARS:].startswith("x: 1\n")
+    return forged
+
+
 def _recard(out: Path, edit) -> None:
     """Edit README.md's text with ``edit`` and record its new size and sha256, as a forger
     would: only the check of what loaders read of the card can tell."""
@@ -415,6 +427,7 @@ def _recard(out: Path, edit) -> None:
         (lambda text: text.replace("---\n", "---\n[", 1), "its YAML header does not read"),
         (lambda text: text.replace("---\n", "", 1), "it has no YAML header within its first 65536 characters"),
         (lambda text: text.replace("\n---\n", "\n" + " " * 70000 + "\n---\n", 1), "no YAML header within"),
+        (lambda text: _header_going_on_past_the_limit(text), "no YAML header within"),
         (  # (YAML's aliases: a value that would print as gigabytes is not shown)
             lambda text: text.replace(
                 "\nlicense: unknown\n",
@@ -438,15 +451,28 @@ def test_a_card_whose_header_loaders_act_on_is_forged_is_named(built, tmp_path, 
 
 
 @pytest.mark.parametrize(
-    "name",
-    ["extra.parquet", "data/train-00001.parquet", "more.jsonl.gz", "config.json", "_x.parquet", "a.txt", "b.zip"],
+    "name, card",
+    [
+        ("extra.parquet", True),
+        ("data/train-00001.parquet", True),
+        ("_x.parquet", True),
+        ("more.jsonl.gz", False),
+        ("config.json", False),
+        ("a.txt", False),
+        ("b.zip", False),
+    ],
 )
-def test_a_data_file_the_build_did_not_write_is_named(built, tmp_path, name):
-    """Loaders read a folder's data files as rows (datasets by extension, pyarrow and polars
-    its Parquet files): a build's folder holds none but its own. As datasets, it passes
-    over names that start with a dot, and folders that start with two underscores."""
+def test_a_data_file_the_build_did_not_write_is_named(source, kimi_dir, built, tmp_path, name, card):
+    """Loaders read a folder's data files as rows: pyarrow and polars its Parquet files;
+    datasets those its card names, and without a card those of its formats. A build's
+    folder holds none but its own. As datasets, it passes over names that start with a
+    dot, and folders that start with two underscores."""
     out = tmp_path / "copy"
-    shutil.copytree(built[0], out)
+    if card:
+        shutil.copytree(built[0], out)
+        (out / "notes.txt").write_text("mine: the card names the data")
+    else:
+        build(config(source[0], kimi_dir, no_card=True), out)
     (out / ".cache" / "huggingface").mkdir(parents=True)
     (out / ".cache" / "huggingface" / "x.json").write_text("{}")
     (out / "__pycache__").mkdir()
@@ -476,7 +502,7 @@ def test_a_files_name_is_shown_in_one_line(built, tmp_path, capsys):
     shutil.copytree(built[0], out)
     shutil.copy(out / "train.parquet", out / "x\nok: it matches\x1b[2J.parquet")
     os.makedirs(os.fsencode(out / "sub"))
-    (Path(os.fsdecode(os.fsencode(out / "sub") + b"/\xff.jsonl"))).write_text("{}")
+    (Path(os.fsdecode(os.fsencode(out / "sub") + b"/\xff.parquet"))).write_text("{}")
     capsys.readouterr()
     assert main(["verify", str(out)]) == 1
     lines = capsys.readouterr().out.splitlines()
@@ -484,4 +510,4 @@ def test_a_files_name_is_shown_in_one_line(built, tmp_path, capsys):
     os.unlink(out / "x\nok: it matches\x1b[2J.parquet")
     assert main(["verify", str(out)]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 1 and "sub/\\xff.jsonl: a data file the build did not write" in lines[0], lines
+    assert len(lines) == 1 and "sub/\\xff.parquet: a data file the build did not write" in lines[0], lines
