@@ -153,7 +153,7 @@ def header_values(manifest: Manifest, license: str, upstream: str | None) -> Dat
     )
 
 
-HEADER_CHARS = 1 << 16  # a card's YAML header ends within this many characters (a build's: under 1,000)
+HEADER_BYTES = 1 << 16  # a card's YAML header ends within this many bytes (a build's: under 1,000)
 
 
 def header_problem(path: Path, manifest: Manifest) -> str | None:
@@ -161,16 +161,23 @@ def header_problem(path: Path, manifest: Manifest) -> str | None:
     loaders act on it: a key the card does not write (``dataset_info``'s features, say),
     ``configs`` naming other data than the build's Parquet file, or a license other than
     ``card.license``. ``None`` where it is; its other values are the card's text. The
-    header is read from the file's first ``HEADER_CHARS`` characters, and no value of it
-    is shown (YAML's aliases may make one of any size)."""
+    header is found in the file's first ``HEADER_BYTES`` bytes as ``RepoCard.load`` (which
+    ``datasets`` uses) finds it, line ends as written; a BOM, which a build does not write,
+    is no header. No value of it is shown (YAML's aliases may make one of any size)."""
+    import codecs
+
     from huggingface_hub import RepoCard
     from huggingface_hub.repocard import REGEX_YAML_BLOCK
 
-    with path.open(encoding="utf-8", errors="replace") as f:
-        text = f.read(HEADER_CHARS)
+    with path.open("rb") as f:
+        head = f.read(HEADER_BYTES)
+    try:
+        text = codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < HEADER_BYTES)
+    except UnicodeDecodeError:
+        return "it is not UTF-8, as a card is"
     block = REGEX_YAML_BLOCK.search(text)
-    if block is None or (not block.group(4) and len(text) == HEADER_CHARS):  # (cut at the limit, it may go on)
-        return f"it has no YAML header within its first {HEADER_CHARS} characters"
+    if block is None or (not block.group(4) and len(head) == HEADER_BYTES):  # (cut at the limit, it may go on)
+        return f"it has no YAML header within its first {HEADER_BYTES} bytes"
     try:
         found = RepoCard(text).data.to_dict()
     except Exception as error:  # (YAML's errors, of several classes)

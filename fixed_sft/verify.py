@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +97,8 @@ def verify(folder: str | Path) -> list[str]:
         problems.append(f"{folder}: a card file is unreadable ({described(error)})")
     if (found := foreign_data(folder, pinned=manifest.card is not None)) is not None:
         shown = non_unicode(found) or str(found)
-        if found.name == LOADER_CONFIG:
-            problems.append(f"{shown}: it tells loaders which files to read, and the build did not write it")
+        if found.parent == folder and found.name in LOADER_FILES:
+            problems.append(f"{shown}: it tells loaders what to read, and the build did not write it")
         else:
             problems.append(f"{shown}: a data file the build did not write, which loaders of the folder read as rows")
     parquet = folder / PARQUET_NAME
@@ -432,29 +433,30 @@ def _check_card(folder: Path, manifest: Manifest) -> list[str]:
     return problems
 
 
-# What loaders take for rows in a folder. pyarrow and polars read a folder's Parquet files.
-# ``datasets`` reads the files its card's ``configs`` names, else those of the formats it
-# reads rows from (by extension; not its image, audio, video or PDF folders), compressed too;
-# and it takes which files to load from ``.huggingface.yaml`` over the card. A build's folder
-# holds none but its own.
+# What loaders take for rows in a folder. pyarrow and polars read a folder's Parquet files
+# (pyarrow, skipping files it cannot read, any Parquet file). ``datasets`` reads the files its
+# card's ``configs`` names, else those with a dot-part of a format it reads rows from (not its
+# image, audio, video or PDF folders), compressed too; it takes which files to load, or their
+# features, from ``LOADER_FILES`` whatever the card says. A build's folder holds none but its own.
 PARQUET_SUFFIXES = {".parquet", ".geoparquet", ".gpq"}
 DATA_SUFFIXES = {
     *PARQUET_SUFFIXES,
     *(".arrow", ".feather", ".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".txt", ".tar", ".xml", ".h5", ".hdf5"),
     *(".lance", ".vortex", ".tsfile", ".eval", ".conll", ".conllu", ".fa", ".fasta", ".fna", ".faa", ".ffn"),
-    *(".frn", ".afa", ".fq", ".fastq", ".gb", ".gbk", ".genbank", ".pdb", ".ent", ".cif", ".mmcif"),
+    *(".frn", ".afa", ".fq", ".fastq", ".gb", ".gbk", ".genbank", ".pdb", ".ent", ".cif", ".mmcif", ".md", ".toml"),
+    *(".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip"),
 }
-COMPRESSED = {".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip"}
-LOADER_CONFIG = ".huggingface.yaml"
+LOADER_FILES = (".huggingface.yaml", "dataset_infos.json")
 
 
 def foreign_data(folder: Path, pinned: bool = True) -> Path | None:
     """A file in ``folder`` or a folder under it that loaders would read as rows (or as
-    which files to load) and the build did not write; ``None`` where there is none.
-    ``pinned``: the folder's card names its data (``configs``), so only Parquet files are
-    read beside it; else any file of ``DATA_SUFFIXES``. As ``datasets``, it passes over
-    names that start with ``.`` (``.cache``, ``.gitattributes``) and folders that start
-    with ``__``.
+    which files to load, or their features) and the build did not write; ``None`` where
+    there is none. ``pinned``: the folder's card names its data (``configs``), so only
+    Parquet files are read beside it (by a name with a ``PARQUET_SUFFIXES`` part, or by
+    their bytes); else any file with a ``DATA_SUFFIXES`` part too. As ``datasets``, it
+    passes over names that start with ``.`` (``.cache``, ``.gitattributes``) and folders
+    that start with ``__``; the card's files are ``_check_card``'s.
 
     >>> import tempfile
     >>> folder = Path(tempfile.mkdtemp())
@@ -465,23 +467,33 @@ def foreign_data(folder: Path, pinned: bool = True) -> Path | None:
     True
     >>> foreign_data(folder, pinned=False).name
     'notes.txt'
-    >>> (folder / "_extra.parquet").touch()
+    >>> (folder / "_extra.parquet.bak").touch()
     >>> foreign_data(folder).name
-    '_extra.parquet'
+    '_extra.parquet.bak'
     """
-    if os.path.lexists(folder / LOADER_CONFIG):
-        return folder / LOADER_CONFIG
-    read = PARQUET_SUFFIXES if pinned else DATA_SUFFIXES | COMPRESSED
+    for name in LOADER_FILES:
+        if os.path.lexists(folder / name):
+            return folder / name
+    read = PARQUET_SUFFIXES if pinned else DATA_SUFFIXES
     for root, folders, files in os.walk(folder):  # (links to folders not followed)
         folders[:] = sorted(name for name in folders if not name.startswith((".", "__")))
         for name in sorted(files):
-            suffixes = [suffix.lower() for suffix in Path(name).suffixes[-2:]]
-            if len(suffixes) == 2 and suffixes[-1] in COMPRESSED:
-                suffixes.pop()
-            own = Path(root) == folder and name in (PARQUET_NAME, MANIFEST_NAME)
-            if suffixes and suffixes[-1] in read and not own and not name.startswith("."):
+            if name.startswith(".") or (Path(root) == folder and name in (PARQUET_NAME, MANIFEST_NAME, *CARD_FILES)):
+                continue
+            if read & {suffix.lower() for suffix in Path(name).suffixes} or _parquet_bytes(Path(root) / name):
                 return Path(root) / name
     return None
+
+
+def _parquet_bytes(path: Path) -> bool:
+    """Whether ``path`` is a regular file that starts as Parquet does."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # (a FIFO is not opened)
+            return False
+        with open(path, "rb") as f:
+            return f.read(4) == b"PAR1"
+    except OSError:
+        return False
 
 
 def described(error: BaseException) -> str:

@@ -396,14 +396,14 @@ def test_the_cards_row_hash_rule_gives_rows_sha256(source, kimi_dir, tmp_path, b
 
 
 def _header_going_on_past_the_limit(text: str) -> str:
-    """A header padded so that a ``---`` ends the first ``HEADER_CHARS`` characters, where
+    """A header padded so that a ``---`` ends the first ``HEADER_BYTES`` bytes (ASCII), where
     the line goes on (so loaders read on, to a later ``---``, and other values)."""
-    from fixed_sft.card import HEADER_CHARS
+    from fixed_sft.card import HEADER_BYTES
 
     close = text.index("\n---\n", 4)
-    pad = HEADER_CHARS - close - len("\n# ") - len("\n---")
+    pad = HEADER_BYTES - close - len("\n# ") - len("\n---")
     forged = text[:close] + "\n# " + "p" * pad + "\n---" + "x: 1\nlicense: mit\n---\n" + text[close + 5 :]
-    assert forged[:HEADER_CHARS].endswith("\n---") and forged[HEADER_CHARS:].startswith("x: 1\n")
+    assert forged[:HEADER_BYTES].endswith("\n---") and forged[HEADER_BYTES:].startswith("x: 1\n")
     return forged
 
 
@@ -425,8 +425,10 @@ def _recard(out: Path, edit) -> None:
         (lambda text: text.replace("\nlicense: ", "\ndataset_info:\n  features: []\nlicense: ", 1), "'dataset_info'"),
         (lambda text: text.replace("\nlicense: unknown\n", "\nlicense: mit\n", 1), "header's license is not 'unknown'"),
         (lambda text: text.replace("---\n", "---\n[", 1), "its YAML header does not read"),
-        (lambda text: text.replace("---\n", "", 1), "it has no YAML header within its first 65536 characters"),
+        (lambda text: text.replace("---\n", "", 1), "it has no YAML header within its first 65536 bytes"),
         (lambda text: text.replace("\n---\n", "\n" + " " * 70000 + "\n---\n", 1), "no YAML header within"),
+        (lambda text: text.replace("\n---\n\n", "\n---\r", 1), "no YAML header within"),  # (as loaders read it)
+        (lambda text: "\ufeff" + text, "no YAML header within"),
         (lambda text: _header_going_on_past_the_limit(text), "no YAML header within"),
         (  # (YAML's aliases: a value that would print as gigabytes is not shown)
             lambda text: text.replace(
@@ -456,6 +458,10 @@ def test_a_card_whose_header_loaders_act_on_is_forged_is_named(built, tmp_path, 
         ("extra.parquet", True),
         ("data/train-00001.parquet", True),
         ("_x.parquet", True),
+        ("train-1.parquet.bak", True),
+        ("sub/part-0", True),  # (Parquet by its bytes: pyarrow reads it, skipping files it cannot)
+        ("train-2.jsonl.orig", False),
+        ("train/a/task.toml", False),
         ("more.jsonl.gz", False),
         ("config.json", False),
         ("a.txt", False),
@@ -471,6 +477,7 @@ def test_a_data_file_the_build_did_not_write_is_named(source, kimi_dir, built, t
     if card:
         shutil.copytree(built[0], out)
         (out / "notes.txt").write_text("mine: the card names the data")
+        (out / "notes.md").write_text("mine")
     else:
         build(config(source[0], kimi_dir, no_card=True), out)
     (out / ".cache" / "huggingface").mkdir(parents=True)
@@ -478,20 +485,25 @@ def test_a_data_file_the_build_did_not_write_is_named(source, kimi_dir, built, t
     (out / "__pycache__").mkdir()
     (out / "__pycache__" / "x.json").write_text("{}")
     (out / ".gitattributes").write_text("*.parquet filter=lfs")
-    (out / "notes.md").write_text("mine")
+    (out / "photo.png").write_bytes(b"\x89PNG")  # (images are not rows of these formats)
     assert verify(out) == []
-    (out / name).parent.mkdir(exist_ok=True)
+    (out / name).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(out / "train.parquet", out / name)
     said = f"{out / name}: a data file the build did not write, which loaders of the folder read as rows"
     assert verify(out) == [said]
 
 
 def test_a_loader_config_beside_the_card_is_named(built, tmp_path, capsys):
-    """datasets takes which files to load from ``.huggingface.yaml``, over the card's header."""
+    """datasets takes which files to load from ``.huggingface.yaml``, and their features from
+    ``dataset_infos.json``, over the card's header."""
     out = tmp_path / "copy"
     shutil.copytree(built[0], out)
     (out / ".huggingface.yaml").write_text("configs:\n- config_name: default\n  data_files: .x/evil.parquet\n")
-    said = f"{out / '.huggingface.yaml'}: it tells loaders which files to read, and the build did not write it"
+    said = f"{out / '.huggingface.yaml'}: it tells loaders what to read, and the build did not write it"
+    assert verify(out) == [said]
+    (out / ".huggingface.yaml").unlink()
+    (out / "dataset_infos.json").write_text('{"default": {"features": {"input_ids": [{"dtype": "string"}]}}}')
+    said = f"{out / 'dataset_infos.json'}: it tells loaders what to read, and the build did not write it"
     assert verify(out) == [said]
 
 
