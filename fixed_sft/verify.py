@@ -95,10 +95,18 @@ def verify(folder: str | Path) -> list[str]:
         problems += _check_card(folder, manifest)
     except OSError as error:
         problems.append(f"{folder}: a card file is unreadable ({described(error)})")
-    if (found := foreign_data(folder, pinned=manifest.card is not None)) is not None:
+    try:
+        found = foreign_data(folder, pinned=manifest.card is not None)
+    except Unwalkable as error:
+        where = Path(error.filename or folder)
+        problems.append(f"{non_unicode(where) or where}: {error.strerror}, so what loaders read there is not known")
+        found = None
+    if found is not None:
         shown = non_unicode(found) or str(found)
         if found.parent == folder and found.name in LOADER_FILES:
             problems.append(f"{shown}: it tells loaders what to read, and the build did not write it")
+        elif found.is_symlink() and found.is_dir():
+            problems.append(f"{shown}: a link to a folder the build did not make, which loaders may follow to rows")
         else:
             problems.append(f"{shown}: a data file the build did not write, which loaders of the folder read as rows")
     parquet = folder / PARQUET_NAME
@@ -433,11 +441,13 @@ def _check_card(folder: Path, manifest: Manifest) -> list[str]:
     return problems
 
 
-# What loaders take for rows in a folder. pyarrow and polars read a folder's Parquet files
-# (pyarrow, skipping files it cannot read, any Parquet file). ``datasets`` reads the files its
-# card's ``configs`` names, else those with a dot-part of a format it reads rows from (not its
-# image, audio, video or PDF folders), compressed too; it takes which files to load, or their
-# features, from ``LOADER_FILES`` whatever the card says. A build's folder holds none but its own.
+# What loaders take for rows in a folder. polars reads the files its glob names
+# (``**/*.parquet``: hidden folders too); pyarrow, skipping what it cannot read, any Parquet
+# file outside names that start with ``.`` or ``_``. ``datasets`` reads the files its card's
+# ``configs`` names, else those with a dot-part of a format it reads rows from (not its image,
+# audio, video or PDF folders), compressed too, outside names that start with ``.`` and
+# folders that start with ``__``; it takes which files to load, or their features, from
+# ``LOADER_FILES`` whatever the card says. A build's folder holds none but its own.
 PARQUET_SUFFIXES = {".parquet", ".geoparquet", ".gpq"}
 DATA_SUFFIXES = {
     *PARQUET_SUFFIXES,
@@ -449,51 +459,76 @@ DATA_SUFFIXES = {
 LOADER_FILES = (".huggingface.yaml", "dataset_infos.json")
 
 
+class Unwalkable(OSError):
+    """A part of the folder that ``foreign_data`` cannot read, so cannot tell what it holds."""
+
+
 def foreign_data(folder: Path, pinned: bool = True) -> Path | None:
     """A file in ``folder`` or a folder under it that loaders would read as rows (or as
-    which files to load, or their features) and the build did not write; ``None`` where
-    there is none. ``pinned``: the folder's card names its data (``configs``), so only
-    Parquet files are read beside it (by a name with a ``PARQUET_SUFFIXES`` part, or by
-    their bytes); else any file with a ``DATA_SUFFIXES`` part too. As ``datasets``, it
-    passes over names that start with ``.`` (``.cache``, ``.gitattributes``) and folders
-    that start with ``__``; the card's files are ``_check_card``'s.
+    which files to load, or their features) and the build did not write, or a link to a
+    folder (which loaders may follow); ``None`` where there is none. Anywhere, a name that
+    ends in a ``PARQUET_SUFFIXES``; outside hidden names (``.cache``, ``.gitattributes``),
+    a file with Parquet's bytes (the card's files too), and ``pinned`` aside (the card
+    names its data: ``configs``), a name with a ``DATA_SUFFIXES`` part outside folders
+    that start with ``__``. ``Unwalkable`` for a part it cannot read.
 
     >>> import tempfile
     >>> folder = Path(tempfile.mkdtemp())
-    >>> for name in ("train.parquet", "manifest.json", "notes.txt", ".cache/x.parquet", "__x__/y.csv"):
+    >>> for name in ("train.parquet", "manifest.json", "notes.txt", ".cache/x.parquet.lock", "__x__/y.csv"):
     ...     (folder / name).parent.mkdir(exist_ok=True)
     ...     (folder / name).touch()
     >>> foreign_data(folder) is None
     True
     >>> foreign_data(folder, pinned=False).name
     'notes.txt'
-    >>> (folder / "_extra.parquet.bak").touch()
+    >>> (folder / ".cache" / "x.parquet").touch()
     >>> foreign_data(folder).name
-    '_extra.parquet.bak'
+    'x.parquet'
     """
     for name in LOADER_FILES:
         if os.path.lexists(folder / name):
             return folder / name
-    read = PARQUET_SUFFIXES if pinned else DATA_SUFFIXES
-    for root, folders, files in os.walk(folder):  # (links to folders not followed)
-        folders[:] = sorted(name for name in folders if not name.startswith((".", "__")))
-        for name in sorted(files):
-            if name.startswith(".") or (Path(root) == folder and name in (PARQUET_NAME, MANIFEST_NAME, *CARD_FILES)):
-                continue
-            if read & {suffix.lower() for suffix in Path(name).suffixes} or _parquet_bytes(Path(root) / name):
-                return Path(root) / name
+
+    def unreadable(error: OSError) -> None:
+        raise Unwalkable(error.errno, error.strerror, error.filename)
+
+    try:
+        for root, folders, files in os.walk(folder, onerror=unreadable):  # (links to folders not followed)
+            at = Path(root)
+            hidden = any(part.startswith(".") for part in at.relative_to(folder).parts)
+            if not hidden and (link := next((n for n in sorted(folders) if (at / n).is_symlink()), None)):
+                return at / link
+            folders.sort()
+            for name in sorted(files):
+                if at == folder and name in (PARQUET_NAME, MANIFEST_NAME):
+                    continue
+                path = at / name
+                if Path(name).suffix.lower() in PARQUET_SUFFIXES:
+                    return path
+                if hidden or name.startswith("."):
+                    continue
+                parts = {suffix.lower() for suffix in Path(name).suffixes}
+                card = at == folder and name in CARD_FILES
+                datasets_reads = not pinned and not card and not any(p.startswith("__") for p in path.parts)
+                if (datasets_reads and parts & DATA_SUFFIXES) or _parquet_bytes(path):
+                    return path
+    except RecursionError:
+        raise Unwalkable(0, "its folders nest too deep to be walked", str(folder)) from None
     return None
 
 
 def _parquet_bytes(path: Path) -> bool:
-    """Whether ``path`` is a regular file that starts as Parquet does."""
+    """Whether ``path`` is a regular file that starts as Parquet does (``Unwalkable`` where
+    it cannot be read)."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # (a FIFO is not opened)
             return False
         with open(path, "rb") as f:
             return f.read(4) == b"PAR1"
-    except OSError:
+    except FileNotFoundError:  # (a dangling link)
         return False
+    except OSError as error:
+        raise Unwalkable(error.errno, error.strerror, str(path)) from None
 
 
 def described(error: BaseException) -> str:

@@ -458,8 +458,11 @@ def test_a_card_whose_header_loaders_act_on_is_forged_is_named(built, tmp_path, 
         ("extra.parquet", True),
         ("data/train-00001.parquet", True),
         ("_x.parquet", True),
-        ("train-1.parquet.bak", True),
         ("sub/part-0", True),  # (Parquet by its bytes: pyarrow reads it, skipping files it cannot)
+        ("source_mix.png", True),  # (a card file, as the manifest records it, with Parquet's bytes)
+        (".hidden.parquet", True),  # (polars' glob reads it)
+        (".cache/x.parquet", True),
+        ("train-1.parquet.bak", False),  # (datasets matches any dot-part)
         ("train-2.jsonl.orig", False),
         ("train/a/task.toml", False),
         ("more.jsonl.gz", False),
@@ -485,10 +488,18 @@ def test_a_data_file_the_build_did_not_write_is_named(source, kimi_dir, built, t
     (out / "__pycache__").mkdir()
     (out / "__pycache__" / "x.json").write_text("{}")
     (out / ".gitattributes").write_text("*.parquet filter=lfs")
+    (out / ".cache" / "huggingface" / "train.parquet.metadata").write_text("x")  # (as a Hub download leaves)
     (out / "photo.png").write_bytes(b"\x89PNG")  # (images are not rows of these formats)
+    if card:
+        (out / "train.parquet.sha256").write_text("x")  # (beside a card: no loader reads it)
     assert verify(out) == []
     (out / name).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(out / "train.parquet", out / name)
+    if name == "source_mix.png":  # (recorded as a forger would)
+        manifest = json.loads((out / "manifest.json").read_text())
+        data = (out / name).read_bytes()
+        manifest["card"]["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     said = f"{out / name}: a data file the build did not write, which loaders of the folder read as rows"
     assert verify(out) == [said]
 
@@ -523,3 +534,31 @@ def test_a_files_name_is_shown_in_one_line(built, tmp_path, capsys):
     assert main(["verify", str(out)]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and "sub/\\xff.parquet: a data file the build did not write" in lines[0], lines
+
+
+def test_a_link_to_a_folder_and_what_cannot_be_read_are_named(built, tmp_path, monkeypatch):
+    """pyarrow and polars may follow a link to a folder of other rows; a folder verify
+    cannot list may hold some."""
+    out = tmp_path / "copy"
+    shutil.copytree(built[0], out)
+    (tmp_path / "elsewhere").mkdir()
+    (out / "data").symlink_to(tmp_path / "elsewhere")
+    said = f"{out / 'data'}: a link to a folder the build did not make, which loaders may follow to rows"
+    assert verify(out) == [said]
+    (out / "data").unlink()
+    deep = out / "sub"
+    deep.mkdir()
+    os.chmod(deep, 0)
+    try:
+        problems = verify(out)
+        readable = os.access(deep, os.R_OK)  # (as root: every folder is)
+    finally:
+        os.chmod(deep, 0o755)
+    assert problems == ([] if readable else [f"{deep}: Permission denied, so what loaders read there is not known"])
+
+    def unlistable(top, onerror=None):  # (as os.walk meets a folder it may not list, whoever runs this)
+        onerror(PermissionError(13, "Permission denied", str(deep)))
+        yield from ()
+
+    monkeypatch.setattr(os, "walk", unlistable)
+    assert verify(out) == [f"{deep}: Permission denied, so what loaders read there is not known"]
