@@ -98,17 +98,9 @@ def verify(folder: str | Path) -> list[str]:
     try:
         found = foreign_data(folder, pinned=manifest.card is not None)
     except Unwalkable as error:
-        where = Path(error.filename or folder)
-        problems.append(f"{non_unicode(where) or where}: {error.strerror}, so what loaders read there is not known")
-        found = None
+        found = (Path(error.filename or folder), f"{error.strerror}, so what loaders read there is not known")
     if found is not None:
-        shown = non_unicode(found) or str(found)
-        if found.parent == folder and found.name in LOADER_FILES:
-            problems.append(f"{shown}: it tells loaders what to read, and the build did not write it")
-        elif found.is_symlink() and found.is_dir():
-            problems.append(f"{shown}: a link to a folder the build did not make, which loaders may follow to rows")
-        else:
-            problems.append(f"{shown}: a data file the build did not write, which loaders of the folder read as rows")
+        problems.append(f"{non_unicode(found[0]) or found[0]}: {found[1]}")
     parquet = folder / PARQUET_NAME
     if not parquet.is_file():
         return problems + [f"{parquet}: {'not a file' if parquet.exists() else 'missing'}"]
@@ -463,10 +455,13 @@ class Unwalkable(OSError):
     """A part of the folder that ``foreign_data`` cannot read, so cannot tell what it holds."""
 
 
-def foreign_data(folder: Path, pinned: bool = True) -> Path | None:
+FOREIGN = "a data file the build did not write, which loaders of the folder read as rows"
+
+
+def foreign_data(folder: Path, pinned: bool = True) -> tuple[Path, str] | None:
     """A file in ``folder`` or a folder under it that loaders would read as rows (or as
     which files to load, or their features) and the build did not write, or a link to a
-    folder (which loaders may follow); ``None`` where there is none. Anywhere, a name that
+    folder (which loaders may follow), and what it is; ``None`` where there is none. Anywhere, a name that
     ends in a ``PARQUET_SUFFIXES``; outside hidden names (``.cache``, ``.gitattributes``),
     a file with Parquet's bytes (the card's files too), and ``pinned`` aside (the card
     names its data: ``configs``), a name with a ``DATA_SUFFIXES`` part outside folders
@@ -479,15 +474,15 @@ def foreign_data(folder: Path, pinned: bool = True) -> Path | None:
     ...     (folder / name).touch()
     >>> foreign_data(folder) is None
     True
-    >>> foreign_data(folder, pinned=False).name
+    >>> foreign_data(folder, pinned=False)[0].name
     'notes.txt'
     >>> (folder / ".cache" / "x.parquet").touch()
-    >>> foreign_data(folder).name
+    >>> foreign_data(folder)[0].name
     'x.parquet'
     """
     for name in LOADER_FILES:
         if os.path.lexists(folder / name):
-            return folder / name
+            return folder / name, "it tells loaders what to read, and the build did not write it"
 
     def unreadable(error: OSError) -> None:
         raise Unwalkable(error.errno, error.strerror, error.filename)
@@ -495,23 +490,24 @@ def foreign_data(folder: Path, pinned: bool = True) -> Path | None:
     try:
         for root, folders, files in os.walk(folder, onerror=unreadable):  # (links to folders not followed)
             at = Path(root)
-            hidden = any(part.startswith(".") for part in at.relative_to(folder).parts)
+            inside = at.relative_to(folder).parts
+            hidden, dunder = (any(part.startswith(prefix) for part in inside) for prefix in (".", "__"))
             if not hidden and (link := next((n for n in sorted(folders) if (at / n).is_symlink()), None)):
-                return at / link
+                return at / link, "a link to a folder the build did not make, which loaders may follow to rows"
             folders.sort()
             for name in sorted(files):
                 if at == folder and name in (PARQUET_NAME, MANIFEST_NAME):
                     continue
                 path = at / name
                 if Path(name).suffix.lower() in PARQUET_SUFFIXES:
-                    return path
+                    return path, FOREIGN
                 if hidden or name.startswith("."):
                     continue
                 parts = {suffix.lower() for suffix in Path(name).suffixes}
                 card = at == folder and name in CARD_FILES
-                datasets_reads = not pinned and not card and not any(p.startswith("__") for p in path.parts)
+                datasets_reads = not pinned and not card and not dunder
                 if (datasets_reads and parts & DATA_SUFFIXES) or _parquet_bytes(path):
-                    return path
+                    return path, FOREIGN
     except RecursionError:
         raise Unwalkable(0, "its folders nest too deep to be walked", str(folder)) from None
     return None

@@ -476,7 +476,7 @@ def test_a_data_file_the_build_did_not_write_is_named(source, kimi_dir, built, t
     datasets those its card names, and without a card those of its formats. A build's
     folder holds none but its own. As datasets, it passes over names that start with a
     dot, and folders that start with two underscores."""
-    out = tmp_path / "copy"
+    out = tmp_path / "__builds__" / "copy"  # (a folder above the build's is not one of its own)
     if card:
         shutil.copytree(built[0], out)
         (out / "notes.txt").write_text("mine: the card names the data")
@@ -494,7 +494,10 @@ def test_a_data_file_the_build_did_not_write_is_named(source, kimi_dir, built, t
         (out / "train.parquet.sha256").write_text("x")  # (beside a card: no loader reads it)
     assert verify(out) == []
     (out / name).parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(out / "train.parquet", out / name)
+    if card:
+        shutil.copy(out / "train.parquet", out / name)
+    else:  # (found by its name alone)
+        (out / name).write_text('{"text": "other rows"}\n')
     if name == "source_mix.png":  # (recorded as a forger would)
         manifest = json.loads((out / "manifest.json").read_text())
         data = (out / name).read_bytes()
