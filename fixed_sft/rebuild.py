@@ -1,21 +1,21 @@
 """A build's manifest -> the same build run again from the inputs it records, compared.
 
-The rebuild takes the manifest's parameters, its source (name, revision, license, file
-globs, row count) and its tokenizer (spec name or repo, at the recorded revision), unless
-the caller names where the source or tokenizer files are. Tokenizer files other than the
-recorded ones are refused before building. The rows are proven to come from the recorded
-inputs when the rebuild's manifest is the folder's, compared as JSON, and so is the
-provenance in the Parquet file (its ``metadata`` column, with its boundaries where the build
-wrote them, read a row group at a time; its
-key-value metadata; and the key-value metadata of each field of the Arrow schema it
-stores); not compared for that: the reasons of skipped rows (their wording is the code's), the
-names, globs and paths of inputs the caller gave, and the separator a manifest from before it was
-recorded lacks (the rebuild then uses the eos token, as that build did). Values the rebuild copies from the
-manifest (the build's name, the license, revisions, the card's license) are the same by
-construction. The Parquet file's size and hash, the dataset card's files, and ``code_sha256``,
-are compared for information: the same rows may be encoded by another writer, plotted by
-another matplotlib, or built by other code; the rest of
-``code_version`` (package version, git commit) says which code ran, and is not compared.
+The rebuild takes the manifest's parameters, its source (name, revision, license, file globs,
+row count) and its tokenizer (spec name or repo, at the recorded revision), unless the caller
+names where the source or tokenizer files are. Tokenizer files other than the recorded ones are
+refused before building. The rows are proven to come from the recorded inputs when the
+rebuild's manifest is the folder's, compared as JSON, and so is the provenance in the Parquet
+file (its ``metadata`` column, with its boundaries where the build wrote them, read a row group
+at a time; and the key-value metadata of each field of the Arrow schema it stores; the file's
+own key-value metadata is refused by the reader); not compared for that: the reasons of skipped
+rows (their wording is the code's), the names, globs and paths of inputs the caller gave, and
+the separator a manifest from before it was recorded lacks (the rebuild then uses the eos
+token, as that build did). Values the rebuild copies from the manifest (the build's name, the
+license, revisions, the card's license) are the same by construction. The Parquet file's size
+and hash, the dataset card's files, and ``code_sha256``, are compared for information: the same
+rows may be encoded by another writer, plotted by another matplotlib, or built by other code;
+the rest of ``code_version`` (package version, git commit) says which code ran, and is not
+compared.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from .manifest import FileHash, Manifest, read
 from .memory import system_allocator
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .params import RECORDED, flag, manifest_label, recorded_values
-from .reader import ARROW_SCHEMA, BOUNDARIES, Group, Refused, RowFile
+from .reader import BOUNDARIES, Group, Refused, RowFile
 from .source import SourceError, SourceUnreachable
 from .specs import ResolvedTokenizer, SpecError, resolve_tokenizer, tokenizer_specs
 from .verify import described, read_manifest
@@ -255,9 +255,9 @@ PROVENANCE = [
 
 
 def _provenance(folder: Path, manifest: dict, rebuilt_folder: Path, rebuilt: dict) -> tuple[dict, dict]:
-    """The provenance of the folder's Parquet file and of the rebuilt one: its key-value
-    metadata (but the Arrow schema), the key-value metadata of each field of that Arrow
-    schema, and the ``metadata`` column: the row count when the files' rows are the same,
+    """The provenance of the folder's Parquet file and of the rebuilt one (whose own
+    key-value metadata ``RowFile`` refuses): the key-value metadata of each field of its
+    Arrow schema, and the ``metadata`` column: the row count when the files' rows are the same,
     else the first row that differs (``RowAt``). The rows are read a row group at a time
     (``reader``), the folder's no further than a row past its manifest's."""
     files = []
@@ -273,10 +273,7 @@ def _provenance(folder: Path, manifest: dict, rebuilt_folder: Path, rebuilt: dic
             ) from None
     here, again = files
     with system_allocator(), here, again:
-        views: list[dict[str, object]] = [
-            {"file metadata": _file_metadata(file), "field metadata": _field_metadata(file.arrow_schema)}
-            for file in files
-        ]
+        views: list[dict[str, object]] = [{"field metadata": _field_metadata(file.arrow_schema)} for file in files]
         limit = len(manifest["row_sha256"]) + 1
         columns = PROVENANCE + [BOUNDARIES] if here.boundaries else PROVENANCE
         try:
@@ -290,14 +287,6 @@ def _provenance(folder: Path, manifest: dict, rebuilt_folder: Path, rebuilt: dic
         else:
             views[0]["rows"], views[1]["rows"] = first
     return views[0], views[1]
-
-
-def _file_metadata(file: RowFile) -> dict:
-    return {
-        key.decode(errors="replace"): value.decode(errors="replace")
-        for key, value in (file.metadata.metadata or {}).items()
-        if key != ARROW_SCHEMA
-    }
 
 
 def _field_metadata(schema: pa.Schema) -> dict:
