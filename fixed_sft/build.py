@@ -829,7 +829,7 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
             store is not None
             and skip is not None
             and config.workers < PARALLEL_PACKING_WORKERS
-            and direct.reach(store, order, skip, config.rows, config.row_tokens) is not None
+            and direct.reach(store, order, skip, config.rows, config.row_tokens, config.skip_invalid) is not None
         )
         if (skip is None or not skip.all()) and not reads_directly:
             apart = fill and config.workers >= CHECKS_APART_WORKERS and config.check_every >= CHECKS_APART_EVERY
@@ -888,11 +888,11 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
 
         def read_directly(bar: tqdm) -> parallel.Packed | None:
             """Pack in this process, reading the rows straight from the store (``fixed_sft.direct``),
-            where it gives the conversations the rows need, valid (``direct.reach``); ``None``
+            where it gives the conversations the rows need (``direct.reach``); ``None``
             where it cannot (nothing is then left written): the build packs one conversation
             at a time."""
             assert store is not None and skip is not None
-            given = direct.reach(store, order, skip, config.rows, config.row_tokens)
+            given = direct.reach(store, order, skip, config.rows, config.row_tokens, config.skip_invalid)
             if given is None:
                 return None
             writer = RowWriter(folder / PARQUET_NAME, config.emit_boundaries)

@@ -13,9 +13,11 @@ read is the rows that fill the writer's row group, which then goes to Arrow unco
 from a stretch of their own (that group alone is copied). The rows, the Parquet file and
 the manifest are those of packing one conversation at a time (``tests/test_direct.py``).
 
-A conversation whose id an earlier one used, or whose bytes do not match its digest, or a
-prefix whose rows (some skipped) fall short of those asked for, ends this path
-(``Unsuited``): the build then packs one conversation at a time, which says or records
+A conversation the store holds as invalid is left out of the stream and recorded (its
+reason read from the store), where the build skips invalid rows; else the path ends before
+it (``reach``). A conversation whose id an earlier one used, or whose bytes do not match
+its digest, or a prefix whose rows (some skipped) fall short of those asked for, ends this
+path (``Unsuited``): the build then packs one conversation at a time, which says or records
 why, and encodes what the store lacks.
 """
 
@@ -29,7 +31,7 @@ from .cuts import Cuts
 from .hashes import row_digest
 from .output import RowWriter, rows_per_group
 from .pack import Row, Segment
-from .parallel import Packed, Rows, Stream, left_out, tally
+from .parallel import Invalid, Packed, Rows, Stream, left_out, tally
 from .store import Damaged, TokenStore
 
 
@@ -38,14 +40,19 @@ class Unsuited(Exception):
     it gives fills too few rows."""
 
 
-def reach(store: TokenStore, order: np.ndarray, given: np.ndarray, wanted: int | None, row_tokens: int) -> int | None:
+def reach(
+    store: TokenStore, order: np.ndarray, given: np.ndarray, wanted: int | None, row_tokens: int, skip_invalid: bool
+) -> int | None:
     """How far into ``order`` this path packs: up to the first conversation that the store
-    does not give (``given``) or records as invalid. ``None`` where that is not the whole
-    order and its conversations cannot fill the ``wanted`` rows (``None``: every row)."""
-    stops = np.flatnonzero(~given[order] | (store.tokens[order] < 0))
+    does not give (``given``), or records as invalid where the build does not skip such
+    rows. ``None`` where that is not the whole order and its valid conversations cannot
+    fill the ``wanted`` rows (``None``: every row)."""
+    tokens = store.tokens[order]
+    stops = np.flatnonzero(~given[order] | ((tokens < 0) & (not skip_invalid)))
     if not len(stops):
         return len(order)
-    if wanted is None or (store.tokens[order[: stops[0]]] + 1).sum() // row_tokens < wanted:
+    before = tokens[: stops[0]]
+    if wanted is None or np.where(before < 0, 0, before + 1).sum() // row_tokens < wanted:
         return None
     return int(stops[0])
 
@@ -64,12 +71,16 @@ def pack(
     with ``shape``'s row tokens, separator id and boundaries, from its first ``given``
     conversations (``reach``; ``None``: all); what was packed (the file's sha256 is the
     caller's, once it closes ``writer``). ``progress`` is told of each row group's kept
-    rows. Where every row is cut, the conversations after the last are read too (their
-    ids counted, as one conversation at a time counts them). ``Unsuited`` where this path
-    cannot pack them: a repeated id, a damaged conversation, or too few rows before ``given``."""
+    rows. A conversation stored as invalid is left out and recorded. Where every row is
+    cut, the conversations after the last are read too (their ids counted, as one
+    conversation at a time counts them). ``Unsuited`` where this path cannot pack them: a
+    repeated id, a damaged conversation, or too few rows before ``given``."""
     row_tokens, eos_id, boundaries = shape
     whole = given is None or given == len(order)
-    order = order[:given]
+    streamed = order[:given]
+    units = np.flatnonzero(store.tokens[streamed] >= 0)  # (the valid conversations' positions)
+    bad = _invalid(store, streamed, units)
+    order = streamed[units]
     sizes = store.tokens[order] + 1
     cuts = Cuts.of(sizes, row_tokens)
     reader = _Reader(store, order, eos_id)
@@ -114,12 +125,27 @@ def pack(
     if not stopped and reader.read_to < len(order):
         reader.take(reader.read_to, len(order))  # (the stream's tail)
     kept = trainable[:considered] > 0
-    rows = Rows(np.arange(len(order)), sizes, cuts, supervised, trainable, considered, kept, stopped)
+    rows = Rows(units, sizes, cuts, supervised, trainable, considered, kept, stopped)
+    codes = np.zeros(len(streamed), np.int64)
+    codes[units] = reader.codes
     stream = Stream()  # (what ``tally`` reads of it: the rows' masks gave the supervised tokens)
-    stream.indices, stream.codes, stream.values = [order], reader.codes.tolist(), reader.values
+    stream.indices, stream.codes, stream.values, stream.bad = [streamed], codes.tolist(), reader.values, bad
     packed = tally(stream, rows, check_every)
     packed.digests = digests
     return packed
+
+
+def _invalid(store: TokenStore, order: np.ndarray, units: np.ndarray) -> list[tuple[int, Invalid]]:
+    """The conversations of ``order`` stored as invalid (all but ``units``): their positions,
+    and each one's source row, id and reason, as the store holds them; ``Unsuited`` where
+    one is damaged (it is then held no more)."""
+    positions = np.setdiff1d(np.arange(len(order)), units)
+    bad = []
+    for position, item in zip(positions.tolist(), store.lookup_many(order[positions])):
+        if item is None or item.invalid is None:
+            raise Unsuited(f"source row {int(order[position])}: damaged in the token store")
+        bad.append((position, Invalid(item.source_index, item.id, item.invalid)))
+    return bad
 
 
 class _Reader:

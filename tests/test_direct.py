@@ -111,30 +111,61 @@ def test_a_damaged_stored_conversation_falls_back_and_is_encoded_again(
     assert read == ["unsuited", "packed"]  # (the conversation stored anew is found)
 
 
-def test_a_source_with_an_invalid_row_is_not_read_directly(kimi_dir, tmp_path, token_store, read) -> None:
-    rows = synthetic.conversations(40, seed=2)
-    rows[5]["messages"] = []
-    synthetic.write_parquet(rows, tmp_path / "source", rows_per_file=40)
-    cfg = _config(tmp_path / "source", kimi_dir, skip_invalid=True, no_card=True)
-    build(cfg, tmp_path / "first")
-    assert build(dataclasses.replace(cfg, seed=4), tmp_path / "later")["stats"]["invalid_rows_skipped"] == 1
+@pytest.mark.parametrize("rows", [None, 6])
+def test_invalid_rows_skipped_are_read_directly_and_recorded(rows, kimi_dir, tmp_path, token_store, read) -> None:
+    """A later build that skips invalid rows reads its rows straight from the store: the
+    invalid conversations it holds are left out and recorded as packing one at a time
+    records them (those before the last row's conversation, where rows are counted)."""
+    rows_in = synthetic.conversations(40, seed=2)
+    order = permutation(4, 40)
+    for position in (0, 3, 17, 39):
+        rows_in[order[position]]["messages"] = []
+    synthetic.write_parquet(rows_in, tmp_path / "source", rows_per_file=40)
+    cfg = _config(tmp_path / "source", kimi_dir, skip_invalid=True, rows=rows, row_tokens=512, seed=4)
+    one = build(dataclasses.replace(cfg, no_cache=True), tmp_path / "one")
+    assert 0 < one["stats"]["invalid_rows_skipped"] <= 4
+    build(dataclasses.replace(cfg, seed=5, rows=None, no_card=True), tmp_path / "first")
     assert read == []
+    assert build(cfg, tmp_path / "later") == one
+    assert _files(tmp_path / "later") == _files(tmp_path / "one")
+    assert read == ["packed"]
+
+
+def test_an_invalid_row_without_skipping_ends_the_path_before_it(kimi_dir, tmp_path, token_store, read) -> None:
+    """Without --skip-invalid, an invalid row that the rows reach stops the build, as one
+    conversation at a time stops it; rows that fill before it are read directly."""
+    rows_in = synthetic.conversations(40, seed=2)
+    order = permutation(4, 40)
+    rows_in[order[30]]["messages"] = []
+    synthetic.write_parquet(rows_in, tmp_path / "source", rows_per_file=40)
+    cfg = _config(tmp_path / "source", kimi_dir, row_tokens=512, seed=4)
+    build(dataclasses.replace(cfg, seed=5, skip_invalid=True, no_card=True), tmp_path / "first")
+    with pytest.raises(build_module.InvalidSourceRow, match=f"source row {order[30]}"):
+        build(cfg, tmp_path / "every")
+    few = dataclasses.replace(cfg, rows=3)
+    assert build(few, tmp_path / "few") == build(dataclasses.replace(few, no_cache=True), tmp_path / "one")
+    assert _files(tmp_path / "few") == _files(tmp_path / "one")
+    assert read == ["packed"]
 
 
 @settings(derandomize=True, max_examples=int(os.environ.get("FIXED_SFT_PACKING_EXAMPLES", "40")), deadline=None)
 @given(data=st.data())
 def test_reading_straight_from_the_store_is_packing_one_at_a_time(data) -> None:
-    """On random streams of valid conversations (empty and unsupervised ones, ids repeated
-    or not, rows of 1 token up, row groups of 1 row up), reading rows straight from a real
-    store entry, whether it gives all of the order or a prefix of it, gives the tally,
-    statistics and Parquet bytes of packing one conversation at a time, or ends
-    (``Unsuited``) at a repeated id that the rows read, or where the prefix fills too few rows."""
+    """On random streams of conversations (empty and unsupervised ones, invalid ones or
+    none, ids repeated or not, rows of 1 token up, row groups of 1 row up), skipping
+    invalid rows or not, reading rows straight from a real store entry, whether it gives
+    all of the order or a prefix of it, gives the tally, statistics and Parquet bytes of
+    packing one conversation at a time, or ends (``Unsuited``) at a repeated id that the
+    rows read, or where the prefix fills too few rows."""
     n = data.draw(st.integers(1, 40))
-    repeats = data.draw(st.booleans())
+    repeats, invalid, skip_invalid = (data.draw(st.booleans()) for _ in range(3))
     items = []
     for i in range(n):
         row_id = data.draw(st.sampled_from(["a", "b", None, f"own{i}"])) if repeats else f"own{i}"
         value = data.draw(st.sampled_from([None, "x", "y"]))
+        if invalid and data.draw(st.integers(0, 3)) == 0:
+            items.append(Encoded(i, row_id, None, None, f"bad {i}", False, value))
+            continue
         mask = np.array(data.draw(st.lists(st.integers(0, 1), max_size=30)), np.uint8)
         items.append(Encoded(i, row_id, np.arange(len(mask), dtype=np.int32) + 5, mask, None, True, value))
     order = np.array(data.draw(st.permutations(range(n))), np.int64)
@@ -147,24 +178,24 @@ def test_reading_straight_from_the_store_is_packing_one_at_a_time(data) -> None:
     with tempfile.TemporaryDirectory() as scratch, pytest.MonkeyPatch.context() as patch:
         folder = Path(scratch)
         store = _stored(items, folder / "entry")
-        reach = fixed_sft.direct.reach(store, order, given, wanted, shape[0])
+        reach = fixed_sft.direct.reach(store, order, given, wanted, shape[0], skip_invalid)
         if reach is None:
-            assert not given.all()
+            assert not given.all() or (not skip_invalid and any(item.invalid for item in items))
             return
         patch.setattr(fixed_sft.output, "ROWS_PER_GROUP", group_rows)
         one, direct = folder / "one.parquet", folder / "direct.parquet"
-        expected, rows = _one_at_a_time(items, order, wanted, False, check_every, shape, one)
+        expected, rows = _one_at_a_time(items, order, wanted, skip_invalid, check_every, shape, one)
         writer = RowWriter(direct, shape[2])
         try:
             packed = fixed_sft.direct.pack(store, order, wanted, shape, check_every, writer, lambda rows: None, reach)
         except fixed_sft.direct.Unsuited as error:
             writer.abort()
-            named = [items[i].id for i in order[:reach].tolist() if items[i].id is not None]
+            named = [items[i].id for i in order[:reach].tolist() if items[i].id is not None and not items[i].invalid]
             # (only a repeated id ends it, every record being sound; or too few rows before ``reach``)
             assert len(set(named)) < len(named) or ("too few rows" in str(error) and reach < n)
             return
         writer.close()
-        assert not isinstance(expected, str), expected  # (a repeated id the rows reach ends it)
+        assert not isinstance(expected, str), expected  # (a repeated id or an invalid row the rows reach ends it)
         assert packed.rows == rows
         if not rows or (wanted is not None and rows < wanted):
             return  # (the build says there are too few)
@@ -259,19 +290,20 @@ def test_a_damaged_record_is_not_trusted(damage, corpus, kimi_dir, tmp_path, tok
 
 
 def test_how_far_the_store_gives_the_stream(tmp_path) -> None:
-    """To the first conversation not given or invalid: all of it, or as far as fills the rows
-    asked for (each conversation and its [EOS])."""
+    """To the first conversation not given, or invalid where invalid rows are not skipped:
+    all of it, or as far as fills the rows asked for (each valid conversation and its [EOS])."""
     ones = np.ones(5, np.uint8)
     items = [Encoded(i, f"c{i}", np.arange(5, dtype=np.int32), ones, None, True, None) for i in range(4)]
     items[2] = Encoded(2, "c2", None, None, "not a conversation", True, None)
     store, order, given = _stored(items, tmp_path / "entry"), np.arange(4), np.ones(4, bool)
-    assert [fixed_sft.direct.reach(store, order, given, rows, 6) for rows in (2, 3, None)] == [2, None, None]
-    assert fixed_sft.direct.reach(store, order[[0, 1, 3]], given, None, 6) == 3
+    reach = fixed_sft.direct.reach
+    assert [reach(store, order, given, rows, 6, False) for rows in (2, 3, None)] == [2, None, None]
+    assert [reach(store, order, given, rows, 6, True) for rows in (2, 3, None)] == [4, 4, 4]
+    assert reach(store, order[[0, 1, 3]], given, None, 6, False) == 3
+    given[3] = False  # (the invalid conversation before it fills nothing)
+    assert [reach(store, order, given, rows, 6, True) for rows in (2, 3, None)] == [3, None, None]
     given[1] = False
-    assert (
-        fixed_sft.direct.reach(store, order, given, 1, 6) == 1
-        and fixed_sft.direct.reach(store, order, given, 2, 6) is None
-    )
+    assert reach(store, order, given, 1, 6, False) == 1 and reach(store, order, given, 2, 6, False) is None
 
 
 def test_a_build_of_some_rows_reads_the_conversations_an_earlier_one_stored(
@@ -308,8 +340,31 @@ def test_rows_the_given_conversations_cannot_fill_end_it(tmp_path) -> None:
     items.append(Encoded(3, "c3", np.arange(7, dtype=np.int32), np.ones(7, np.uint8), None, True, None))
     store, order = _stored(items, tmp_path / "entry"), np.arange(4)
     given = np.array([True, True, True, False])
-    assert fixed_sft.direct.reach(store, order, given, 2, 8) == 3
+    assert fixed_sft.direct.reach(store, order, given, 2, 8, False) == 3
     writer = RowWriter(tmp_path / "direct.parquet")
     with pytest.raises(fixed_sft.direct.Unsuited, match="fill too few rows"):
         fixed_sft.direct.pack(store, order, 2, (8, 1, False), 0, writer, lambda rows: None, given=3)
     writer.abort()
+
+
+def test_a_damaged_invalid_record_ends_it(tmp_path) -> None:
+    """An invalid conversation is recorded by what the store holds of it, its digest checked:
+    one whose bytes do not match ends this path, and is held no more."""
+    ones = np.ones(7, np.uint8)
+    items = [Encoded(i, f"c{i}", np.arange(7, dtype=np.int32), ones, None, True, None) for i in range(3)]
+    items[1] = Encoded(1, "c1", None, None, "not a conversation", False, None)
+    store, order = _stored(items, tmp_path / "entry"), np.arange(3)
+    writer = RowWriter(tmp_path / "direct.parquet")
+    packed = fixed_sft.direct.pack(store, order, None, (8, 1, False), 0, writer, lambda rows: None)
+    writer.close()
+    assert packed.skipped_invalid == [{"index": 1, "id": "c1", "reason": "not a conversation"}]
+    (segment,) = (tmp_path / "entry").glob("*.seg")
+    data = bytearray(segment.read_bytes())
+    data[int(store.offset[1])] ^= 0xFF  # (the first byte of its metadata)
+    segment.write_bytes(bytes(data))
+    store = TokenStore(tmp_path / "entry", 3)
+    writer = RowWriter(tmp_path / "again.parquet")
+    with pytest.raises(fixed_sft.direct.Unsuited, match="source row 1: damaged"):
+        fixed_sft.direct.pack(store, order, None, (8, 1, False), 0, writer, lambda rows: None)
+    writer.abort()
+    assert store.segment[1] < 0 and store.segment[[0, 2]].min() >= 0
