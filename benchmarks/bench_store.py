@@ -8,9 +8,12 @@ The template check samples by source row, so both find their checks stored and e
 nothing (before ``22cb3e4`` another seed checked other conversations). Prints the median
 and range of each, and the first build's median over each later one's. A later build's
 rows must be those of the same build without the store (``--no-cache``), else the script
-exits 1.
+exits 1. ``--invalid SHARE`` makes that share of the source's rows invalid (no messages;
+every ``1 / SHARE``-th row, from the middle of the first file) and has every build skip and
+record them (``--skip-invalid``).
 
-    python benchmarks/bench_store.py [--conversations 6000] [--repeats 3] [--workers 1] [--no-card] [--json OUT]
+    python benchmarks/bench_store.py [--conversations 6000] [--repeats 3] [--workers 1] [--no-card]
+        [--invalid 0.01] [--json OUT]
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--no-card", action="store_true", help="builds write no dataset card (its plots cost ~0.6 s)")
+    parser.add_argument("--invalid", type=float, default=0.0, help="the share of source rows made invalid, skipped")
     parser.add_argument("--tokenizer", type=Path, default=ROOT.parent / "shared" / "tokenizers" / "kimi-k2.6")
     parser.add_argument("--json", type=Path, help="write the plan and every time here")
     args = parser.parse_args()
@@ -48,9 +52,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         source = folder / "source"
-        synthetic.write_parquet(synthetic.conversations(args.conversations, seed=3), source, rows_per_file=2000)
+        rows = synthetic.conversations(args.conversations, seed=3)
+        if args.invalid:
+            for row in rows[1000 :: round(1 / args.invalid)]:
+                row["messages"] = []
+        synthetic.write_parquet(rows, source, rows_per_file=2000)
         common = ["--source", str(source), "--tokenizer", str(args.tokenizer), "--rows", "all"]
         common += ["--workers", str(args.workers), "--quiet", *(["--no-card"] if args.no_card else [])]
+        common += ["--skip-invalid"] if args.invalid else []
         builds = {
             "first": ["--seed", "1", "--row-tokens", str(args.row_tokens)],
             "other seed": ["--seed", "2", "--row-tokens", str(args.row_tokens)],
@@ -76,7 +85,7 @@ def main() -> int:
 
     same = all(hashes[name] == {plain[name]} for name in builds)
     first = statistics.median(times["first"])
-    card = ", no card" if args.no_card else ""
+    card = (", no card" if args.no_card else "") + (f", {args.invalid:.1%} of rows invalid" if args.invalid else "")
     print(f"{args.conversations:,} conversations, rows of {args.row_tokens:,} tokens, {args.workers} worker(s){card}")
     for name, values in times.items():
         median = statistics.median(values)
