@@ -1,11 +1,11 @@
 """Rows of conversations the token store holds, read straight into their row groups, in this process.
 
 A build whose store gives the conversations its rows need (held, and checked where
-sampled), valid by their records (``reach``: all of the order, or for some rows a prefix
-of it), and which packs in this process, cuts its rows from the records before it reads
-anything: a unit is a conversation's stored tokens and its ``[EOS]``
-(``fixed_sft.cuts``). It then reads, a row group at a time, the conversations that the
-group's rows hold straight into one buffer of the group's tokens (``store.UnitReader``),
+sampled; ``reach``: all of the order, or for some rows a prefix of it), and which packs in
+this process, cuts its rows from the records before it reads anything: a unit is a valid
+conversation's stored tokens and its ``[EOS]`` (``fixed_sft.cuts``). It then reads, a row
+group at a time, the conversations that the group's rows hold straight into one buffer of
+the group's tokens (``store.UnitReader``),
 so that the rows are views of it: no copy per conversation and none per row. A row with
 no supervised token after token 0 is skipped, as ``fixed_sft.pack`` skips it. Each stretch
 read is the rows that fill the writer's row group, which then goes to Arrow uncopied too
@@ -71,7 +71,8 @@ def pack(
     with ``shape``'s row tokens, separator id and boundaries, from its first ``given``
     conversations (``reach``; ``None``: all); what was packed (the file's sha256 is the
     caller's, once it closes ``writer``). ``progress`` is told of each row group's kept
-    rows. A conversation stored as invalid is left out and recorded. Where every row is
+    rows. A conversation stored as invalid is left out, and recorded where one conversation
+    at a time records it: before the last row's last conversation. Where every row is
     cut, the conversations after the last are read too (their ids counted, as one
     conversation at a time counts them). ``Unsuited`` where this path cannot pack them: a
     repeated id, a damaged conversation, or too few rows before ``given``."""
@@ -79,11 +80,10 @@ def pack(
     whole = given is None or given == len(order)
     streamed = order[:given]
     units = np.flatnonzero(store.tokens[streamed] >= 0)  # (the valid conversations' positions)
-    bad = _invalid(store, streamed, units)
-    order = streamed[units]
-    sizes = store.tokens[order] + 1
+    conversations = streamed[units]
+    sizes = store.tokens[conversations] + 1
     cuts = Cuts.of(sizes, row_tokens)
-    reader = _Reader(store, order, eos_id)
+    reader = _Reader(store, conversations, eos_id)
     supervised = np.zeros(cuts.rows, np.int64)
     trainable = np.zeros(cuts.rows, np.int64)
     digests: list[bytes] = []
@@ -97,7 +97,7 @@ def pack(
         supervised[begin:end] = np.count_nonzero(mask_rows, axis=1)
         trainable[begin:end] = supervised[begin:end] - (mask_rows[:, 0] != 0)  # (token 0 trains nothing)
         where = [a[begin:end].tolist() for a in (cuts.first, cuts.head, cuts.last, cuts.tail)]
-        sources, unit_sizes = order[low:high].tolist(), sizes[low:high].tolist()
+        sources, unit_sizes = conversations[low:high].tolist(), sizes[low:high].tolist()
         kept_before = len(digests)
         for r in np.flatnonzero(trainable[begin:end]).tolist():
             first, head, final, tail = (w[r] for w in where)
@@ -122,10 +122,12 @@ def pack(
         begin = end
     if not stopped and not whole:
         raise Unsuited("the conversations the store gives fill too few rows")
-    if not stopped and reader.read_to < len(order):
-        reader.take(reader.read_to, len(order))  # (the stream's tail)
+    if not stopped and reader.read_to < len(conversations):
+        reader.take(reader.read_to, len(conversations))  # (the stream's tail)
     kept = trainable[:considered] > 0
     rows = Rows(units, sizes, cuts, supervised, trainable, considered, kept, stopped)
+    recorded = int(units[rows.fed - 1]) if stopped else len(streamed)  # (``tally`` records those before it)
+    bad = _invalid(store, streamed[:recorded])
     codes = np.zeros(len(streamed), np.int64)
     codes[units] = reader.codes
     stream = Stream()  # (what ``tally`` reads of it: the rows' masks gave the supervised tokens)
@@ -135,13 +137,13 @@ def pack(
     return packed
 
 
-def _invalid(store: TokenStore, order: np.ndarray, units: np.ndarray) -> list[tuple[int, Invalid]]:
-    """The conversations of ``order`` stored as invalid (all but ``units``): their positions,
-    and each one's source row, id and reason, as the store holds them; ``Unsuited`` where
-    one is damaged (it is then held no more)."""
-    positions = np.setdiff1d(np.arange(len(order)), units)
+def _invalid(store: TokenStore, order: np.ndarray) -> list[tuple[int, Invalid]]:
+    """The conversations of ``order`` stored as invalid: their positions, and each one's
+    source row, id and reason, as the store holds them; ``Unsuited`` where one is damaged
+    (it is then held no more)."""
+    positions = np.flatnonzero(store.tokens[order] < 0)
     bad = []
-    for position, item in zip(positions.tolist(), store.lookup_many(order[positions])):
+    for position, item in zip(positions.tolist(), store.lookup_many(order[positions].tolist())):
         if item is None or item.invalid is None:
             raise Unsuited(f"source row {int(order[position])}: damaged in the token store")
         bad.append((position, Invalid(item.source_index, item.id, item.invalid)))

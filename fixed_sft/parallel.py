@@ -349,7 +349,8 @@ class Packed:
 
 
 class Invalid(NamedTuple):
-    """The first invalid conversation in packing order that stops the build."""
+    """A conversation left out of the stream, and why: invalid, or its id used before. The
+    first in packing order stops a build that does not skip such rows."""
 
     source_index: int
     id: str | None

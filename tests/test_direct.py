@@ -368,3 +368,26 @@ def test_a_damaged_invalid_record_ends_it(tmp_path) -> None:
         fixed_sft.direct.pack(store, order, None, (8, 1, False), 0, writer, lambda rows: None)
     writer.abort()
     assert store.segment[1] < 0 and store.segment[[0, 2]].min() >= 0
+
+
+def test_invalid_records_past_the_last_row_are_not_read(tmp_path) -> None:
+    """Invalid conversations after the last row's last conversation are not recorded, as
+    one conversation at a time never reaches them: their records are not read, so one
+    damaged there does not end this path."""
+    ones = np.ones(7, np.uint8)
+    items = [Encoded(i, f"c{i}", np.arange(7, dtype=np.int32), ones, None, True, None) for i in range(4)]
+    items[0] = Encoded(0, "c0", None, None, "first", False, None)
+    items[3] = Encoded(3, "c3", None, None, "past the rows", False, None)
+    store, order = _stored(items, tmp_path / "entry"), np.arange(4)
+    (segment,) = (tmp_path / "entry").glob("*.seg")
+    data = bytearray(segment.read_bytes())
+    data[int(store.offset[3])] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    store = TokenStore(tmp_path / "entry", 4)
+    writer = RowWriter(tmp_path / "direct.parquet")
+    packed = fixed_sft.direct.pack(store, order, 1, (8, 1, False), 0, writer, lambda rows: None)
+    writer.close()
+    assert packed.skipped_invalid == [{"index": 0, "id": "c0", "reason": "first"}]
+    expected, _ = _one_at_a_time(items, order, 1, True, 0, (8, 1, False), tmp_path / "one.parquet")
+    assert expected.skipped_invalid == packed.skipped_invalid and expected.digests == packed.digests
+    assert store.segment[3] >= 0  # (not read: still held)
