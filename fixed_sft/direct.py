@@ -5,13 +5,13 @@ sampled; ``reach``: all of the order, or for some rows a prefix of it), and whic
 this process, cuts its rows from the records before it reads anything: a unit is a valid
 conversation's stored tokens and its ``[EOS]`` (``fixed_sft.cuts``). It then reads, a row
 group at a time, the conversations that the group's rows hold straight into one buffer of
-the group's tokens (``store.UnitReader``),
-so that the rows are views of it: no copy per conversation and none per row. A row with
-no supervised token after token 0 is skipped, as ``fixed_sft.pack`` skips it. Each stretch
-read is the rows that fill the writer's row group, which then goes to Arrow uncopied too
-(``output.rows_table``); a group that a skipped row left short takes the rows it lacks
-from a stretch of their own (that group alone is copied). The rows, the Parquet file and
-the manifest are those of packing one conversation at a time (``tests/test_direct.py``).
+the group's tokens (``store.UnitReader``), so that the rows are views of it: no copy per
+conversation and none per row. A row with no supervised token after token 0 is skipped, as
+``fixed_sft.pack`` skips it. Each stretch read is the rows that fill the writer's row
+group, which then goes to Arrow uncopied too (``output.rows_table``); a group that a
+skipped row left short takes the rows it lacks from a stretch of their own (that group
+alone is copied). The rows, the Parquet file and the manifest are those of packing one
+conversation at a time (``tests/test_direct.py``).
 
 A conversation the store holds as invalid is left out of the stream and recorded (its
 reason read from the store), where the build skips invalid rows; else the path ends before
