@@ -34,6 +34,7 @@ refuse (a string content must still be valid Unicode), as are the record's ``too
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any, NamedTuple
 
@@ -261,11 +262,15 @@ def _tools(tools: Any, schema: MessageSchema, row_id: str | None) -> list | None
 
 def strings(value: Any, json_only: bool = False) -> list[str]:
     """Every string in ``value`` (keys and values, through lists and objects); ``ValueError``
-    for a value nested deeper than ``MAX_DEPTH`` (read without recursion), and with
+    for a value nested deeper than ``MAX_DEPTH`` (read without recursion), for a float that
+    is NaN or infinite (JSON has neither: a template would write ``NaN``), and with
     ``json_only`` for one of no JSON kind (a Parquet decimal or date, say).
 
     >>> strings({"a": ["b", 1]}), strings({"x": 1.5}, json_only=True)
     (['a', 'b'], ['x'])
+    >>> strings({"x": [float("nan")]})
+    Traceback (most recent call last):
+    ValueError: holds nan, which is not a JSON value
     >>> import decimal
     >>> strings({"x": decimal.Decimal("1.5")}, json_only=True)
     Traceback (most recent call last):
@@ -277,6 +282,8 @@ def strings(value: Any, json_only: bool = False) -> list[str]:
         item, depth = stack.pop()
         if isinstance(item, str):
             found.append(item)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"holds {item}, which is not a JSON value")
         elif json_only and not isinstance(item, (dict, list, int, float, type(None))):
             raise ValueError(f"holds a {type(item).__name__}, which is not a JSON value")
         elif isinstance(item, (dict, list)):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,7 +46,7 @@ def records(chunk: pa.Table) -> list[tuple[int, dict | InvalidRow]]:
     rows = chunk.drop_columns(["index", "bytes", "dropped"])
     try:
         decoded = rows.to_pylist()
-    except UnicodeDecodeError:  # a string that is not UTF-8: find the row(s)
+    except (ValueError, OverflowError):  # a string that is not UTF-8, or a date Python has not: find the row(s)
         decoded = [_parquet_row(rows.slice(k, 1)) for k in range(len(indices))]
     paths = [(field.name, *path) for field in rows.schema for path in json_paths(field.type)]
     if paths:
@@ -113,21 +114,28 @@ def _id_of(record: dict) -> str | None:
 
 
 def _parquet_row(row: pa.Table) -> dict | InvalidRow:
-    """One Parquet row's record, or the ``InvalidRow`` a string that is not UTF-8 makes it;
-    such a ``source`` value counts as none (the source mix reads strings alone)."""
+    """One Parquet row's record, or the ``InvalidRow`` a string that is not UTF-8 makes it
+    (such a ``source`` value counts as none: the source mix reads strings alone), or a
+    value Python cannot hold (a date past year 9999, which is no JSON value either)."""
     try:
         return row.to_pylist()[0]
     except UnicodeDecodeError as error:
         if "source" in row.column_names:
-            try:
-                return row.drop_columns(["source"]).to_pylist()[0]
-            except UnicodeDecodeError:
-                pass
-        try:
-            row_id = row.column("id")[0].as_py() if "id" in row.column_names else None
-        except UnicodeDecodeError:  # the id itself is the bad string
-            row_id = None
-        return InvalidRow(f"invalid UTF-8 at byte {error.start} of a string", row_id)
+            return _parquet_row(row.drop_columns(["source"]))
+        return InvalidRow(f"invalid UTF-8 at byte {error.start} of a string", _row_id(row))
+    except (OverflowError, ValueError) as error:
+        return InvalidRow(
+            f"holds a value out of Python's range ({type(error).__name__}), not a JSON value", _row_id(row)
+        )
+
+
+def _row_id(row: pa.Table) -> str | None:
+    """A one-row table's id, where it has one that reads (else the bad value is the id)."""
+    try:
+        row_id = row.column("id")[0].as_py() if "id" in row.column_names else None
+    except (OverflowError, ValueError):
+        return None
+    return None if row_id is None else str(row_id)
 
 
 def _parse_json_line(line: memoryview) -> dict | InvalidRow:
@@ -148,6 +156,8 @@ def _parse_json_line(line: memoryview) -> dict | InvalidRow:
             return InvalidRow("a blank line, not JSON")
         return InvalidRow(f"not JSON ({error.msg} at char {error.pos})")
     except ValueError as error:  # e.g. an integer past Python's digit limit
+        if "integer string conversion" in str(error):
+            return InvalidRow(f"not readable JSON (an integer of more than {sys.get_int_max_str_digits()} digits)")
         return InvalidRow(f"not readable JSON ({error})")
     except RecursionError:
         return InvalidRow("JSON nested too deeply to read")

@@ -42,6 +42,9 @@ _DATA_PATTERNS = tuple(f"*{suffix}" for suffix in SUFFIXES)
 # (older ``datasets`` releases add a fingerprint: ``train-00002-of-00006-9c4f1a2b3d.parquet``)
 _SHARD = re.compile(r"(?P<stem>.+)-(?P<k>\d+)-of-(?P<n>\d+)(?:-[0-9a-f]+)?(?P<suffix>\.parquet|\.jsonl)")
 _WILDCARDS = re.compile(r"[*?\[]|/$")  # (a pattern that chooses files by a glob, or a folder's)
+# A file that holds rows a build does not read: compressed, or named in capitals. A folder's
+# such file is refused, not left out, where the files are not chosen (``--source-files``).
+_UNREAD = re.compile(r"\.(?:parquet|jsonl?)\.(?:gz|bz2|xz|zst|zstd|lz4|zip)$|\.(?:parquet|jsonl)$", re.IGNORECASE)
 # The largest Parquet page (uncompressed) of the columns a build reads: a reader decodes a whole
 # page, taking about 4 times its size in memory with the values it gives, before any value of it
 # (a source whose pages may be over fixed_sft.bands.SHARED_PAGE_BYTES is read a file at a time, not READ_THREADS).
@@ -199,10 +202,11 @@ def _repeated_field(kind: pa.DataType) -> str | None:
 
 
 def _check_parquet_types(files: tuple[Path, ...]) -> None:
-    """Every Parquet file has a ``messages`` column, of types that combine into one (as
-    ``string`` and ``large_string`` do, or structs with other keys): a chunk of the
-    packing order interleaves rows of every file; so do the ``tools`` columns of the files
-    that have one. An ``id`` column holds strings or integers (their text is the id)."""
+    """Every Parquet file has a ``messages`` column, of types that combine into one without
+    changing a value (``_altered``: as ``string`` and ``large_string`` do, or message
+    structs with other keys, whose missing keys are null, which counts as absent): a chunk
+    of the packing order interleaves rows of every file; so do the ``tools`` columns of the
+    files that have one. An ``id`` column holds strings or integers (their text is the id)."""
     combined: dict[str, pa.Schema] = {}
     for path in files:
         schema = pq.read_schema(path)
@@ -230,6 +234,58 @@ def _check_parquet_types(files: tuple[Path, ...]) -> None:
                     f"{path}: {name!r} is {column.field(0).type}, which does not combine with the earlier "
                     f"files' {earlier.field(0).type}; the files of a source must agree"
                 ) from None
+            if earlier is not None and (why := _altered(earlier.field(0).type, column.field(0).type, name)):
+                raise SourceError(
+                    f"{path}: {name!r} would change the earlier files' values, or they its, when read "
+                    f"together: {why}; the files of a source must agree"
+                )
+
+
+def _altered(earlier: pa.DataType, later: pa.DataType, name: str) -> str | None:
+    """Why values of types ``earlier`` and ``later`` would not all read as they are once
+    promoted to one type (``unify_schemas``, which takes them both): an integer of one read
+    as a float, JSON text of one as a string, or, in what a template renders as JSON (the
+    ``tools``, a tool call's ``arguments``: field ``name`` so far), an object given the
+    other's keys (null) or their order. A missing or all-null value reads as null either
+    way; ``None`` where none changes.
+
+    >>> args = lambda *keys: pa.struct([(k, pa.int64()) for k in keys])
+    >>> _altered(pa.float64(), pa.int32(), "x"), _altered(args("a"), args("a", "b"), "messages")
+    ('integers in one, floats in the other', None)
+    >>> _altered(args("a"), args("a", "b"), "arguments")
+    'arguments with other keys, or in another order'
+    """
+    if pa.types.is_null(earlier) or pa.types.is_null(later):
+        return None
+    extensions = [t.extension_name if isinstance(t, pa.BaseExtensionType) else None for t in (earlier, later)]
+    if extensions[0] != extensions[1]:
+        return f"{name} of JSON text in one, of other values in the other"
+    if extensions[0] is not None:
+        return _altered(earlier.storage_type, later.storage_type, name)
+    if _is_list(earlier) and _is_list(later):
+        return _altered(earlier.value_type, later.value_type, name)
+    if pa.types.is_struct(earlier) and pa.types.is_struct(later):
+        names = [earlier.field(k).name for k in range(earlier.num_fields)]
+        others = [later.field(k).name for k in range(later.num_fields)]
+        if name in RENDERED and names != others:
+            return f"{name} with other keys, or in another order"
+        for field in (later.field(k) for k in range(later.num_fields)):
+            if field.name in names:
+                inner = field.name if name not in RENDERED else name
+                if why := _altered(earlier.field(field.name).type, field.type, inner):
+                    return why
+        return None
+    numbers = [pa.types.is_integer(t) or pa.types.is_floating(t) for t in (earlier, later)]
+    if all(numbers) and pa.types.is_integer(earlier) != pa.types.is_integer(later):
+        return "integers in one, floats in the other"
+    return None
+
+
+RENDERED = ("tools", "arguments")  # (what a template renders as JSON: an object as it is, keys in order)
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
 
 
 def _is_rows(schema: pa.Schema) -> bool:
@@ -319,7 +375,9 @@ def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Pa
     path (a file's: its name) matches one of them, as huggingface_hub's ``allow_patterns``
     match (``fnmatch``, where ``*`` also matches '/', and ``dir/`` means ``dir/*``). Each
     must be a regular file or a link to one: a FIFO or a link to nothing of such a name
-    is refused, not skipped (a folder of such a name is searched for files)."""
+    is refused, not skipped (a folder of such a name is searched for files). A link to a
+    folder is refused, as, without ``patterns``, a compressed data file or one whose
+    suffix is in capitals (``_UNREAD``): their rows would be left out unsaid."""
     from huggingface_hub.utils import filter_repo_objects
 
     def name(p: Path) -> str:
@@ -338,6 +396,8 @@ def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Pa
             and not any(part.startswith(".") for part in p.relative_to(path).parts)
         ]
     )
+    if path.is_dir():
+        _no_unread(path, patterns is None)
     chosen = filter_repo_objects(found, allow_patterns=None if patterns is None else list(patterns), key=name)
     files = sorted(chosen, key=name)
     if not path.is_file():
@@ -355,7 +415,8 @@ def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Pa
                 raise SourceError(f"{p}: a link to something that is not a file")
     if not files:
         matching = f" matching {' or '.join(patterns)}" if patterns is not None else ""
-        raise SourceError(f"no .parquet or .jsonl files{matching} in {path}")
+        json = " (JSON Lines files are read named .jsonl)" if any(path.rglob("*.json")) else ""
+        raise SourceError(f"no .parquet or .jsonl files{matching} in {path}{json}")
     for f in files:
         if f.suffix not in SUFFIXES:
             raise SourceError(f"{f}: not a .parquet or .jsonl file")
@@ -367,6 +428,21 @@ def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Pa
     if path.is_dir() and globs != []:  # (the files globs chose: a file named one by one is a choice)
         _whole_shard_sets(path, [name(f) for f in filter_repo_objects(files, allow_patterns=globs, key=name)])
     return tuple(files)
+
+
+def _no_unread(path: Path, unchosen: bool) -> None:
+    """``SourceError`` for an entry of folder ``path`` (none hidden) whose rows a build would
+    leave out without a word: a link to a folder (whose files are not searched), and where
+    the files are ``unchosen``, a file ``_UNREAD`` matches."""
+    for p in path.rglob("*"):
+        if any(part.startswith(".") for part in p.relative_to(path).parts):
+            continue
+        if p.is_symlink() and p.is_dir():
+            raise SourceError(f"{p}: a link to a folder, whose files are not searched; link the files instead")
+        if unchosen and p.suffix not in SUFFIXES and _UNREAD.search(p.name) and not p.is_dir():
+            why = "compressed" if p.suffix.lower() not in SUFFIXES else "named in capitals"
+            how = "decompress it" if p.suffix.lower() not in SUFFIXES else "rename it"
+            raise SourceError(f"{p}: {why}, so its rows are not read; {how}, or choose the files with --source-files")
 
 
 def _whole_shard_sets(path: Path, names: list[str]) -> None:

@@ -336,9 +336,7 @@ def test_a_link_in_a_source_folder_to_no_file_is_named(kimi_dir, tmp_path):
     (tmp_path / "src" / "b.parquet").unlink()
     (tmp_path / "folder").mkdir()
     (tmp_path / "src" / "b.parquet").symlink_to(tmp_path / "folder")
-    with pytest.raises(
-        SourceError, match=re.escape(f"{tmp_path / 'src' / 'b.parquet'}: a link to something that is not")
-    ):
+    with pytest.raises(SourceError, match=re.escape(f"{tmp_path / 'src' / 'b.parquet'}: a link to a folder, whose")):
         build(_config(tmp_path / "src", kimi_dir), tmp_path / "out")
 
 
@@ -495,6 +493,46 @@ def test_json_nested_too_deeply_is_an_invalid_row(kimi_dir, tmp_path):
         _config(tmp_path / "deep.jsonl", kimi_dir, rows=1, row_tokens=4, skip_invalid=True), tmp_path / "out"
     )
     assert [e["index"] for e in manifest["skipped_invalid"]] == [1]
+
+
+def test_a_parquet_date_out_of_pythons_range_is_an_invalid_row(kimi_dir, tmp_path):
+    """pyarrow cannot give a date past year 9999 as Python's: that row, not the build, fails."""
+    import pyarrow as pa
+
+    def messages(stamp):
+        return [{"role": "user", "content": "hi " * 30, "at": stamp}, {"role": "assistant", "content": "ok " * 30}]
+
+    kind = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()), ("at", pa.int64())]))
+    stamps = pa.array([messages(None)] * 5 + [messages(10**15)] + [messages(None)] * 4, kind)
+    timed = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()), ("at", pa.timestamp("s"))]))
+    ids = pa.array([f"r{k}" for k in range(10)])
+    pq.write_table(pa.table({"id": ids, "messages": stamps.cast(timed)}), tmp_path / "src.parquet")
+    with pytest.raises(BuildError, match=r"row 5 \(source row 5, id r5\): holds a value out of Python's range"):
+        build(_config(tmp_path / "src.parquet", kimi_dir, row_tokens=16), tmp_path / "out")
+    manifest = build(_config(tmp_path / "src.parquet", kimi_dir, row_tokens=16, skip_invalid=True), tmp_path / "out")
+    assert [(e["index"], e["id"]) for e in manifest["skipped_invalid"]] == [(5, "r5")]
+
+
+@pytest.mark.parametrize("number", ["NaN", "-Infinity", "1e999"])
+def test_a_number_json_has_not_is_an_invalid_row(kimi_dir, tmp_path, number):
+    """Python's json reads ``NaN`` and ``Infinity`` (and ``1e999`` as infinity); a template
+    would write them back as such, which is not JSON: the row is refused."""
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}
+    row = {"id": "bad", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [call]}]}
+    line = json.dumps(row).replace('{"x": 1}', '{"x": ' + number + '}')
+    good = json.dumps({"id": "ok", **GOOD})
+    (tmp_path / "src.jsonl").write_text(good + "\n" + line + "\n")
+    with pytest.raises(BuildError, match=r"line 2 \(source row 1, id bad\): message 1 holds (nan|-?inf), which is not"):
+        build(_config(tmp_path / "src.jsonl", kimi_dir, rows=1, row_tokens=4), tmp_path / "out")
+
+
+def test_an_integer_of_too_many_digits_is_named_plainly(kimi_dir, tmp_path):
+    good = json.dumps({"id": "ok", **GOOD})
+    (tmp_path / "src.jsonl").write_text(good + "\n" + '{"n": ' + "9" * 5000 + "}\n")
+    with pytest.raises(
+        BuildError, match=r"line 2 \(source row 1\): not readable JSON \(an integer of more than \d+ digits\) \(--skip"
+    ):
+        build(_config(tmp_path / "src.jsonl", kimi_dir, rows=1, row_tokens=4), tmp_path / "out")
 
 
 def test_a_conversation_the_template_refuses_is_a_mismatch_naming_its_row(kimi_dir, tmp_path):

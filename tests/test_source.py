@@ -288,6 +288,111 @@ def test_files_whose_messages_types_combine_give_the_same_rows(tmp_path):
     assert conversations(mixed) == conversations(tmp_path / "plain")
 
 
+def _calls(arguments: list, kind) -> pa.Table:  # noqa: F821
+    """A table of one conversation per tool call's ``arguments``, as ``kind`` holds them."""
+    import pyarrow as pa
+
+    call = pa.struct(
+        [
+            ("id", pa.string()),
+            ("type", pa.string()),
+            ("function", pa.struct([("name", pa.string()), ("arguments", kind)])),
+        ]
+    )
+    message = pa.struct([("role", pa.string()), ("content", pa.string()), ("tool_calls", pa.list_(call))])
+    rows = [
+        [
+            {"role": "user", "content": "weather?", "tool_calls": None},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": a}}],
+            },
+        ]
+        for a in arguments
+    ]
+    return pa.table({"messages": pa.array(rows, pa.list_(message))})
+
+
+@pytest.mark.parametrize(
+    "first, second, why",
+    [
+        ("int64", "float64", "integers in one, floats in the other"),
+        ("keys", "other keys", "arguments with other keys, or in another order"),
+        ("keys", "keys swapped", "arguments with other keys, or in another order"),
+    ],
+)
+def test_files_whose_values_would_change_when_read_together_are_refused(tmp_path, first, second, why):
+    """A tool call's arguments held as objects render as JSON: joined with another file's,
+    they would gain its keys (null), take its key order, or read its integers as floats
+    (``3`` -> ``3.0``), text the model is trained on; such files are refused, not joined."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    kinds = {
+        "int64": (pa.struct([("days", pa.int64())]), [{"days": 3}]),
+        "float64": (pa.struct([("days", pa.float64())]), [{"days": 2.5}]),
+        "keys": (pa.struct([("city", pa.string()), ("days", pa.int64())]), [{"city": "Oslo", "days": 3}]),
+        "other keys": (pa.struct([("query", pa.string()), ("days", pa.int64())]), [{"query": "x", "days": 2}]),
+        "keys swapped": (pa.struct([("days", pa.int64()), ("city", pa.string())]), [{"days": 2, "city": "Rome"}]),
+    }
+    for name, kind in (("a", first), ("b", second)):
+        pq.write_table(_calls(kinds[kind][1], kinds[kind][0]), tmp_path / f"{name}.parquet")
+    with pytest.raises(SourceError, match=re.escape("b.parquet: 'messages' would change") + ".*" + re.escape(why)):
+        open_source(str(tmp_path))
+    (tmp_path / "b.parquet").unlink()
+    assert open_source(str(tmp_path)).num_rows == 1  # (each file alone reads)
+
+
+def test_tools_of_other_keys_are_refused_and_message_keys_combine(tmp_path):
+    """Another file's ``tools`` with other keys would change this file's; messages with
+    other keys combine (a missing key is null, which counts as absent)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    messages = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]]
+    tool = lambda *keys: pa.list_(pa.struct([(k, pa.string()) for k in keys]))  # noqa: E731
+    pq.write_table(
+        pa.table({"messages": messages, "tools": pa.array([[{"name": "f"}]], tool("name"))}), tmp_path / "a.parquet"
+    )
+    both = pa.array([[{"name": "g", "description": "d"}]], tool("name", "description"))
+    pq.write_table(pa.table({"messages": messages, "tools": both}), tmp_path / "b.parquet")
+    with pytest.raises(SourceError, match=r"b\.parquet: 'tools' would change .*tools with other keys"):
+        open_source(str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["b.jsonl.gz", "b.JSONL", "b.Parquet", "sub/b.json.zst"])
+def test_data_files_a_build_does_not_read_are_named(tmp_path, name):
+    """A compressed data file, or one named in capitals, in a source folder would be left
+    out unsaid: it is named, unless the files are chosen with --source-files."""
+    synthetic.write_jsonl(synthetic.conversations(2), tmp_path / "a.jsonl")
+    (tmp_path / name).parent.mkdir(exist_ok=True)
+    (tmp_path / name).write_bytes(b"\x1f\x8b")
+    with pytest.raises(SourceError, match=re.escape(f"{tmp_path / name}: ") + "(compressed|named in capitals)"):
+        open_source(str(tmp_path))
+    assert open_source(str(tmp_path), patterns=("a.jsonl",)).num_rows == 2
+    (tmp_path / ".hidden").mkdir()
+    (tmp_path / name).rename(tmp_path / ".hidden" / "x.jsonl.gz")
+    assert open_source(str(tmp_path)).num_rows == 2
+
+
+def test_a_link_to_a_folder_in_a_source_folder_is_refused(tmp_path):
+    """Its files would not be searched: the build says so rather than leave them out."""
+    synthetic.write_jsonl(synthetic.conversations(2), tmp_path / "src" / "a.jsonl")
+    synthetic.write_jsonl(synthetic.conversations(2), tmp_path / "outside" / "b.jsonl")
+    (tmp_path / "src" / "sub").symlink_to(tmp_path / "outside")
+    with pytest.raises(SourceError, match=re.escape(f"{tmp_path / 'src' / 'sub'}: a link to a folder")):
+        open_source(str(tmp_path / "src"))
+
+
+def test_a_folder_of_json_files_says_how_they_are_read(tmp_path):
+    synthetic.write_jsonl(synthetic.conversations(2), tmp_path / "a.json")
+    with pytest.raises(
+        SourceError, match=r"no \.parquet or \.jsonl files in .*\(JSON Lines files are read named \.jsonl\)"
+    ):
+        open_source(str(tmp_path))
+
+
 def test_file_paths_are_relative_to_the_source_folder(tmp_path):
     (tmp_path / "data").mkdir()
     synthetic.write_jsonl(synthetic.conversations(2), tmp_path / "data" / "train.jsonl")
