@@ -30,7 +30,12 @@ Loss mask ``assistant``:
   the conversation is refused), shown by rendering it with a marker after its content; a
   token that ends the reply's content, with nothing of the template's after it, is the
   content's. Else the template writes a reply's end only when another message follows, or
-  a reply only the next turn's header ends (``end_follows``).
+  a reply only the next turn's header ends (``end_follows``). A span that holds the
+  ``eos_token`` ends with it or with such a turn's end (nothing after the end is the
+  model's to write); what the template writes after the last reply's content begins what
+  it writes there where another message follows (``_last_written_alike``: nothing written
+  at the conversation's end alone). Where the generation prompt is only part of a reply's
+  header, the rest is the reply's: the model writes it after the prompt, as at inference.
   Otherwise the conversation is an invalid row, never a guessed mask.
 
 Refused: a conversation the template does not render (an error it raises, a type error) is an
@@ -104,6 +109,7 @@ RENDERER_FUNCTIONS = (
 )
 MARK = "\ue000\ue001"  # (private-use characters, which no template writes: where a content starts or ends)
 MARK_JSON = json.dumps(MARK)[1:-1]  # (as ``tojson`` writes it)
+PROBE = {"role": "user", "content": "next"}  # a message put after a conversation's last reply, to find its end
 _PROBE = [{"role": "system", "content": "probe"}, {"role": "user", "content": "probe"}]
 _PROBE_REPLY = {"role": "assistant", "content": "probe"}
 
@@ -539,22 +545,34 @@ class HFChatEncoder:
             bare = partial(self._bare, chat, k, own)
             prompt = before[len(plain) :] if before.startswith(plain) else ""
             after = partial(self._after_content, chat, k, own, prompt)
-            ending = end_follows(text, through, self._marks, self.tokenizer.eos_token, bare, after, len(before))
+            eos = self.tokenizer.eos_token
+            ending = end_follows(text, through, self._marks, eos, bare, after, len(before))
             if ending is not None:
                 raise InvalidRow(
                     f"assistant message {k}: the chat template writes its end ({ending}) only when another "
                     "message follows, so the mask would leave it 0; mark replies with {% generation %} blocks"
                 )
+            if k == len(chat) - 1:
+                self._last_written_alike(chat, k, own, text)
+            written = through[len(before) :].rstrip()
+            if eos and eos in written and not written.endswith(eos):
+                last = self._marks.ending(written)
+                if last is None or not after(last):
+                    raise InvalidRow(
+                        f"assistant message {k}: the chat template writes {written[written.rfind(eos) + len(eos) :]!r} "
+                        f"after its end ({eos}) as part of it, which the model would never write"
+                    )
             if len(through) > len(before):  # (an empty span overlaps no token)
                 spans.append((len(before), len(through)))
             end = len(through)
         return text, spans
 
-    def _marked(self, chat: list[dict], j: int, k: int, own: Any) -> tuple[str, int] | None:
-        """The rendering of ``chat[:j + 1]`` with ``MARK`` after message ``j``'s content (after
-        its last text part, or as a part of its own after images), and where the mark ends
-        in it (as written, or as JSON writes it); ``None`` where the content is neither text
-        nor parts (none, an object), or the rendering drops the mark or refuses it."""
+    def _marked(self, chat: list[dict], j: int, k: int, own: Any, then: Sequence[dict] = ()) -> tuple[str, int] | None:
+        """The rendering of ``chat[:j + 1]`` (and the messages ``then``) with ``MARK`` after
+        message ``j``'s content (after its last text part, or as a part of its own after
+        images), and where the mark ends in it (as written, or as JSON writes it);
+        ``None`` where the content is neither text nor parts (none, an object), or the
+        rendering drops the mark or refuses it."""
         content = chat[j].get("content")
         if isinstance(content, str):
             marked: object = content + MARK
@@ -566,7 +584,7 @@ class HFChatEncoder:
         else:
             return None
         try:
-            rendered = self._before([*chat[:j], {**chat[j], "content": marked}], k, j + 1, own)
+            rendered = self._before([*chat[:j], {**chat[j], "content": marked}, *then], k, j + 1 + len(then), own)
         except InvalidRow:
             return None
         for form in (MARK, MARK_JSON):
@@ -598,6 +616,26 @@ class HFChatEncoder:
                 rendered, at = found
                 return token in rendered[at:] + (prompt if j == k - 1 else "")
         return False
+
+    def _last_written_alike(self, chat: list[dict], k: int, own: Any, text: str) -> None:
+        """``InvalidRow`` unless what the template writes after the last reply ``k``'s content
+        begins what it writes there where another message (``PROBE``) follows: else text it
+        adds at the conversation's end alone (a header written whatever comes next, an end
+        of conversation) would be taken into the reply's span. The content is found by
+        ``MARK``; where it has none to mark, the renderings themselves must begin one
+        another. An earlier part rendered otherwise once the reply is not last (reasoning a
+        template keeps for the last reply alone) is not compared."""
+        marked = self._marked(chat, k, k, own)
+        probed = self._marked(chat, k, k, own, then=[PROBE]) if marked is not None else None
+        if marked is not None and probed is not None:
+            written, following = marked[0][marked[1] :], probed[0][probed[1] :]
+        else:
+            written, following = text, self._before([*chat, PROBE], k, len(chat) + 1, own)
+        if not following.startswith(written):
+            raise InvalidRow(
+                f"assistant message {k}: the chat template writes other text after the last reply than where "
+                "another message follows it, so its span is ambiguous"
+            )
 
     def _content_first(self, chat: list[dict], k: int, before: str, own: Any) -> bool:
         """Whether the text of assistant message ``k`` after ``before`` begins with its

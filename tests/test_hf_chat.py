@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -327,6 +328,63 @@ LAST_OPEN = (
     "[[{{ m.content }}{% if not loop.last %}{{ eos_token }}{% endif %}]]{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant: ' }}{% endif %}"
 )
+
+
+# A header written after the loop whatever comes next: the last reply's span would take it in
+HEADER_AFTER = (
+    "{% for m in messages %}{% if m.role == 'user' %}{{ '<｜User｜>' + m.content }}"
+    "{% elif m.role == 'assistant' %}{{ '<｜Assistant｜>' }}[[{{ m.content + eos_token }}]]{% endif %}{% endfor %}"
+    "{{ '<｜Assistant｜>' }}"
+)
+# The next turn's header written after a reply's end, as part of the reply
+HEADER_IN_REPLY = (
+    "{% for m in messages %}{% if loop.first %}{{ '<｜User｜>' }}{% endif %}{% if m.role == 'user' %}"
+    "{{ m.content + '<｜Assistant｜>' }}{% elif m.role == 'assistant' %}[[{{ m.content + eos_token }}]]"
+    "{{ '<｜User｜>' }}{% endif %}{% endfor %}"
+)
+# Reasoning kept for the last reply alone (as Qwen3's and DeepSeek-R1's templates keep it)
+LAST_REASONING = (
+    "{% for m in messages %}{% if m.role == 'user' %}{{ '<｜User｜>' + m.content }}"
+    "{% elif m.role == 'assistant' %}{{ '<｜Assistant｜>' }}[[{% if loop.last and m.reasoning_content %}"
+    "{{ '<think>' + m.reasoning_content + '</think>' }}{% endif %}{{ m.content + eos_token }}]]{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    "template, says",
+    [
+        (HEADER_AFTER, "writes other text after the last reply than where another message follows it"),
+        (HEADER_IN_REPLY, "writes '<｜User｜>' after its end (<｜end▁of▁sentence｜>) as part of it"),
+    ],
+)
+def test_text_after_a_replys_end_is_not_taken_into_its_span(encoder_of, oracle_of, template, says):
+    """What a template writes after a reply's end, which the model would never write (a
+    header written after the loop whatever follows, the next turn's header written as part
+    of the reply), would be 1 by the prefix rule: refused, in one turn or two. Marked with
+    generation blocks, the same template is encoded as transformers masks it."""
+    one = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    for chat in (one, [*one, {"role": "user", "content": "again"}, {"role": "assistant", "content": "ok"}]):
+        with pytest.raises(InvalidRow, match=re.escape(says) if chat is one else "assistant message 1: "):
+            encoder_of(_plain(template)).encode(chat)
+        assert encoder_of(_generation(template)).encode(chat) == _oracle(oracle_of(_generation(template)), chat)
+
+
+def test_reasoning_kept_for_the_last_reply_alone_is_in_its_span(encoder_of, oracle_of):
+    """The last reply's end is compared with what the template writes where another message
+    follows after its content only: reasoning rendered for the last reply alone is its own."""
+    chat = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "ok", "reasoning_content": "think it over"},
+    ]
+    for messages in (chat[:2], chat):
+        got = encoder_of(_plain(LAST_REASONING)).encode(messages)
+        assert got == _oracle(oracle_of(_generation(LAST_REASONING)), messages)
+    assert sum(encoder_of(_plain(LAST_REASONING)).encode(chat)[1]) > sum(
+        encoder_of(_plain(LAST_REASONING)).encode(chat[:2])[1]
+    )
 
 
 def test_a_reply_whose_end_comes_only_before_another_message_is_refused(encoder_of, oracle_of):
