@@ -519,7 +519,7 @@ def test_a_number_json_has_not_is_an_invalid_row(kimi_dir, tmp_path, number):
     would write them back as such, which is not JSON: the row is refused."""
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}
     row = {"id": "bad", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [call]}]}
-    line = json.dumps(row).replace('{"x": 1}', '{"x": ' + number + '}')
+    line = json.dumps(row).replace('{"x": 1}', '{"x": ' + number + "}")
     good = json.dumps({"id": "ok", **GOOD})
     (tmp_path / "src.jsonl").write_text(good + "\n" + line + "\n")
     with pytest.raises(BuildError, match=r"line 2 \(source row 1, id bad\): message 1 holds (nan|-?inf), which is not"):
