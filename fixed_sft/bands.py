@@ -19,7 +19,6 @@ from typing import BinaryIO, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import arrow
@@ -323,6 +322,8 @@ def value_bytes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     it holds and the widths of its other fixed-width values, summed through lists and
     structs; a null is 0. A value of a type outside these (a map, a union) counts as an
     even share of the array's buffers."""
+    import pyarrow.compute as pc  # (here: its import, ~30 ms, is not on a later build's path)
+
     if isinstance(values, pa.ChunkedArray):
         return np.concatenate([np.zeros(0, np.int64), *map(value_bytes, values.chunks)])
     if isinstance(values, pa.ExtensionArray):  # (Arrow's JSON type, say: its text)

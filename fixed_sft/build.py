@@ -20,11 +20,10 @@ from contextlib import ExitStack, closing, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import pyarrow as pa
-from tqdm import tqdm
 
 from . import __version__, direct, parallel
 from .bands import Band, band_bytes, file_bytes, file_reads, read_band, read_file_rows, read_rows
@@ -128,6 +127,40 @@ class InvalidSourceRow(BuildError):
 GIT_TRIES = 3  # times a build asks git for its commit before it records none
 
 
+class Bar(Protocol):
+    """A progress bar, as a build moves it (tqdm's)."""
+
+    def update(self, n: int = 1) -> None: ...
+
+    def reset(self, total: float | None = None) -> None: ...
+
+
+class _Silent:
+    """The bar of a ``--quiet`` build, which shows nothing: tqdm is not imported (~25 ms
+    of a build's start)."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def reset(self, total: float | None = None) -> None:
+        pass
+
+    def __enter__(self) -> _Silent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def _bar(shown: bool, **options: Any) -> Any:
+    """A tqdm bar with ``options``, shown on a terminal only; a silent one where not ``shown``."""
+    if not shown:
+        return _Silent()
+    from tqdm import tqdm
+
+    return tqdm(disable=None, **options)
+
+
 def code_version(boundaries: bool = False) -> dict:
     """The builder's version: package version, format (of a build ``boundaries`` says: with
     them or without), ``code_sha256`` (sha256 over each
@@ -190,7 +223,7 @@ def _fill(
     source: Source,
     order: np.ndarray,
     large_rows: bool,
-    tokenized: tqdm,
+    tokenized: Bar,
     reach: int | None = None,
 ) -> parallel.Indexes | None:
     """Encode into ``store`` every source row it does not hold, in one pass over the source,
@@ -257,7 +290,7 @@ def _fill(
     return indexes
 
 
-def _streamed(store: TokenStore, encoding: _Encoding, source: Source, wanted: np.ndarray, tokenized: tqdm) -> None:
+def _streamed(store: TokenStore, encoding: _Encoding, source: Source, wanted: np.ndarray, tokenized: Bar) -> None:
     """The rows ``wanted`` marks, read here in source order, encoded by the workers a chunk
     (``CHUNK_ROWS``, at most ``CHUNK_BYTES``) at a time, and stored, until one fails its
     template check (reached later in packing order, where it stops the build)."""
@@ -388,8 +421,8 @@ def _pack(
     packer: Packer,
     writer: RowWriter,
     tally: _Tally,
-    bar: tqdm,
-    tokenized: tqdm,
+    bar: Bar,
+    tokenized: Bar,
     boundaries: bool = False,
 ) -> None:
     """Feed conversations to the packer a block at a time (``_block``) and write kept rows
@@ -450,7 +483,7 @@ def _pack_stored(
     setup: tuple[int, _Encoding],
     source: Source,
     folder: Path,
-    bar: tqdm,
+    bar: Bar,
     tallied: Callable[[parallel.Packed], None] | None = None,
     indexes: parallel.Indexes | None = None,
 ) -> parallel.Packed | None:
@@ -486,7 +519,7 @@ def _pack_fresh(
     setup: tuple[int, _Encoding],
     source: Source,
     folder: Path,
-    bars: tuple[tqdm, tqdm],
+    bars: tuple[Bar, Bar],
     tallied: Callable[[parallel.Packed], None] | None = None,
 ) -> parallel.Packed | None:
     """Pack a first build of some rows in the workers (``fixed_sft.parallel``), with at least
@@ -539,7 +572,7 @@ def _pack_blocks(
     setup: tuple[int, parallel.Run],
     source: Source,
     out: Path,
-    bar: tqdm,
+    bar: Bar,
     tallied: Callable[[parallel.Packed], None] | None = None,
     fed: parallel.Fed | None = None,
 ) -> parallel.Packed | None:
@@ -886,7 +919,7 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
                 counted.take(packed)
                 plotter.start(counted.plot_inputs(packed.rows))
 
-        def read_directly(bar: tqdm) -> parallel.Packed | None:
+        def read_directly(bar: Bar) -> parallel.Packed | None:
             """Pack in this process, reading the rows straight from the store (``fixed_sft.direct``),
             where it gives the conversations the rows need (``direct.reach``); ``None``
             where it cannot (nothing is then left written): the build packs one conversation
@@ -912,7 +945,7 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
             packed.parquet_sha256 = writer.sha256
             return packed
 
-        def streamed(skip: np.ndarray | None, tokenized: tqdm, bar: tqdm) -> int:
+        def streamed(skip: np.ndarray | None, tokenized: Bar, bar: Bar) -> int:
             """Pack one conversation at a time, in packing order: those ``skip`` marks from the
             store, the others read and encoded; the rows written."""
             writer = RowWriter(folder / PARQUET_NAME, config.emit_boundaries)
@@ -946,12 +979,11 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
         # cost in page faults: a one-band build keeps glibc's reuse of its freed blocks).
         if bytes_row > LARGE_ROW_BYTES or (not fill and min(source.num_rows, wanted()) * bytes_row > band_budget):
             map_large_allocations()
-        shown = None if progress else True  # (None: shown on a terminal only)
         every = source.num_rows if config.rows is None else None
         try:
             with (
-                tqdm(total=every, unit="conv", disable=shown, desc="tokenize", position=0) as tokenized,
-                tqdm(total=config.rows, unit="row", disable=shown, desc=f"write {config.name}", position=1) as bar,
+                _bar(progress, total=every, unit="conv", desc="tokenize", position=0) as tokenized,
+                _bar(progress, total=config.rows, unit="row", desc=f"write {config.name}", position=1) as bar,
             ):
                 indexes = None
                 if fill:
@@ -959,7 +991,7 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
                     large_rows = encoding.workers > 1 and bytes_row > LARGE_ROW_BYTES
                     indexes = _fill(store, encoding, source, order, large_rows, tokenized, reach)
                     skip = store.given(config.check_every)
-                    tokenized = tqdm(disable=True)  # (counted as filled)
+                    tokenized = _Silent()  # (counted as filled)
                 packed = None
                 if store is not None and skip is not None:
                     setup = (separator_id, encoding)
