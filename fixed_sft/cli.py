@@ -269,8 +269,7 @@ def _build(args: argparse.Namespace) -> int:
     start = time.monotonic()
     gc.freeze()  # (what the imports made outlives the build: the collector need not go over it, ~0.1 CPU-s)
     try:
-        local = all(value is not None and Path(value).exists() for value in (config.source, config.tokenizer))
-        with _hub_bars(not args.quiet or local):  # (a download's bars: huggingface_hub's own; none where all is local)
+        with _hub_bars(not args.quiet or not _may_download(config)):  # (a download's bars: huggingface_hub's own)
             manifest = build(config, out, progress=not args.quiet)
     finally:
         gc.unfreeze()  # (what was garbage then is collected, where main() is called again)
@@ -463,6 +462,12 @@ def _export(args: argparse.Namespace) -> int:
         f"{done.trained_tokens} tokens trained within them (the build: {done.trainable_tokens} trainable)"
     )
     return 0
+
+
+def _may_download(config: BuildConfig) -> bool:
+    """Whether a build of ``config`` may download from the Hub: its source or its tokenizer
+    is not a local path (a Hub id, or a named build's)."""
+    return not all(value is not None and Path(value).exists() for value in (config.source, config.tokenizer))
 
 
 @contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -584,20 +585,30 @@ def test_verify_of_a_hostile_folder_names_it_in_one_line(source, kimi_dir, tmp_p
     )
 
 
-def test_quiet_turns_the_hubs_download_bars_off_for_the_build_only(source, kimi_dir, tmp_path, monkeypatch):
+def test_quiet_turns_the_hubs_download_bars_off_for_a_build_that_may_download(source, kimi_dir, tmp_path, monkeypatch):
+    """huggingface_hub's bars are off inside a quiet build that may download (a source or a
+    tokenizer not a local path), and left as they are (not imported) for one that cannot."""
     from huggingface_hub.utils import are_progress_bars_disabled
 
     import fixed_sft.build as build_module
+    import fixed_sft.cli as cli
+    from fixed_sft.params import BuildConfig
 
     seen = []
     real = build_module.build
     monkeypatch.setattr(
         build_module, "build", lambda *a, **k: seen.append(are_progress_bars_disabled()) or real(*a, **k)
     )
-    before = are_progress_bars_disabled()
+    before, may_download = are_progress_bars_disabled(), cli._may_download
     assert main(_build_args(source, kimi_dir, tmp_path / "q")) == 0
+    monkeypatch.setattr(cli, "_may_download", lambda config: True)
+    assert main(_build_args(source, kimi_dir, tmp_path / "q2")) == 0
     assert main([a for a in _build_args(source, kimi_dir, tmp_path / "loud") if a != "--quiet"]) == 0
-    assert seen == [True, before] and are_progress_bars_disabled() == before
+    assert seen == [before, True, before] and are_progress_bars_disabled() == before
+    local = BuildConfig(name="x", source=str(source), tokenizer=str(kimi_dir))
+    assert not may_download(local)
+    assert may_download(dataclasses.replace(local, tokenizer="moonshotai/Kimi-K2.6"))
+    assert may_download(dataclasses.replace(local, source="allenai/tulu-3-sft-mixture"))
 
 
 def test_a_token_store_named_and_turned_off_is_a_usage_error(tmp_path, capsys):
