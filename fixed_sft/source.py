@@ -44,7 +44,7 @@ _SHARD = re.compile(r"(?P<stem>.+)-(?P<k>\d+)-of-(?P<n>\d+)(?:-[0-9a-f]+)?(?P<su
 _WILDCARDS = re.compile(r"[*?\[]|/$")  # (a pattern that chooses files by a glob, or a folder's)
 # A file that holds rows a build does not read: compressed, or named in capitals. A folder's
 # such file is refused, not left out, where the files are not chosen (``--source-files``).
-_UNREAD = re.compile(r"\.(?:parquet|jsonl?)\.(?:gz|bz2|xz|zst|zstd|lz4|zip)$|\.(?:parquet|jsonl)$", re.IGNORECASE)
+_UNREAD = re.compile(r"\.(?:parquet|jsonl)(?:\.(?:gz|bz2|xz|zst|zstd|lz4|zip))?$", re.IGNORECASE)
 # The largest Parquet page (uncompressed) of the columns a build reads: a reader decodes a whole
 # page, taking about 4 times its size in memory with the values it gives, before any value of it
 # (a source whose pages may be over fixed_sft.bands.SHARED_PAGE_BYTES is read a file at a time, not READ_THREADS).
@@ -236,24 +236,25 @@ def _check_parquet_types(files: tuple[Path, ...]) -> None:
                 ) from None
             if earlier is not None and (why := _altered(earlier.field(0).type, column.field(0).type, name)):
                 raise SourceError(
-                    f"{path}: {name!r} would change the earlier files' values, or they its, when read "
-                    f"together: {why}; the files of a source must agree"
+                    f"{path}: its {name!r} and the earlier files' cannot be read together unchanged ({why}); "
+                    "the files of a source must agree"
                 )
 
 
 def _altered(earlier: pa.DataType, later: pa.DataType, name: str) -> str | None:
     """Why values of types ``earlier`` and ``later`` would not all read as they are once
-    promoted to one type (``unify_schemas``, which takes them both): an integer of one read
-    as a float, JSON text of one as a string, or, in what a template renders as JSON (the
-    ``tools``, a tool call's ``arguments``: field ``name`` so far), an object given the
-    other's keys (null) or their order. A missing or all-null value reads as null either
-    way; ``None`` where none changes.
+    promoted to one type (``unify_schemas``, which takes them both): numbers of one kind
+    read as another's (an integer as a float, a signed as an unsigned, a decimal), text as
+    bytes, JSON text as strings, or, in what a template renders as JSON (the ``tools``, a
+    message's ``tool_calls``: field ``name`` so far), an object given the other's keys
+    (null) or their order. A missing or all-null value reads as null either way; ``None``
+    where none changes.
 
     >>> args = lambda *keys: pa.struct([(k, pa.int64()) for k in keys])
-    >>> _altered(pa.float64(), pa.int32(), "x"), _altered(args("a"), args("a", "b"), "messages")
+    >>> _altered(pa.int32(), pa.float64(), "x"), _altered(args("a"), args("a", "b"), "messages")
     ('integers in one, floats in the other', None)
-    >>> _altered(args("a"), args("a", "b"), "arguments")
-    'arguments with other keys, or in another order'
+    >>> _altered(args("a"), args("a", "b"), "tool_calls")
+    'tool_calls with other keys, or in another order'
     """
     if pa.types.is_null(earlier) or pa.types.is_null(later):
         return None
@@ -275,13 +276,26 @@ def _altered(earlier: pa.DataType, later: pa.DataType, name: str) -> str | None:
                 if why := _altered(earlier.field(field.name).type, field.type, inner):
                     return why
         return None
-    numbers = [pa.types.is_integer(t) or pa.types.is_floating(t) for t in (earlier, later)]
-    if all(numbers) and pa.types.is_integer(earlier) != pa.types.is_integer(later):
-        return "integers in one, floats in the other"
+    kinds = (_kind(earlier), _kind(later))
+    if kinds[0] != kinds[1] and None not in kinds:
+        return f"{kinds[0]} in one, {kinds[1]} in the other"
     return None
 
 
-RENDERED = ("tools", "arguments")  # (what a template renders as JSON: an object as it is, keys in order)
+def _kind(kind: pa.DataType) -> str | None:
+    """What a scalar type's values read as, where promoting to another type changes them."""
+    checks = (
+        (pa.types.is_signed_integer, "integers"),
+        (pa.types.is_unsigned_integer, "unsigned integers"),
+        (pa.types.is_floating, "floats"),
+        (pa.types.is_decimal, "decimals"),
+        (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t), "text"),
+        (lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t), "bytes"),
+    )
+    return next((what for check, what in checks if check(kind)), None)
+
+
+RENDERED = ("tools", "tool_calls")  # (what a template may render as JSON: an object as it is, keys in order)
 
 
 def _is_list(kind: pa.DataType) -> bool:
@@ -385,19 +399,7 @@ def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Pa
 
     if not path.is_file() and not path.is_dir():
         raise _not_regular(path)
-    found = (
-        [path]
-        if path.is_file()
-        else [  # every entry but folders (whose files are found in turn), and none hidden
-            p
-            for p in path.rglob("*")
-            if p.suffix in SUFFIXES
-            and (p.is_symlink() or not p.is_dir())
-            and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        ]
-    )
-    if path.is_dir():
-        _no_unread(path, patterns is None)
+    found = [path] if path.is_file() else _walk(path, patterns is None)
     chosen = filter_repo_objects(found, allow_patterns=None if patterns is None else list(patterns), key=name)
     files = sorted(chosen, key=name)
     if not path.is_file():
@@ -430,19 +432,36 @@ def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Pa
     return tuple(files)
 
 
-def _no_unread(path: Path, unchosen: bool) -> None:
-    """``SourceError`` for an entry of folder ``path`` (none hidden) whose rows a build would
-    leave out without a word: a link to a folder (whose files are not searched), and where
-    the files are ``unchosen``, a file ``_UNREAD`` matches."""
-    for p in path.rglob("*"):
-        if any(part.startswith(".") for part in p.relative_to(path).parts):
-            continue
-        if p.is_symlink() and p.is_dir():
-            raise SourceError(f"{p}: a link to a folder, whose files are not searched; link the files instead")
-        if unchosen and p.suffix not in SUFFIXES and _UNREAD.search(p.name) and not p.is_dir():
-            why = "compressed" if p.suffix.lower() not in SUFFIXES else "named in capitals"
-            how = "decompress it" if p.suffix.lower() not in SUFFIXES else "rename it"
-            raise SourceError(f"{p}: {why}, so its rows are not read; {how}, or choose the files with --source-files")
+def _walk(path: Path, unchosen: bool) -> list[Path]:
+    """The entries of folder ``path`` named as data files (``SUFFIXES``), but for folders
+    (whose files are found in turn) and those under a hidden name, in one walk that does not
+    go into hidden folders. Where the files are ``unchosen``, ``SourceError`` for an entry
+    whose rows would be left out unsaid: a link to a folder (which is not searched), or a
+    file ``_UNREAD`` matches (compressed, or named in capitals)."""
+    found = []
+    for root, folders, files in os.walk(path):
+        here = Path(root)
+        for name in folders:
+            if not name.startswith(".") and (here / name).is_symlink():
+                if unchosen:
+                    raise SourceError(
+                        f"{here / name}: a link to a folder, whose files are not searched; link the files"
+                    )
+                if Path(name).suffix in SUFFIXES:
+                    found.append(here / name)  # (refused below where chosen: not a file)
+        folders[:] = [name for name in folders if not name.startswith(".") and not (here / name).is_symlink()]
+        for name in files:
+            if name.startswith("."):
+                continue
+            if Path(name).suffix in SUFFIXES:
+                found.append(here / name)
+            elif unchosen and _UNREAD.search(name):
+                compressed = Path(name).suffix.lower() not in SUFFIXES
+                why, how = ("compressed", "decompress it") if compressed else ("named in capitals", "rename it")
+                raise SourceError(
+                    f"{here / name}: {why}, so its rows are not read; {how}, or choose the files with --source-files"
+                )
+    return found
 
 
 def _whole_shard_sets(path: Path, names: list[str]) -> None:

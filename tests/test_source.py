@@ -318,8 +318,11 @@ def _calls(arguments: list, kind) -> pa.Table:  # noqa: F821
     "first, second, why",
     [
         ("int64", "float64", "integers in one, floats in the other"),
-        ("keys", "other keys", "arguments with other keys, or in another order"),
-        ("keys", "keys swapped", "arguments with other keys, or in another order"),
+        ("int64", "uint64", "integers in one, unsigned integers in the other"),
+        ("int64", "decimal", "integers in one, decimals in the other"),
+        ("text", "bytes", "text in one, bytes in the other"),
+        ("keys", "other keys", "tool_calls with other keys, or in another order"),
+        ("keys", "keys swapped", "tool_calls with other keys, or in another order"),
     ],
 )
 def test_files_whose_values_would_change_when_read_together_are_refused(tmp_path, first, second, why):
@@ -331,6 +334,10 @@ def test_files_whose_values_would_change_when_read_together_are_refused(tmp_path
 
     kinds = {
         "int64": (pa.struct([("days", pa.int64())]), [{"days": 3}]),
+        "uint64": (pa.struct([("days", pa.uint64())]), [{"days": 2**63 + 5}]),
+        "decimal": (pa.struct([("days", pa.decimal128(5, 2))]), [{"days": __import__("decimal").Decimal("2.50")}]),
+        "text": (pa.struct([("days", pa.string())]), [{"days": "s"}]),
+        "bytes": (pa.struct([("days", pa.binary())]), [{"days": b"s"}]),
         "float64": (pa.struct([("days", pa.float64())]), [{"days": 2.5}]),
         "keys": (pa.struct([("city", pa.string()), ("days", pa.int64())]), [{"city": "Oslo", "days": 3}]),
         "other keys": (pa.struct([("query", pa.string()), ("days", pa.int64())]), [{"query": "x", "days": 2}]),
@@ -338,7 +345,12 @@ def test_files_whose_values_would_change_when_read_together_are_refused(tmp_path
     }
     for name, kind in (("a", first), ("b", second)):
         pq.write_table(_calls(kinds[kind][1], kinds[kind][0]), tmp_path / f"{name}.parquet")
-    with pytest.raises(SourceError, match=re.escape("b.parquet: 'messages' would change") + ".*" + re.escape(why)):
+    with pytest.raises(
+        SourceError,
+        match=re.escape("b.parquet: its 'messages' and the earlier files' cannot be read together unchanged")
+        + ".*"
+        + re.escape(why),
+    ):
         open_source(str(tmp_path))
     (tmp_path / "b.parquet").unlink()
     assert open_source(str(tmp_path)).num_rows == 1  # (each file alone reads)
@@ -357,11 +369,11 @@ def test_tools_of_other_keys_are_refused_and_message_keys_combine(tmp_path):
     )
     both = pa.array([[{"name": "g", "description": "d"}]], tool("name", "description"))
     pq.write_table(pa.table({"messages": messages, "tools": both}), tmp_path / "b.parquet")
-    with pytest.raises(SourceError, match=r"b\.parquet: 'tools' would change .*tools with other keys"):
+    with pytest.raises(SourceError, match=r"b\.parquet: its 'tools' .*tools with other keys"):
         open_source(str(tmp_path))
 
 
-@pytest.mark.parametrize("name", ["b.jsonl.gz", "b.JSONL", "b.Parquet", "sub/b.json.zst"])
+@pytest.mark.parametrize("name", ["b.jsonl.gz", "b.JSONL", "b.Parquet", "sub/b.parquet.zst"])
 def test_data_files_a_build_does_not_read_are_named(tmp_path, name):
     """A compressed data file, or one named in capitals, in a source folder would be left
     out unsaid: it is named, unless the files are chosen with --source-files."""
@@ -373,6 +385,8 @@ def test_data_files_a_build_does_not_read_are_named(tmp_path, name):
     assert open_source(str(tmp_path), patterns=("a.jsonl",)).num_rows == 2
     (tmp_path / ".hidden").mkdir()
     (tmp_path / name).rename(tmp_path / ".hidden" / "x.jsonl.gz")
+    (tmp_path / "raw.json.gz").write_bytes(b"\x1f\x8b")  # (a .json file is not read decompressed either)
+    (tmp_path / "dataset_infos.json").write_text("{}")
     assert open_source(str(tmp_path)).num_rows == 2
 
 
@@ -383,6 +397,10 @@ def test_a_link_to_a_folder_in_a_source_folder_is_refused(tmp_path):
     (tmp_path / "src" / "sub").symlink_to(tmp_path / "outside")
     with pytest.raises(SourceError, match=re.escape(f"{tmp_path / 'src' / 'sub'}: a link to a folder")):
         open_source(str(tmp_path / "src"))
+    assert open_source(str(tmp_path / "src"), patterns=("a.jsonl",)).num_rows == 2  # (files chosen: not searched)
+    (tmp_path / "src" / "sub").unlink()
+    (tmp_path / "src" / ".hidden").symlink_to(tmp_path / "outside")
+    assert open_source(str(tmp_path / "src")).num_rows == 2
 
 
 def test_a_folder_of_json_files_says_how_they_are_read(tmp_path):
