@@ -32,9 +32,9 @@ Loss mask ``assistant``:
   content's. Else the template writes a reply's end only when another message follows, or
   a reply only the next turn's header ends (``end_follows``). A span that holds the
   ``eos_token`` ends with it or with such a turn's end (nothing after the end is the
-  model's to write); what the template writes after the last reply's content begins what
-  it writes there where another message follows (``_last_written_alike``: nothing written
-  at the conversation's end alone). Where the generation prompt is only part of a reply's
+  model's to write); what the template writes after the last reply's content but not
+  where another message follows (an end-of-conversation token, a header written after the
+  loop) is not the reply's (``_not_the_last_replys``). Where the generation prompt is only part of a reply's
   header, the rest is the reply's: the model writes it after the prompt, as at inference.
   Otherwise the conversation is an invalid row, never a guessed mask.
 
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -553,7 +554,12 @@ class HFChatEncoder:
                     "message follows, so the mask would leave it 0; mark replies with {% generation %} blocks"
                 )
             if k == len(chat) - 1:
-                self._last_written_alike(chat, k, own, text)
+                through = text[: len(text) - self._not_the_last_replys(chat, k, own, text)]
+                if len(through) < len(before):
+                    raise InvalidRow(
+                        f"assistant message {k}: the chat template writes other text after the last reply than "
+                        "where another message follows it, so its span is ambiguous"
+                    )
             written = through[len(before) :].rstrip()
             if eos and eos in written and not written.endswith(eos):
                 last = self._marks.ending(written)
@@ -617,25 +623,33 @@ class HFChatEncoder:
                 return token in rendered[at:] + (prompt if j == k - 1 else "")
         return False
 
-    def _last_written_alike(self, chat: list[dict], k: int, own: Any, text: str) -> None:
-        """``InvalidRow`` unless what the template writes after the last reply ``k``'s content
-        begins what it writes there where another message (``PROBE``) follows: else text it
-        adds at the conversation's end alone (a header written whatever comes next, an end
-        of conversation) would be taken into the reply's span. The content is found by
-        ``MARK``; where it has none to mark, the renderings themselves must begin one
-        another. An earlier part rendered otherwise once the reply is not last (reasoning a
-        template keeps for the last reply alone) is not compared."""
+    def _not_the_last_replys(self, chat: list[dict], k: int, own: Any, text: str) -> int:
+        """How many characters at the end of ``text`` are not the last reply ``k``'s: what
+        the template writes after the reply's content there, but not where another message
+        (``PROBE``) follows it (an end-of-conversation token, a header written whatever
+        comes next), from the first added token of it on; what the two have in common, up
+        to an added token and the white space after it, is the reply's end. ``InvalidRow``
+        where they have no added token in common. The content is found by ``MARK``; where
+        it has none to mark, the renderings themselves are compared. An earlier part
+        rendered otherwise once the reply is not last (reasoning a template keeps for the
+        last reply alone) is not compared."""
         marked = self._marked(chat, k, k, own)
         probed = self._marked(chat, k, k, own, then=[PROBE]) if marked is not None else None
         if marked is not None and probed is not None:
             written, following = marked[0][marked[1] :], probed[0][probed[1] :]
         else:
             written, following = text, self._before([*chat, PROBE], k, len(chat) + 1, own)
-        if not following.startswith(written):
+        if following.startswith(written):
+            return 0
+        common = os.path.commonprefix([written, following])
+        kept = next((n for n in range(len(common), 0, -1) if self._marks.ending(common[:n])), 0)
+        kept += len(common[kept:]) - len(common[kept:].lstrip()) if kept else 0
+        if not kept or not text.endswith(written):
             raise InvalidRow(
                 f"assistant message {k}: the chat template writes other text after the last reply than where "
-                "another message follows it, so its span is ambiguous"
+                "another message follows it, so its span is ambiguous; mark replies with {% generation %} blocks"
             )
+        return len(written) - kept
 
     def _content_first(self, chat: list[dict], k: int, before: str, own: Any) -> bool:
         """Whether the text of assistant message ``k`` after ``before`` begins with its

@@ -351,23 +351,38 @@ LAST_REASONING = (
 )
 
 
-@pytest.mark.parametrize(
-    "template, says",
-    [
-        (HEADER_AFTER, "writes other text after the last reply than where another message follows it"),
-        (HEADER_IN_REPLY, "writes '<｜User｜>' after its end (<｜end▁of▁sentence｜>) as part of it"),
-    ],
+# An end of conversation written after the last reply alone (as Phi-3's template writes its eos_token)
+END_OF_CHAT = (
+    "{% for m in messages %}{% if m.role == 'user' %}{{ '<｜User｜>' + m.content }}"
+    "{% elif m.role == 'assistant' %}{{ '<｜Assistant｜>' }}[[{{ m.content + '<|EOT|>' + '\\n' }}]]{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% else %}{{ eos_token }}{% endif %}"
 )
-def test_text_after_a_replys_end_is_not_taken_into_its_span(encoder_of, oracle_of, template, says):
-    """What a template writes after a reply's end, which the model would never write (a
-    header written after the loop whatever follows, the next turn's header written as part
-    of the reply), would be 1 by the prefix rule: refused, in one turn or two. Marked with
-    generation blocks, the same template is encoded as transformers masks it."""
+
+
+@pytest.mark.parametrize("template", [HEADER_AFTER, END_OF_CHAT])
+def test_what_a_template_writes_after_the_last_reply_alone_is_not_the_replys(encoder_of, oracle_of, template):
+    """A header written after the loop whatever follows, or an end of conversation: text
+    the template writes after the last reply but not where another message follows is not
+    the reply's (its end, up to an added token they share, is): the mask of the template
+    marked with generation blocks."""
     one = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    ids, mask = encoder_of(_plain(template)).encode(one)
+    assert (ids, mask) == _oracle(oracle_of(_generation(template)), one)
+    assert mask[-1] == 0
+
+
+def test_the_next_turns_header_written_after_a_replys_end_is_refused(encoder_of, oracle_of):
+    """As part of a reply, after its eos_token: the prefix rule would train what the model
+    never writes. Marked with generation blocks, the template is encoded as transformers
+    masks it."""
+    one = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    says = "writes '<｜User｜>' after its end (<｜end▁of▁sentence｜>) as part of it"
     for chat in (one, [*one, {"role": "user", "content": "again"}, {"role": "assistant", "content": "ok"}]):
-        with pytest.raises(InvalidRow, match=re.escape(says) if chat is one else "assistant message 1: "):
-            encoder_of(_plain(template)).encode(chat)
-        assert encoder_of(_generation(template)).encode(chat) == _oracle(oracle_of(_generation(template)), chat)
+        with pytest.raises(InvalidRow, match=re.escape(says)):
+            encoder_of(_plain(HEADER_IN_REPLY)).encode(chat)
+        assert encoder_of(_generation(HEADER_IN_REPLY)).encode(chat) == _oracle(
+            oracle_of(_generation(HEADER_IN_REPLY)), chat
+        )
 
 
 def test_reasoning_kept_for_the_last_reply_alone_is_in_its_span(encoder_of, oracle_of):
