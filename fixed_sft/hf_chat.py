@@ -565,8 +565,8 @@ class HFChatEncoder:
                 last = self._marks.ending(written)
                 if last is None or not after(last):
                     raise InvalidRow(
-                        f"assistant message {k}: the chat template writes {written[written.rfind(eos) + len(eos) :]!r} "
-                        f"after its end ({eos}) as part of it, which the model would never write"
+                        f"assistant message {k}: its span goes on after the eos_token ({eos}) with "
+                        f"{written[written.rfind(eos) + len(eos) :]!r}, which the model would never write"
                     )
             if len(through) > len(before):  # (an empty span overlaps no token)
                 spans.append((len(before), len(through)))

@@ -376,7 +376,7 @@ def test_the_next_turns_header_written_after_a_replys_end_is_refused(encoder_of,
     never writes. Marked with generation blocks, the template is encoded as transformers
     masks it."""
     one = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
-    says = "writes '<｜User｜>' after its end (<｜end▁of▁sentence｜>) as part of it"
+    says = "its span goes on after the eos_token (<｜end▁of▁sentence｜>) with '<｜User｜>'"
     for chat in (one, [*one, {"role": "user", "content": "again"}, {"role": "assistant", "content": "ok"}]):
         with pytest.raises(InvalidRow, match=re.escape(says)):
             encoder_of(_plain(HEADER_IN_REPLY)).encode(chat)
