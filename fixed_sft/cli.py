@@ -479,7 +479,7 @@ def _hub_bars(shown: bool) -> Iterator[None]:
         return
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    quieted = not shown and not are_progress_bars_disabled()
+    quieted = not are_progress_bars_disabled()
     if quieted:
         disable_progress_bars()
     try:

@@ -389,9 +389,10 @@ def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Pa
     path (a file's: its name) matches one of them, as huggingface_hub's ``allow_patterns``
     match (``fnmatch``, where ``*`` also matches '/', and ``dir/`` means ``dir/*``). Each
     must be a regular file or a link to one: a FIFO or a link to nothing of such a name
-    is refused, not skipped (a folder of such a name is searched for files). A link to a
-    folder is refused, as, without ``patterns``, a compressed data file or one whose
-    suffix is in capitals (``_UNREAD``): their rows would be left out unsaid."""
+    is refused, not skipped (a folder of such a name is searched for files). Without
+    ``patterns``, a link to a folder is refused, as is a compressed data file or one whose
+    suffix is in capitals (``_UNREAD``), and a folder that cannot be read: their rows would
+    be left out unsaid."""
     from huggingface_hub.utils import filter_repo_objects
 
     def name(p: Path) -> str:
@@ -417,8 +418,8 @@ def _data_files(path: Path, patterns: tuple[str, ...] | None = None) -> tuple[Pa
                 raise SourceError(f"{p}: a link to something that is not a file")
     if not files:
         matching = f" matching {' or '.join(patterns)}" if patterns is not None else ""
-        json = " (JSON Lines files are read named .jsonl)" if any(path.rglob("*.json")) else ""
-        raise SourceError(f"no .parquet or .jsonl files{matching} in {path}{json}")
+        hint = " (JSON Lines files are read named .jsonl)" if any(path.rglob("*.json")) else ""
+        raise SourceError(f"no .parquet or .jsonl files{matching} in {path}{hint}")
     for f in files:
         if f.suffix not in SUFFIXES:
             raise SourceError(f"{f}: not a .parquet or .jsonl file")
@@ -436,10 +437,16 @@ def _walk(path: Path, unchosen: bool) -> list[Path]:
     """The entries of folder ``path`` named as data files (``SUFFIXES``), but for folders
     (whose files are found in turn) and those under a hidden name, in one walk that does not
     go into hidden folders. Where the files are ``unchosen``, ``SourceError`` for an entry
-    whose rows would be left out unsaid: a link to a folder (which is not searched), or a
-    file ``_UNREAD`` matches (compressed, or named in capitals)."""
+    whose rows would be left out unsaid: a link to a folder (which is not searched), a
+    file ``_UNREAD`` matches (compressed, or named in capitals), or a folder that cannot
+    be read."""
+
+    def unlisted(error: OSError) -> None:
+        if unchosen:
+            raise unreadable(Path(error.filename or path), error)
+
     found = []
-    for root, folders, files in os.walk(path):
+    for root, folders, files in os.walk(path, onerror=unlisted):
         here = Path(root)
         for name in folders:
             if not name.startswith(".") and (here / name).is_symlink():

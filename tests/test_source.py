@@ -403,6 +403,25 @@ def test_a_link_to_a_folder_in_a_source_folder_is_refused(tmp_path):
     assert open_source(str(tmp_path / "src")).num_rows == 2
 
 
+def test_a_folder_that_cannot_be_read_is_named(tmp_path, monkeypatch):
+    """os.walk passes over a folder it cannot list: its rows would be left out unsaid."""
+    import errno
+
+    import fixed_sft.source as source_module
+
+    synthetic.write_jsonl(synthetic.conversations(2), tmp_path / "a.jsonl")
+    walk = os.walk
+
+    def denied(top, onerror=None, **kwargs):
+        yield from walk(top, onerror=onerror, **kwargs)
+        onerror(PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "locked")))
+
+    monkeypatch.setattr(source_module.os, "walk", denied)
+    with pytest.raises(SourceError, match=re.escape(f"{tmp_path / 'locked'}: cannot read (Permission denied)")):
+        open_source(str(tmp_path))
+    assert open_source(str(tmp_path), patterns=("a.jsonl",)).num_rows == 2
+
+
 def test_a_folder_of_json_files_says_how_they_are_read(tmp_path):
     synthetic.write_jsonl(synthetic.conversations(2), tmp_path / "a.json")
     with pytest.raises(
