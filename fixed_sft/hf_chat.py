@@ -630,15 +630,20 @@ class HFChatEncoder:
         comes next), from the first added token of it on; what the two have in common, up
         to an added token and the white space after it, is the reply's end. ``InvalidRow``
         where they have no added token in common. The content is found by ``MARK``; where
-        it has none to mark, the renderings themselves are compared. An earlier part
-        rendered otherwise once the reply is not last (reasoning a template keeps for the
-        last reply alone) is not compared."""
+        it has none to mark, the renderings themselves must begin one another (else
+        ``InvalidRow``: reasoning a template keeps for the last reply alone would part them
+        inside the reply). With a mark, an earlier part rendered otherwise once the reply is
+        not last (such reasoning) is not compared."""
         marked = self._marked(chat, k, k, own)
         probed = self._marked(chat, k, k, own, then=[PROBE]) if marked is not None else None
-        if marked is not None and probed is not None:
-            written, following = marked[0][marked[1] :], probed[0][probed[1] :]
-        else:
-            written, following = text, self._before([*chat, PROBE], k, len(chat) + 1, own)
+        if marked is None or probed is None:  # (no content to mark: where the two part, the reply may too)
+            if self._before([*chat, PROBE], k, len(chat) + 1, own).startswith(text):
+                return 0
+            raise InvalidRow(
+                f"assistant message {k}: the chat template renders the last reply, which has no content to mark, "
+                "otherwise where another message follows it, so its span is ambiguous"
+            )
+        written, following = marked[0][marked[1] :], probed[0][probed[1] :]
         if following.startswith(written):
             return 0
         common = os.path.commonprefix([written, following])

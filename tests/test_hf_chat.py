@@ -371,6 +371,18 @@ def test_what_a_template_writes_after_the_last_reply_alone_is_not_the_replys(enc
     assert mask[-1] == 0
 
 
+def test_a_last_reply_without_content_whose_rendering_changes_is_refused(encoder_of, oracle_of):
+    """A reply of reasoning and tool calls alone (content null) has no content to mark: where
+    another message after it changes its own rendering (reasoning kept for the last reply
+    alone), its end cannot be told from its text, and the row is refused, never cut short."""
+    template = LAST_REASONING.replace("m.content + eos_token", "(m.content or '') + eos_token")
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "reasoning_content": "think"}]
+    with pytest.raises(InvalidRow, match="has no content to mark, otherwise where another message follows"):
+        encoder_of(_plain(template)).encode(chat)
+    marked = [chat[0], {**chat[1], "content": "ok"}]  # (with content to mark: encoded as transformers masks it)
+    assert encoder_of(_plain(template)).encode(marked) == _oracle(oracle_of(_generation(template)), marked)
+
+
 def test_the_next_turns_header_written_after_a_replys_end_is_refused(encoder_of, oracle_of):
     """As part of a reply, after its eos_token: the prefix rule would train what the model
     never writes. Marked with generation blocks, the template is encoded as transformers
