@@ -443,7 +443,8 @@ def _walk(path: Path, unchosen: bool) -> list[Path]:
 
     def unlisted(error: OSError) -> None:
         if unchosen:
-            raise unreadable(Path(error.filename or path), error)
+            problem = unreadable(Path(error.filename or path), error)
+            raise SourceError(f"{problem}: its files would be left out; choose the files with --source-files")
 
     found = []
     for root, folders, files in os.walk(path, onerror=unlisted):

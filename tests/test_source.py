@@ -417,7 +417,10 @@ def test_a_folder_that_cannot_be_read_is_named(tmp_path, monkeypatch):
         onerror(PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "locked")))
 
     monkeypatch.setattr(source_module.os, "walk", denied)
-    with pytest.raises(SourceError, match=re.escape(f"{tmp_path / 'locked'}: cannot read (Permission denied)")):
+    with pytest.raises(
+        SourceError,
+        match=re.escape(f"{tmp_path / 'locked'}: cannot read (Permission denied): its files would be left out; choose"),
+    ):
         open_source(str(tmp_path))
     assert open_source(str(tmp_path), patterns=("a.jsonl",)).num_rows == 2
 
