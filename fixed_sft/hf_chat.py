@@ -33,9 +33,10 @@ Loss mask ``assistant``:
   a reply only the next turn's header ends (``end_follows``). A span that holds the
   ``eos_token`` ends with it or with such a turn's end (nothing after the end is the
   model's to write); what the template writes after the last reply's content but not
-  where another message follows (an end-of-conversation token, a header written after the
-  loop) is not the reply's (``_not_the_last_replys``). Where the generation prompt is only part of a reply's
-  header, the rest is the reply's: the model writes it after the prompt, as at inference.
+  where another message follows (an end-of-conversation token, a header written after
+  the loop) is not the reply's (``_not_the_last_replys``). Where the generation prompt is
+  only part of a reply's header, the rest is the reply's: the model writes it after the
+  prompt, as at inference.
   Otherwise the conversation is an invalid row, never a guessed mask.
 
 Refused: a conversation the template does not render (an error it raises, a type error) is an
