@@ -19,19 +19,23 @@ For each chosen row K it proves:
   a row read holds earlier in the packing order. A valid conversation listed must be a
   duplicate: its reason names the source row that used the id first, which is read too
   and must have it. A reason that names none (``LEGACY_DUPLICATE``, as builds wrote it
-  before) leaves the duplicate not proven, unless the rows checked run from row 0 past
-  it (every conversation before it is then read, so the earlier copy must be among
-  them); no two of the conversations read and held share an id;
+  before) leaves the duplicate not proven, and so the rows, unless the rows checked run
+  from row 0 past it (every conversation before it is then read, so the earlier copy
+  must be among them); no two of the conversations read and held share an id;
 - K begins where row K - 1 ends in the stream (where K - 1 is not checked, as the file holds
-  it: its last segment must name a unit a row may hold, with that unit's id, and its tokens
+  it: its last segment must name a unit a row may hold, with that unit's id, start at the
+  unit's token 0 where the row holds other segments, as packing cuts rows, and its tokens
   and mask there must be the unit's; the rest of it is not re-encoded; row 0 at the
-  stream's start), and row K + 1 where K ends
-  (likewise): the same conversation, cut at the same token, or the next one from its start;
-  or, past rows the build dropped (no supervised token after token 0), whole such rows,
-  re-encoded, no more of them than ``stats.rows_skipped``. So a check of rows ``0-N`` proves
-  every cut up to row N, and a row taken out of the file, or two rows swapped, is caught by
-  a check of a row beside the change, however the rows beside name their segments; a
-  neighbour whose tokens are forged too fails its own check;
+  stream's start), and row K + 1 where K ends (likewise, its first segment ending at its
+  unit's end): the same conversation, cut at the same token, or the next one from its
+  start; or, past rows the build dropped (no supervised token after token 0), whole such
+  rows, re-encoded, no more of them than ``stats.rows_skipped``. So a check of rows
+  ``0-N`` proves every cut up to row N, and a row taken out of the file, or two rows
+  swapped, is caught by a check of a row beside the change, however the rows beside name
+  their segments, unless the tokens there are the same either way (a row beside that ends
+  with a conversation's first N tokens, where the row moved in begins at token N of a
+  conversation that begins alike; likewise at the ends); a neighbour whose tokens are
+  forged too fails its own check;
 - checked rows further apart are in packing order; within one conversation, the stream
   between them holds exactly the rows between, and rows dropped;
 - the last row of a build of a row count leaves ``stats.tail_tokens_dropped`` of its unit; the
@@ -200,7 +204,8 @@ class SpotCheck:
 
     @property
     def same(self) -> bool:
-        return all(c.same for c in self.inputs) and not self.problems
+        """Whether the rows are proven: the inputs the same, no row's problem, no duplicate left unproven."""
+        return all(c.same for c in self.inputs) and not self.problems and not self.duplicates
 
 
 def spot_check(folder: Path, spec: RowsSpec, source: str | None = None, tokenizer: str | None = None) -> SpotCheck:
@@ -589,8 +594,10 @@ class _Stream:
 
     def _declared(self, row: int, held: StoredRow, end: bool) -> str | None:
         """Why the file's row ``row`` (not checked) cannot end (``end``; else begin) as its last
-        (first) segment says: that segment must name a unit a row may hold, with its id, and
-        the row's tokens and mask there must be that unit's (its provenance is not in its hash)."""
+        (first) segment says: that segment must name a unit a row may hold, with its id; where
+        the row holds others, start at the unit's token 0 (the first: end at the unit's end),
+        as packing cuts rows (one alone covers the row: ``verify`` checks it before); and the
+        row's tokens and mask there must be that unit's (its provenance is not in its hash)."""
         segment = held.segments[-1] if end else held.segments[0]
         index, token = (segment.index, segment.end) if end else (segment.index, segment.start)
         side = "ends" if end else "begins"
@@ -607,6 +614,16 @@ class _Stream:
             held_id = self.encoded[index].id
             return f"row {row} {side} in source row {index} with id {segment.id!r}, but its id is {held_id!r}"
         size = segment.end - segment.start
+        if len(held.segments) > 1 and end and segment.start != 0:
+            return (
+                f"row {row}'s last segment starts at token {segment.start} of source row {index}, but a "
+                "conversation after another in a row starts at 0"
+            )
+        if len(held.segments) > 1 and not end and segment.end != len(unit[0]):
+            return (
+                f"row {row}'s first segment ends at token {segment.end} of source row {index}, before its unit's end "
+                f"({len(unit[0])}), but another segment follows it"
+            )
         part = slice(len(held.ids) - size, None) if end else slice(0, size)
         if not 0 < size <= len(held.ids) or not (
             np.array_equal(held.ids[part], unit[0][segment.start : segment.end])
@@ -722,7 +739,10 @@ def report(result: SpotCheck) -> tuple[bool, list[str]]:
         lines.append(f"  row {number}: same" if problem is None else f"  row {number}: differs ({problem})")
     if result.duplicates:
         shown = ", ".join(map(str, result.duplicates[:5])) + (", ..." if len(result.duplicates) > 5 else "")
-        lines.append(f"  skipped as duplicate ids, not proven: source rows {shown}")
+        lines.append(
+            f"  skipped as duplicate ids, not proven: source rows {shown} (their reasons name no earlier "
+            "copy, as builds wrote them before; check the rows from row 0 past them, or --rebuild without --rows)"
+        )
     left = "where a row after an unchecked one is cut, ids repeated from rows not read, the stats"
     if result.every:  # (every cut and conversation read: the stats but rows_skipped and the tail are left)
         left = "the stats but rows_skipped and tail_tokens_dropped"

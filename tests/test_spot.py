@@ -345,6 +345,61 @@ def test_a_row_taken_out_is_caught_by_a_spot_check_beside_it(builds, kimi_dir, t
     assert _spot(folder, source, kimi_dir, "0-3") == 0  # (the rows before the gap are the build's)
 
 
+@pytest.mark.parametrize("side", ["end", "start"])
+def test_rows_taken_out_are_caught_when_the_row_beside_names_a_token_of_them(builds, kimi_dir, tmp_path, capsys, side):
+    """Rows A + 1 to B taken out, where A ends as B does (else rows A to B - 1, where B
+    begins as A does), in other conversations: that token of the row beside the gap renamed
+    as the taken rows', in a segment of its own, so tokens and hashes still match. A check
+    of the row on the other side of the gap names it: a last segment after another starts
+    at its unit's token 0, a first one before another ends at its unit's end."""
+    folder, source, _ = _copy(builds, "jsonl", tmp_path)
+    table = pq.read_table(folder / "train.parquet").column("metadata").to_pylist()
+    at = 0 if side == "start" else -1
+
+    def token(row):
+        return table[row]["input_ids"][at], table[row]["loss_mask"][at]
+
+    def segment(row):
+        return table[row]["segments"][at]
+
+    a, b = next(
+        (a, b)
+        for a in range(1, len(table) - 2)
+        for b in range(a + 1, len(table) - 1)
+        if token(a) == token(b)
+        and segment(a)["source_index"] != segment(b)["source_index"]
+        and min(segment(r)["end"] - segment(r)["start"] for r in (a, b)) >= 2
+    )
+
+    def change(rows):
+        if side != "start":  # row A ends with row B's last token
+            taken, beside = rows[b]["metadata"]["segments"][-1], rows[a]["metadata"]["segments"]
+            beside[-1] = {**beside[-1], "end": beside[-1]["end"] - 1}
+            beside.append({**taken, "start": taken["end"] - 1})
+            del rows[a + 1 : b + 1]
+        else:  # row B begins with row A's first token
+            taken, beside = rows[a]["metadata"]["segments"][0], rows[b]["metadata"]["segments"]
+            beside[0] = {**beside[0], "start": beside[0]["start"] + 1}
+            beside.insert(0, {**taken, "end": taken["start"] + 1})
+            del rows[a:b]
+        for number, row in enumerate(rows):
+            row["metadata"]["row"] = number
+
+    _forge(folder, change)
+    capsys.readouterr()
+    checked, named = (a - 1, a) if side == "start" else (a + 1, a)
+    assert _spot(folder, source, kimi_dir, str(checked)) == 1
+    out = capsys.readouterr().out
+    if side == "end":
+        says = f"from row {named}'s end, as the file holds it: row {named}'s last segment starts at token "
+        says += f"{segment(b)['end'] - 1} of source row {segment(b)['source_index']}, but a conversation after "
+        says += "another in a row starts at 0)"
+    else:
+        says = f"to row {named}'s start, as the file holds it: row {named}'s first segment ends at token "
+        says += f"{segment(a)['start'] + 1} of source row {segment(a)['source_index']}, before its unit's end ("
+    assert f"  row {checked}: differs ({says}" in out
+
+
 def test_two_rows_swapped_are_caught_when_a_neighbour_is_forged_to_match(builds, kimi_dir, tmp_path, capsys):
     """Rows 5 and 6 swapped, and row 6's segments rewritten to begin where row 5 now ends:
     a check of row 5 alone still names it, from where row 4 ends."""
@@ -647,14 +702,17 @@ def test_a_repeated_id_is_named(builds, kimi_dir, tmp_path, capsys):
 def test_two_rows_swapped_are_caught_when_both_neighbours_name_them(builds, kimi_dir, tmp_path, capsys):
     """Two rows swapped, and the last segment of the row before each and the first of the
     row after each rewritten to meet it (their tokens left as they are: a row's hash does
-    not cover its segments): a check of either swapped row names the row before it, whose
+    not cover its segments; rows of one segment, which a conversation fills, so that each
+    still covers its row): a check of either swapped row names the row before it, whose
     tokens are not those its segment names."""
     folder, source, _ = _copy(builds, "jsonl", tmp_path)
     segments = _segments(folder)
-    inside = [  # rows that start and end inside a conversation, with rows beside them
+    inside = [  # rows that start and end inside a conversation, with rows of one segment beside them
         k
         for k in range(1, len(segments) - 1)
-        if segments[k][0]["start"] > 0 and segments[k + 1][0]["source_index"] == segments[k][-1]["source_index"]
+        if segments[k][0]["start"] > 0
+        and segments[k + 1][0]["source_index"] == segments[k][-1]["source_index"]
+        and len(segments[k - 1]) == len(segments[k + 1]) == 1
     ]
 
     def size(segment):
@@ -770,10 +828,12 @@ def test_a_row_count_the_manifest_misstates_is_verifys_to_name(builds, kimi_dir,
 
 def test_a_skipped_duplicate_is_proven_by_its_earlier_copy(kimi_dir, tmp_path):
     """A source row that repeats an earlier one (its id and messages) is skipped by the
-    build; a check of every row reads both, and so proves the skip; a check of the rows
-    around the skipped copy alone lists it as not proven."""
+    build; a check of every row reads both, and so proves the skip; so does a check of the
+    rows around the skipped copy, which reads the copy its reason names. Where the reason
+    names none (as builds wrote it before), that check does not prove the rows: it says
+    the duplicate is not proven; the rows from row 0 past it prove it."""
     from fixed_sft.order import permutation
-    from fixed_sft.spot import parse_rows, spot_check
+    from fixed_sft.spot import parse_rows, report, spot_check
 
     order = permutation(7, 40)
     lines = [json.dumps({"id": r["id"], "messages": r["messages"]}) for r in synthetic.conversations(40, seed=4)]
@@ -800,7 +860,12 @@ def test_a_skipped_duplicate_is_proven_by_its_earlier_copy(kimi_dir, tmp_path):
     manifest["skipped_invalid"][0]["reason"] = "duplicate id"  # (names no earlier copy)
     (tmp_path / "o" / "manifest.json").write_text(json.dumps(manifest))
     result = spot_check(tmp_path / "o", parse_rows(f"{k - 1}-{k}"), str(source), str(kimi_dir))
-    assert result.same and result.duplicates == [int(order[30])]
+    assert not result.same and result.duplicates == [int(order[30])] and result.problems == {}
+    proven, lines = report(result)
+    assert not proven and "does not prove them" in lines[0]
+    assert f"  skipped as duplicate ids, not proven: source rows {int(order[30])} (their reasons name" in lines[-2]
+    result = spot_check(tmp_path / "o", parse_rows(f"0-{k}"), str(source), str(kimi_dir))
+    assert result.same and result.duplicates == []  # (every conversation before it read: its earlier copy too)
 
 
 def _segments(folder):
