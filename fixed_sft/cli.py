@@ -589,12 +589,33 @@ def _start_early(argv: list[str]) -> None:
         start(given.tokenizer, given.bpe, given.cache_dir, given.no_cache)
 
 
+def _empty(argv: list[str]) -> str | None:
+    """The flag (or ``an argument``) given an empty value: no value of any command may be
+    empty (an unset shell variable, say), where a path would be read as ``.``.
+
+    >>> _empty(["build", "--source", "", "--rows", "2"]), _empty(["verify", "--source=", "x"]), _empty(["verify", ""])
+    ('--source', '--source', 'an argument')
+    >>> _empty(["build", "--source", "data"]) is None
+    True
+    """
+    for k, value in enumerate(argv):
+        if value.startswith("--") and value.endswith("=") and len(value) > 3:
+            return value[:-1]
+        if value == "":
+            return argv[k - 1] if k and argv[k - 1].startswith("--") and "=" not in argv[k - 1] else "an argument"
+    return None
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     """``parser``'s reading of ``argv``. An argument the command does not take is named with
     that command's usage, and the command's closest flag: ``--rows-tokens``, ``--row-tokens``."""
     import difflib
 
     top = parser()
+    if (empty := _empty(argv)) is not None:
+        from .errors import UsageError
+
+        raise UsageError(f"{empty} must not be empty")
     args, extra = top.parse_known_args(argv)
     from .specs import BUILDS
 

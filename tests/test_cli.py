@@ -151,6 +151,19 @@ def test_a_mistyped_flag_is_named_in_one_line_with_the_closest_flag(capsys):
 @pytest.mark.parametrize(
     "argv, says",
     [
+        (["build", "--source", "", "--rows", "2"], "error: --source must not be empty\n"),  # (else read as ".")
+        (["verify", "out", "--rebuild", "--tokenizer="], "error: --tokenizer must not be empty\n"),
+        (["diff", "", "out"], "error: an argument must not be empty\n"),
+    ],
+)
+def test_an_empty_value_is_a_one_line_usage_error(capsys, argv, says):
+    assert main(argv) == 2
+    assert capsys.readouterr().err == says
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
         (["build", "--rows", "abc"], "argument --rows: expected a number or 'all', got 'abc'"),
         (["build", "--seed", "0x10"], "argument --seed: invalid int value: '0x10'"),
         (["build", "--template-kwargs", '{"thinking": 1e999}'], "not JSON (1e999 is out of the range of a float)"),
