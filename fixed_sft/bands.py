@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import arrow
-from .source import COLUMNS, SOURCE_COLUMN, Source, SourceError, changed, check_stamp, unreadable
+from .source import COLUMNS, SOURCE_COLUMN, Source, SourceError, Stamp, changed, check_stamp, unreadable
 
 READ_BATCH_ROWS = 4096
 # Parquet rows are decoded in batches of at most this many bytes (by the row group's bytes per
@@ -213,14 +213,14 @@ def _read_selected(source: Source, rank: np.ndarray, select: Callable[[int, int]
 
 class FileRead(NamedTuple):
     """A file of a source, as a reader takes it: its path, its first row's global index, its
-    rows, whether its ``source`` column is read (JSONL: read with the line), and its size
-    and modification time as the source was opened (``_read_file``'s ``stamp``)."""
+    rows, whether its ``source`` column is read (JSONL: read with the line), and its
+    ``Stamp`` as the source was opened (``_read_file``'s ``stamp``)."""
 
     path: Path
     start: int
     rows: int
     source_column: bool
-    stamp: tuple[int, int]
+    stamp: Stamp
 
 
 def file_reads(source: Source) -> list[FileRead]:
@@ -235,12 +235,12 @@ def _read_file(
     inside: np.ndarray,
     source_column: bool,
     batch_bytes: int | None = None,
-    stamp: tuple[int, int] | None = None,
+    stamp: Stamp | None = None,
 ) -> Iterator[tuple[np.ndarray, pa.Table]]:
-    """``_read_parquet`` or ``_read_jsonl``, by the file's suffix. With ``stamp`` (its size
-    and modification time as the source was opened), a batch is given only where the file
-    is unchanged once it is read (``changed`` otherwise): rows of other bytes than those the
-    store's key hashed are never encoded, nor stored under that key."""
+    """``_read_parquet`` or ``_read_jsonl``, by the file's suffix. With ``stamp`` (its
+    ``Stamp`` as the source was opened), a batch is given only where the file is unchanged
+    once it is read (``changed`` otherwise): rows of other bytes than those the store's
+    key hashed are never encoded, nor stored under that key."""
     batches = (
         _read_parquet(path, inside, source_column, batch_bytes)
         if path.suffix == ".parquet"
@@ -250,7 +250,7 @@ def _read_file(
 
 
 def _unchanged(
-    path: Path, stamp: tuple[int, int], batches: Iterator[tuple[np.ndarray, pa.Table]]
+    path: Path, stamp: Stamp, batches: Iterator[tuple[np.ndarray, pa.Table]]
 ) -> Iterator[tuple[np.ndarray, pa.Table]]:
     for batch in batches:
         check_stamp(path, stamp)
@@ -428,7 +428,7 @@ def read_file_rows(
     inside: np.ndarray,
     source_column: bool,
     batch_bytes: int | None = None,
-    stamp: tuple[int, int] | None = None,
+    stamp: Stamp | None = None,
 ) -> Iterator[pa.Table]:
     """The rows of one source file that ``inside`` marks (its first row is source row
     ``start``), in batches of at most ``batch_bytes``, with the columns of ``read_band``

@@ -1083,7 +1083,7 @@ def recorded_files(source: Source, hashes: list[Future]) -> list[dict]:
     raise_cache_damage(source.files, BuildError, digests)
     return [
         {"path": path.relative_to(source.root).as_posix(), "bytes": size, "sha256": digest}
-        for path, (size, _), digest in zip(source.files, source.stamps, digests)
+        for path, size, digest in zip(source.files, (stamp.bytes for stamp in source.stamps), digests)
     ]
 
 

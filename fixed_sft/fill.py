@@ -42,7 +42,7 @@ from .encoding import Encoder, TemplateMismatch
 from .memory import give_back_between, give_back_free
 from .parallel import Block, Indexed
 from .records import records
-from .source import Source
+from .source import Source, Stamp
 from .store import SegmentWriter
 
 
@@ -62,7 +62,7 @@ class FillTask(NamedTuple):
     folder: str
     apart: int = 0
     source_column: bool = False  # whether the file's ``source`` column is read (``Source.source_columns``)
-    stamp: tuple[int, int] | None = None  # the file's ``Source.stamps``: rows read after it changed are not stored
+    stamp: Stamp | None = None  # the file's ``Source.stamps``: rows read after it changed are not stored
 
 
 class Filled(NamedTuple):

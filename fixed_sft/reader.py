@@ -191,13 +191,13 @@ def bare_metadata(path: Path) -> pq.FileMetaData:
     asking it for a column's metadata cannot abort the process. ``ValueError`` where the
     file has no footer; ``pyarrow.ArrowException`` where pyarrow cannot read it."""
     status = path.stat()
-    return _bare_metadata(path, status.st_size, status.st_mtime_ns)
+    return _bare_metadata(path, (status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino))
 
 
 @lru_cache(maxsize=64)
-def _bare_metadata(path: Path, size: int, mtime_ns: int) -> pq.FileMetaData:
-    """``bare_metadata`` of the file as it is at ``size`` and ``mtime_ns`` (a build reads a
-    file's footer once a band)."""
+def _bare_metadata(path: Path, stamp: tuple[int, ...]) -> pq.FileMetaData:
+    """``bare_metadata`` of the file as it is at ``stamp`` (size, times, inode: as
+    ``source.Stamp``); a build reads a file's footer once a band."""
     footer = bare_footer(footer_bytes(path)[0])
     return pq.ParquetFile(pa.BufferReader(MAGIC + footer + len(footer).to_bytes(4, "little") + MAGIC)).metadata
 

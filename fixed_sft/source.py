@@ -18,6 +18,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -69,14 +70,23 @@ class SourceUnreachable(SourceError):
         self.problem = problem
 
 
+class Stamp(NamedTuple):
+    """What a write to a file changes: its size or times; a file put in its place, its inode.
+    The change time is the one a writer cannot set back (``touch -r`` sets the others)."""
+
+    bytes: int
+    mtime_ns: int
+    ctime_ns: int
+    inode: int
+
+
 def changed(path: Path) -> SourceError:
     """The error for a source file written to while the build read it."""
     return SourceError(f"{path} changed while the build read it; build from files that stay unchanged")
 
 
-def check_stamp(path: Path, stamp: tuple[int, int]) -> None:
-    """``changed(path)`` where the file's size or modification time (``_stamp``) is not
-    ``stamp``, or it is gone."""
+def check_stamp(path: Path, stamp: Stamp) -> None:
+    """``changed(path)`` where the file's ``Stamp`` is not ``stamp``, or it is gone."""
     try:
         now = _stamp(path)
     except OSError:
@@ -100,7 +110,7 @@ class Source:
     root: Path  # the folder the files were found in; the manifest's file paths are relative to it
     files: tuple[Path, ...]
     row_counts: tuple[int, ...]
-    stamps: tuple[tuple[int, int], ...]  # each file's (bytes, modification time in ns) when opened
+    stamps: tuple[Stamp, ...]  # each file's when opened
     patterns: tuple[str, ...] | None = None  # the globs that chose the files (None: every data file)
     page_bytes: int = 0  # at least the largest Parquet page of the columns read (0: JSONL)
     source_columns: tuple[bool, ...] = ()  # per Parquet file: whether its ``source`` column is read
@@ -110,8 +120,8 @@ class Source:
         return sum(self.row_counts)
 
     def check_unchanged(self) -> None:
-        """Raise ``SourceError`` naming a file whose size or modification time is not what
-        it was when the source was opened: its rows, count and hash may be of two versions."""
+        """Raise ``SourceError`` naming a file whose ``Stamp`` is not what it was when the
+        source was opened: its rows, count and hash may be of two versions."""
         for path, stamp in zip(self.files, self.stamps):
             check_stamp(path, stamp)
 
@@ -172,10 +182,9 @@ def _small_source_column(file: pq.ParquetFile, meta: pq.FileMetaData) -> bool:
     )
 
 
-def _stamp(path: Path) -> tuple[int, int]:
-    """A file's size and modification time (ns): a write changes one or both."""
+def _stamp(path: Path) -> Stamp:
     status = path.stat()
-    return status.st_size, status.st_mtime_ns
+    return Stamp(status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino)
 
 
 def _repeated_field(kind: pa.DataType) -> str | None:

@@ -106,10 +106,11 @@ ROOM_BYTES = HEADER_BYTES + SEGMENT_CONVERSATIONS * RECORD.itemsize  # where a s
 
 def _open_files() -> int:
     """Segment files a reader keeps open at once: a quarter of the process's limit on open
-    files, from 64 to 4,096. A fill writes a segment per task, and rows in packing order
-    come from all of them (313 segments, 40,000 conversations, 64 open: 31,990 opens).
+    files, from 4 to 4,096 (the rest are the build's). A fill writes a segment per task,
+    and rows in packing order come from all of them (313 segments, 40,000 conversations,
+    64 open: 31,990 opens).
 
-    >>> 64 <= _open_files() <= 4096
+    >>> 4 <= _open_files() <= 4096
     True
     """
     try:
@@ -118,7 +119,7 @@ def _open_files() -> int:
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     except (ImportError, OSError, ValueError):
         return 64
-    return 4096 if soft == resource.RLIM_INFINITY else min(4096, max(64, soft // 4))
+    return 4096 if soft == resource.RLIM_INFINITY else min(4096, max(4, soft // 4))
 
 
 OPEN_FILES = _open_files()
@@ -815,11 +816,11 @@ class Stream:
 def _stamp(name: str) -> int:
     """The stamp a segment's name starts with (``SegmentWriter``); 0 for a name without one.
 
-    >>> _stamp("01796353815955302884-22985-3cebeeec.seg"), _stamp("old.seg")
-    (1796353815955302884, 0)
+    >>> _stamp("01796353815955302884-22985-3cebeeec.seg"), _stamp("old.seg"), _stamp("²" * 20 + "-1-a.seg")
+    (1796353815955302884, 0, 0)
     """
     digits = name.split("-", 1)[0]
-    return int(digits) if digits.isdigit() and len(digits) == 20 else 0
+    return int(digits) if digits.isascii() and digits.isdigit() and len(digits) == 20 else 0
 
 
 def entry_tag(folder: Path) -> bytes:
@@ -911,13 +912,15 @@ def _abandoned(name: str) -> bool:
     >>> mine = f"{DRAFT_PREFIX}{socket.gethostname()}-{os.getpid()}-00"
     >>> _abandoned(mine), _abandoned(f"{DRAFT_PREFIX}elsewhere-1-00")
     (False, False)
+    >>> _abandoned(f"{DRAFT_PREFIX}{socket.gethostname()}-{'9' * 30}-00")  # (no process has that pid)
+    True
     """
     host, _, rest = name[len(DRAFT_PREFIX) :].rpartition("-")[0].rpartition("-")
-    if host != socket.gethostname() or not rest.isdigit():
+    if host != socket.gethostname() or not (rest.isascii() and rest.isdigit()):
         return False
     try:
         os.kill(int(rest), 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return True
     except OSError:  # (alive, another user's)
         pass

@@ -1138,8 +1138,8 @@ def test_an_output_that_is_a_mount_point_is_refused_before_building(corpus, kimi
 
 def test_an_output_that_is_or_holds_the_current_folder_is_refused(corpus, kimi_dir, tmp_path, monkeypatch, capsys):
     """A build moves its target away as it publishes: never the folder the user stands in
-    (``--out .``, or ``--out ''``, which reads as ``.``), nor one that holds it, even where
-    it is empty or a previous build."""
+    (``--out .``; ``--out ''`` is refused as empty), nor one that holds it, even where it
+    is empty or a previous build."""
     from fixed_sft.cli import main
 
     here = tmp_path / "empty" / "here"
@@ -1150,7 +1150,7 @@ def test_an_output_that_is_or_holds_the_current_folder_is_refused(corpus, kimi_d
             build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), Path(out))
     argv = ["build", "--source", str(corpus[0] / "rows.jsonl"), "--tokenizer", str(kimi_dir), "--rows", "1"]
     assert main([*argv, "--row-tokens", "256", "--workers", "1", "--quiet", "--out", ""]) == 2
-    assert "is the current folder; choose another --out" in capsys.readouterr().err
+    assert capsys.readouterr().err == "error: --out must not be empty\n"
     assert Path.cwd() == here and here.is_dir() and sorted(tmp_path.rglob("*")) == [tmp_path / "empty", here]
     monkeypatch.chdir(tmp_path)
     build(config(corpus[0] / "rows.jsonl", kimi_dir, rows=1), here)  # (from elsewhere: an empty folder is replaced)

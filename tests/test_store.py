@@ -154,6 +154,39 @@ def test_rows_read_after_a_source_file_changed_are_not_stored(corpus, kimi_dir, 
     assert build(cfg, tmp_path / "stored")["rows_sha256"] == _without_store(cfg, tmp_path / "plain")["rows_sha256"]
 
 
+@pytest.mark.parametrize("how", ["written in place", "put in its place"])
+def test_a_source_file_changed_with_its_size_and_time_kept_is_not_stored(kimi_dir, tmp_path, token_store, how):
+    """A file rewritten as the build opens its store, with bytes of the same size and its
+    modification time set back (as ``cp -p`` or ``touch -r`` do), in place or as a new file
+    renamed over it: its change time (or inode) tells, so the build stops and stores
+    nothing of the new bytes under the old bytes' key."""
+    import fixed_sft.build
+
+    source = synthetic.write_jsonl(synthetic.conversations(80, seed=3), tmp_path / "rows.jsonl")
+    original = source.read_bytes()
+    other = original.replace(b"e", b"a")  # (the same size: other text)
+    assert len(other) == len(original) and other != original
+    opened = fixed_sft.build._open_store
+
+    def open_then_change(*args, **kwargs):
+        entry = opened(*args, **kwargs)
+        times = source.stat()
+        target = source if how == "written in place" else tmp_path / "new.jsonl"
+        target.write_bytes(other)
+        os.utime(target, ns=(times.st_atime_ns, times.st_mtime_ns))
+        if target != source:
+            os.replace(target, source)
+        return entry
+
+    cfg = config(source, kimi_dir, rows=None, workers=1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fixed_sft.build, "_open_store", open_then_change)
+        with pytest.raises(Exception, match=f"{source} changed while the build read it"):
+            build(cfg, tmp_path / "changed")
+    source.write_bytes(original)
+    assert build(cfg, tmp_path / "stored")["rows_sha256"] == _without_store(cfg, tmp_path / "plain")["rows_sha256"]
+
+
 def test_no_cache_writes_nothing(corpus, kimi_dir, tmp_path, token_store):
     manifest = build(config(corpus[0], kimi_dir, no_cache=True), tmp_path / "a")
     assert manifest["rows_sha256"] == GOLDEN_ROWS_SHA256
@@ -319,6 +352,44 @@ def test_a_fifo_named_as_a_segment_is_passed_over(corpus, kimi_dir, tmp_path, to
     [entry] = token_store.glob("tokens/*")
     os.mkfifo(entry / "00000000000000000000-1-fifo.seg")
     assert build(cfg, tmp_path / "b") == golden
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "²" * 20 + "-1-a.seg",  # (digits to str.isdigit, not to int)
+        "٣" * 20 + "-1-a.seg",  # (digits to both: not a stamp either)
+        "{draft}{host}-" + "9" * 30 + "-x",  # (no process has that pid)
+        "{draft}{host}-³-x",
+    ],
+)
+def test_a_file_of_another_name_in_an_entry_is_passed_over(corpus, kimi_dir, tmp_path, token_store, name):
+    """A file in a store's entry whose name is not one a build writes, but close to one
+    (a segment's stamp, a temporary file's pid, in other digits): the build goes on."""
+    import socket
+
+    from fixed_sft.store import DRAFT_PREFIX
+
+    cfg = config(corpus[0], kimi_dir)
+    golden = build(cfg, tmp_path / "a")
+    [entry] = token_store.glob("tokens/*")
+    (entry / name.format(draft=DRAFT_PREFIX, host=socket.gethostname())).write_bytes(b"")
+    assert build(cfg, tmp_path / "b") == golden
+
+
+@pytest.mark.parametrize(("limit", "kept"), [(64, 16), (400, 100)])
+def test_a_reader_keeps_a_quarter_of_the_open_files_limit(limit, kept):
+    """Under a low limit on open files (``ulimit -n 64``), the store's reader leaves the
+    build the most of it: a build of many segments would else fail where ``--no-cache`` runs."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # (at least 4,096 where builds run)
+    code = (
+        f"import resource; resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {hard})); "
+        "from fixed_sft import store; print(store.OPEN_FILES)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert int(done.stdout) == kept
 
 
 def test_a_failing_check_of_a_stored_conversation_stops_the_build(corpus, kimi_dir, tmp_path, monkeypatch):
