@@ -20,10 +20,12 @@ conversations start with a role header).
   segment, so ``loss_mask[t]`` is the build's mask at ``t + 1``, and 0 at a segment's
   last token.
 
-The folder must verify first (``verify``), and each row read must still hash to its
-manifest entry. The file is written a row group at a time into a temporary folder beside
-``OUT`` and linked into place only once complete; an existing ``OUT`` is refused, and so is one inside
-a build (which would then no longer be one).
+The folder must verify first (``verify``), each row read must still hash to its manifest
+entry, and the file must be the one verified, its ``source.Stamp`` unchanged from before
+``verify`` to the end of the read (a fixed-sft/2 row's hash does not cover its
+segments). The file is written a row group at a time into a temporary folder beside
+``OUT`` and linked into place only once complete; an existing ``OUT`` is refused, and so
+is one inside a build (which would then no longer be one).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from .hashes import boundaries, row_digest
 from .manifest import Manifest, read
 from .output import MANIFEST_NAME, PARQUET_NAME, naming
 from .reader import RowFile
+from .source import Stamp, file_stamp
 from .verify import described, read_manifest, verify
 
 IGNORE_INDEX = -100  # a label that trains nothing (PyTorch's cross-entropy default, which TRL pads with)
@@ -168,6 +171,14 @@ def _table(target: Target, batch: list[tuple]) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=target.schema)
 
 
+def _stamp(path: Path) -> Stamp | None:
+    """``path``'s ``Stamp``; ``None`` where it cannot be read (``verify`` names why)."""
+    try:
+        return file_stamp(path)
+    except OSError:
+        return None
+
+
 def export(folder: str | Path, to: str, out: str | Path) -> Exported:
     """Write build ``folder`` as ``to``'s (a ``TARGETS`` key) packed Parquet file ``out``
     (see the module docstring). ``UsageError`` for an unknown target or an ``out`` that
@@ -178,6 +189,8 @@ def export(folder: str | Path, to: str, out: str | Path) -> Exported:
     target = TARGETS[to]
     new_file(out)
     tmp = draft(out, "choose another output file")
+    parquet = folder / PARQUET_NAME
+    verified = _stamp(parquet)  # (before verify reads it: unchanged after the export's read, it was the file verified)
     problems = verify(folder)
     if problems:
         raise BuildError(f"{folder} does not verify, so it is not exported: {problems[0]}")
@@ -203,6 +216,8 @@ def export(folder: str | Path, to: str, out: str | Path) -> Exported:
                         rows += len(batch)
                         segments += sum(len(lengths) for *_, lengths in batch)
                         trained_tokens += sum(trained(mask, lengths) for _, mask, lengths in batch)
+                if _stamp(parquet) != verified or rows != len(expected):  # (its segments: in no fixed-sft/2 hash)
+                    raise BuildError(f"{parquet}: changed since it was verified")
                 with part.open("rb+") as f:
                     os.fsync(f.fileno())
             _publish(part, out)

@@ -88,7 +88,7 @@ def changed(path: Path) -> SourceError:
 def check_stamp(path: Path, stamp: Stamp) -> None:
     """``changed(path)`` where the file's ``Stamp`` is not ``stamp``, or it is gone."""
     try:
-        now = _stamp(path)
+        now = file_stamp(path)
     except OSError:
         now = None
     if now != stamp:
@@ -151,7 +151,7 @@ def open_source(
             raise SourceUnreachable(str(error)) from None
     files = _data_files(path, patterns)
     try:
-        stamps = tuple(_stamp(f) for f in files)
+        stamps = tuple(file_stamp(f) for f in files)
         counts = tuple(_count_rows(f) for f in files)
         page_bytes, source_columns = 0, ()
         if files[0].suffix == ".parquet":
@@ -182,7 +182,8 @@ def _small_source_column(file: pq.ParquetFile, meta: pq.FileMetaData) -> bool:
     )
 
 
-def _stamp(path: Path) -> Stamp:
+def file_stamp(path: Path) -> Stamp:
+    """The ``Stamp`` of the file at ``path`` (``OSError`` where it cannot be read)."""
     status = path.stat()
     return Stamp(status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino)
 

@@ -4,10 +4,10 @@ An entry of the store is a folder named by its key: the sha256 of what decides a
 conversation's ids, mask, invalid reason and template check. That is the source files'
 sha256s (in order), the tokenizer files' sha256s, the template variables, the mask type,
 the tokenizer family and BPE, the pinned sha256 of the model's tool-declaration encoder
-where a spec pins one, the versions of the libraries that encode, and the code's
-encoding version (``ENCODING_VERSION`` and the bytes of the modules that encode). A later
-build of the same source (another seed, row length or row count) takes from it what
-earlier builds encoded, and encodes only the rest.
+where a spec pins one, the versions of Python and of the libraries that read and encode,
+and the code's encoding version (``ENCODING_VERSION`` and the bytes of the modules that
+encode). A later build of the same source (another seed, row length or row count) takes
+from it what earlier builds encoded, and encodes only the rest.
 
 An entry holds segment files. Each is written whole by one build under a temporary name,
 then renamed: readers see complete files only, and builds sharing a store never write the
@@ -69,7 +69,8 @@ ENCODING_MODULES = (
     "tokenizer.py",
     "tool_declarations.py",
 )
-LIBRARIES = ("gigatoken", "jinja2", "tiktoken", "tokenizers", "transformers")
+# what encodes, and what reads the source's values (Parquet's to Python's, JSON's)
+LIBRARIES = ("gigatoken", "jinja2", "numpy", "pyarrow", "tiktoken", "tokenizers", "transformers")
 CACHE_VARIABLE = "FIXED_SFT_CACHE"
 PROBES_FOLDER = "probes"  # in the store's folder: what encoders learn once (``kept_folder``)
 MAGIC = b"FSFTTOK3"
@@ -139,9 +140,10 @@ def default_dir() -> Path:
 
 def encoding_version() -> str:
     """The code's encoding version: ``ENCODING_VERSION``, the sha256 of the modules that
-    encode (names and bytes) and the versions of the libraries they encode with."""
+    encode (names and bytes), the versions of the libraries they encode with and Python's
+    (its JSON reader and Unicode tables)."""
     package = Path(__file__).parent
-    digest = hashlib.sha256(str(ENCODING_VERSION).encode())
+    digest = hashlib.sha256(f"{ENCODING_VERSION}\0{sys.version}\0".encode())
     for name in ENCODING_MODULES:
         digest.update(name.encode() + b"\0" + (package / name).read_bytes() + b"\0")
     for library in LIBRARIES:

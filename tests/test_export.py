@@ -321,9 +321,11 @@ def test_a_folder_that_does_not_verify_is_not_exported(built, tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == ["copy"]
 
 
-def test_a_file_changed_after_verification_is_not_exported(built, tmp_path, monkeypatch, capsys):
-    """The rows read for the export must still hash to the manifest's (a file swapped
-    between verify and export): nothing is left at OUT."""
+@pytest.mark.parametrize("change", ["a token", "a boundary", "rows cut off"])
+def test_a_file_changed_after_verification_is_not_exported(built, tmp_path, monkeypatch, capsys, change):
+    """The rows read for the export must still hash to the manifest's, and be the file
+    verified (a file rewritten between verify and export: a boundary moved, which a
+    fixed-sft/2 row's hash does not cover, or its last rows cut off): nothing is left at OUT."""
     import fixed_sft.export as module
 
     copy = tmp_path / "copy"
@@ -334,14 +336,23 @@ def test_a_file_changed_after_verification_is_not_exported(built, tmp_path, monk
         problems = real_verify(folder)
         table = pq.read_table(copy / "train.parquet")
         rows = table.to_pylist()
-        rows[3]["metadata"]["input_ids"][5] += 1
+        if change == "a token":
+            rows[3]["metadata"]["input_ids"][5] += 1
+        elif change == "a boundary":
+            first, second = next(row["metadata"]["segments"] for row in rows if len(row["metadata"]["segments"]) > 1)[
+                :2
+            ]
+            first["end"], second["end"] = first["end"] - 1, second["end"] + 1  # (the same tokens)
+        else:
+            del rows[-3:]
         pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), copy / "train.parquet", row_group_size=16)
         return problems
 
     monkeypatch.setattr(module, "verify", verify_then_change)
     out = tmp_path / "t.parquet"
     assert main(["export", str(copy), "--to", "trl", str(out)]) == 1
-    assert capsys.readouterr().err == f"error: {copy / 'train.parquet'}: row 3 changed since it was verified\n"
+    says = "row 3 changed since it was verified" if change == "a token" else "changed since it was verified"
+    assert capsys.readouterr().err == f"error: {copy / 'train.parquet'}: {says}\n"
     assert sorted(os.listdir(tmp_path)) == ["copy"]
 
 

@@ -151,10 +151,10 @@ def test_a_spec_name_is_a_plain_name(name):
         build_spec(name)
 
 
-@pytest.mark.parametrize("name", ["../../etc/x", ""])
-def test_verify_refuses_a_published_name_that_is_not_a_name(name, tmp_path, capsys):
+@pytest.mark.parametrize(("name", "says"), [("../../etc/x", "is not a name"), ("", "--published must not be empty")])
+def test_verify_refuses_a_published_name_that_is_not_a_name(name, says, tmp_path, capsys):
     assert main(["verify", str(tmp_path), "--published", name]) == 2
-    assert "is not a name" in capsys.readouterr().err
+    assert says in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

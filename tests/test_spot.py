@@ -581,7 +581,7 @@ def test_a_skipped_rows_forged_id_is_named(builds, kimi_dir, tmp_path, capsys):
         ("3-1", "--rows '3-1': expected row numbers"),
         ("1,,2", "--rows '1,,2': expected row numbers"),
         ("x", "--rows 'x': expected row numbers"),
-        ("", "--rows '': expected row numbers"),
+        ("", "--rows must not be empty"),
         ("sample:0", "--rows 'sample:0': expected sample:N"),
         ("sample:two", "--rows 'sample:two': expected sample:N"),
         ("9" * 5000, f"--rows '{'9' * 5000}': expected row numbers"),  # (int() refuses over 4,300 digits)

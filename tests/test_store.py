@@ -252,6 +252,21 @@ def test_each_key_part_changes_the_key(kimi_dir, monkeypatch, change):
     assert _key(kimi_dir, **change) != before
 
 
+@pytest.mark.parametrize("upgraded", ["python", "pyarrow", "numpy", "transformers"])
+def test_the_versions_that_read_and_encode_are_in_the_key(kimi_dir, monkeypatch, upgraded):
+    """Python (its JSON reader, Unicode tables) and the libraries that turn the source's
+    values into text and encode it: another version of any is another entry."""
+    import importlib.metadata
+
+    before = _key(kimi_dir)
+    if upgraded == "python":
+        monkeypatch.setattr(sys, "version", sys.version + " (another)")
+    else:
+        real = importlib.metadata.version
+        monkeypatch.setattr(importlib.metadata, "version", lambda name: real(name) + ("1" if name == upgraded else ""))
+    assert _key(kimi_dir) != before
+
+
 def test_the_modules_that_encode_are_in_the_key(kimi_dir, monkeypatch, tmp_path):
     package = tmp_path / "fixed_sft"
     package.mkdir()
