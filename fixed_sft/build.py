@@ -654,7 +654,8 @@ def encoder_setup(config: BuildConfig, load: bool = False) -> EncoderSetup:
     )
     if tokenizer.loss_mask_type not in (None, config.loss_mask_type):
         raise UsageError(
-            f"tokenizer {tokenizer.name} goes with loss mask {tokenizer.loss_mask_type}, not {config.loss_mask_type}"
+            f"tokenizer {tokenizer.name} goes with loss mask {tokenizer.loss_mask_type}, not {config.loss_mask_type}: "
+            f"pass --loss-mask-type {tokenizer.loss_mask_type}"
         )
     masks = HF_MASK_TYPES if tokenizer.family == HF else KIMI_MASK_TYPES
     if config.loss_mask_type not in masks:
@@ -1017,7 +1018,11 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
             raise_cache_damage(source.files, BuildError)  # a damaged cached file explains the error better
             raise
         if written == 0 or (config.rows is not None and written < config.rows):
-            asked = f"--rows is {config.rows}" if config.rows is not None else "a build needs at least one"
+            asked = (
+                f"--rows is {config.rows} (--rows all builds every row it fills)"
+                if config.rows is not None
+                else "a build needs at least one"
+            )
             filled = f"the source fills only {written} rows of {config.row_tokens} tokens"
             skipped = len(tally.skipped_invalid)
             invalid = f" ({skipped} source rows skipped as invalid, of {source.num_rows})" if skipped else ""
@@ -1060,12 +1065,16 @@ def _check_first(
 
 def upstream(config: BuildConfig, source: Source) -> str | None:
     """The Hub dataset a build's source rows come from: the source itself when it is a Hub
-    download, else the named build's own source (a local copy of it), where a Hub id."""
+    download, else the named build's own source (a Hub id), where the local source is a
+    copy of it: at its revision (``--source-revision``, as README's offline build gives
+    it), or of its row count. Any other local source claims no upstream."""
     if source.revision is not None and not Path(source.name).exists() and is_hub_id(source.name):
         return source.name
     if (BUILDS / f"{config.name}.json").is_file():
-        named = build_spec(config.name)["source"]
-        return named if is_hub_id(named) and not Path(named).exists() else None
+        spec = build_spec(config.name)
+        named = spec["source"]
+        copy = config.source_revision == spec.get("source_revision") or source.num_rows == spec.get("source_rows")
+        return named if copy and is_hub_id(named) and not Path(named).exists() else None
     return None
 
 

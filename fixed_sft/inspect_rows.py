@@ -1,14 +1,16 @@
 """A build folder -> what a person reads of it: a summary of the build, or one row decoded.
 
 The summary counts the rows, tokens, supervised tokens and conversations from the rows
-themselves, a row group at a time (``reader``), and says where a count is not the
-manifest's (``Summary.agrees``); the skipped rows, the source mix and the card are the
-manifest's. A row is decoded with the build's tokenizer, resolved as ``verify --rebuild``
-resolves it (the recorded spec or repo, or ``--tokenizer FOLDER``; its files must be the
-recorded ones) but from the Hugging Face cache alone. Its supervised tokens are marked (in
-colour on a terminal, else between ``[[`` and ``]]``), and each segment starts with a line
-naming its source row and id. Control characters of the text are shown as escapes
-(``\\x1b``), so a row cannot drive the terminal; the HTML page escapes every text it shows.
+themselves, a row group at a time (``reader``), and says where a count, or the Parquet
+file's sha256, is not the manifest's (``Summary.agrees``); the skipped rows, the source mix
+and the card are the manifest's. A row is shown only where it hashes to its manifest
+entry (``row_sha256``: else its text is not the build's). It is decoded with the build's
+tokenizer, resolved as ``verify --rebuild`` resolves it (the recorded spec or repo, or
+``--tokenizer FOLDER``; its files must be the recorded ones) but from the Hugging Face
+cache alone. Its supervised tokens are marked (in colour on a terminal, else between
+``[[`` and ``]]``), and each segment starts with a line naming its source row and id.
+Control characters of the text are shown as escapes (``\\x1b``), so a row cannot drive
+the terminal; the HTML page escapes every text it shows.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import pyarrow.compute as pc
 
 from .errors import BuildError, UsageError
 from .fields import FieldError
-from .hashes import row_digest
+from .hashes import boundaries, row_digest, sha256_file
 from .manifest import Manifest, read
 from .output import MANIFEST_NAME, PARQUET_NAME
 from .reader import Refused, RowFile
@@ -95,10 +97,12 @@ def summary(folder: Path) -> Summary:
                 supervised += int(np.count_nonzero(mask))
                 counted.add(metadata)
             counted.finish()
+        digest = sha256_file(folder / PARQUET_NAME)
     except (Refused, OSError, ValueError) as error:
         raise _unreadable(folder, error) from None
 
-    agrees = True
+    same_file = digest == manifest.parquet.sha256
+    agrees = same_file
 
     def figure(value: int, recorded: int) -> str:
         nonlocal agrees
@@ -118,6 +122,12 @@ def summary(folder: Path) -> Summary:
         f"rows skipped: {stats.rows_skipped:,} without a supervised token after token 0, "
         f"{stats.invalid_rows_skipped:,} invalid source rows",
         f"source: {manifest.source.name}" + (f" @ {manifest.source.revision}" if manifest.source.revision else ""),
+        f"{PARQUET_NAME}: sha256 "
+        + (
+            f"{digest}, the manifest's"
+            if same_file
+            else f"{digest} (the manifest says {manifest.parquet.sha256}: run verify)"
+        ),
     ]
     if manifest.source_mix is None:
         lines.append("source mix: not recorded (the source rows have no source column, or the build is older)")
@@ -227,7 +237,8 @@ def decoder(manifest: Manifest, tokenizer: str | None, command: str = "inspect")
 
 def read_row(folder: Path, manifest: Manifest, number: int) -> tuple[np.ndarray, np.ndarray, list[dict]]:
     """Row ``number``'s ids, mask and segments, read from its row group (``BuildError``
-    where the file does not hold it, or its segments do not cover its ``row_tokens`` ids)."""
+    where the file does not hold it, its segments do not cover its ``row_tokens`` ids, or it
+    does not hash to ``row_sha256[number]``)."""
     try:
         with _rows(folder, manifest) as file:
             if number >= file.rows:
@@ -242,9 +253,14 @@ def read_row(folder: Path, manifest: Manifest, number: int) -> tuple[np.ndarray,
     problem = check_metadata(row, number, size)
     if problem is None and not len(ids) == len(mask) == size:
         problem = f"row {number}: {len(ids)} ids and {len(mask)} mask values, not {size}"
+    segments = row.field("segments").to_pylist()[0]
+    if problem is None:
+        cu = boundaries([s["end"] - s["start"] for s in segments]) if manifest.params.emit_boundaries else None
+        if row_digest(ids.astype(np.int32), mask.astype(np.uint8), cu).hex() != manifest.row_sha256[number]:
+            problem = f"row {number}: content differs from its manifest hash"
     if problem is not None:  # (decoded as it is, it would show other text than a trainer reads)
         raise BuildError(f"{folder / PARQUET_NAME}: {problem}: run verify")
-    return ids, mask, row.field("segments").to_pylist()[0]
+    return ids, mask, segments
 
 
 TOKEN_COLUMNS = ["metadata.input_ids.list.element", "metadata.loss_mask.list.element"]

@@ -331,8 +331,8 @@ def pin_tokenizer(
     trust_remote_code: bool = False,
 ) -> dict:
     """The tokenizer spec of a Hub repo at ``revision`` (downloaded; the spec pins the commit it
-    resolved to) or of a folder (from the Hub repo ``repo`` at ``revision``; a Hugging Face cache
-    snapshot folder names both): its family, each file's bytes and sha256, the template
+    resolved to) or of a folder (from the Hub repo ``repo`` at commit ``revision``; a Hugging
+    Face cache snapshot folder names both): its family, each file's bytes and sha256, the template
     variables and the mask type (by default the family's). The encoder is loaded from the files
     with these template variables, so a spec that a build would refuse is refused here
     (``SpecError``; a template that reads the clock names the variable to pin)."""
@@ -345,6 +345,8 @@ def pin_tokenizer(
         revision = revision or (cached["commit"] if cached else None)
         if not (repo and revision):
             raise UsageError(f"{tokenizer} is a folder: name the Hub repo and revision it is of (--repo, --revision)")
+        if not re.fullmatch(r"[0-9a-f]{40}", revision):  # (a branch or tag moves: the spec would name other files)
+            raise UsageError(f"--revision {revision}: a folder's files are pinned at a commit (40 hex digits)")
     elif is_hub_id(tokenizer):
         if not revision:
             raise UsageError(f"pinning the Hub repo {tokenizer} needs --revision")

@@ -304,10 +304,16 @@ def test_the_manifests_card_and_mix_are_read_strictly(built, tmp_path, edit, say
     assert any(says in problem for problem in verify(out)), verify(out)
 
 
+TULU_REVISION = "b14afda60f1bbebe55d5d2fa1e4df5042f97f8be"
+
+
 def test_a_tulu_source_declares_odc_by_with_its_attribution(source, kimi_dir, tmp_path):
-    """A local copy of the named build's source, given its license as README's offline build does."""
+    """A local copy of the named build's source, given its revision and license as README's offline build does."""
     out = tmp_path / "tulu"
-    named = config(source[0], kimi_dir, name="kimi-k26-tulu3-fixed8192-v1", source_license="ODC-By-1.0", rows=2)
+    named = config(
+        source[0], kimi_dir, name="kimi-k26-tulu3-fixed8192-v1", source_license="ODC-By-1.0",
+        source_revision=TULU_REVISION, rows=2,
+    )  # fmt: skip
     manifest = build(named, out)
     header, body = _card(out)
     assert header["license"] == manifest["card"]["license"] == "odc-by"
@@ -321,7 +327,7 @@ def test_a_tulu_source_declares_odc_by_with_its_attribution(source, kimi_dir, tm
     ("overrides", "license"),
     [
         ({"source_license": "ODC-By-1.0", "card_license": "apache-2.0"}, "apache-2.0"),
-        ({"name": "kimi-k26-tulu3-fixed8192-v1"}, "unknown"),  # (a local --source: no license recorded)
+        ({"name": "kimi-k26-tulu3-fixed8192-v1", "source_revision": TULU_REVISION}, "unknown"),  # (no license given)
     ],
     ids=["another license declared", "tulu 3 without its license"],
 )
@@ -334,6 +340,16 @@ def test_the_attribution_an_odc_by_source_requires_is_written_whatever_the_card_
     assert header["license"] == license
     assert "which is licensed under ODC-By 1.0. The license requires attribution" in body
     assert ("Check the source's own terms" in body) is (license == "unknown")
+
+
+def test_a_named_build_of_another_source_claims_no_upstream(source, kimi_dir, tmp_path):
+    """The named build with a local source that is not shown to be its source (neither its
+    revision nor its row count): the card names no upstream dataset, and none of its terms."""
+    out = tmp_path / "card"
+    manifest = build(config(source[0], kimi_dir, name="kimi-k26-tulu3-fixed8192-v1", rows=2), out)
+    header, body = _card(out)
+    assert manifest["source"]["license"] is None and header["license"] == "unknown"
+    assert "source_datasets" not in header and TULU not in body and "ODC-By" not in body
 
 
 def test_odc_by_declared_for_a_source_of_another_license_claims_no_odc_by_source(source, kimi_dir, tmp_path):

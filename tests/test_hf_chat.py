@@ -988,6 +988,9 @@ def test_pin_tokenizer_writes_a_spec_that_builds_check_files_against(folder_of, 
     from fixed_sft.specs import SpecError, resolve_tokenizer
 
     folder = folder_of(_plain(CHATML))
+    assert main(["pin-tokenizer", str(folder), "--repo", "someone/Chat-Model", "--revision", "main"]) == 2
+    says = "error: --revision main: a folder's files are pinned at a commit (40 hex digits)\n"
+    assert capsys.readouterr().err == says and not list(spec_folder.glob("chat-model*"))
     assert main(["pin-tokenizer", str(folder), "--repo", "someone/Chat-Model", "--revision", REVISION]) == 0
     assert "pinned someone/Chat-Model@" + REVISION in capsys.readouterr().out
     spec = json.loads((spec_folder / "chat-model.json").read_text(encoding="utf-8"))

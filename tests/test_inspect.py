@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -110,6 +111,37 @@ def test_summary_says_where_the_rows_differ_from_the_manifest(built, tmp_path, c
     out = capsys.readouterr().out
     assert f"supervised tokens: {manifest['stats']['supervised_tokens'] - 1:,} (the manifest says " in out
     assert out.count("the manifest says") == 1
+
+
+def test_a_changed_token_is_named_by_the_summary_and_not_shown(built, kimi_dir, tmp_path, capsys):
+    """One id of row 1 changed, the counts kept: the summary names the Parquet file's
+    sha256 (exit 1), and the row is not shown as the build's, even with the file's sha256
+    re-recorded in the manifest; the rows beside it are."""
+    import pyarrow as pa
+
+    out, _ = built
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    table = pq.read_table(copy / "train.parquet")
+    rows = table.to_pylist()
+    rows[1]["metadata"]["input_ids"][7] += 1
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), copy / "train.parquet")
+    capsys.readouterr()
+    assert main(["inspect", str(copy)]) == 1
+    text = capsys.readouterr().out
+    assert re.search(
+        r"^train\.parquet: sha256 [0-9a-f]{64} \(the manifest says [0-9a-f]{64}: run verify\)$", text, re.M
+    )
+    assert text.count("the manifest says") == 1
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["parquet"]["sha256"] = hashlib.sha256((copy / "train.parquet").read_bytes()).hexdigest()
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["inspect", str(copy)]) == 0 and "the manifest says" not in capsys.readouterr().out
+    assert main(["inspect", str(copy), "--row", "1", "--tokenizer", str(kimi_dir)]) == 1
+    captured = capsys.readouterr()
+    says = f"error: {copy / 'train.parquet'}: row 1: content differs from its manifest hash: run verify\n"
+    assert captured.err == says and captured.out == ""
+    assert main(["inspect", str(copy), "--row", "2", "--tokenizer", str(kimi_dir)]) == 0
 
 
 def test_a_row_as_plain_text_marks_the_supervised_tokens(built, kimi_dir, capsys):
