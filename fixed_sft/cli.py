@@ -405,11 +405,10 @@ def _inspect(args: argparse.Namespace) -> int:
         return 0 if found.agrees else FAILURE
     view = row_view(args.folder, args.row, args.tokenizer)
     if args.html is not None:
-        from .folder import new_file
+        from .folder import writing_new
 
-        new_file(args.html)
-        with naming(args.html), args.html.open("x", encoding="utf-8") as f:
-            f.write(page(view))
+        with writing_new(args.html) as part, naming(args.html):
+            part.write_text(page(view), encoding="utf-8")
         print(f"wrote {args.html}: {view.title()}")
     elif sys.stdout.isatty():
         print_coloured(view)

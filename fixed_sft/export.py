@@ -31,8 +31,6 @@ is one inside a build (which would then no longer be one).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import BuildError, UsageError
-from .exits import removed_on_exit
-from .folder import draft, new_file
+from .folder import draft, new_file, writing_new
 from .hashes import boundaries, row_digest
 from .manifest import Manifest, read
 from .output import MANIFEST_NAME, PARQUET_NAME, naming
@@ -187,8 +184,8 @@ def export(folder: str | Path, to: str, out: str | Path) -> Exported:
     if to not in TARGETS:
         raise UsageError(f"unknown export target {to!r}; choose one of {', '.join(TARGETS)}")
     target = TARGETS[to]
-    new_file(out)
-    tmp = draft(out, "choose another output file")
+    new_file(out)  # (and its draft's name: usage errors before the folder is verified)
+    draft(out, "choose another output file")
     parquet = folder / PARQUET_NAME
     verified = _stamp(parquet)  # (before verify reads it: unchanged after the export's read, it was the file verified)
     problems = verify(folder)
@@ -205,34 +202,13 @@ def export(folder: str | Path, to: str, out: str | Path) -> Exported:
     }
     schema = target.schema.with_metadata({"fixed_sft": json.dumps(provenance, sort_keys=True)})
     rows = segments = trained_tokens = 0
-    tmp.mkdir()
-    with removed_on_exit(tmp):
-        try:
-            part = tmp / out.name
-            with naming(part):
-                with pq.ParquetWriter(part, schema, compression="zstd") as writer:
-                    for batch in _rows(folder, manifest, expected):
-                        writer.write_table(_table(target, batch))
-                        rows += len(batch)
-                        segments += sum(len(lengths) for *_, lengths in batch)
-                        trained_tokens += sum(trained(mask, lengths) for _, mask, lengths in batch)
-                if _stamp(parquet) != verified or rows != len(expected):  # (its segments: in no fixed-sft/2 hash)
-                    raise BuildError(f"{parquet}: changed since it was verified")
-                with part.open("rb+") as f:
-                    os.fsync(f.fileno())
-            _publish(part, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    with writing_new(out) as part, naming(part):
+        with pq.ParquetWriter(part, schema, compression="zstd") as writer:
+            for batch in _rows(folder, manifest, expected):
+                writer.write_table(_table(target, batch))
+                rows += len(batch)
+                segments += sum(len(lengths) for *_, lengths in batch)
+                trained_tokens += sum(trained(mask, lengths) for _, mask, lengths in batch)
+        if _stamp(parquet) != verified or rows != len(expected):  # (its segments: in no fixed-sft/2 hash)
+            raise BuildError(f"{parquet}: changed since it was verified")
     return Exported(out, rows, segments, trained_tokens, manifest.stats.trainable_tokens)
-
-
-def _publish(part: Path, out: Path) -> None:
-    """Put the complete file ``part`` at ``out``, never replacing a file that appeared there meanwhile."""
-    try:
-        os.link(part, out)
-    except FileExistsError:
-        raise UsageError(f"{out} appeared during the export; it was left as it is") from None
-    except OSError:  # a file system without hard links
-        if os.path.lexists(out):
-            raise UsageError(f"{out} appeared during the export; it was left as it is") from None
-        os.rename(part, out)

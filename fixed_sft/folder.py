@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from filelock import FileLock, Timeout
 
 from .errors import BuildError, UsageError
 from .exits import removed_on_exit
-from .output import CARD_FILES, FORMATS, MANIFEST_NAME, PARQUET_NAME, PARTS_NAME
+from .output import CARD_FILES, FORMATS, MANIFEST_NAME, PARQUET_NAME, PARTS_NAME, naming
 from .source import non_unicode
 
 # what a build, and a build's temporary folder, may hold: the rows, the manifest, and the
@@ -101,6 +102,33 @@ def new_file(out: Path) -> None:
         raise UsageError(
             f"{out} is inside the build {inside}, which would no longer be one; choose another output file"
         )
+
+
+@contextmanager
+def writing_new(out: Path) -> Iterator[Path]:
+    """The path to write the new file ``out`` at (``new_file``): in a folder of its own beside
+    ``out`` (``draft``), removed on exit. Once the block ends, the complete file is linked
+    into place, never replacing a file that appeared there meanwhile; a block that fails
+    leaves nothing at ``out``."""
+    new_file(out)
+    tmp = draft(out, "choose another output file")
+    tmp.mkdir()
+    with removed_on_exit(tmp):
+        try:
+            part = tmp / out.name
+            yield part
+            with naming(out), part.open("rb+") as f:
+                os.fsync(f.fileno())
+            try:
+                os.link(part, out)
+            except FileExistsError:
+                raise UsageError(f"{out} appeared meanwhile; it was left as it is") from None
+            except OSError:  # a file system without hard links
+                if os.path.lexists(out):
+                    raise UsageError(f"{out} appeared meanwhile; it was left as it is") from None
+                os.rename(part, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _not_replaceable(out: Path) -> str | None:

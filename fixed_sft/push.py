@@ -2,29 +2,38 @@
 
 The folder must verify first (``verify``). The commit adds ``manifest.json``,
 ``train.parquet`` and the card files the manifest records (``card.files``), nothing else of
-the folder; the uploaded manifest is the one verified (its bytes read before and after),
-and each other file's upload hash (its sha256, which the Hub checks) must be the manifest's. A
-missing repo is created as a dataset repo (``private`` applies only then, and a public
-repo is refused when it was asked for). A repo holding any file but ``.gitattributes`` and
-``README.md`` is refused unless ``force``; with it, those files stay beside the build. The
-commit names the repo state it was checked against (``parent_commit``), so a push that
-meanwhile changed it is refused by the Hub. Any error of the Hub or the network is one
-line naming the repo (``PushError``).
+the folder, and each must be what was verified:
+
+- the manifest and the card files are sent as bytes read once, the manifest's before and
+  after ``verify``, each card file's hashing to the manifest's sha256;
+- ``train.parquet`` is sent from one open file, which hashes to the manifest's sha256 and
+  whose ``source.Stamp`` is the one taken before ``verify``, until the commit is made (a
+  change while it uploads fails the push, naming the commit to check).
+
+A missing repo is created as a dataset repo (``private`` applies only then, and a public
+repo is refused when it was asked for). A repo holding any file but ``.gitattributes``
+(``README.md`` too) is refused unless ``force``; with it, those files stay beside the
+build, but for the card's files a build lacks, which the commit deletes: the repo's card
+is always the build's, or none. The commit names the repo state it was checked against
+(``parent_commit``), so a push that meanwhile changed it is refused by the Hub. Any error
+of the Hub or the network is one line naming the repo (``PushError``).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .errors import BuildError, UsageError
-from .manifest import read
+from .manifest import Manifest, read
 from .output import CARD_FILES, MANIFEST_NAME, PARQUET_NAME
+from .source import Stamp, file_stamp
 from .verify import MANIFEST_BYTES, verify
 
-KEPT = {".gitattributes", "README.md"}  # files a repo may hold and still take a build without --force
+KEPT = {".gitattributes"}  # files a repo may hold and still take a build without --force
 _REPO = re.compile(r"[\w.-]+/[\w.-]+")
 
 
@@ -50,6 +59,7 @@ def push(folder: str | Path, repo: str, private: bool = False, force: bool = Fal
     if not _REPO.fullmatch(repo):
         raise UsageError(f"--repo {repo!r} is not OWNER/NAME")
     before = _manifest_bytes(folder)
+    verified = _stamp(folder / PARQUET_NAME)
     problems = verify(folder)
     if problems:
         raise BuildError(f"{folder} does not verify, so it is not pushed: {problems[0]}")
@@ -66,27 +76,50 @@ def push(folder: str | Path, repo: str, private: bool = False, force: bool = Fal
 
     api = api if api is not None else HfApi()
     try:
-        operations = [CommitOperationAdd(MANIFEST_NAME, manifest_bytes)] + [
-            CommitOperationAdd(name, str(folder / name)) for name in names[1:]
-        ]
-    except (OSError, ValueError) as error:
+        rows = (folder / PARQUET_NAME).open("rb")  # (one open file: the bytes hashed are the bytes sent)
+    except OSError as error:
         raise BuildError(f"{folder}: cannot read the files to push ({error})") from None
-    for operation in operations[1:]:
-        if operation.upload_info.sha256.hex() != expected[operation.path_in_repo]:
-            raise BuildError(f"{folder / operation.path_in_repo} changed since it was verified; not pushed")
+    with rows:
+        try:
+            operations = [CommitOperationAdd(MANIFEST_NAME, manifest_bytes), CommitOperationAdd(PARQUET_NAME, rows)]
+            operations += [CommitOperationAdd(name, (folder / name).read_bytes()) for name in names[2:]]
+        except (OSError, ValueError) as error:
+            raise BuildError(f"{folder}: cannot read the files to push ({error})") from None
+        for operation in operations[1:]:
+            if operation.upload_info.sha256.hex() != expected[operation.path_in_repo]:
+                raise BuildError(f"{folder / operation.path_in_repo} changed since it was verified; not pushed")
+        if _opened(rows) != verified:
+            raise BuildError(f"{folder / PARQUET_NAME} changed since it was verified; not pushed")
+        commit, url = _commit(api, repo, manifest, operations, private, force)
+        if _opened(rows) != verified:
+            raise PushError(
+                f"push to {repo}: {folder / PARQUET_NAME} changed while it was uploaded; commit {commit} may hold "
+                "other rows: push again, or check the repo with verify"
+            )
+    return Pushed(repo, url, commit, names)
+
+
+def _commit(api: Any, repo: str, manifest: Manifest, operations: list, private: bool, force: bool) -> tuple[str, str]:
+    """Create ``repo`` where missing, check what it holds (module docstring), and commit
+    ``operations`` to it, deleting the card files the build lacks: the commit's id and the repo's url."""
+    from huggingface_hub import CommitOperationDelete
+
+    names = {operation.path_in_repo for operation in operations}
     try:
         url = api.create_repo(repo, repo_type="dataset", private=private, exist_ok=True)
         info = api.dataset_info(repo)
         if private and not info.private:
             raise PushError(f"push to {repo}: the repo exists and is public; --private applies to a new repo only")
-        held = sorted(s.rfilename for s in info.siblings or [] if s.rfilename not in KEPT)
+        files = {s.rfilename for s in info.siblings or []}
+        held = sorted(files - KEPT)
         if held and not force:
             shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
             raise PushError(f"push to {repo}: the repo already holds {shown}; add --force to push beside them")
+        stale = [CommitOperationDelete(name) for name in CARD_FILES if name in files and name not in names]
         stats = manifest.stats
         commit = api.create_commit(
             repo,
-            operations,
+            [*operations, *stale],
             commit_message=f"fixed-sft build {manifest.name}: {stats.rows} rows x {manifest.params.row_tokens} tokens",
             commit_description=f"rows_sha256 {manifest.rows_sha256}",
             repo_type="dataset",
@@ -96,7 +129,20 @@ def push(folder: str | Path, repo: str, private: bool = False, force: bool = Fal
         raise
     except Exception as error:  # the Hub's and the network's errors are many classes
         raise PushError(f"push to {repo}: {describe(error)}") from None
-    return Pushed(repo, str(url), commit.oid, names)
+    return commit.oid, str(url)
+
+
+def _stamp(path: Path) -> Stamp | None:
+    """``path``'s ``Stamp``; ``None`` where it cannot be read (``verify`` names why)."""
+    try:
+        return file_stamp(path)
+    except OSError:
+        return None
+
+
+def _opened(file: BinaryIO) -> Stamp:
+    """The ``Stamp`` of the open ``file``."""
+    return Stamp.of(os.fstat(file.fileno()))
 
 
 def describe(error: BaseException) -> str:

@@ -79,6 +79,11 @@ class Stamp(NamedTuple):
     ctime_ns: int
     inode: int
 
+    @classmethod
+    def of(cls, status: os.stat_result) -> Stamp:
+        """The stamp of a file's ``os.stat`` (or ``os.fstat``) result."""
+        return cls(status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino)
+
 
 def changed(path: Path) -> SourceError:
     """The error for a source file written to while the build read it."""
@@ -184,8 +189,7 @@ def _small_source_column(file: pq.ParquetFile, meta: pq.FileMetaData) -> bool:
 
 def file_stamp(path: Path) -> Stamp:
     """The ``Stamp`` of the file at ``path`` (``OSError`` where it cannot be read)."""
-    status = path.stat()
-    return Stamp(status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino)
+    return Stamp.of(path.stat())
 
 
 def _repeated_field(kind: pa.DataType) -> str | None:

@@ -15,6 +15,7 @@ a spec names its own (``kimi`` when it does not).
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -318,6 +319,7 @@ def _downloaded(spec: dict[str, Any]) -> tuple[str, ...]:
     return (*spec["files"], *([MODEL_FILE] if _declarations_pin(spec) else []))
 
 
+SPEC_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,95}")  # a spec's name: its file's, and a flag's value
 _CACHE_REPO = re.compile(r"models--(?P<owner>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<commit>[0-9a-f]{40})$")
 
 
@@ -338,6 +340,13 @@ def pin_tokenizer(
     (``SpecError``; a template that reads the clock names the variable to pin)."""
     from .encode import EncoderConfig  # (the encoders import this module)
 
+    if repo is not None:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        try:
+            validate_repo_id(repo)
+        except HFValidationError:
+            raise UsageError(f"--repo {repo!r} is not a Hub repo id (OWNER/NAME)") from None
     if Path(tokenizer).is_dir():
         directory = Path(tokenizer)
         cached = _CACHE_REPO.search(directory.resolve().as_posix())
@@ -367,8 +376,8 @@ def pin_tokenizer(
     except (TokenizerError, TemplateMismatch, ValueError) as error:
         raise SpecError(f"{directory}: {error}") from None
     name = name or repo.rsplit("/", 1)[-1].lower()
-    if not name or Path(name).name != name or name.startswith("."):
-        raise UsageError(f"spec name {name!r} is not a name; pass --name")
+    if not SPEC_NAME.fullmatch(name) or name.endswith(".json"):
+        raise UsageError(f"spec name {name!r} is not a name (lowercase letters, digits, '.', '-', '_'); pass --name")
     return {
         "name": name,
         "family": family,
@@ -383,10 +392,14 @@ def pin_tokenizer(
 def write_tokenizer_spec(spec: dict, folder: Path | None = None) -> Path:
     """Write ``spec`` (``pin_tokenizer``) as ``NAME.json`` in ``folder``, by default
     ``fixed_sft/tokenizer_specs/``, where builds find it; an existing file is not replaced."""
+    from .folder import writing_new  # (not in the encoders, which import this module)
+    from .output import naming
+
     path = (folder or TOKENIZERS) / f"{spec['name']}.json"
-    if path.exists():
+    if os.path.lexists(path):
         raise UsageError(f"{path} exists; remove it first, or pass another --name")
     text = json.dumps(spec, indent=2, ensure_ascii=False) + "\n"
     _check_tokenizer(path, json.loads(text))
-    path.write_text(text, encoding="utf-8")
+    with writing_new(path) as part, naming(path):  # (complete, or not there)
+        part.write_text(text, encoding="utf-8")
     return path

@@ -3,7 +3,7 @@
 The routes, and the JSON each reads and answers, are those huggingface_hub 2.4's
 ``HfApi`` uses (``hf_api.py``: ``create_repo``, ``dataset_info``, ``_validate_yaml``,
 ``create_commit``; ``_commit_api.py``: ``_fetch_upload_modes``, ``_send_commit``;
-``lfs.py``: ``post_lfs_batch_info``, ``lfs_upload``), with Git LFS for the files the
+``lfs.py``: ``post_lfs_batch_info``, ``lfs_upload``; a commit adds and deletes files), with Git LFS for the files the
 preupload answer marks ``lfs`` (Parquet and PNG files, as the Hub does for binary files;
 Xet, which the Hub offers beside LFS, is turned off in the tests). Requests without the
 token are answered 401; a commit whose parent is not the repo's head is answered 412.
@@ -199,6 +199,7 @@ class _Handler(BaseHTTPRequestHandler):
         if header.get("parentCommit") not in (None, repo.sha):
             return self._send(412, {"error": "A commit has happened since. Please refresh and try again."})
         added: dict[str, bytes] = {}
+        deleted: list[str] = []
         for line in lines[1:]:
             value = line["value"]
             if line["key"] == "file":
@@ -207,10 +208,17 @@ class _Handler(BaseHTTPRequestHandler):
                 if value["oid"] not in self.state.lfs:
                     return self._send(422, {"error": f"LFS object {value['oid']} was not uploaded"})
                 added[value["path"]] = self.state.lfs[value["oid"]]
+            elif line["key"] == "deletedFile":
+                if value["path"] not in repo.files:
+                    return self._send(404, {"error": f"{value['path']} does not exist"})
+                deleted.append(value["path"])
             else:
                 return self._send(400, {"error": f"unexpected {line['key']}"})
+        for path in deleted:
+            del repo.files[path]
         repo.files.update(added)
         repo.sha = secrets.token_hex(20)
-        repo.commits.append({"summary": header["summary"], "description": header.get("description"), "files": added})
+        commit = {"summary": header["summary"], "description": header.get("description"), "files": added}
+        repo.commits.append(commit | {"deleted": deleted})
         url = f"{self.state.url}/datasets/{self.match['repo']}/commit/{repo.sha}"
         self._send(200, {"success": True, "commitOid": repo.sha, "commitUrl": url})

@@ -1017,6 +1017,31 @@ def test_pin_tokenizer_writes_a_spec_that_builds_check_files_against(folder_of, 
     assert f"--out {tmp_path / 'no'}: no such folder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--name", "a\nb", "spec name 'a\\nb' is not a name"),
+        ("--name", " ", "spec name ' ' is not a name"),
+        ("--name", "x.json", "spec name 'x.json' is not a name"),
+        ("--name", "esc\x1b[31mred", "spec name 'esc\\x1b[31mred' is not a name"),
+        ("--name", "a\x00b", "spec name 'a\\x00b' is not a name"),
+        ("--name", "Upper", "spec name 'Upper' is not a name"),
+        ("--repo", "not a repo!!", "--repo 'not a repo!!' is not a Hub repo id"),
+    ],
+)
+def test_pin_tokenizer_refuses_a_name_or_repo_that_is_not_one(folder_of, spec_folder, capsys, flag, value, says):
+    """A spec's name is its file's: lowercase letters, digits, '.', '-', '_'; nothing is written otherwise."""
+    from fixed_sft.cli import main
+
+    folder = folder_of(_plain(CHATML))
+    args = ["pin-tokenizer", str(folder), "--repo", "someone/chat", "--revision", REVISION]
+    before = sorted(spec_folder.iterdir())
+    assert main([*args, flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {says}") and err.count("\n") == 1, err
+    assert sorted(spec_folder.iterdir()) == before
+
+
 def test_pin_tokenizer_refuses_files_damaged_in_the_hub_cache(folder_of, spec_folder, tmp_path, capsys):
     """A pin is what later builds trust: bytes the Hub does not hold (a cached blob changed
     since it was downloaded) are refused, naming the blob to delete, not pinned."""

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import sys
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -220,6 +221,30 @@ def test_html_never_replaces_a_file_or_writes_into_a_build(built, kimi_dir, tmp_
         assert says in err and err.count("\n") == 1
     assert (out / "manifest.json").read_bytes() == manifest and earlier.read_text() == "kept"
     assert not (out / "row.html").exists() and main(["verify", str(out)]) == 0
+
+
+def test_an_html_page_that_cannot_be_written_whole_leaves_nothing(built, kimi_dir, tmp_path, capsys, monkeypatch):
+    """A write that fails part way (a full disk, a file size limit) leaves no part of the
+    page at FILE, which a second try would refuse as existing, and no temporary file."""
+    import errno
+
+    from fixed_sft import inspect_rows
+
+    out, _ = built
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    real = Path.write_text
+
+    def half_then_full(path, text, *args, **kwargs):
+        real(path, text[: len(text) // 2], *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(inspect_rows, "page", lambda view: "<html>" + "x" * 10000)
+    monkeypatch.setattr(Path, "write_text", half_then_full)
+    target = pages / "row.html"
+    assert main(["inspect", str(out), "--row", "0", "--tokenizer", str(kimi_dir), "--html", str(target)]) == 1
+    assert capsys.readouterr().err == f"error: cannot write {target}: No space left on device\n"
+    assert list(pages.iterdir()) == []
 
 
 def test_errors_are_one_line(built, tmp_path, capsys):

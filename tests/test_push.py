@@ -106,7 +106,7 @@ def test_a_repo_holding_other_files_is_refused_unless_forced(folder, hub, capsys
     hub.repos[REPO].files.update({"README.md": b"# mine\n", "data/old.parquet": b"old"})
     assert main(["push", str(folder), "--quiet", "--repo", REPO]) == 1
     assert capsys.readouterr().err == (
-        f"error: push to {REPO}: the repo already holds data/old.parquet; add --force to push beside them\n"
+        f"error: push to {REPO}: the repo already holds README.md, data/old.parquet; add --force to push beside them\n"
     )
     assert hub.repos[REPO].commits == []
     assert main(["push", str(folder), "--quiet", "--repo", REPO, "--force"]) == 0
@@ -114,6 +114,33 @@ def test_a_repo_holding_other_files_is_refused_unless_forced(folder, hub, capsys
     assert sorted(hub.repos[REPO].files) == sorted(
         {".gitattributes", "README.md", "data/old.parquet", "manifest.json", "train.parquet", *card}
     )
+    assert hub.repos[REPO].files["README.md"] == (folder / "README.md").read_bytes()  # (the card is the build's)
+
+
+def test_a_repo_holding_a_card_of_its_own_is_refused_unless_forced(folder, hub, capsys):
+    """A hand-written ``README.md`` is the repo's card: a build's card replaces it only with --force."""
+    hub.repos[REPO] = Repo(private=False)
+    hub.repos[REPO].files["README.md"] = b"# my other dataset\n"
+    assert main(["push", str(folder), "--quiet", "--repo", REPO]) == 1
+    assert "the repo already holds README.md; add --force" in capsys.readouterr().err
+    assert hub.repos[REPO].commits == [] and hub.repos[REPO].files["README.md"] == b"# my other dataset\n"
+
+
+def test_a_build_without_a_card_deletes_the_card_of_the_build_before(built, folder, hub, kimi_dir, tmp_path):
+    """A build with --no-card pushed (--force) where another build's card is: the card's
+    files are deleted in the same commit, so the repo never shows a card of other rows."""
+    assert main(["push", str(folder), "--quiet", "--repo", REPO]) == 0
+    card = set(json.loads((folder / "manifest.json").read_text())["card"]["files"])
+    bare = tmp_path / "bare"
+    config = BuildConfig(
+        name="p", source=str(built.parent / "rows.jsonl"), tokenizer=str(kimi_dir), rows=3, row_tokens=64, seed=5,
+        workers=1, no_card=True,
+    )  # fmt: skip
+    build(config, bare, progress=False)
+    assert main(["push", str(bare), "--quiet", "--repo", REPO, "--force"]) == 0
+    assert sorted(hub.repos[REPO].commits[-1]["deleted"]) == sorted(card)
+    assert sorted(hub.repos[REPO].files) == [".gitattributes", "manifest.json", "train.parquet"]
+    assert hub.repos[REPO].files["manifest.json"] == (bare / "manifest.json").read_bytes()
 
 
 def test_a_second_push_to_the_same_repo_needs_force(folder, hub, capsys):
@@ -168,6 +195,34 @@ def test_a_commit_made_meanwhile_fails_the_push(folder, hub, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"error: push to {REPO}: HTTP 412: ") and err.count("\n") == 1
     assert hub.repos[REPO].commits == [] and "train.parquet" not in hub.repos[REPO].files
+
+
+@pytest.mark.parametrize("change", ["README.md appended", "train.parquet appended", "train.parquet rewritten"])
+def test_a_file_changed_once_hashed_is_not_what_the_hub_gets(folder, hub, capsys, change):
+    """A file written to after its upload hash is made (as the repo is checked): the card
+    is sent as the bytes hashed; the rows' file, sent from the file, fails the push, its
+    upload (other bytes) or after the commit (the file's stamp: the commit is named)."""
+    name, how = change.split()
+    verified = (folder / name).read_bytes()
+
+    def write(repo):
+        with (folder / name).open("ab" if how == "appended" else "r+b") as f:
+            f.write(b"appended" if how == "appended" else verified)
+        hub.on_info = None
+
+    hub.on_info = write
+    code = main(["push", str(folder), "--quiet", "--repo", REPO])
+    err = capsys.readouterr().err
+    if name == "README.md":
+        assert code == 0 and hub.repos[REPO].files["README.md"] == verified
+        return
+    assert code == 1 and err.startswith(f"error: push to {REPO}: ") and err.count("\n") == 1, err
+    if how == "appended":
+        assert "train.parquet" not in hub.repos[REPO].files
+    else:
+        commit = hub.repos[REPO].sha
+        says = f"{folder / name} changed while it was uploaded; commit {commit} may hold other rows"
+        assert says in err and hub.repos[REPO].files[name] == verified
 
 
 def test_a_folder_that_does_not_verify_is_not_pushed(folder, hub, capsys):
