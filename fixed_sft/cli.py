@@ -267,6 +267,7 @@ def _build(args: argparse.Namespace) -> int:
 
     config, out, published = _config(args)
     start = time.monotonic()
+    earlier = _earlier_rows(out)
     gc.freeze()  # (what the imports made outlives the build: the collector need not go over it, ~0.1 CPU-s)
     try:
         with _hub_bars(not args.quiet or not _may_download(config)):  # (a download's bars: huggingface_hub's own)
@@ -278,11 +279,25 @@ def _build(args: argparse.Namespace) -> int:
         f"built {out}: {stats['rows']} rows x {config.row_tokens} tokens, "
         f"supervised ratio {stats['supervised_token_ratio']:.4f}, rows_sha256 {manifest['rows_sha256']}"
     )
+    if earlier is not None and earlier != manifest["rows_sha256"]:
+        print(f"  (it replaced the earlier build there, of other rows: rows_sha256 {one_line(earlier)})")
     if not args.quiet:
         _print_summary(manifest, time.monotonic() - start)
     if published:
         _report_published(manifest, published, config.name)
     return 0
+
+
+def _earlier_rows(out: Path) -> str | None:
+    """The ``rows_sha256`` of the build at ``out`` that a build would replace, where one is."""
+    from .folder import is_build
+    from .verify import read_manifest
+
+    try:
+        rows = read_manifest(out / "manifest.json").get("rows_sha256") if is_build(out) else None
+    except (OSError, ValueError, RecursionError, AttributeError):
+        return None
+    return rows if isinstance(rows, str) else None
 
 
 def summary(manifest: dict, seconds: float) -> list[tuple[str, str]]:

@@ -73,6 +73,20 @@ def test_a_build_closes_with_a_summary_of_its_manifest_unless_quiet(source, kimi
     assert "trainable tokens" not in capsys.readouterr().out
 
 
+def test_a_build_that_replaces_one_of_other_rows_says_so(source, kimi_dir, tmp_path, capsys):
+    """A build into the folder of an earlier build replaces it (a rebuild): where its rows
+    were others, the closing line names the rows it replaced."""
+    out = tmp_path / "o"
+    assert main(_build_args(source, kimi_dir, out)) == 0
+    earlier = json.loads((out / "manifest.json").read_text())["rows_sha256"]
+    assert "replaced" not in capsys.readouterr().out
+    assert main(_build_args(source, kimi_dir, out)) == 0  # (the same rows again)
+    assert "replaced" not in capsys.readouterr().out
+    assert main([*_build_args(source, kimi_dir, out), "--seed", "7"]) == 0
+    says = f"  (it replaced the earlier build there, of other rows: rows_sha256 {earlier})\n"
+    assert capsys.readouterr().out.endswith(says)
+
+
 def test_verify_mismatch_exits_1(source, kimi_dir, tmp_path, capsys):
     main(_build_args(source, kimi_dir, tmp_path / "o"))
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
