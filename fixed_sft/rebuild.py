@@ -526,7 +526,9 @@ def report(results: list[Compared]) -> tuple[bool, list[str]]:
     lines = [f"the rebuild from the recorded inputs {verdict}"]
     for r in results:
         info = "" if r.proof else " (for information)"
-        if agrees[r.key]:
+        if agrees[r.key] and r.key == "params":  # (the rebuild's are the manifest's own)
+            lines.append(f"  {r.key}: the manifest's, rebuilt with (rows_sha256 shows whether the build had them)")
+        elif agrees[r.key]:
             lines.append(f"  {r.key}: same{info}")
         elif r.key == "parquet" and rows:
             lines.append(

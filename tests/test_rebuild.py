@@ -23,7 +23,6 @@ from fixed_sft.rebuild import rebuild
 KEYS = (
     "format",
     "name",
-    "params",
     "source",
     "tokenizer",
     "loss_mask",
@@ -34,6 +33,7 @@ KEYS = (
     "row_sha256",
     "provenance",
 )
+PARAMS_LINE = "  params: the manifest's, rebuilt with (rows_sha256 shows whether the build had them)\n"
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +119,7 @@ def test_the_recorded_inputs_give_the_same_rows(source, kimi_dir, tmp_path, caps
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", workers) == 0
     out = capsys.readouterr().out
     assert "gives the same rows and manifest" in out and all(f"  {key}: same\n" in out for key in KEYS)
+    assert PARAMS_LINE in out
     assert (
         "  parquet: same (for information)\n  card: same (for information)\n  code_sha256: same (for information)"
         in out
@@ -677,6 +678,7 @@ def test_a_build_with_boundaries_is_rebuilt_with_them(source, kimi_dir, tmp_path
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--workers", "1") == 0
     out = capsys.readouterr().out
     assert "gives the same rows and manifest" in out and all(f"  {key}: same\n" in out for key in KEYS)
+    assert PARAMS_LINE in out
     # a spot check re-encodes rows and hashes them by the same rule
     assert _rebuild(tmp_path / "o", "--tokenizer", str(kimi_dir), "--rows", "0,2") == 0
     assert main(["export", str(tmp_path / "o"), "--to", "trl", str(tmp_path / "o.trl.parquet")]) == 0
