@@ -137,12 +137,12 @@ def parser() -> argparse.ArgumentParser:
 
     build = commands.add_parser("build", help="build a dataset (the default command)")
     build.add_argument("name", nargs="?", help=f"named build in fixed_sft/builds/ (default: {DEFAULT_BUILD})")
-    build.add_argument("--out", type=Path, help="output folder (default: out/NAME)")
+    build.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: out/NAME)")
     _add_build_flags(build)
     build.add_argument("--quiet", action="store_true", help="no progress bars and no closing summary")
 
     verify = commands.add_parser("verify", help="check a built folder against its manifest")
-    verify.add_argument("folder", type=Path)
+    verify.add_argument("folder", type=Path, metavar="DIR", help="the build folder")
     verify.add_argument("--published", metavar="NAME", help="also compare with a named build's published values")
     verify.add_argument(
         "--rebuild", action="store_true", help="also rebuild from the inputs the manifest records, and compare"
@@ -172,7 +172,7 @@ def parser() -> argparse.ArgumentParser:
     )
 
     inspect = commands.add_parser("inspect", help="summarize a build, or show one of its rows decoded")
-    inspect.add_argument("folder", type=Path)
+    inspect.add_argument("folder", type=Path, metavar="DIR", help="the build folder")
     inspect.add_argument("--row", type=int, metavar="K", help="show row K decoded, its supervised tokens marked")
     inspect.add_argument(
         "--tokenizer",
@@ -182,8 +182,8 @@ def parser() -> argparse.ArgumentParser:
     inspect.add_argument("--html", type=Path, metavar="FILE", help="with --row: write the row as one HTML page")
 
     compare = commands.add_parser("diff", help="where two builds differ: manifest fields, first row and token")
-    compare.add_argument("first", type=Path, metavar="A")
-    compare.add_argument("second", type=Path, metavar="B")
+    compare.add_argument("first", type=Path, metavar="A", help="a build folder")
+    compare.add_argument("second", type=Path, metavar="B", help="the build folder to compare it with")
     compare.add_argument(
         "--tokenizer",
         metavar="FOLDER|HF_REPO",

@@ -174,12 +174,17 @@ class BuildConfig:
         help="Hub dataset id, or a local .parquet/.jsonl file or folder (Tulu schema)",
         spec=True,
         recorded="source.name",
+        metavar="HF_ID|FILE|FOLDER",
     )
     source_revision: str | None = param(
-        None, help="dataset revision (required with a Hub id given by --source)", spec=True, recorded="source.revision"
+        None,
+        help="dataset revision (required with a Hub id given by --source)",
+        spec=True,
+        recorded="source.revision",
+        metavar="REV",
     )
     source_license: str | None = param(
-        None, help="license recorded in the manifest", spec=True, recorded="source.license"
+        None, help="license recorded in the manifest", spec=True, recorded="source.license", metavar="LICENSE"
     )
     source_files: tuple[str, ...] | None = param(  # globs choosing the source's files (None: all)
         None,
@@ -196,9 +201,10 @@ class BuildConfig:
         help="tokenizer spec name (fixed_sft/tokenizer_specs/), Hub repo id, or "
         "local folder (default: the named build's, else {default}, downloaded from the Hub)",
         spec=True,
+        metavar="SPEC|HF_REPO|FOLDER",
     )
     tokenizer_revision: str | None = param(
-        None, help="tokenizer revision (default: the spec's pinned one)", recorded="tokenizer.revision"
+        None, help="tokenizer revision (default: the spec's pinned one)", recorded="tokenizer.revision", metavar="REV"
     )
     loss_mask_type: str = param(
         "kimi_k25",
@@ -207,6 +213,7 @@ class BuildConfig:
         spec=True,
         recorded="params.loss_mask_type",
         range=OneOf((*KIMI_MASK_TYPES, *HF_MASK_TYPES)),
+        metavar="TYPE",
     )
     separator: str | None = param(
         None,
@@ -219,6 +226,7 @@ class BuildConfig:
         help="the Kimi tokenizer's BPE: gigatoken (fast, its ids checked against tiktoken's at load and "
         "with --check-every) or tiktoken (default: gigatoken when installed, else tiktoken)",
         range=OneOf(BPES, optional=True),
+        metavar="|".join(BPES),
     )
     trust_remote_code: bool = param(
         False, help="let transformers run a Hugging Face tokenizer's own code (the Kimi path runs none; default: off)"
@@ -239,6 +247,7 @@ class BuildConfig:
         recorded="params.rows",
         range=AtLeast(1, "a positive number or 'all'"),
         json=int | Literal["all"],
+        metavar="N|all",
     )  # None: pack the whole source
     row_tokens: int = param(
         8192,
@@ -246,6 +255,7 @@ class BuildConfig:
         spec=True,
         recorded="params.row_tokens",
         range=Between(2, MAX_ROW_TOKENS),
+        metavar="N",
     )
     seed: int = param(
         42,
@@ -253,18 +263,21 @@ class BuildConfig:
         spec=True,
         recorded="params.seed",
         range=Between(0, 2**64 - 1, "2**64 - 1"),
+        metavar="N",
     )
     workers: int = param(
         1,
         help="encoding processes (default: the cores this process may use)",
         range=Between(1, MAX_WORKERS),
         flag_default=usable_cores,
+        metavar="N",
     )
     check_every: int = param(
         64,
         help="check the conversations of 1 in N source rows against the rendered template (0: off; default {default})",
         recorded="template_check.every",
         range=AtLeast(0, "non-negative"),
+        metavar="N",
     )
     skip_invalid: bool = param(False, help="skip invalid source rows and record them", recorded="params.skip_invalid")
     emit_boundaries: bool = param(

@@ -181,7 +181,7 @@ def test_an_empty_value_is_a_one_line_usage_error(capsys, argv, says):
         (["build", "--rows", "abc"], "argument --rows: expected a number or 'all', got 'abc'"),
         (["build", "--seed", "0x10"], "argument --seed: invalid int value: '0x10'"),
         (["build", "--template-kwargs", '{"thinking": 1e999}'], "not JSON (1e999 is out of the range of a float)"),
-        (["verify"], "the following arguments are required: folder"),
+        (["verify"], "the following arguments are required: DIR"),
     ],
 )
 def test_a_value_of_the_wrong_type_is_a_one_line_usage_error(capsys, argv, says):
