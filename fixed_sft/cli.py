@@ -603,21 +603,37 @@ def _start_early(argv: list[str]) -> None:
         start(given.tokenizer, given.bpe, given.cache_dir, given.no_cache)
 
 
-def _empty(argv: list[str]) -> str | None:
-    """The flag (or ``an argument``) given an empty value: no value of any command may be
-    empty (an unset shell variable, say), where a path would be read as ``.``.
+def _empty(argv: list[str], valued: set[str]) -> str | None:
+    """The flag of ``valued`` (those that take a value), or ``an argument``, given an empty
+    value: no value of any command may be empty (an unset shell variable, say), where a
+    path would be read as ``.``.
 
-    >>> _empty(["build", "--source", "", "--rows", "2"]), _empty(["verify", "--source=", "x"]), _empty(["verify", ""])
-    ('--source', '--source', 'an argument')
-    >>> _empty(["build", "--source", "data"]) is None
+    >>> valued = {"--source", "--rows"}
+    >>> _empty(["build", "--source", "", "--rows", "2"], valued), _empty(["verify", "--source=", "x"], valued)
+    ('--source', '--source')
+    >>> _empty(["verify", ""], valued), _empty(["verify", "--rebuild", ""], valued)
+    ('an argument', 'an argument')
+    >>> _empty(["build", "--source", "data"], valued) is None
     True
     """
     for k, value in enumerate(argv):
         if value.startswith("--") and value.endswith("=") and len(value) > 3:
             return value[:-1]
         if value == "":
-            return argv[k - 1] if k and argv[k - 1].startswith("--") and "=" not in argv[k - 1] else "an argument"
+            return argv[k - 1] if k and argv[k - 1] in valued else "an argument"
     return None
+
+
+def _valued(parser: argparse.ArgumentParser) -> set[str]:
+    """The flags of ``parser`` and of its commands that take a value."""
+    flags = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                flags |= _valued(command)
+        elif action.option_strings and action.nargs != 0:
+            flags |= set(action.option_strings)
+    return flags
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -626,7 +642,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     import difflib
 
     top = parser()
-    if (empty := _empty(argv)) is not None:
+    if (empty := _empty(argv, _valued(top))) is not None:
         from .errors import UsageError
 
         raise UsageError(f"{empty} must not be empty")

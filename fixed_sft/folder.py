@@ -109,9 +109,11 @@ def writing_new(out: Path) -> Iterator[Path]:
     """The path to write the new file ``out`` at (``new_file``): in a folder of its own beside
     ``out`` (``draft``), removed on exit. Once the block ends, the complete file is linked
     into place, never replacing a file that appeared there meanwhile; a block that fails
-    leaves nothing at ``out``."""
+    leaves nothing at ``out``. A process killed meanwhile leaves that folder (hidden), which
+    the next one of its pid removes."""
     new_file(out)
     tmp = draft(out, "choose another output file")
+    shutil.rmtree(tmp, ignore_errors=True)  # (left by a killed process of this pid before: this one's now)
     tmp.mkdir()
     with removed_on_exit(tmp):
         try:

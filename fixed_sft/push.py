@@ -6,9 +6,9 @@ the folder, and each must be what was verified:
 
 - the manifest and the card files are sent as bytes read once, the manifest's before and
   after ``verify``, each card file's hashing to the manifest's sha256;
-- ``train.parquet`` is sent from one open file, which hashes to the manifest's sha256 and
-  whose ``source.Stamp`` is the one taken before ``verify``, until the commit is made (a
-  change while it uploads fails the push, naming the commit to check).
+- ``train.parquet`` is sent from its path (as Xet uploads take it), hashing to the
+  manifest's sha256, its ``source.Stamp`` the one taken before ``verify`` until the commit
+  is made (a change while it uploads fails the push, naming the commit to check).
 
 A missing repo is created as a dataset repo (``private`` applies only then, and a public
 repo is refused when it was asked for). A repo holding any file but ``.gitattributes``
@@ -21,11 +21,10 @@ of the Hub or the network is one line naming the repo (``PushError``).
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from .errors import BuildError, UsageError
 from .manifest import Manifest, read
@@ -75,27 +74,23 @@ def push(folder: str | Path, repo: str, private: bool = False, force: bool = Fal
     from huggingface_hub import CommitOperationAdd, HfApi
 
     api = api if api is not None else HfApi()
+    parquet = folder / PARQUET_NAME  # (sent from its path, which Xet uploads take; an open file's would not)
     try:
-        rows = (folder / PARQUET_NAME).open("rb")  # (one open file: the bytes hashed are the bytes sent)
-    except OSError as error:
+        operations = [CommitOperationAdd(MANIFEST_NAME, manifest_bytes), CommitOperationAdd(PARQUET_NAME, str(parquet))]
+        operations += [CommitOperationAdd(name, (folder / name).read_bytes()) for name in names[2:]]
+    except (OSError, ValueError) as error:
         raise BuildError(f"{folder}: cannot read the files to push ({error})") from None
-    with rows:
-        try:
-            operations = [CommitOperationAdd(MANIFEST_NAME, manifest_bytes), CommitOperationAdd(PARQUET_NAME, rows)]
-            operations += [CommitOperationAdd(name, (folder / name).read_bytes()) for name in names[2:]]
-        except (OSError, ValueError) as error:
-            raise BuildError(f"{folder}: cannot read the files to push ({error})") from None
-        for operation in operations[1:]:
-            if operation.upload_info.sha256.hex() != expected[operation.path_in_repo]:
-                raise BuildError(f"{folder / operation.path_in_repo} changed since it was verified; not pushed")
-        if _opened(rows) != verified:
-            raise BuildError(f"{folder / PARQUET_NAME} changed since it was verified; not pushed")
-        commit, url = _commit(api, repo, manifest, operations, private, force)
-        if _opened(rows) != verified:
-            raise PushError(
-                f"push to {repo}: {folder / PARQUET_NAME} changed while it was uploaded; commit {commit} may hold "
-                "other rows: push again, or check the repo with verify"
-            )
+    for operation in operations[1:]:
+        if operation.upload_info.sha256.hex() != expected[operation.path_in_repo]:
+            raise BuildError(f"{folder / operation.path_in_repo} changed since it was verified; not pushed")
+    if _stamp(parquet) != verified:
+        raise BuildError(f"{parquet} changed since it was verified; not pushed")
+    commit, url = _commit(api, repo, manifest, operations, private, force)
+    if _stamp(parquet) != verified:
+        raise PushError(
+            f"push to {repo}: {parquet} changed while it was uploaded; commit {commit} may hold other rows: "
+            "push again, or check the repo with verify"
+        )
     return Pushed(repo, url, commit, names)
 
 
@@ -138,11 +133,6 @@ def _stamp(path: Path) -> Stamp | None:
         return file_stamp(path)
     except OSError:
         return None
-
-
-def _opened(file: BinaryIO) -> Stamp:
-    """The ``Stamp`` of the open ``file``."""
-    return Stamp.of(os.fstat(file.fileno()))
 
 
 def describe(error: BaseException) -> str:

@@ -168,6 +168,7 @@ def test_a_mistyped_flag_is_named_in_one_line_with_the_closest_flag(capsys):
         (["build", "--source", "", "--rows", "2"], "error: --source must not be empty\n"),  # (else read as ".")
         (["verify", "out", "--rebuild", "--tokenizer="], "error: --tokenizer must not be empty\n"),
         (["diff", "", "out"], "error: an argument must not be empty\n"),
+        (["verify", "out", "--rebuild", ""], "error: an argument must not be empty\n"),  # (no flag's value)
     ],
 )
 def test_an_empty_value_is_a_one_line_usage_error(capsys, argv, says):

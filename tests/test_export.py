@@ -356,6 +356,17 @@ def test_a_file_changed_after_verification_is_not_exported(built, tmp_path, monk
     assert sorted(os.listdir(tmp_path)) == ["copy"]
 
 
+def test_a_draft_left_by_a_killed_export_of_this_pid_is_removed(built, tmp_path):
+    """An export killed while writing leaves its hidden draft folder beside OUT; the next
+    export of that pid (pids come round again) removes it, rather than stopping at it."""
+    out = tmp_path / "t.parquet"
+    left = tmp_path / f".{out.name}.tmp-{os.getpid()}"
+    left.mkdir()
+    (left / out.name).write_bytes(b"part of a file")
+    assert main(["export", str(built), "--to", "trl", str(out)]) == 0
+    assert sorted(os.listdir(tmp_path)) == [out.name] and pq.read_table(out).num_rows > 0
+
+
 def test_the_command_offers_every_target():
     from fixed_sft.cli import parser
     from fixed_sft.export import TARGETS
