@@ -130,27 +130,34 @@ def test_rows_read_after_a_source_file_changed_are_not_stored(corpus, kimi_dir, 
     bytes is not stored under the old bytes' key, so the file put back builds the right rows."""
     import shutil
 
-    import fixed_sft.build
-
     source = tmp_path / "source"
     shutil.copytree(corpus[0], source)
     first = sorted(source.glob("*.parquet"))[0]
-    original = first.read_bytes()
     other = tmp_path / "other"
     synthetic.write_parquet(synthetic.conversations(400, seed=9), other, rows_per_file=400)
+    cfg = config(source, kimi_dir, rows=rows, workers=workers)
+    _changed_as_the_store_opens(cfg, first, lambda: shutil.copyfile(next(other.glob("*.parquet")), first), tmp_path)
+
+
+def _changed_as_the_store_opens(cfg: BuildConfig, path: Path, change, tmp_path: Path) -> None:
+    """A build of ``cfg`` whose source file ``path`` is changed by ``change()`` as the build
+    opens its store entry stops, naming it; with the file put back, the store gives the
+    rows a build without it gives (nothing of the other bytes was stored)."""
+    import fixed_sft.build
+
+    original = path.read_bytes()
     opened = fixed_sft.build._open_store
 
     def open_then_change(*args, **kwargs):
         entry = opened(*args, **kwargs)
-        shutil.copyfile(next(other.glob("*.parquet")), first)
+        change()
         return entry
 
-    cfg = config(source, kimi_dir, rows=rows, workers=workers)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(fixed_sft.build, "_open_store", open_then_change)
-        with pytest.raises(Exception, match=f"{first} changed while the build read it"):
+        with pytest.raises(Exception, match=f"{path} changed while the build read it"):
             build(cfg, tmp_path / "changed")
-    first.write_bytes(original)
+    path.write_bytes(original)
     assert build(cfg, tmp_path / "stored")["rows_sha256"] == _without_store(cfg, tmp_path / "plain")["rows_sha256"]
 
 
@@ -160,31 +167,19 @@ def test_a_source_file_changed_with_its_size_and_time_kept_is_not_stored(kimi_di
     modification time set back (as ``cp -p`` or ``touch -r`` do), in place or as a new file
     renamed over it: its change time (or inode) tells, so the build stops and stores
     nothing of the new bytes under the old bytes' key."""
-    import fixed_sft.build
-
     source = synthetic.write_jsonl(synthetic.conversations(80, seed=3), tmp_path / "rows.jsonl")
-    original = source.read_bytes()
-    other = original.replace(b"e", b"a")  # (the same size: other text)
-    assert len(other) == len(original) and other != original
-    opened = fixed_sft.build._open_store
+    other = source.read_bytes().replace(b"e", b"a")  # (the same size: other text)
+    assert len(other) == source.stat().st_size and other != source.read_bytes()
 
-    def open_then_change(*args, **kwargs):
-        entry = opened(*args, **kwargs)
+    def rewrite():
         times = source.stat()
         target = source if how == "written in place" else tmp_path / "new.jsonl"
         target.write_bytes(other)
         os.utime(target, ns=(times.st_atime_ns, times.st_mtime_ns))
         if target != source:
             os.replace(target, source)
-        return entry
 
-    cfg = config(source, kimi_dir, rows=None, workers=1)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fixed_sft.build, "_open_store", open_then_change)
-        with pytest.raises(Exception, match=f"{source} changed while the build read it"):
-            build(cfg, tmp_path / "changed")
-    source.write_bytes(original)
-    assert build(cfg, tmp_path / "stored")["rows_sha256"] == _without_store(cfg, tmp_path / "plain")["rows_sha256"]
+    _changed_as_the_store_opens(config(source, kimi_dir, rows=None, workers=1), source, rewrite, tmp_path)
 
 
 def test_no_cache_writes_nothing(corpus, kimi_dir, tmp_path, token_store):
