@@ -123,14 +123,25 @@ def download_folder(what: str, repo_id: str, revision: str, folder: str, suffix:
 
 def _unreachable(what: str, repo_id: str, revision: str, error: Exception, name: str | None = None) -> HubUnreachable:
     """The one-line error for files the Hub and its cache cannot give (huggingface_hub's
-    own message, which spans lines, joined into one), naming the file ``name`` it failed at.
+    own message, which spans lines, joined into one; for a file neither has, a short one),
+    naming the file ``name`` it failed at.
 
     >>> str(_unreachable("dataset", "o/n", "main", OSError("no network\\nPlease check")))
     'cannot get dataset o/n@main from the Hugging Face Hub or its cache (OSError: no network Please check)'
     >>> str(_unreachable("tokenizer", "o/n", "main", OSError("offline"), "tokenizer.json"))
     'cannot get tokenizer o/n@main from the Hugging Face Hub or its cache (tokenizer.json: OSError: offline)'
+    >>> from huggingface_hub.errors import LocalEntryNotFoundError
+    >>> str(_unreachable("tokenizer", "o/n", "main", LocalEntryNotFoundError("An error ... long"), "a.model"))[-56:]
+    '(a.model: not in the cache, and the Hub was not reached)'
     """
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
     said = " ".join(str(error).split())
+    if isinstance(error, LocalEntryNotFoundError):  # (its text: a paragraph on checking the connection)
+        return HubUnreachable(
+            f"cannot get {what} {repo_id}@{revision} from the Hugging Face Hub or its cache "
+            f"({f'{name}: ' if name else ''}not in the cache, and the Hub was not reached)"
+        )
     return HubUnreachable(
         f"cannot get {what} {repo_id}@{revision} from the Hugging Face Hub or its cache "
         f"({f'{name}: ' if name else ''}{type(error).__name__}: {said})"
