@@ -815,14 +815,20 @@ class Stream:
             close()
 
 
+LAST_STAMP = 10**19  # name stamps are below it: 20 digits, with room after any clock's nanoseconds for centuries
+
+
 def _stamp(name: str) -> int:
     """The stamp a segment's name starts with (``SegmentWriter``); 0 for a name without one.
 
     >>> _stamp("01796353815955302884-22985-3cebeeec.seg"), _stamp("old.seg"), _stamp("²" * 20 + "-1-a.seg")
     (1796353815955302884, 0, 0)
+    >>> _stamp("9" * 20 + "-1-a.seg")  # (the names after it would take 21 digits)
+    0
     """
     digits = name.split("-", 1)[0]
-    return int(digits) if digits.isascii() and digits.isdigit() and len(digits) == 20 else 0
+    stamp = int(digits) if digits.isascii() and digits.isdigit() and len(digits) == 20 else 0
+    return stamp if stamp < LAST_STAMP else 0  # (one that leaves no room after it is no writer's)
 
 
 def entry_tag(folder: Path) -> bytes:

@@ -810,6 +810,23 @@ def test_a_copy_written_again_is_found_before_a_damaged_one_named_ahead(tmp_path
     assert len(list(tmp_path.glob("*.seg"))) == 2
 
 
+def test_a_name_stamp_that_leaves_no_room_after_it_is_not_followed(tmp_path) -> None:
+    """A stray file named with the largest stamp: segments written later keep 20-digit
+    stamps, read in name order after the store's earlier ones (one stamp more would take
+    21 digits, which a name is not read by)."""
+    from fixed_sft.encode import Encoded
+
+    (tmp_path / f"{'9' * 20}-1-00000000.seg").write_bytes(b"")
+    for index in (3, 4):
+        store = TokenStore(tmp_path, 5)
+        store.add(Encoded(index, f"r{index}", np.arange(5, dtype=np.int32), np.ones(5, np.uint8), None, True))
+        store.close()
+    written = sorted(path.name for path in tmp_path.glob("*.seg") if not path.name.startswith("9"))
+    assert len(written) == 2 and all(len(name.split("-")[0]) == 20 for name in written)
+    assert [store_module._stamp(name) for name in written] == sorted(store_module._stamp(name) for name in written)
+    assert 0 < store_module._stamp(written[0]) < store_module._stamp(written[1])
+
+
 @pytest.mark.parametrize("damaged", [True, False])
 def test_a_copy_that_passed_the_check_stands_unless_damaged(tmp_path, damaged) -> None:
     """A copy that passed the template check, then one that did not (a build that sampled
