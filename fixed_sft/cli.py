@@ -136,7 +136,9 @@ def parser() -> argparse.ArgumentParser:
     commands = top.add_subparsers(dest="command", required=True)
 
     build = commands.add_parser("build", help="build a dataset (the default command)")
-    build.add_argument("name", nargs="?", help=f"named build in fixed_sft/builds/ (default: {DEFAULT_BUILD})")
+    build.add_argument(
+        "name", nargs="?", metavar="NAME", help=f"named build in fixed_sft/builds/ (default: {DEFAULT_BUILD})"
+    )
     build.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: out/NAME)")
     _add_build_flags(build)
     build.add_argument("--quiet", action="store_true", help="no progress bars and no closing summary")
@@ -192,11 +194,17 @@ def parser() -> argparse.ArgumentParser:
 
     pin = commands.add_parser("pin-tokenizer", help="write a tokenizer spec that builds check the files against")
     pin.add_argument("tokenizer", metavar="REPO|FOLDER", help="a Hub repo id, or a folder of tokenizer files")
-    pin.add_argument("--revision", help="the repo's revision (required for a repo; a folder's, unless a Hub cache)")
+    pin.add_argument(
+        "--revision",
+        metavar="REV",
+        help="the repo's revision (required for a repo; a folder's commit, unless a Hub cache)",
+    )
     pin.add_argument("--repo", metavar="OWNER/NAME", help="for a folder: the Hub repo its files are of")
     pin.add_argument("--name", help="the spec's name (default: the repo's name, lowercased)")
     pin.add_argument("--template-kwargs", metavar="JSON", help="template variables, a JSON object (default: {})")
-    pin.add_argument("--loss-mask-type", help="the mask type the spec goes with (default: the tokenizer family's)")
+    pin.add_argument(
+        "--loss-mask-type", metavar="TYPE", help="the mask type the spec goes with (default: the tokenizer family's)"
+    )
     pin.add_argument("--trust-remote-code", action="store_true", help="pin (and load) the tokenizer's own code")
     pin.add_argument(
         "--out", type=Path, metavar="FOLDER", help="write NAME.json there (default: fixed_sft/tokenizer_specs/)"
@@ -509,6 +517,8 @@ def _push(args: argparse.Namespace) -> int:
     with _hub_bars(not args.quiet):
         done = push(args.folder, args.repo, private=args.private, force=args.force)
     print(f"pushed {args.folder} to {done.url} in commit {done.commit}: {', '.join(done.files)}")
+    if done.deleted:
+        print(f"  and deleted the card files the build lacks: {', '.join(done.deleted)}")
     return 0
 
 
@@ -608,29 +618,34 @@ def _empty(argv: list[str], valued: set[str]) -> str | None:
     value: no value of any command may be empty (an unset shell variable, say), where a
     path would be read as ``.``.
 
-    >>> valued = {"--source", "--rows"}
+    >>> valued = {"--source", "--rows", "--separator"}
     >>> _empty(["build", "--source", "", "--rows", "2"], valued), _empty(["verify", "--source=", "x"], valued)
     ('--source', '--source')
-    >>> _empty(["verify", ""], valued), _empty(["verify", "--rebuild", ""], valued)
-    ('an argument', 'an argument')
-    >>> _empty(["build", "--source", "data"], valued) is None
-    True
+    >>> _empty(["verify", ""], valued), _empty(["verify", "--rebuild", ""], valued), _empty(["x", "--sou", ""], valued)
+    ('an argument', 'an argument', '--sou')
+    >>> _empty(["build", "--source", "data"], valued) is None, _empty(["build", "--separator=="], valued) is None
+    (True, True)
     """
     for k, value in enumerate(argv):
-        if value.startswith("--") and value.endswith("=") and len(value) > 3:
-            return value[:-1]
+        flag, equals, given = value.partition("=")
+        if flag.startswith("--") and equals and not given:
+            return flag
         if value == "":
-            return argv[k - 1] if k and argv[k - 1] in valued else "an argument"
+            before = argv[k - 1] if k else ""
+            named = before.startswith("--") and [
+                f for f in valued if f.startswith(before)
+            ]  # (argparse's abbreviations)
+            return before if named and (before in valued or len(named) == 1) else "an argument"
     return None
 
 
-def _valued(parser: argparse.ArgumentParser) -> set[str]:
-    """The flags of ``parser`` and of its commands that take a value."""
+def _valued(parser: argparse.ArgumentParser, command: str | None = None) -> set[str]:
+    """The flags of ``parser`` and of its ``command`` that take a value."""
     flags = set()
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for command in action.choices.values():
-                flags |= _valued(command)
+            if command in action.choices:
+                flags |= _valued(action.choices[command])
         elif action.option_strings and action.nargs != 0:
             flags |= set(action.option_strings)
     return flags
@@ -642,7 +657,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     import difflib
 
     top = parser()
-    if (empty := _empty(argv, _valued(top))) is not None:
+    if (empty := _empty(argv, _valued(top, argv[0] if argv else None))) is not None:
         from .errors import UsageError
 
         raise UsageError(f"{empty} must not be empty")

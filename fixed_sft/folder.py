@@ -107,14 +107,13 @@ def new_file(out: Path) -> None:
 @contextmanager
 def writing_new(out: Path) -> Iterator[Path]:
     """The path to write the new file ``out`` at (``new_file``): in a folder of its own beside
-    ``out`` (``draft``), removed on exit. Once the block ends, the complete file is linked
-    into place, never replacing a file that appeared there meanwhile; a block that fails
-    leaves nothing at ``out``. A process killed meanwhile leaves that folder (hidden), which
-    the next one of its pid removes."""
+    ``out`` (``.NAME.tmp-`` and a random part: no other process's), removed on exit. Once
+    the block ends, the complete file is linked into place, never replacing a file that
+    appeared there meanwhile; a block that fails leaves nothing at ``out``. A process killed
+    meanwhile leaves that folder, hidden."""
     new_file(out)
-    tmp = draft(out, "choose another output file")
-    shutil.rmtree(tmp, ignore_errors=True)  # (left by a killed process of this pid before: this one's now)
-    tmp.mkdir()
+    with naming(out):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     with removed_on_exit(tmp):
         try:
             part = tmp / out.name

@@ -133,14 +133,20 @@ def _unreachable(what: str, repo_id: str, revision: str, error: Exception, name:
     >>> from huggingface_hub.errors import LocalEntryNotFoundError
     >>> str(_unreachable("tokenizer", "o/n", "main", LocalEntryNotFoundError("An error ... long"), "a.model"))[-56:]
     '(a.model: not in the cache, and the Hub was not reached)'
+    >>> missing = LocalEntryNotFoundError("An error ... long")
+    >>> missing.__cause__ = OSError("offline mode is enabled")
+    >>> str(_unreachable("tokenizer", "o/n", "main", missing, "a.model"))[-65:]
+    '(a.model: not in the cache, and OSError: offline mode is enabled)'
     """
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     said = " ".join(str(error).split())
     if isinstance(error, LocalEntryNotFoundError):  # (its text: a paragraph on checking the connection)
+        cause = error.__cause__  # (why the Hub gave none: offline, unreachable, or its answer)
+        said = f"{type(cause).__name__}: {' '.join(str(cause).split())}" if cause else "the Hub was not reached"
         return HubUnreachable(
             f"cannot get {what} {repo_id}@{revision} from the Hugging Face Hub or its cache "
-            f"({f'{name}: ' if name else ''}not in the cache, and the Hub was not reached)"
+            f"({f'{name}: ' if name else ''}not in the cache, and {said})"
         )
     return HubUnreachable(
         f"cannot get {what} {repo_id}@{revision} from the Hugging Face Hub or its cache "

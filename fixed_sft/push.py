@@ -42,12 +42,13 @@ class PushError(BuildError):
 
 @dataclass
 class Pushed:
-    """The commit that a push made, and the files it added."""
+    """The commit that a push made, and the files it added and deleted."""
 
     repo: str
     url: str
     commit: str
     files: list[str]
+    deleted: list[str]  # an earlier build's card files, which this one lacks
 
 
 def push(folder: str | Path, repo: str, private: bool = False, force: bool = False, api: Any = None) -> Pushed:
@@ -85,18 +86,21 @@ def push(folder: str | Path, repo: str, private: bool = False, force: bool = Fal
             raise BuildError(f"{folder / operation.path_in_repo} changed since it was verified; not pushed")
     if _stamp(parquet) != verified:
         raise BuildError(f"{parquet} changed since it was verified; not pushed")
-    commit, url = _commit(api, repo, manifest, operations, private, force)
+    commit, url, deleted = _commit(api, repo, manifest, operations, private, force)
     if _stamp(parquet) != verified:
         raise PushError(
             f"push to {repo}: {parquet} changed while it was uploaded; commit {commit} may hold other rows: "
             "push again, or check the repo with verify"
         )
-    return Pushed(repo, url, commit, names)
+    return Pushed(repo, url, commit, names, deleted)
 
 
-def _commit(api: Any, repo: str, manifest: Manifest, operations: list, private: bool, force: bool) -> tuple[str, str]:
+def _commit(
+    api: Any, repo: str, manifest: Manifest, operations: list, private: bool, force: bool
+) -> tuple[str, str, list[str]]:
     """Create ``repo`` where missing, check what it holds (module docstring), and commit
-    ``operations`` to it, deleting the card files the build lacks: the commit's id and the repo's url."""
+    ``operations`` to it, deleting the card files the build lacks: the commit's id, the
+    repo's url and the files deleted."""
     from huggingface_hub import CommitOperationDelete
 
     names = {operation.path_in_repo for operation in operations}
@@ -109,7 +113,10 @@ def _commit(api: Any, repo: str, manifest: Manifest, operations: list, private: 
         held = sorted(files - KEPT)
         if held and not force:
             shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
-            raise PushError(f"push to {repo}: the repo already holds {shown}; add --force to push beside them")
+            raise PushError(
+                f"push to {repo}: the repo already holds {shown}; add --force to push anyway (the build's files "
+                "replace those of their names, the others stay)"
+            )
         stale = [CommitOperationDelete(name) for name in CARD_FILES if name in files and name not in names]
         stats = manifest.stats
         commit = api.create_commit(
@@ -124,7 +131,7 @@ def _commit(api: Any, repo: str, manifest: Manifest, operations: list, private: 
         raise
     except Exception as error:  # the Hub's and the network's errors are many classes
         raise PushError(f"push to {repo}: {describe(error)}") from None
-    return commit.oid, str(url)
+    return commit.oid, str(url), [operation.path_in_repo for operation in stale]
 
 
 def _stamp(path: Path) -> Stamp | None:

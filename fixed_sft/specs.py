@@ -340,13 +340,18 @@ def pin_tokenizer(
     (``SpecError``; a template that reads the clock names the variable to pin)."""
     from .encode import EncoderConfig  # (the encoders import this module)
 
+    if name is not None:
+        _check_name(name, given=True)  # (before anything is downloaded or loaded)
     if repo is not None:
         from huggingface_hub.utils import HFValidationError, validate_repo_id
 
         try:
             validate_repo_id(repo)
+            valid = "/" in repo
         except HFValidationError:
-            raise UsageError(f"--repo {repo!r} is not a Hub repo id (OWNER/NAME)") from None
+            valid = False
+        if not valid:
+            raise UsageError(f"--repo {repo!r} is not a Hub repo id (OWNER/NAME)")
     if Path(tokenizer).is_dir():
         directory = Path(tokenizer)
         cached = _CACHE_REPO.search(directory.resolve().as_posix())
@@ -376,8 +381,7 @@ def pin_tokenizer(
     except (TokenizerError, TemplateMismatch, ValueError) as error:
         raise SpecError(f"{directory}: {error}") from None
     name = name or repo.rsplit("/", 1)[-1].lower()
-    if not SPEC_NAME.fullmatch(name) or name.endswith(".json"):
-        raise UsageError(f"spec name {name!r} is not a name (lowercase letters, digits, '.', '-', '_'); pass --name")
+    _check_name(name, given=False)
     return {
         "name": name,
         "family": family,
@@ -387,6 +391,13 @@ def pin_tokenizer(
         "template_kwargs": kwargs,
         "loss_mask_type": mask,
     }
+
+
+def _check_name(name: str, given: bool) -> None:
+    """``UsageError`` where ``name`` cannot name a spec (its file's name, and a flag's value)."""
+    if not SPEC_NAME.fullmatch(name) or name.endswith(".json"):
+        advice = "" if given else "; pass --name"
+        raise UsageError(f"spec name {name!r} is not a name (lowercase letters, digits, '.', '-', '_'){advice}")
 
 
 def write_tokenizer_spec(spec: dict, folder: Path | None = None) -> Path:

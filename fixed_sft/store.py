@@ -255,7 +255,8 @@ class SegmentWriter:
         """Write the conversations added since the last flush as one segment."""
         if self._file is None or self._draft is None:
             return
-        self.after = max(time.time_ns(), self.after + 1)
+        following = self.after + 1 if self.after + 1 < LAST_STAMP else 0  # (none follows the last stamp)
+        self.after = max(time.time_ns(), following)
         name = f"{self.after:020d}-{os.getpid()}-{os.urandom(4).hex()}.seg"
         try:
             self._file.seek(0)

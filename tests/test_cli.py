@@ -169,6 +169,7 @@ def test_a_mistyped_flag_is_named_in_one_line_with_the_closest_flag(capsys):
         (["verify", "out", "--rebuild", "--tokenizer="], "error: --tokenizer must not be empty\n"),
         (["diff", "", "out"], "error: an argument must not be empty\n"),
         (["verify", "out", "--rebuild", ""], "error: an argument must not be empty\n"),  # (no flag's value)
+        (["verify", "out", "--rebuild", "--sou", ""], "error: --sou must not be empty\n"),  # (an abbreviation)
     ],
 )
 def test_an_empty_value_is_a_one_line_usage_error(capsys, argv, says):

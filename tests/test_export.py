@@ -356,15 +356,33 @@ def test_a_file_changed_after_verification_is_not_exported(built, tmp_path, monk
     assert sorted(os.listdir(tmp_path)) == ["copy"]
 
 
-def test_a_draft_left_by_a_killed_export_of_this_pid_is_removed(built, tmp_path):
-    """An export killed while writing leaves its hidden draft folder beside OUT; the next
-    export of that pid (pids come round again) removes it, rather than stopping at it."""
+def test_a_draft_left_by_a_killed_export_neither_stops_nor_is_taken_by_the_next(built, tmp_path):
+    """An export killed while writing leaves its hidden draft folder beside OUT (of any
+    pid: pids come round again); the next export writes in a folder of its own, and
+    leaves that one as it is (another process may be writing in it)."""
     out = tmp_path / "t.parquet"
     left = tmp_path / f".{out.name}.tmp-{os.getpid()}"
     left.mkdir()
     (left / out.name).write_bytes(b"part of a file")
     assert main(["export", str(built), "--to", "trl", str(out)]) == 0
-    assert sorted(os.listdir(tmp_path)) == [out.name] and pq.read_table(out).num_rows > 0
+    assert sorted(os.listdir(tmp_path)) == sorted([out.name, left.name]) and pq.read_table(out).num_rows > 0
+    assert (left / out.name).read_bytes() == b"part of a file"
+
+
+def test_an_output_in_a_folder_it_may_not_write_names_the_file(built, tmp_path, capsys, monkeypatch):
+    """The error names the file asked for, not the hidden folder it is written in first."""
+    import errno
+
+    from fixed_sft import folder
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(folder.tempfile, "mkdtemp", refused)
+    out = tmp_path / "t.parquet"
+    assert main(["export", str(built), "--to", "trl", str(out)]) == 1
+    assert capsys.readouterr().err == f"error: cannot write {out}: Permission denied\n"
+    assert os.listdir(tmp_path) == []
 
 
 def test_the_command_offers_every_target():

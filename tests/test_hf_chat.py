@@ -1027,6 +1027,7 @@ def test_pin_tokenizer_writes_a_spec_that_builds_check_files_against(folder_of, 
         ("--name", "a\x00b", "spec name 'a\\x00b' is not a name"),
         ("--name", "Upper", "spec name 'Upper' is not a name"),
         ("--repo", "not a repo!!", "--repo 'not a repo!!' is not a Hub repo id"),
+        ("--repo", "x", "--repo 'x' is not a Hub repo id (OWNER/NAME)"),
     ],
 )
 def test_pin_tokenizer_refuses_a_name_or_repo_that_is_not_one(folder_of, spec_folder, capsys, flag, value, says):

@@ -106,7 +106,8 @@ def test_a_repo_holding_other_files_is_refused_unless_forced(folder, hub, capsys
     hub.repos[REPO].files.update({"README.md": b"# mine\n", "data/old.parquet": b"old"})
     assert main(["push", str(folder), "--quiet", "--repo", REPO]) == 1
     assert capsys.readouterr().err == (
-        f"error: push to {REPO}: the repo already holds README.md, data/old.parquet; add --force to push beside them\n"
+        f"error: push to {REPO}: the repo already holds README.md, data/old.parquet; add --force to push anyway "
+        "(the build's files replace those of their names, the others stay)\n"
     )
     assert hub.repos[REPO].commits == []
     assert main(["push", str(folder), "--quiet", "--repo", REPO, "--force"]) == 0
@@ -126,7 +127,7 @@ def test_a_repo_holding_a_card_of_its_own_is_refused_unless_forced(folder, hub, 
     assert hub.repos[REPO].commits == [] and hub.repos[REPO].files["README.md"] == b"# my other dataset\n"
 
 
-def test_a_build_without_a_card_deletes_the_card_of_the_build_before(built, folder, hub, kimi_dir, tmp_path):
+def test_a_build_without_a_card_deletes_the_card_of_the_build_before(built, folder, hub, kimi_dir, tmp_path, capsys):
     """A build with --no-card pushed (--force) where another build's card is: the card's
     files are deleted in the same commit, so the repo never shows a card of other rows."""
     assert main(["push", str(folder), "--quiet", "--repo", REPO]) == 0
@@ -137,8 +138,11 @@ def test_a_build_without_a_card_deletes_the_card_of_the_build_before(built, fold
         workers=1, no_card=True,
     )  # fmt: skip
     build(config, bare, progress=False)
+    capsys.readouterr()
     assert main(["push", str(bare), "--quiet", "--repo", REPO, "--force"]) == 0
     assert sorted(hub.repos[REPO].commits[-1]["deleted"]) == sorted(card)
+    said = capsys.readouterr().out.splitlines()[-1]
+    assert said.startswith("  and deleted the card files the build lacks: ") and all(name in said for name in card)
     assert sorted(hub.repos[REPO].files) == [".gitattributes", "manifest.json", "train.parquet"]
     assert hub.repos[REPO].files["manifest.json"] == (bare / "manifest.json").read_bytes()
 

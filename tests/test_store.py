@@ -810,18 +810,19 @@ def test_a_copy_written_again_is_found_before_a_damaged_one_named_ahead(tmp_path
     assert len(list(tmp_path.glob("*.seg"))) == 2
 
 
-def test_a_name_stamp_that_leaves_no_room_after_it_is_not_followed(tmp_path) -> None:
-    """A stray file named with the largest stamp: segments written later keep 20-digit
-    stamps, read in name order after the store's earlier ones (one stamp more would take
-    21 digits, which a name is not read by)."""
+@pytest.mark.parametrize("stray", ["9" * 20, "0" + "9" * 19])
+def test_a_name_stamp_that_leaves_no_room_after_it_is_not_followed(tmp_path, stray) -> None:
+    """A stray file named with the largest stamp, or the last one below ``LAST_STAMP``:
+    segments written later keep stamps that are read, in name order after the store's
+    earlier ones (one stamp more would take 21 digits, or be past ``LAST_STAMP``)."""
     from fixed_sft.encode import Encoded
 
-    (tmp_path / f"{'9' * 20}-1-00000000.seg").write_bytes(b"")
+    (tmp_path / f"{stray}-1-00000000.seg").write_bytes(b"")
     for index in (3, 4):
         store = TokenStore(tmp_path, 5)
         store.add(Encoded(index, f"r{index}", np.arange(5, dtype=np.int32), np.ones(5, np.uint8), None, True))
         store.close()
-    written = sorted(path.name for path in tmp_path.glob("*.seg") if not path.name.startswith("9"))
+    written = sorted(path.name for path in tmp_path.glob("*.seg") if not path.name.startswith(stray))
     assert len(written) == 2 and all(len(name.split("-")[0]) == 20 for name in written)
     assert [store_module._stamp(name) for name in written] == sorted(store_module._stamp(name) for name in written)
     assert 0 < store_module._stamp(written[0]) < store_module._stamp(written[1])
