@@ -41,12 +41,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import BuildError, UsageError
-from .folder import draft, new_file, writing_new
+from .folder import new_file, writing_new
 from .hashes import boundaries, row_digest
 from .manifest import Manifest, read
 from .output import MANIFEST_NAME, PARQUET_NAME, naming
 from .reader import RowFile
-from .source import Stamp, file_stamp
+from .source import stamp_if_any
 from .verify import described, read_manifest, verify
 
 IGNORE_INDEX = -100  # a label that trains nothing (PyTorch's cross-entropy default, which TRL pads with)
@@ -168,14 +168,6 @@ def _table(target: Target, batch: list[tuple]) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=target.schema)
 
 
-def _stamp(path: Path) -> Stamp | None:
-    """``path``'s ``Stamp``; ``None`` where it cannot be read (``verify`` names why)."""
-    try:
-        return file_stamp(path)
-    except OSError:
-        return None
-
-
 def export(folder: str | Path, to: str, out: str | Path) -> Exported:
     """Write build ``folder`` as ``to``'s (a ``TARGETS`` key) packed Parquet file ``out``
     (see the module docstring). ``UsageError`` for an unknown target or an ``out`` that
@@ -184,10 +176,11 @@ def export(folder: str | Path, to: str, out: str | Path) -> Exported:
     if to not in TARGETS:
         raise UsageError(f"unknown export target {to!r}; choose one of {', '.join(TARGETS)}")
     target = TARGETS[to]
-    new_file(out)  # (and its draft's name: usage errors before the folder is verified)
-    draft(out, "choose another output file")
+    new_file(out)  # (usage errors before the folder is verified)
     parquet = folder / PARQUET_NAME
-    verified = _stamp(parquet)  # (before verify reads it: unchanged after the export's read, it was the file verified)
+    verified = stamp_if_any(
+        parquet
+    )  # (before verify reads it: unchanged after the export's read, it was the file verified)
     problems = verify(folder)
     if problems:
         raise BuildError(f"{folder} does not verify, so it is not exported: {problems[0]}")
@@ -209,6 +202,6 @@ def export(folder: str | Path, to: str, out: str | Path) -> Exported:
                 rows += len(batch)
                 segments += sum(len(lengths) for *_, lengths in batch)
                 trained_tokens += sum(trained(mask, lengths) for _, mask, lengths in batch)
-        if _stamp(parquet) != verified or rows != len(expected):  # (its segments: in no fixed-sft/2 hash)
+        if stamp_if_any(parquet) != verified or rows != len(expected):  # (its segments: in no fixed-sft/2 hash)
             raise BuildError(f"{parquet}: changed since it was verified")
     return Exported(out, rows, segments, trained_tokens, manifest.stats.trainable_tokens)

@@ -91,12 +91,15 @@ def is_build(path: Path) -> bool:
 
 
 def new_file(out: Path) -> None:
-    """``UsageError`` unless ``out`` may be written as a new file: nothing is there, its
-    folder exists, and no build holds it (which would no longer be one)."""
+    """``UsageError`` unless ``out`` may be written as a new file (``writing_new``): nothing
+    is there, its folder exists, takes the name of the folder it is written in first, and
+    no build holds it (which would no longer be one)."""
     if os.path.lexists(out):
         raise UsageError(f"{out} exists; choose another output file or remove it")
     if not out.parent.is_dir():
         raise UsageError(f"{out.parent}: no such folder")
+    if len(os.fsencode(_draft_prefix(out))) + 8 > _longest_name(out.parent):  # (mkdtemp adds 8 characters)
+        raise UsageError(f"output {out}: its name is too long for the folder beside it; choose another output file")
     parent = out.parent.resolve()
     if (inside := next((f for f in (parent, *parent.parents) if is_build(f)), None)) is not None:
         raise UsageError(
@@ -113,7 +116,7 @@ def writing_new(out: Path) -> Iterator[Path]:
     meanwhile leaves that folder, hidden."""
     new_file(out)
     with naming(out):
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=_draft_prefix(out), dir=out.parent))
     with removed_on_exit(tmp):
         try:
             part = tmp / out.name
@@ -130,6 +133,11 @@ def writing_new(out: Path) -> Iterator[Path]:
                 os.rename(part, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _draft_prefix(out: Path) -> str:
+    """The start of the name of the folder a new file ``out`` is written in first (``writing_new``)."""
+    return f".{out.name}.tmp-"
 
 
 def _not_replaceable(out: Path) -> str | None:

@@ -29,7 +29,7 @@ from typing import Any
 from .errors import BuildError, UsageError
 from .manifest import Manifest, read
 from .output import CARD_FILES, MANIFEST_NAME, PARQUET_NAME
-from .source import Stamp, file_stamp
+from .source import stamp_if_any
 from .verify import MANIFEST_BYTES, verify
 
 KEPT = {".gitattributes"}  # files a repo may hold and still take a build without --force
@@ -59,7 +59,8 @@ def push(folder: str | Path, repo: str, private: bool = False, force: bool = Fal
     if not _REPO.fullmatch(repo):
         raise UsageError(f"--repo {repo!r} is not OWNER/NAME")
     before = _manifest_bytes(folder)
-    verified = _stamp(folder / PARQUET_NAME)
+    parquet = folder / PARQUET_NAME  # (sent from its path, which Xet uploads take; an open file's would not)
+    verified = stamp_if_any(parquet)
     problems = verify(folder)
     if problems:
         raise BuildError(f"{folder} does not verify, so it is not pushed: {problems[0]}")
@@ -75,7 +76,6 @@ def push(folder: str | Path, repo: str, private: bool = False, force: bool = Fal
     from huggingface_hub import CommitOperationAdd, HfApi
 
     api = api if api is not None else HfApi()
-    parquet = folder / PARQUET_NAME  # (sent from its path, which Xet uploads take; an open file's would not)
     try:
         operations = [CommitOperationAdd(MANIFEST_NAME, manifest_bytes), CommitOperationAdd(PARQUET_NAME, str(parquet))]
         operations += [CommitOperationAdd(name, (folder / name).read_bytes()) for name in names[2:]]
@@ -84,10 +84,10 @@ def push(folder: str | Path, repo: str, private: bool = False, force: bool = Fal
     for operation in operations[1:]:
         if operation.upload_info.sha256.hex() != expected[operation.path_in_repo]:
             raise BuildError(f"{folder / operation.path_in_repo} changed since it was verified; not pushed")
-    if _stamp(parquet) != verified:
+    if stamp_if_any(parquet) != verified:
         raise BuildError(f"{parquet} changed since it was verified; not pushed")
     commit, url, deleted = _commit(api, repo, manifest, operations, private, force)
-    if _stamp(parquet) != verified:
+    if stamp_if_any(parquet) != verified:
         raise PushError(
             f"push to {repo}: {parquet} changed while it was uploaded; commit {commit} may hold other rows: "
             "push again, or check the repo with verify"
@@ -132,14 +132,6 @@ def _commit(
     except Exception as error:  # the Hub's and the network's errors are many classes
         raise PushError(f"push to {repo}: {describe(error)}") from None
     return commit.oid, str(url), [operation.path_in_repo for operation in stale]
-
-
-def _stamp(path: Path) -> Stamp | None:
-    """``path``'s ``Stamp``; ``None`` where it cannot be read (``verify`` names why)."""
-    try:
-        return file_stamp(path)
-    except OSError:
-        return None
 
 
 def describe(error: BaseException) -> str:

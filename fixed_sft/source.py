@@ -92,11 +92,7 @@ def changed(path: Path) -> SourceError:
 
 def check_stamp(path: Path, stamp: Stamp) -> None:
     """``changed(path)`` where the file's ``Stamp`` is not ``stamp``, or it is gone."""
-    try:
-        now = file_stamp(path)
-    except OSError:
-        now = None
-    if now != stamp:
+    if stamp_if_any(path) != stamp:
         raise changed(path)
 
 
@@ -185,6 +181,14 @@ def _small_source_column(file: pq.ParquetFile, meta: pq.FileMetaData) -> bool:
     return all(
         meta.row_group(g).column(leaf).total_uncompressed_size <= SOURCE_CHUNK_BYTES for g in range(meta.num_row_groups)
     )
+
+
+def stamp_if_any(path: Path) -> Stamp | None:
+    """The ``Stamp`` of the file at ``path``; ``None`` where it cannot be read (gone, say)."""
+    try:
+        return file_stamp(path)
+    except OSError:
+        return None
 
 
 def file_stamp(path: Path) -> Stamp:
