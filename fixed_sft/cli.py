@@ -299,10 +299,11 @@ def _build(args: argparse.Namespace) -> int:
 def _earlier_rows(out: Path) -> str | None:
     """The ``rows_sha256`` of the build at ``out`` that a build would replace, where one is."""
     from .folder import is_build
+    from .output import MANIFEST_NAME
     from .verify import read_manifest
 
     try:
-        rows = read_manifest(out / "manifest.json").get("rows_sha256") if is_build(out) else None
+        rows = read_manifest(out / MANIFEST_NAME).get("rows_sha256") if is_build(out) else None
     except (OSError, ValueError, RecursionError, AttributeError):
         return None
     return rows if isinstance(rows, str) else None
@@ -632,10 +633,9 @@ def _empty(argv: list[str], valued: set[str]) -> str | None:
             return flag
         if value == "":
             before = argv[k - 1] if k else ""
-            named = before.startswith("--") and [
-                f for f in valued if f.startswith(before)
-            ]  # (argparse's abbreviations)
-            return before if named and (before in valued or len(named) == 1) else "an argument"
+            # (a flag as given, or as argparse reads an abbreviation of one: the one it starts)
+            named = [flag for flag in valued if flag.startswith(before)] if before.startswith("--") else []
+            return before if before in valued or len(named) == 1 else "an argument"
     return None
 
 

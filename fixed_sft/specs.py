@@ -359,7 +359,9 @@ def pin_tokenizer(
         revision = revision or (cached["commit"] if cached else None)
         if not (repo and revision):
             raise UsageError(f"{tokenizer} is a folder: name the Hub repo and revision it is of (--repo, --revision)")
-        if not re.fullmatch(r"[0-9a-f]{40}", revision):  # (a branch or tag moves: the spec would name other files)
+        from huggingface_hub.file_download import REGEX_COMMIT_HASH
+
+        if not REGEX_COMMIT_HASH.fullmatch(revision):  # (a branch or tag moves: the spec would name other files)
             raise UsageError(f"--revision {revision}: a folder's files are pinned at a commit (40 hex digits)")
     elif is_hub_id(tokenizer):
         if not revision:
