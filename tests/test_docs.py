@@ -41,3 +41,39 @@ def test_every_modules_doctests_hold(name):
     """The rules stated as doctests where they are applied (every module's, the ones without any too)."""
     result = doctest.testmod(importlib.import_module(f"fixed_sft.{name}"))
     assert result.failed == 0
+
+
+def _documented_flags() -> dict[str, dict[str, str | None]]:
+    """docs/cli.md's flag tables: each command's flags, each with the value it names (None for a switch)."""
+    flags: dict[str, dict[str, str | None]] = {}
+    command = None
+    for line in (ROOT / "docs" / "cli.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            command = line[3:].strip()
+        elif command and (cell := re.match(r"\| `(--[\w-]+)(?: ([^`]+))?` \|", line.replace("\\|", "|"))):
+            flags.setdefault(command, {})[cell[1]] = cell[2]
+    return flags
+
+
+def _value_name(action) -> str | None:
+    """The value an option names in its help, as docs/cli.md writes it."""
+    if action.nargs == 0:
+        return None
+    if action.choices:
+        return "|".join(action.choices)
+    return action.metavar or action.dest.upper()
+
+
+def test_every_flag_is_in_docs_cli_naming_the_value_help_names():
+    """Each command's flags are the ones docs/cli.md's table lists for it, each naming its
+    value as ``--help`` does (``--rows N|all``)."""
+    import argparse
+
+    from fixed_sft.cli import parser
+
+    documented = _documented_flags()
+    [commands] = [action for action in parser()._actions if isinstance(action, argparse._SubParsersAction)]
+    for name, command in commands.choices.items():
+        options = [action for action in command._actions if action.option_strings and action.dest != "help"]
+        found = {action.option_strings[-1]: _value_name(action) for action in options}
+        assert found == documented.get(name), name
