@@ -134,6 +134,7 @@ class ProcessPool:
     def __init__(self, workers: int, setup: Callable[[], Any], context: BaseContext):
         self.workers = workers
         self._pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(setup,))
+        self._forks = context.get_start_method() == "fork"  # (every worker starts with the first task)
         self._started: Future | None = None
 
     def __enter__(self) -> ProcessPool:
@@ -143,12 +144,16 @@ class ProcessPool:
     def _start_workers(self) -> None:
         """The pool starts one worker per task submitted while none is idle: submit one per
         core that holds its worker for ``START_HOLD_S`` (a worker that had already done its
-        task would be idle, and take the next one instead of a new worker starting); a pool
-        that forks from this process (``forked``) starts every worker at the first. With
+        task would be idle, and take the next one instead of a new worker starting). A pool
+        that forks from this process (``forked``) starts every worker at the first task,
+        which then holds none (on 16 cores, a hold kept the first tasks 50-90 ms). With
         Ctrl-C and SIGTERM blocked in this thread: a worker forked here (``forked``) has
         them blocked until ``_init_worker`` has set its own handlers, so that neither
         reaches the handlers of the caller's it starts with."""
         signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_SIGNALS)  # (this helper thread's alone)
+        if self._forks:
+            self._submit(time.sleep, 0)
+            return
         for _ in range(min(self.workers, os.cpu_count() or 1)):
             self._submit(time.sleep, START_HOLD_S)
 

@@ -5,7 +5,9 @@ encode (to fill the store, or to check conversations stored unchecked), packs in
 each a task per block, run in those workers:
 
 1. ``index``: a block of packing positions, read from the store, each conversation's
-   digest checked: its tokens, id, ``source`` value, invalid reason and supervised runs.
+   digest checked: its tokens, id, ``source`` value, invalid reason and supervised runs
+   (the valid ones a stretch at a time into one buffer, as the write pass reads them:
+   half the CPU of reading them one at a time).
    This process then keeps the valid conversations (an invalid one, or one whose id an
    earlier one used, stops the build or is recorded and left out, as ``build._valid``
    does), cuts rows from the prefix sums of their sizes (``fixed_sft.cuts``), and keeps
@@ -53,6 +55,7 @@ from .thrift import Fields
 
 BLOCK = 4096  # packing positions per index task: at most this many
 MIN_BLOCK = 256  # and at least this many (or the rest)
+STRETCH_TOKENS = 1 << 22  # tokens an index task reads into one buffer: at most this many (or one conversation)
 PART_VALUES = 1 << 22  # tokens a write task writes: whole row groups of at most this many, or one (``groups_per_part``)
 WRITE_TASKS = 128  # and as few row groups a task as keep this many tasks
 ZERO = np.zeros(1, np.uint8)
@@ -68,38 +71,88 @@ class StoreChanged(BuildError):
 
 
 class Stored(NamedTuple):
-    """Where conversations are in the store: ``paths`` of segments, and per conversation
-    its segment (an index into ``paths``), record and source row."""
+    """A block of packing positions to index: its valid conversations as their records
+    place them (read a stretch at a time into one buffer), and its invalid ones (each
+    read by its record: a segment file, a record in it and a source row)."""
 
-    paths: tuple[str, ...]
-    numbers: np.ndarray
-    slots: np.ndarray
-    indices: np.ndarray
+    size: int
+    valid: np.ndarray  # the block's positions of valid conversations
+    located: Located  # where they are
+    invalid: list[tuple[int, str, int, int]]  # per invalid one: its position, file, record and source row
 
     @classmethod
     def of(cls, store: TokenStore, indices: np.ndarray) -> Stored:
         numbers = store.segment[indices]
         if len(numbers) and numbers.min() < 0:
             raise Unheld(f"source row {int(indices[np.argmin(numbers)])}: not in the token store")
-        used, local = np.unique(numbers, return_inverse=True)
-        return cls(tuple(str(store.segments[n]) for n in used), local, store.slot[indices], indices)
+        bad = store.tokens[indices] < 0
+        located = store.locate(indices[~bad])
+        assert located is not None  # (each held, and valid)
+        invalid = [
+            (position, str(store.segments[numbers[position]]), int(store.slot[index]), int(index))
+            for position, index in zip(np.flatnonzero(bad).tolist(), indices[bad].tolist())
+        ]
+        return cls(len(indices), np.flatnonzero(~bad), located.compact(), invalid)
 
-    def read(self) -> Iterator[tuple[int, Any]]:
-        """``(source row, Encoded)`` of each conversation, one at a time; ``Unheld`` where
-        one does not match its digest."""
-        reader = SegmentReader(self.paths)
+    def read(self) -> Indexed:
+        """The block's index, each conversation checked against its digest; ``Unheld``
+        where one does not match, or its metadata is not a conversation's as stored."""
+        located = self.located
+        tokens = np.full(self.size, -1, np.int64)
+        tokens[self.valid] = located.tokens
+        ids: list[str | None] = [None] * self.size
+        values: list[str | None] = [None] * self.size
+        invalid: list[str | None] = [None] * self.size
+        counts = np.zeros(self.size, np.int64)
+        begins, ends = [np.zeros(0, np.int32)], [np.zeros(0, np.int32)]
+        reader = SegmentReader(located.paths)
         try:
-            for number, slot, index in zip(self.numbers.tolist(), self.slots.tolist(), self.indices.tolist()):
-                yield index, self._read(reader, number, slot, index)
+            units = UnitReader(reader, located, 0)  # (the mask of [EOS] alone is read: 0)
+            for low, high in _stretches(located.tokens + 1, STRETCH_TOKENS):
+                try:
+                    _, mask, metas = units.take(low, high)
+                except Damaged as damaged:
+                    raise _damaged(int(located.indices[damaged.position])) from None
+                for position, index, meta in zip(self.valid[low:high].tolist(), located.indices[low:high], metas):
+                    if meta is None or meta[2] is not None:
+                        raise _damaged(int(index))
+                    ids[position], values[position] = meta[0], meta[1]
+                starts = units.starts[low : high + 1] - units.starts[low]
+                first, last = runs(mask)
+                unit = np.searchsorted(starts, first, side="right") - 1
+                counts[self.valid[low:high]] = np.bincount(unit, minlength=high - low)
+                begins.append((first - starts[unit]).astype(np.int32))
+                ends.append((last - starts[unit]).astype(np.int32))
         finally:
             reader.close()
+        reader = SegmentReader([path for _, path, _, _ in self.invalid])
+        try:
+            for number, (position, _, slot, index) in enumerate(self.invalid):
+                item = reader.read(number, slot, index)
+                if item is None or item.mask is not None:
+                    raise _damaged(index)
+                ids[position], invalid[position] = item.id, item.invalid
+        finally:
+            reader.close()
+        return Indexed(tokens, ids, values, invalid, counts, np.concatenate(begins), np.concatenate(ends))
 
-    @staticmethod
-    def _read(reader: SegmentReader, number: int, slot: int, index: int) -> Any:
-        item = reader.read(number, slot, index)
-        if item is None:
-            raise Unheld(f"source row {index}: damaged in the token store")
-        return item
+
+def _damaged(index: int) -> Unheld:
+    return Unheld(f"source row {index}: damaged in the token store")
+
+
+def _stretches(sizes: np.ndarray, most: int) -> Iterator[tuple[int, int]]:
+    """Consecutive ranges ``[low, high)`` of units of ``sizes`` of at most ``most`` in all
+    (or one unit).
+
+    >>> list(_stretches(np.array([3, 3, 5, 1]), 6))
+    [(0, 2), (2, 4)]
+    """
+    low, ends = 0, np.cumsum(sizes)
+    while low < len(sizes):
+        high = max(low + 1, int(np.searchsorted(ends, (ends[low - 1] if low else 0) + most, side="right")))
+        yield low, high
+        low = high
 
 
 class Indexed(NamedTuple):
@@ -245,7 +298,7 @@ def _objects(values: list) -> np.ndarray:
 
 def index(_: object, task: Stored) -> Block:
     """Read a block of conversations from the store (module docstring, pass 1)."""
-    return Block(Indexed.of(item for _, item in task.read()))
+    return Block(task.read())
 
 
 class WriteTask(NamedTuple):

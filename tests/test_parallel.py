@@ -420,8 +420,9 @@ def packed_as_one_at_a_time(packed: fixed_sft.parallel.Packed, expected, row_tok
 @given(data=st.data())
 def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
     """On random streams (invalid rows, repeated ids, empty and unsupervised conversations,
-    rows of 1 token up), packing from a real store entry in blocks of 3 gives the tally,
-    statistics and Parquet bytes of packing one conversation at a time, or the same error;
+    rows of 1 token up), packing from a real store entry in blocks of 3 (each read in
+    stretches of any size) gives the tally, statistics and Parquet bytes of packing one
+    conversation at a time, or the same error;
     whether the blocks come from the index pass or from the index a fill kept, in parts of
     any sizes (``Indexes``), and whatever the row groups a written part holds. (A long run:
     ``FIXED_SFT_PACKING_EXAMPLES=5000``, benchmarks/README.md.)"""
@@ -445,6 +446,7 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
     shape = (data.draw(st.sampled_from([1, 2, 3, 7, 16])), 1, data.draw(st.booleans()))
     group_rows = data.draw(st.sampled_from([1, 2, 3, 128]))  # (rows a row group, and its parts)
     write_tasks = data.draw(st.sampled_from([1, 2, 128]))
+    stretch = data.draw(st.sampled_from([1, 8, 1 << 22]))  # (tokens an index task reads at once)
     filled = None
     if data.draw(st.booleans()):  # (the index a fill kept: parts of its tasks' chunks, in any order)
         cuts = sorted(data.draw(st.sets(st.integers(1, n - 1), max_size=4))) if n > 1 else []
@@ -465,6 +467,7 @@ def test_packing_from_the_store_is_packing_one_at_a_time(data) -> None:
             expected, rows = _one_at_a_time(items, order, wanted, skip, check_every, shape, one)
             patch.setattr(fixed_sft.parallel, "BLOCK", 3)
             patch.setattr(fixed_sft.parallel, "MIN_BLOCK", 3)
+            patch.setattr(fixed_sft.parallel, "STRETCH_TOKENS", stretch)
             blocks = filled.stream() if filled is not None else None
             if blocks is None:
                 blocks = fixed_sft.parallel.stored(store, order, np.ones(n, bool), wanted, shape[0], in_process, 1)
@@ -550,10 +553,14 @@ def test_parts_of_several_row_groups_join_into_the_bytes_of_one_writer(tmp_path,
 
     monkeypatch.setattr(fixed_sft.parallel.UnitReader, "take", counted)
     in_process = lambda fn, tasks: (fn(None, task) for task in tasks)  # noqa: E731
-    blocks = fixed_sft.parallel.stored(store, order, np.ones(n, bool), None, shape[0], in_process, 1)
+    blocks = list(fixed_sft.parallel.stored(store, order, np.ones(n, bool), None, shape[0], in_process, 1))
+    assert reads == [n]  # (the index pass: one stretch)
+    reads.clear()
     (tmp_path / "packed").mkdir()
     out = tmp_path / "packed" / "train.parquet"
-    packed, stop = fixed_sft.parallel.pack(store, order, blocks, None, False, 0, shape, in_process, out, lambda r: None)
+    packed, stop = fixed_sft.parallel.pack(
+        store, order, iter(blocks), None, False, 0, shape, in_process, out, lambda r: None
+    )
     assert stop is None and packed.rows == rows > 60
     groups = fixed_sft.parallel.groups_per_part(rows, shape[0])
     assert groups > 1 and parts[:-1] == [5 * groups] * (len(parts) - 1) and sum(parts) == rows
@@ -606,6 +613,32 @@ def test_the_index_a_fill_kept_stands_for_the_index_pass_only_whole() -> None:
         ), other
         for name in ("tokens", "counts", "begins", "ends"):
             assert getattr(block.indexed, name).tolist() == getattr(expected, name).tolist(), (other, name)
+
+
+@pytest.mark.parametrize("stretch", [1, 1 << 22])
+@pytest.mark.parametrize("fault", ["byte", "metadata", "record"])
+def test_the_index_pass_gives_way_to_a_conversation_it_cannot_trust(tmp_path, monkeypatch, stretch, fault) -> None:
+    """The index pass reads the valid conversations a stretch at a time, and each invalid
+    one by its record: a flipped byte (of a valid one's tokens, or of an invalid one's
+    metadata), or a valid one stored with an invalid reason, is not indexed (``Unheld``)."""
+    items = [
+        Encoded(i, f"c{i}", np.arange(20, dtype=np.int32), np.ones(20, np.uint8), None, True, None) for i in range(30)
+    ]
+    items[7] = Encoded(7, "c7", None, None, "not a conversation", True, None)
+    if fault == "metadata":
+        items[11] = items[11]._replace(invalid="a reason")
+    store = _stored(items, tmp_path / "entry")
+    (segment,) = store.segments
+    data = bytearray(segment.read_bytes())
+    at = {"byte": int(store.offset[11]) + 5, "record": int(store.offset[7]) + 2, "metadata": None}[fault]
+    if at is not None:
+        data[at] ^= 0xFF
+        segment.write_bytes(bytes(data))
+    monkeypatch.setattr(fixed_sft.parallel, "STRETCH_TOKENS", stretch)
+    in_process = lambda fn, tasks: (fn(None, task) for task in tasks)  # noqa: E731
+    order = np.arange(len(items))
+    with pytest.raises(fixed_sft.parallel.Unheld, match=f"source row {7 if fault == 'record' else 11}: damaged"):
+        list(fixed_sft.parallel.stored(store, order, np.ones(len(items), bool), None, 16, in_process, 1))
 
 
 def test_a_conversation_damaged_between_the_passes_stops_the_build(tmp_path) -> None:
