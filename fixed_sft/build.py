@@ -25,7 +25,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import pyarrow as pa
 
-from . import __version__, direct, parallel
+from . import __version__, direct, kept, parallel
 from .bands import Band, band_bytes, file_bytes, file_reads, read_band, read_file_rows, read_rows
 from .chat import MASK_TYPES as KIMI_MASK_TYPES
 from .chat import ChatEncoder, read_probes
@@ -505,10 +505,56 @@ def _pack_stored(
         return None
 
     run = encoding.fresh(config.rows, config.row_tokens).run if started else encoding.packers()
-    blocks = indexes.stream() if indexes is not None and held.all() else None
-    if blocks is None:
-        blocks = parallel.stored(store, order, held, config.rows, config.row_tokens, run, encoding.workers)
-    return _pack_blocks(config, store, order, blocks, (separator_id, run), source, folder / PARQUET_NAME, bar, tallied)
+    keeping: list[Future] = []
+    with ThreadPoolExecutor(1) as keeper:  # (the index kept while the rows are written)
+        checked = True
+        blocks = None
+        if indexes is not None and held.all():
+            whole = indexes.by_source()
+            if whole is not None:
+                keeping.append(keeper.submit(kept.keep, store, whole))
+            blocks = indexes.stream()
+        elif held.all() and (read := kept.read(store, order)) is not None:
+            blocks, checked = read.stream(), False
+        read_back: list[parallel.Indexed] = []
+        if blocks is None:
+            blocks = parallel.stored(store, order, held, config.rows, config.row_tokens, run, encoding.workers)
+            blocks = _kept_whole(blocks, read_back, store, order, keeper, keeping)
+        running = (separator_id, run)
+        out = folder / PARQUET_NAME
+        packed = _pack_blocks(config, store, order, blocks, running, source, out, bar, tallied, checked)
+        if packed is None and not checked:
+            kept.forget(store)  # (it gave way to a conversation not as it indexes it)
+    for future in keeping:
+        future.result()
+    return packed
+
+
+def _kept_whole(
+    blocks: Iterator[parallel.Block],
+    read: list[parallel.Indexed],
+    store: TokenStore,
+    order: np.ndarray,
+    keeper: ThreadPoolExecutor,
+    keeping: list[Future],
+) -> Iterator[parallel.Block]:
+    """``blocks`` of the index pass, each one's index kept in ``read``; where they were every
+    source row's, the store keeps their index (``fixed_sft.kept``, by ``keeper``)."""
+    try:
+        for block in blocks:
+            read.append(block.indexed)
+            yield block
+    finally:
+        blocks.close()  # type: ignore[attr-defined]  # (a generator: ``parallel.stored``)
+    if sum(len(indexed.tokens) for indexed in read) == len(order):
+        indexes = parallel.Indexes(order)
+        start = 0
+        for indexed in read:
+            indexes.add(order[start : start + len(indexed.tokens)], indexed)
+            start += len(indexed.tokens)
+        whole = indexes.by_source()
+        if whole is not None:
+            keeping.append(keeper.submit(kept.keep, store, whole))
 
 
 def _pack_fresh(
@@ -561,7 +607,7 @@ def _pack_fresh(
 
     running = (separator_id, run)
     out = folder / PARQUET_NAME
-    return _pack_blocks(config, store, order, blocks(), running, source, out, bar, tallied, fed)
+    return _pack_blocks(config, store, order, blocks(), running, source, out, bar, tallied, fed=fed)
 
 
 def _pack_blocks(
@@ -574,13 +620,14 @@ def _pack_blocks(
     out: Path,
     bar: Bar,
     tallied: Callable[[parallel.Packed], None] | None = None,
+    checked: bool = True,
     fed: parallel.Fed | None = None,
 ) -> parallel.Packed | None:
     """``parallel.pack`` of the stream's ``blocks`` into ``out``; ``setup``: the separator's
-    id and where tasks run; ``tallied``: given what was packed once the rows are cut.
-    ``None`` where the store does not hold what the rows need (the build packs one
-    conversation at a time); an invalid conversation that stops the build raises its
-    error here."""
+    id and where tasks run; ``tallied``: given what was packed once the rows are cut;
+    ``checked``: whether the blocks come from reading the conversations (``parallel.pack``).
+    ``None`` where the store does not hold what the rows need (the build packs in this
+    process); an invalid conversation that stops the build raises its error here."""
     separator_id, run = setup
     shape = (config.row_tokens, separator_id, config.emit_boundaries)
     try:
@@ -597,9 +644,11 @@ def _pack_blocks(
             bar.update,
             fed,
             tallied,
+            checked,
         )
     except parallel.Unheld:
         out.unlink(missing_ok=True)
+        bar.reset()
         return None
     if stop is not None:
         raise _invalid_row(source, stop.source_index, stop.id, stop.reason)

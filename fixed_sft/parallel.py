@@ -245,6 +245,21 @@ class Indexes:
         self.codes[at] = [self.values.setdefault(value, len(self.values)) for value in indexed.values]
         self.named.update(indexed.ids)
 
+    def by_source(self) -> Indexed | None:
+        """The index of every source row, in source order (what ``fixed_sft.kept`` keeps),
+        before the stream is taken; ``None`` where a source row is not indexed, or indexed twice."""
+        if self.added != self.rows or not self.held.all():
+            return None
+        at = self.position
+        counts = self.counts[at]
+        every = _runs_of(self.first_run[at], counts)
+        begins = np.concatenate([np.zeros(0, np.int32), *(b for b, _ in self.runs)])
+        ends = np.concatenate([np.zeros(0, np.int32), *(e for _, e in self.runs)])
+        names = list(self.values)
+        values = [names[code] for code in self.codes[at].tolist()]
+        ids, invalid = self.ids[at].tolist(), self.invalid[at].tolist()
+        return Indexed(self.tokens[at], ids, values, invalid, counts, begins[every], ends[every])
+
     def stream(self) -> Stream | Iterator[Block] | None:
         """What ``pack`` takes of the index (once): the whole stream where every
         conversation is valid and its id its own; else its blocks, as ``stored`` gives
@@ -259,8 +274,7 @@ class Indexes:
 
         def taken(first: int, last: int) -> np.ndarray:
             """Where the runs of positions ``first..last-1`` are among all taken, in order."""
-            n = self.counts[first:last]
-            return np.repeat(self.first_run[first:last] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+            return _runs_of(self.first_run[first:last], self.counts[first:last])
 
         if len(self.named) == self.rows and None not in self.named and (not self.rows or self.tokens.min() >= 0):
             every = taken(0, self.rows)
@@ -287,6 +301,16 @@ class Indexes:
         renumber[seen] = np.arange(len(seen))
         names = list(self.values)
         return renumber[self.codes], {names[code]: number for number, code in enumerate(seen)}
+
+
+def _runs_of(first: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Where the runs of conversations are among all taken, in their order: ``counts[k]``
+    runs from ``first[k]`` for each conversation ``k``.
+
+    >>> _runs_of(np.array([5, 0, 3]), np.array([2, 0, 1])).tolist()
+    [5, 6, 3]
+    """
+    return np.repeat(first - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
 
 
 def _objects(values: list) -> np.ndarray:
@@ -589,6 +613,7 @@ def pack(
     progress: Callable[[int], None],
     fed: Fed | None = None,
     tallied: Callable[[Packed], None] | None = None,
+    checked: bool = True,
 ) -> tuple[Packed, Invalid | None]:
     """Pack the conversations of ``order`` into ``out`` (a Parquet file), up to ``wanted``
     kept rows (``None``: all): indexed by ``blocks`` (``stored``, the encode tasks of
@@ -597,7 +622,10 @@ def pack(
     their boundaries; ``run`` maps a task function over tasks where conversations are
     encoded; ``progress`` is told of each row group written; ``fed`` is kept up to date as
     the blocks are taken; ``tallied`` is given what was packed (but the digests and the
-    file's sha256) before the rows are written.
+    file's sha256) before the rows are written; ``checked``: whether the index pass, or
+    the fill that just wrote them, checked the conversations (not an index the store kept:
+    ``fixed_sft.kept``), so that one no longer as indexed stops the build (``StoreChanged``)
+    rather than give way (``Unheld``).
     Returns what was packed, and the invalid conversation that stops the build (without
     ``skip_invalid``), if any, in which case nothing is written; raises the
     ``TemplateMismatch`` of a conversation the rows reach; ``Unheld`` where the store lacks
@@ -610,7 +638,12 @@ def pack(
         return packed, None  # (the build says there are too few)
     if tallied is not None:
         tallied(packed)
-    packed.digests, packed.parquet_sha256 = _write(store, order, rows, shape, run, out, progress)
+    try:
+        packed.digests, packed.parquet_sha256 = _write(store, order, rows, shape, run, out, progress)
+    except StoreChanged as changed:
+        if checked:
+            raise
+        raise Unheld(str(changed)) from None
     return packed, None
 
 

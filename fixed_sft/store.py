@@ -236,7 +236,7 @@ class SegmentWriter:
         digest = _digest(HEAD.pack(index, tokens, len(meta), flags), *parts)
         try:
             if self._file is None:
-                self._draft = self.folder / f"{DRAFT_PREFIX}{socket.gethostname()}-{os.getpid()}-{os.urandom(8).hex()}"
+                self._draft = draft_path(self.folder)
                 self._file = self._draft.open("wb", buffering=WRITE_BUFFER_BYTES)
                 self._file.seek(ROOM_BYTES)
             for part in parts:
@@ -910,6 +910,12 @@ def _meta(data: bytes | bytearray) -> tuple | None:
 def _stored_kind(meta: object) -> tuple | None:
     """``meta`` as the metadata a build stores (a list of 3), or ``None``."""
     return tuple(meta) if isinstance(meta, list) and len(meta) == 3 else None
+
+
+def draft_path(folder: Path) -> Path:
+    """A new temporary file's path in an entry's ``folder``: ``DRAFT_PREFIX``, this host,
+    this process's pid and a random part (``_abandoned`` reads them)."""
+    return folder / f"{DRAFT_PREFIX}{socket.gethostname()}-{os.getpid()}-{os.urandom(8).hex()}"
 
 
 def _abandoned(name: str) -> bool:

@@ -1,0 +1,237 @@
+"""The index a token store entry keeps (``fixed_sft.kept``): a later build of every row reads
+it in place of the index pass, with the rows of a build without the store; a kept index
+that is damaged, stale or not as the conversations are is never trusted."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import synthetic
+
+import fixed_sft.build as build_module
+import fixed_sft.kept as kept
+import fixed_sft.parallel
+from fixed_sft.build import BuildConfig, build
+from fixed_sft.encode import Encoded
+from fixed_sft.order import permutation
+from fixed_sft.parallel import Indexed, Indexes, Stream
+from fixed_sft.store import SegmentWriter, TokenStore
+
+N = 200
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """200 conversations in 2 Parquet files; two invalid (no messages), and one whose id an earlier one has."""
+    rows = synthetic.conversations(N, seed=5)
+    rows[17]["messages"] = rows[120]["messages"] = []
+    rows[90]["id"] = rows[30]["id"]
+    folder = tmp_path_factory.mktemp("kept") / "source"
+    synthetic.write_parquet(rows, folder, rows_per_file=100)
+    return folder
+
+
+@pytest.fixture
+def forks(monkeypatch) -> dict[str, list]:
+    """Builds of 2 workers that encode nothing pack in workers forked for it, as on 8 cores;
+    each build's index passes (``parallel.stored``) and how its packing from the store
+    ended ("packed", or "unheld" where it gave way)."""
+    monkeypatch.setattr(build_module, "PARALLEL_PACKING_WORKERS", 2)
+    monkeypatch.setattr(build_module, "STORED_PACKING_CORES", 2)
+    monkeypatch.setattr(build_module, "STORED_PACKING_TOKENS", 1)
+    monkeypatch.setattr(build_module, "usable_cores", lambda: 2)
+    seen: dict[str, list] = {"index passes": [], "packed": []}
+    stored, pack = fixed_sft.parallel.stored, fixed_sft.parallel.pack
+    monkeypatch.setattr(fixed_sft.parallel, "stored", lambda *a: seen["index passes"].append(1) or stored(*a))
+
+    def recorded(*args, **kwargs):
+        try:
+            result = pack(*args, **kwargs)
+        except fixed_sft.parallel.Unheld:
+            seen["packed"].append("unheld")
+            raise
+        seen["packed"].append("packed")
+        return result
+
+    monkeypatch.setattr(fixed_sft.parallel, "pack", recorded)
+    return seen
+
+
+def _config(source: Path, kimi_dir: Path, **overrides) -> BuildConfig:
+    values = dict(name="kept", source=str(source), tokenizer=str(kimi_dir), rows=None, row_tokens=512)
+    values |= dict(seed=3, workers=2, check_every=4, skip_invalid=True, no_card=True)
+    return BuildConfig(**{**values, **overrides})
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+def _index_files(token_store: Path) -> list[Path]:
+    return sorted(token_store.glob("tokens/*/index-*.arrow"))
+
+
+@pytest.mark.parametrize("later", [{"seed": 4}, {"seed": 4, "rows": 20}, {"row_tokens": 300, "emit_boundaries": True}])
+def test_a_later_build_reads_the_index_the_store_keeps(later, corpus, kimi_dir, tmp_path, token_store, forks) -> None:
+    """The first build (its fill indexed every row) keeps the index; a later build reads
+    nothing back to index (no index pass), and its rows, manifest and Parquet bytes are
+    those of a build without the store."""
+    cfg = _config(corpus, kimi_dir)
+    build(cfg, tmp_path / "first")
+    (index,) = _index_files(token_store)
+    assert forks["index passes"] == []
+    other = dataclasses.replace(cfg, **later)
+    expected = build(dataclasses.replace(other, no_cache=True, workers=1), tmp_path / "one")
+    forks["packed"].clear()
+    assert build(other, tmp_path / "later") == expected
+    assert _files(tmp_path / "later") == _files(tmp_path / "one")
+    assert forks == {"index passes": [], "packed": ["packed"]}
+    assert _index_files(token_store) == [index]
+
+
+def test_an_index_pass_over_every_row_keeps_the_index(corpus, kimi_dir, tmp_path, token_store, forks) -> None:
+    """Where the entry keeps no index (or one of other copies), a build that reads every row
+    back to index them keeps their index, which the next build reads; the rows are the same."""
+    cfg = _config(corpus, kimi_dir)
+    build(cfg, tmp_path / "first")
+    (index,) = _index_files(token_store)
+    index.unlink()
+    (index.parent / "index-0123.arrow").write_bytes(b"another copy's")
+    expected = build(dataclasses.replace(cfg, seed=9, no_cache=True, workers=1), tmp_path / "one")
+    for number in range(2):
+        assert build(dataclasses.replace(cfg, seed=9), tmp_path / f"later-{number}") == expected
+        assert _files(tmp_path / f"later-{number}") == _files(tmp_path / "one")
+        assert _index_files(token_store) == [index]  # (the other removed)
+    assert forks["index passes"] == [1]
+
+
+@pytest.mark.parametrize("damage", ["a byte of the index", "its checksum", "cut short", "empty"])
+def test_a_damaged_index_is_not_read(damage, corpus, kimi_dir, tmp_path, token_store, forks) -> None:
+    cfg = _config(corpus, kimi_dir)
+    build(cfg, tmp_path / "first")
+    (index,) = _index_files(token_store)
+    data = bytearray(index.read_bytes())
+    if damage == "a byte of the index":
+        data[len(data) // 2] ^= 0x01
+    elif damage == "its checksum":
+        data[-1] ^= 0x80
+    else:
+        data = data[: len(data) // 2] if damage == "cut short" else bytearray()
+    index.write_bytes(bytes(data))
+    expected = build(dataclasses.replace(cfg, seed=4, no_cache=True, workers=1), tmp_path / "one")
+    assert build(dataclasses.replace(cfg, seed=4), tmp_path / "later") == expected
+    assert forks["index passes"] == [1]  # (read back instead, and kept anew)
+    assert _files(tmp_path / "later") == _files(tmp_path / "one")
+    assert _index_files(token_store) == [index] and index.read_bytes() != bytes(data)
+
+
+def test_a_conversation_damaged_under_a_kept_index_is_encoded_again(
+    corpus, kimi_dir, tmp_path, token_store, forks
+) -> None:
+    """The kept index stands for the index pass, which checked every conversation: one whose
+    bytes no longer match, found by the write pass, gives way (the build then packs in its
+    own process, which encodes it again), and the index is forgotten."""
+    cfg = _config(corpus, kimi_dir)
+    build(cfg, tmp_path / "first")
+    (index,) = _index_files(token_store)
+    segment = max(token_store.glob("tokens/*/*.seg"), key=lambda p: p.stat().st_size)
+    data = bytearray(segment.read_bytes())
+    data[-100] ^= 0xFF  # (a byte of the last conversation's ids or mask)
+    segment.write_bytes(bytes(data))
+    expected = build(dataclasses.replace(cfg, seed=4, no_cache=True, workers=1), tmp_path / "one")
+    forks["packed"].clear()
+    assert build(dataclasses.replace(cfg, seed=4), tmp_path / "later") == expected
+    assert _files(tmp_path / "later") == _files(tmp_path / "one")
+    assert forks == {"index passes": [], "packed": ["unheld"]}
+    assert not index.exists()
+
+
+def test_an_index_not_as_the_conversations_are_gives_way(corpus, kimi_dir, tmp_path, token_store, forks) -> None:
+    """An index kept whole, of the store's copies, whose supervised runs are not theirs (not
+    one a build writes): a row it cuts is not the row written, so the build gives way and
+    packs in its own process; the rows are those of a build without the store."""
+    cfg = _config(corpus, kimi_dir)
+    build(cfg, tmp_path / "first")
+    (entry,) = token_store.glob("tokens/*")
+    store = TokenStore(entry, N)
+    order = np.arange(N)
+    read = kept.read(store, order)
+    assert read is not None
+    whole = read.by_source()
+    assert whole is not None
+    longer = whole.ends - whole.begins > 1
+    kept.keep(store, whole._replace(ends=np.where(longer, whole.ends - 1, whole.ends)))
+    store.close()
+    expected = build(dataclasses.replace(cfg, seed=4, no_cache=True, workers=1), tmp_path / "one")
+    forks["packed"].clear()
+    assert build(dataclasses.replace(cfg, seed=4), tmp_path / "later") == expected
+    assert _files(tmp_path / "later") == _files(tmp_path / "one")
+    assert forks["packed"] == ["unheld"] and forks["index passes"] == []
+
+
+def _stored(items: list[Encoded], folder: Path) -> TokenStore:
+    folder.mkdir()
+    writer = SegmentWriter(folder)
+    for item in items:
+        writer.add(item)
+    writer.flush()
+    return TokenStore(folder, len(items))
+
+
+def _items() -> list[Encoded]:
+    rng = np.random.default_rng(3)
+    items = []
+    for i in range(12):
+        if i == 5:
+            items.append(Encoded(i, f"id{i}", None, None, "not a conversation", True, None))
+            continue
+        mask = (rng.random(int(rng.integers(0, 20))) < 0.6).astype(np.uint8)
+        items.append(Encoded(i, f"id{i}", np.arange(len(mask), dtype=np.int32), mask, None, True, "ab"[i % 2]))
+    items[7] = items[7]._replace(id="id2", source_value=None)
+    return items
+
+
+def test_the_kept_index_is_the_index_read_back(tmp_path) -> None:
+    """What ``read`` gives is the stream that indexing the stored conversations gives (ids
+    repeated, an invalid one, empty and unsupervised ones, a ``source`` value missing)."""
+    items = _items()
+    store = _stored(items, tmp_path / "entry")
+    kept.keep(store, Indexed.of(items))
+    order = permutation(2, len(items))
+    read = kept.read(store, order)
+    assert read is not None
+    blocks = read.stream()
+    assert blocks is not None and not isinstance(blocks, Stream)  # (an id repeated: blocks)
+    expected = Indexes(order)
+    expected.add(np.arange(len(items)), Indexed.of(items))
+    for got, want in zip(list(blocks), list(expected.stream()), strict=True):  # type: ignore[arg-type]
+        got, want = got.indexed, want.indexed
+        assert (got.ids, got.values, got.invalid) == (want.ids, want.values, want.invalid)
+        for name in ("tokens", "counts", "begins", "ends"):
+            assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
+
+
+def test_an_index_of_other_copies_or_other_tokens_is_not_read(tmp_path) -> None:
+    """The index is named by the digests of the copies the store holds: once it holds
+    another copy of a row (one that passed the check since), it reads no index; nor one
+    whose tokens are not the records', nor where it does not hold every row."""
+    items = _items()
+    items[3] = items[3]._replace(checked=False)
+    store = _stored(items, tmp_path / "entry")
+    whole = Indexed.of(items)
+    order = np.arange(len(items))
+    kept.keep(store, whole._replace(tokens=whole.tokens + 1))
+    assert kept.read(store, order) is None
+    kept.keep(store, whole)
+    assert kept.read(store, order) is not None
+    before = kept.key(store)
+    store.add(items[3]._replace(checked=True))
+    store.close()
+    again = TokenStore(store.folder, len(items))
+    assert before is not None and kept.key(again) not in (None, before)
+    assert kept.read(again, order) is None
+    missing = TokenStore(store.folder, len(items) + 1)  # (a row it does not hold)
+    assert kept.key(missing) is None and kept.read(missing, np.arange(len(items) + 1)) is None
