@@ -85,8 +85,8 @@ def read(store: TokenStore, order: np.ndarray) -> Indexes | None:
     body, checksum = data[:-CHECKSUM_BYTES], data[-CHECKSUM_BYTES:]
     if len(data) < CHECKSUM_BYTES or xxhash.xxh3_128(body).digest() != checksum:
         return None
-    indexed = _decode(body)
-    if indexed is None or not _sound(indexed, store.tokens):
+    indexed = _decode(body, store.tokens)
+    if indexed is None:
         return None
     indexes = Indexes(order)
     indexes.add(np.arange(len(order)), indexed)
@@ -117,39 +117,36 @@ def _encode(indexed: Indexed) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _decode(body: bytes) -> Indexed | None:
-    """The index an IPC file ``body`` holds (``_encode``); ``None`` where it holds another."""
+def _decode(body: bytes, tokens: np.ndarray) -> Indexed | None:
+    """The index an IPC file ``body`` holds (``_encode``), where it is one of conversations
+    of ``tokens`` (the records'): the same tokens, an invalid reason where one has none,
+    and supervised runs within each (and its [EOS]); else ``None``."""
     try:
         reader = pa.ipc.open_file(pa.py_buffer(body))
         if reader.num_record_batches != 1:
             return None
-        tokens, ids, values, invalid, begins, ends = reader.get_batch(0).columns
+        batch = reader.get_batch(0)
+        stored, ids, values, invalid, begins, ends = batch.columns
+        if batch.num_rows != len(tokens) or not np.array_equal(to_numpy(stored), tokens):
+            return None
+        if not np.array_equal(to_numpy(invalid.is_valid()), tokens < 0):
+            return None
+        counts = np.diff(to_numpy(begins.offsets))
+        first, last = to_numpy(begins.values).astype(np.int32), to_numpy(ends.values).astype(np.int32)
+        within = np.repeat(np.maximum(tokens, 0) + 1, counts)
+        if counts[tokens < 0].any() or not len(first) == len(last) == len(within):
+            return None
+        if not ((0 <= first) & (first < last) & (last <= within)).all():
+            return None
         names = values.dictionary.to_pylist()
         return Indexed(
-            to_numpy(tokens).astype(np.int64),
+            tokens.copy(),
             ids.to_pylist(),
             [None if code is None else names[code] for code in values.indices.to_pylist()],
             [None] * len(invalid) if invalid.null_count == len(invalid) else invalid.to_pylist(),
-            np.diff(to_numpy(begins.offsets)),
-            to_numpy(begins.values).astype(np.int32),
-            to_numpy(ends.values).astype(np.int32),
+            counts,
+            first,
+            last,
         )
     except (pa.ArrowException, ValueError, TypeError, AttributeError, IndexError):
         return None
-
-
-def _sound(indexed: Indexed, tokens: np.ndarray) -> bool:
-    """Whether ``indexed`` is an index of conversations of ``tokens`` (the records'): the
-    same tokens, an invalid reason where one has none, and runs within each (and its [EOS])."""
-    n = len(tokens)
-    if (len(indexed.tokens), len(indexed.ids), len(indexed.values), len(indexed.invalid), len(indexed.counts)) != (
-        (n,) * 5
-    ) or not np.array_equal(indexed.tokens, tokens):
-        return False
-    if any((reason is None) != (size >= 0) for reason, size in zip(indexed.invalid, tokens.tolist())):
-        return False
-    if indexed.counts.min(initial=0) < 0 or indexed.counts[tokens < 0].any():
-        return False
-    within = np.repeat(np.maximum(tokens, 0) + 1, indexed.counts)
-    begins, ends = indexed.begins, indexed.ends
-    return len(begins) == len(ends) == len(within) and bool(((0 <= begins) & (begins < ends) & (ends <= within)).all())

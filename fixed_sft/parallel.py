@@ -242,7 +242,9 @@ class Indexes:
         self.taken_runs += int(indexed.counts.sum())
         self.runs.append((indexed.begins, indexed.ends))
         self.ids[at], self.invalid[at] = _objects(indexed.ids), _objects(indexed.invalid)
-        self.codes[at] = [self.values.setdefault(value, len(self.values)) for value in indexed.values]
+        for value in dict.fromkeys(indexed.values):  # (numbered as they first appear)
+            self.values.setdefault(value, len(self.values))
+        self.codes[at] = np.fromiter(map(self.values.__getitem__, indexed.values), np.int64, len(indexed.values))
         self.named.update(indexed.ids)
 
     def by_source(self) -> Indexed | None:
