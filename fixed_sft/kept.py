@@ -33,6 +33,7 @@ from .store import TokenStore, draft_path
 VERSION = b"fixed-sft kept index 1"
 PREFIX, SUFFIX = "index-", ".arrow"
 CHECKSUM_BYTES = 16
+STRINGS_AT_ONCE = 1 << 16  # ids made into Arrow strings at a time (their bytes objects are held meanwhile)
 
 
 def key(store: TokenStore) -> str | None:
@@ -48,15 +49,16 @@ def keep(store: TokenStore, indexed: Indexed) -> None:
     name = key(store)
     if name is None or not store.writable or len(indexed.tokens) != len(store.tokens):
         return
-    data = _encode(indexed)
     path, draft = store.folder / f"{PREFIX}{name}{SUFFIX}", draft_path(store.folder)
     try:
+        data = _encode(indexed)
         with open(draft, "xb") as f:
             f.write(data)
             f.write(xxhash.xxh3_128(data).digest())
         os.replace(draft, path)
-    except OSError:
-        draft.unlink(missing_ok=True)
+    except (OSError, pa.ArrowException, ValueError):  # (no room, say, or ids of over 2 GiB)
+        with suppress(OSError):
+            draft.unlink(missing_ok=True)
         return
     for other in store.folder.glob(f"{PREFIX}*{SUFFIX}"):
         if other.name != path.name:
@@ -93,19 +95,24 @@ def read(store: TokenStore, order: np.ndarray) -> Indexes | None:
     return indexes
 
 
-def _encode(indexed: Indexed) -> bytes:
+def _encode(indexed: Indexed) -> pa.Buffer:
     """``indexed`` as an Arrow IPC file: one batch of a row per conversation (its ``source``
     value a number into the values, which are few)."""
-    names = list(dict.fromkeys(value for value in indexed.values if value is not None))
-    number = {name: code for code, name in enumerate(names)}
-    codes = np.array([-1 if value is None else number[value] for value in indexed.values], np.int32)
+    n = len(indexed.tokens)
+    number: dict[str | None, int] = {None: -1}
+    for value in dict.fromkeys(indexed.values):
+        number.setdefault(value, len(number) - 1)
+    codes = np.fromiter(map(number.__getitem__, indexed.values), np.int32, n)
+    names = strings([name for name in number if name is not None])
     offsets = numbers(np.concatenate([[0], np.cumsum(indexed.counts)]), pa.int64())
+    ids = [strings(indexed.ids[start : start + STRINGS_AT_ONCE]) for start in range(0, n, STRINGS_AT_ONCE)]
+    invalid = pa.nulls(n, pa.string()) if indexed.invalid.count(None) == n else strings(indexed.invalid)
     batch = pa.record_batch(
         [
             numbers(indexed.tokens, pa.int64()),
-            strings(indexed.ids),
-            pa.DictionaryArray.from_arrays(numbers(codes, pa.int32(), valid=codes >= 0), strings(names)),
-            strings(indexed.invalid),
+            pa.concat_arrays(ids) if ids else strings([]),
+            pa.DictionaryArray.from_arrays(numbers(codes, pa.int32(), valid=codes >= 0), names),
+            invalid,
             pa.LargeListArray.from_arrays(offsets, numbers(indexed.begins, pa.int32())),
             pa.LargeListArray.from_arrays(offsets, numbers(indexed.ends, pa.int32())),
         ],
@@ -114,7 +121,7 @@ def _encode(indexed: Indexed) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, batch.schema, options=pa.ipc.IpcWriteOptions(compression="lz4")) as writer:
         writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+    return sink.getvalue()
 
 
 def _decode(body: bytes, tokens: np.ndarray) -> Indexed | None:

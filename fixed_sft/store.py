@@ -21,6 +21,10 @@ once and also encoded again, which checks it; the check is settled before the bu
 writes its manifest (``Stream``), and a failure stops the build as it would without the
 store.
 
+An entry also keeps the index of every row it holds, where a build has had them all
+(``fixed_sft.kept``): a later build that packs in its workers reads that, not every
+conversation, before it writes its rows.
+
 The store is an optimisation only: a build's rows are the same with it, without it
 (``--no-cache``) and whatever state it is in. A store that cannot be written is turned off
 for the build, with a warning.
