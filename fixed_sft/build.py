@@ -31,10 +31,10 @@ from .chat import MASK_TYPES as KIMI_MASK_TYPES
 from .chat import ChatEncoder, read_probes
 from .encode import IN_FLIGHT_BYTES, Chunk, Encoded, EncoderConfig, Encoders, encode_rows, start_fork_server
 from .encoding import Encoder, TemplateMismatch
-from .engine import MANY_WORKERS, forked, usable_cores
+from .engine import MANY_WORKERS, ProcessPool, forked, usable_cores
 from .errors import BuildError, UsageError
 from .fill import CheckTask, FreshTask, check_apart, fill, fill_tasks, fresh, ready_to_check
-from .folder import transaction
+from .folder import remove_parts, transaction
 from .hashes import row_digest, rows_digest, sha256_file
 from .hf_chat import MASK_TYPES as HF_MASK_TYPES
 from .hub import is_hub_id, raise_cache_damage
@@ -98,6 +98,9 @@ PARALLEL_PACKING_WORKERS = 4
 STORED_PACKING_TOKENS = 1 << 24
 FORKS_PACKERS = sys.platform == "linux"  # (a fork beside threads: sound on Linux, not with macOS's frameworks)
 STORED_PACKING_CORES = 8
+# A build of some rows reads the index the store keeps where its rows need at least a
+# fourth of the source's tokens (decoding it whole: 0.9 s at 1M rows), else the index pass
+KEPT_INDEX_SHARE = 4
 # With this many workers, a build whose template probes are kept fills the store without the
 # template renderer in its workers (its import took 1.2-2.9 s on the 16-core machine, while every
 # worker waited): a checker per CHECKED_BY workers, at least 2, checks the sampled rows (fixed_sft.fill).
@@ -504,31 +507,32 @@ def _pack_stored(
     if parallel.reachable(store, order, held, config.row_tokens) < (config.rows or math.inf):
         return None
 
-    # (the index the store keeps is read before the workers fork: 16 forks beside it made it 4x slower)
-    read = kept.read(store, order) if held.all() and indexes is None else None
+    # The index the store keeps (of every row: read whole) stands for the index pass (which
+    # stops at the rows asked), where the rows need a good part of the source. It is read
+    # before the workers fork: 16 forks beside it made it 4x slower.
+    tokens = int(np.maximum(store.tokens, 0).sum()) + len(store.tokens)
+    most = config.rows is None or config.rows * config.row_tokens * KEPT_INDEX_SHARE >= tokens
+    read = kept.read(store, order) if held.all() and indexes is None and most else None
     run = encoding.fresh(config.rows, config.row_tokens).run if started else encoding.packers()
-    keeping: list[Future] = []
-    with ThreadPoolExecutor(1) as keeper:  # (the index kept while the rows are written)
+    with _cancelling_pool() as keeper:  # (the index kept while the rows are written: ``kept.keep`` raises nothing)
         checked = True
         blocks = None
         if indexes is not None and held.all():
             whole = indexes.by_source()
             if whole is not None:
-                keeping.append(keeper.submit(kept.keep, store, whole))
+                keeper.submit(kept.keep, store, whole)
             blocks = indexes.stream()
         elif read is not None:
             blocks, checked = read.stream(), False
         read_back: list[parallel.Indexed] = []
         if blocks is None:
             blocks = parallel.stored(store, order, held, config.rows, config.row_tokens, run, encoding.workers)
-            blocks = _kept_whole(blocks, read_back, store, order, keeper, keeping)
+            blocks = _kept_whole(blocks, read_back, store, order, keeper)
         running = (separator_id, run)
         out = folder / PARQUET_NAME
         packed = _pack_blocks(config, store, order, blocks, running, source, out, bar, tallied, checked)
         if packed is None and not checked:
             kept.forget(store)  # (it gave way to a conversation not as it indexes it)
-    for future in keeping:
-        future.result()
     return packed
 
 
@@ -538,7 +542,6 @@ def _kept_whole(
     store: TokenStore,
     order: np.ndarray,
     keeper: ThreadPoolExecutor,
-    keeping: list[Future],
 ) -> Iterator[parallel.Block]:
     """``blocks`` of the index pass, each one's index kept in ``read``; where they were every
     source row's, the store keeps their index (``fixed_sft.kept``, by ``keeper``)."""
@@ -554,9 +557,10 @@ def _kept_whole(
         for indexed in read:
             indexes.add(order[start : start + len(indexed.tokens)], indexed)
             start += len(indexed.tokens)
+        read.clear()  # (held in the index now)
         whole = indexes.by_source()
         if whole is not None:
-            keeping.append(keeper.submit(kept.keep, store, whole))
+            keeper.submit(kept.keep, store, whole)
 
 
 def _pack_fresh(
@@ -743,6 +747,7 @@ class _Encoding:
         self._checkers: list[Encoders] = []
         self.loaded: Encoder | None = None
         self.checks_apart = False  # whether the store's fill checks the sampled rows apart (``start``)
+        self._forked: ProcessPool | None = None  # (``packers``)
 
     def start(self, checks_apart: bool = False, renderer: bool = True) -> Encoders:
         """The encoders, started now unless they are; with ``checks_apart`` (or not
@@ -775,8 +780,14 @@ class _Encoding:
         ``workers`` processes forked from this one now (``engine.forked``), which hold its
         store and order and load nothing; they end with the build."""
         many = self.workers >= MANY_WORKERS
-        pool = self.stack.enter_context(forked(self.workers, partial(_packer_setup, many)))
+        pool = self._forked = self.stack.enter_context(forked(self.workers, partial(_packer_setup, many)))
         return lambda fn, tasks: pool.map(fn, ((task,) for task in tasks))
+
+    def forks_done(self) -> None:
+        """Return once the workers forked from this process (``packers``) have all started:
+        a module a thread imports as a worker forks would stay half imported there."""
+        if self._forked is not None:
+            self._forked.started()
 
     def checkers(self) -> Encoders:
         """Workers of their own that check the sampled rows (``fixed_sft.fill``): one per
@@ -973,6 +984,7 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
                 counted = _Tally(row_tokens=config.row_tokens)
                 counted.take(packed)
                 plotter.start(counted.plot_inputs(packed.rows))
+                encoding.forks_done()  # (as the rows are about to be written: they wait for it too)
                 import_soon()
 
         def read_directly(bar: Bar) -> parallel.Packed | None:
@@ -1085,6 +1097,7 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
         if config.check_every and not tally.template_checked:
             _check_first(encoding, source, rank, tally, store)
         source_files = recorded_files(source, source_hashes)
+    remove_parts(folder)  # (a part a worker still wrote as its pass gave way: the workers have ended)
     bpe_used = bpe_version(encoder_config.bpe) if tokenizer.family != HF else None
     version = CodeVersion(**code.result(), bpe=bpe_used)
     manifest = _manifest(config, source, source_files, tokenizer, tally, folder / PARQUET_NAME, separator, version)

@@ -157,6 +157,10 @@ class ProcessPool:
         for _ in range(min(self.workers, os.cpu_count() or 1)):
             self._submit(time.sleep, START_HOLD_S)
 
+    def started(self) -> None:
+        """Return once start-up is over (a failure is raised by the first task)."""
+        self._start_up().exception()
+
     def _start_up(self) -> Future:
         assert self._started is not None, "map runs inside the engine's with-block"
         return self._started

@@ -207,18 +207,24 @@ def remove_build_folder(folder: Path) -> None:
     """Delete what a build wrote in ``folder``: its regular files of the names the format
     gives and its Parquet parts, then the folder once empty. Anything else (put there by
     someone else) stays, and so does the folder; a folder already gone is no error."""
-    with suppress(OSError):
-        for entry in os.scandir(folder / PARTS_NAME):
-            if PART_FILE.fullmatch(entry.name) and _regular(entry):
-                os.unlink(entry.path)
-    with suppress(OSError):
-        (folder / PARTS_NAME).rmdir()
+    remove_parts(folder)
     for name in BUILD_FILES:
         with suppress(OSError):
             if stat.S_ISREG((folder / name).lstat().st_mode):
                 (folder / name).unlink()
     with suppress(OSError):
         folder.rmdir()
+
+
+def remove_parts(folder: Path) -> None:
+    """Delete the Parquet parts a build wrote in ``folder`` (``output.PARTS_NAME``), and their
+    folder once empty."""
+    with suppress(OSError):
+        for entry in os.scandir(folder / PARTS_NAME):
+            if PART_FILE.fullmatch(entry.name) and _regular(entry):
+                os.unlink(entry.path)
+    with suppress(OSError):
+        (folder / PARTS_NAME).rmdir()
 
 
 def file_lock(path: Path) -> FileLock:

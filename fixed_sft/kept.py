@@ -5,65 +5,98 @@ A build whose store gives every conversation packs from it in its workers
 ``source`` value and invalid reason: the index pass reads them all (every stored byte)
 for that. A build that has the index of every source row (its fill encoded them, or its
 index pass read them) keeps it in the entry, as one Arrow IPC file (``index-KEY.arrow``);
-a later build reads it in place of the index pass.
+a later build of all rows, or of rows that need a good part of the source, reads it in
+place of the index pass.
 
-The file is named by ``key``: the XXH3-128 of ``VERSION`` and of the record digest of
-each source row's copy, as the store holds them (each covers that copy's bytes). A store
-that holds another copy of a row (encoded again, or checked since) has another key, and
-does not read the file. The file ends with the XXH3-128 of its bytes: one that does not
-match, or whose tokens are not the records', is not read. The write pass then reads each
-conversation and checks its digest: one that does not match gives way to packing in this
-process, which finds it and encodes it again (``parallel.Unheld``), as after the index
-pass. The store is an optimisation only, and so is this file: rows are the same without it.
+The file is named by ``key``: the XXH3-128 of the code that writes and reads an index
+(``CODE_MODULES``) and of the record digest of each source row's copy, as the store holds
+them (each covers that copy's bytes). A store that holds another copy of a row (encoded
+again, or checked since), or other code, has another key, and does not read the file.
+The file ends with the XXH3-128 of its bytes. It is read only where it is a regular file
+of at most the size its conversations allow, and it matches its checksum and ``SCHEMA``,
+Arrow's full validation, and the records (the same tokens, runs within each conversation,
+an invalid reason just where the record has none, and each invalid row's id and reason as
+its record holds them). The write pass then reads each conversation it writes, checks
+its digest, and that its id, ``source`` value and each row's supervised tokens are the
+index's: one that does not match gives way to packing in this process, which finds a
+damaged one and encodes it again (``parallel.Unheld``). Like the segments' checksums, the
+file proves nothing against someone who writes both it and its checksum. The store is an
+optimisation only, and so is this file: rows are the same without it.
 """
 
 from __future__ import annotations
 
 import os
 from contextlib import suppress
+from functools import cache
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import xxhash
 
 from .arrow import numbers, strings, to_numpy
+from .hashes import open_regular
 from .parallel import Indexed, Indexes
 from .store import TokenStore, draft_path
 
-VERSION = b"fixed-sft kept index 1"
+VERSION = b"fixed-sft kept index 2"
+CODE_MODULES = ("cuts.py", "kept.py", "parallel.py")  # what an index holds, and how it is read
 PREFIX, SUFFIX = "index-", ".arrow"
 CHECKSUM_BYTES = 16
 STRINGS_AT_ONCE = 1 << 16  # ids made into Arrow strings at a time (their bytes objects are held meanwhile)
+RUNS = pa.large_list(pa.int32())
+SCHEMA = pa.schema(
+    [
+        ("tokens", pa.int64()),
+        ("id", pa.large_string()),
+        ("source", pa.dictionary(pa.int32(), pa.string())),
+        ("invalid", pa.large_string()),
+        ("begins", RUNS),
+        ("ends", RUNS),
+    ]
+)
+
+
+@cache
+def _code() -> bytes:
+    """The digest of ``VERSION`` and of the bytes of ``CODE_MODULES``."""
+    digest = xxhash.xxh3_128(VERSION)
+    for name in CODE_MODULES:
+        digest.update((Path(__file__).parent / name).read_bytes())
+    return digest.digest()
 
 
 def key(store: TokenStore) -> str | None:
     """The name of the index of what ``store`` holds now; ``None`` where it does not hold every source row."""
     if not len(store.segment) or store.segment.min() < 0:
         return None
-    return xxhash.xxh3_128(VERSION + store.digest.tobytes()).hexdigest()
+    return xxhash.xxh3_128(_code() + store.digest.tobytes()).hexdigest()
 
 
 def keep(store: TokenStore, indexed: Indexed) -> None:
     """Write ``indexed`` (every source row's, in source order) as the index of what
-    ``store`` holds now, in place of any other; nothing where the store cannot be written."""
-    name = key(store)
-    if name is None or not store.writable or len(indexed.tokens) != len(store.tokens):
-        return
-    path, draft = store.folder / f"{PREFIX}{name}{SUFFIX}", draft_path(store.folder)
+    ``store`` holds now, in place of any other; nothing where it cannot be written (no
+    room, say, or ids of over 2 GiB): the store is an optimisation only."""
+    draft = None
     try:
+        name = key(store)
+        if name is None or not store.writable or len(indexed.tokens) != len(store.tokens):
+            return
+        path, draft = store.folder / f"{PREFIX}{name}{SUFFIX}", draft_path(store.folder)
         data = _encode(indexed)
         with open(draft, "xb") as f:
             f.write(data)
             f.write(xxhash.xxh3_128(data).digest())
         os.replace(draft, path)
-    except (OSError, pa.ArrowException, ValueError):  # (no room, say, or ids of over 2 GiB)
-        with suppress(OSError):
-            draft.unlink(missing_ok=True)
-        return
-    for other in store.folder.glob(f"{PREFIX}*{SUFFIX}"):
-        if other.name != path.name:
-            with suppress(OSError):
+        draft = None
+        for other in store.folder.glob(f"{PREFIX}*{SUFFIX}"):
+            if other.name != path.name:
                 other.unlink(missing_ok=True)
+    except Exception:  # noqa: BLE001  (nothing kept, or another index left)
+        if draft is not None:
+            with suppress(OSError):
+                draft.unlink(missing_ok=True)
 
 
 def forget(store: TokenStore) -> None:
@@ -76,19 +109,26 @@ def forget(store: TokenStore) -> None:
 
 def read(store: TokenStore, order: np.ndarray) -> Indexes | None:
     """The index of what ``store`` holds now, in packing ``order``, where the entry keeps
-    it whole (its checksum matches, and its tokens are the records'); else ``None``."""
+    it whole and sound (module docstring); else ``None``."""
     name = key(store)
     if name is None:
         return None
+    tokens = store.tokens
+    # (an index holds a conversation's metadata once, and at most a run per 2 tokens and its [EOS])
+    most = int(store.meta.sum() + 4 * (np.maximum(tokens, 0) + 2).sum() + 64 * len(tokens)) + (1 << 20)
     try:
-        data = (store.folder / f"{PREFIX}{name}{SUFFIX}").read_bytes()
+        opened = open_regular(store.folder / f"{PREFIX}{name}{SUFFIX}", follow_links=False)
+        if opened is None:
+            return None
+        with opened as f:
+            data = f.read(most + 1)
     except OSError:
         return None
     body, checksum = data[:-CHECKSUM_BYTES], data[-CHECKSUM_BYTES:]
-    if len(data) < CHECKSUM_BYTES or xxhash.xxh3_128(body).digest() != checksum:
+    if not CHECKSUM_BYTES < len(data) <= most or xxhash.xxh3_128(body).digest() != checksum:
         return None
-    indexed = _decode(body, store.tokens)
-    if indexed is None:
+    indexed = _decode(body, tokens)
+    if indexed is None or not _invalid_as_stored(store, indexed):
         return None
     indexes = Indexes(order)
     indexes.add(np.arange(len(order)), indexed)
@@ -96,8 +136,8 @@ def read(store: TokenStore, order: np.ndarray) -> Indexes | None:
 
 
 def _encode(indexed: Indexed) -> pa.Buffer:
-    """``indexed`` as an Arrow IPC file: one batch of a row per conversation (its ``source``
-    value a number into the values, which are few)."""
+    """``indexed`` as an Arrow IPC file of ``SCHEMA``: one batch of a row per conversation
+    (its ``source`` value a number into the values, which are few)."""
     n = len(indexed.tokens)
     number: dict[str | None, int] = {None: -1}
     for value in dict.fromkeys(indexed.values):
@@ -105,23 +145,29 @@ def _encode(indexed: Indexed) -> pa.Buffer:
     codes = np.fromiter(map(number.__getitem__, indexed.values), np.int32, n)
     names = strings([name for name in number if name is not None])
     offsets = numbers(np.concatenate([[0], np.cumsum(indexed.counts)]), pa.int64())
-    ids = [strings(indexed.ids[start : start + STRINGS_AT_ONCE]) for start in range(0, n, STRINGS_AT_ONCE)]
-    invalid = pa.nulls(n, pa.string()) if indexed.invalid.count(None) == n else strings(indexed.invalid)
     batch = pa.record_batch(
         [
             numbers(indexed.tokens, pa.int64()),
-            pa.concat_arrays(ids) if ids else strings([]),
+            _large_strings(indexed.ids),
             pa.DictionaryArray.from_arrays(numbers(codes, pa.int32(), valid=codes >= 0), names),
-            invalid,
+            pa.nulls(n, pa.large_string()) if indexed.invalid.count(None) == n else _large_strings(indexed.invalid),
             pa.LargeListArray.from_arrays(offsets, numbers(indexed.begins, pa.int32())),
             pa.LargeListArray.from_arrays(offsets, numbers(indexed.ends, pa.int32())),
         ],
-        names=["tokens", "id", "source", "invalid", "begins", "ends"],
+        schema=SCHEMA,
     )
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, batch.schema, options=pa.ipc.IpcWriteOptions(compression="lz4")) as writer:
+    with pa.ipc.new_file(sink, SCHEMA, options=pa.ipc.IpcWriteOptions(compression="lz4")) as writer:
         writer.write_batch(batch)
     return sink.getvalue()
+
+
+def _large_strings(values: list[str | None]) -> pa.Array:
+    """``values`` as an Arrow large string array, made ``STRINGS_AT_ONCE`` at a time."""
+    parts = [strings(values[start : start + STRINGS_AT_ONCE]) for start in range(0, len(values), STRINGS_AT_ONCE)]
+    return (
+        pa.concat_arrays([part.cast(pa.large_string()) for part in parts]) if parts else pa.nulls(0, pa.large_string())
+    )
 
 
 def _decode(body: bytes, tokens: np.ndarray) -> Indexed | None:
@@ -130,16 +176,21 @@ def _decode(body: bytes, tokens: np.ndarray) -> Indexed | None:
     and supervised runs within each (and its [EOS]); else ``None``."""
     try:
         reader = pa.ipc.open_file(pa.py_buffer(body))
-        if reader.num_record_batches != 1:
+        if reader.num_record_batches != 1 or not reader.schema.equals(SCHEMA):
             return None
         batch = reader.get_batch(0)
+        batch.validate(full=True)  # (offsets within their buffers: else a read may crash)
         stored, ids, values, invalid, begins, ends = batch.columns
-        if batch.num_rows != len(tokens) or not np.array_equal(to_numpy(stored), tokens):
+        if batch.num_rows != len(tokens) or stored.null_count or not np.array_equal(to_numpy(stored), tokens):
             return None
-        if not np.array_equal(to_numpy(invalid.is_valid()), tokens < 0):
+        if not np.array_equal(_given(invalid), tokens < 0):
+            return None
+        if any(runs.null_count or runs.values.null_count for runs in (begins, ends)):
+            return None
+        if not np.array_equal(to_numpy(begins.offsets), to_numpy(ends.offsets)):
             return None
         counts = np.diff(to_numpy(begins.offsets))
-        first, last = to_numpy(begins.values).astype(np.int32), to_numpy(ends.values).astype(np.int32)
+        first, last = to_numpy(begins.values), to_numpy(ends.values)
         within = np.repeat(np.maximum(tokens, 0) + 1, counts)
         if counts[tokens < 0].any() or not len(first) == len(last) == len(within):
             return None
@@ -152,8 +203,31 @@ def _decode(body: bytes, tokens: np.ndarray) -> Indexed | None:
             [None if code is None else names[code] for code in values.indices.to_pylist()],
             [None] * len(invalid) if invalid.null_count == len(invalid) else invalid.to_pylist(),
             counts,
-            first,
-            last,
+            first.astype(np.int32),
+            last.astype(np.int32),
         )
-    except (pa.ArrowException, ValueError, TypeError, AttributeError, IndexError):
+    except Exception:  # noqa: BLE001  (pyarrow raises OSError, ArrowException and more for a file not its own)
         return None
+
+
+def _given(values: pa.Array) -> np.ndarray:
+    """Whether each of ``values`` is not null (``is_valid`` imports pyarrow.compute: 25 ms).
+
+    >>> _given(strings(["a", None, "b"])[1:]).tolist(), _given(pa.nulls(2, pa.large_string())).tolist()
+    ([False, True], [False, False])
+    """
+    if values.null_count in (0, len(values)):
+        return np.full(len(values), values.null_count == 0)
+    bits = np.frombuffer(values.buffers()[0], np.uint8)
+    return np.unpackbits(bits, bitorder="little", count=values.offset + len(values))[values.offset :].astype(bool)
+
+
+def _invalid_as_stored(store: TokenStore, indexed: Indexed) -> bool:
+    """Whether the index gives each invalid row the id and reason its record holds (they
+    are few; the write pass checks the valid ones it reads)."""
+    rows = np.flatnonzero(indexed.tokens < 0).tolist()
+    stored = store.lookup_many(rows)
+    return all(
+        item is not None and (item.id, item.invalid) == (indexed.ids[row], indexed.invalid[row])
+        for row, item in zip(rows, stored)
+    )

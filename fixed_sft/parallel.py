@@ -78,7 +78,8 @@ class Stored(NamedTuple):
     size: int
     valid: np.ndarray  # the block's positions of valid conversations
     located: Located  # where they are
-    invalid: list[tuple[int, str, int, int]]  # per invalid one: its position, file, record and source row
+    invalid: list[tuple[int, int, int, int]]  # per invalid one: its position, file (of ``files``), record, source row
+    files: tuple[str, ...]
 
     @classmethod
     def of(cls, store: TokenStore, indices: np.ndarray) -> Stored:
@@ -88,11 +89,11 @@ class Stored(NamedTuple):
         bad = store.tokens[indices] < 0
         located = store.locate(indices[~bad])
         assert located is not None  # (each held, and valid)
-        invalid = [
-            (position, str(store.segments[numbers[position]]), int(store.slot[index]), int(index))
-            for position, index in zip(np.flatnonzero(bad).tolist(), indices[bad].tolist())
-        ]
-        return cls(len(indices), np.flatnonzero(~bad), located.compact(), invalid)
+        used, files = np.unique(numbers[bad], return_inverse=True)
+        where = zip(np.flatnonzero(bad).tolist(), files.reshape(-1).tolist(), store.slot[indices[bad]].tolist())
+        invalid = [(position, file, slot, int(indices[position])) for position, file, slot in where]
+        paths = tuple(str(store.segments[number]) for number in used.tolist())
+        return cls(len(indices), np.flatnonzero(~bad), located.compact(), invalid, paths)
 
     def read(self) -> Indexed:
         """The block's index, each conversation checked against its digest; ``Unheld``
@@ -125,9 +126,9 @@ class Stored(NamedTuple):
                 ends.append((last - starts[unit]).astype(np.int32))
         finally:
             reader.close()
-        reader = SegmentReader([path for _, path, _, _ in self.invalid])
+        reader = SegmentReader(self.files)
         try:
-            for number, (position, _, slot, index) in enumerate(self.invalid):
+            for position, number, slot, index in self.invalid:
                 item = reader.read(number, slot, index)
                 if item is None or item.mask is not None:
                     raise _damaged(index)
@@ -280,7 +281,8 @@ class Indexes:
 
         if len(self.named) == self.rows and None not in self.named and (not self.rows or self.tokens.min() >= 0):
             every = taken(0, self.rows)
-            return Stream.whole(self.order, self.tokens, self.counts, begins[every], ends[every], *self._numbered())
+            runs = (begins[every], ends[every])
+            return Stream.whole(self.order, self.tokens, self.counts, *runs, *self._numbered(), self.ids.tolist())
         names = list(self.values)
 
         def block(first: int, last: int) -> Block:
@@ -330,14 +332,18 @@ def index(_: object, task: Stored) -> Block:
 class WriteTask(NamedTuple):
     """Row groups (a part): rows numbered from ``first_row``, each units ``first..last`` of
     ``units`` (the task's conversations, in stream order) from token ``head`` of the first
-    to token ``tail`` (exclusive) of the last; ``trainable`` what the index said of each."""
+    to token ``tail`` (exclusive) of the last; what the index said of each row (its
+    supervised and trainable tokens) and of each unit (its id and ``source`` value)."""
 
     units: Located
     first: np.ndarray
     head: np.ndarray
     last: np.ndarray
     tail: np.ndarray
+    supervised: np.ndarray
     trainable: np.ndarray
+    ids: list[str | None]
+    values: list[str | None]
     first_row: int
     row_tokens: int
     eos_id: int
@@ -394,12 +400,13 @@ def _assembled(
         meta = metas[unit - low]
         start = int(task.head[r]) if unit == first else 0
         end = int(task.tail[r]) if unit == last else int(starts[unit + 1] - starts[unit])
-        if meta is None or meta[2] is not None:
+        if meta != (task.ids[unit], task.values[unit], None):
             raise StoreChanged(f"row {task.first_row + r}: the token store's conversations differ from their index")
         segments.append(Segment(int(task.units.indices[unit]), meta[0], start, end))
     row = Row(ids[at : at + task.row_tokens], mask[at : at + task.row_tokens], tuple(segments))
     filled = int(starts[last]) - position + int(task.tail[r]) - at
-    if filled != task.row_tokens or row.trainable != task.trainable[r]:
+    supervised = int(np.count_nonzero(row.mask))
+    if (filled, supervised, row.trainable) != (task.row_tokens, task.supervised[r], task.trainable[r]):
         raise StoreChanged(f"row {task.first_row + r}: the token store's conversations differ from their index")
     return row
 
@@ -479,6 +486,7 @@ class Stream:
         self.ends: list[np.ndarray] = []
         self.codes: list[int] = []  # per conversation: its ``source`` value's number
         self.values: dict[str | None, int] = {}
+        self.ids: list[str | None] = []  # per conversation
         self.valid: list[bool] = []
         self.bad: list[tuple[int, Invalid]] = []  # (position, why) of each conversation left out
         self.seen: dict[str, int] = {}
@@ -493,11 +501,13 @@ class Stream:
         ends: np.ndarray,
         codes: np.ndarray,
         values: dict[str | None, int],
+        ids: list[str | None],
     ) -> Stream:
-        """A stream of conversations every one valid, with ids their own: each one's
+        """A stream of conversations every one valid, with ``ids`` their own: each one's
         tokens, count of supervised runs, the runs, and its ``source`` value's number in
         ``values`` (numbered in order of first appearance)."""
         stream = cls()
+        stream.ids = ids
         stream.indices, stream.tokens, stream.counts = [indices], [tokens], [counts]
         stream.begins, stream.ends = [begins], [ends]
         stream.codes, stream.values = codes.tolist(), values
@@ -512,6 +522,7 @@ class Stream:
         for value in dict.fromkeys(block.values):
             self.values.setdefault(value, len(self.values))
         self.codes += map(self.values.__getitem__, block.values)
+        self.ids += block.ids
         self.indices.append(indices)
         self.tokens.append(block.tokens)
         self.counts.append(block.counts)
@@ -641,7 +652,7 @@ def pack(
     if tallied is not None:
         tallied(packed)
     try:
-        packed.digests, packed.parquet_sha256 = _write(store, order, rows, shape, run, out, progress)
+        packed.digests, packed.parquet_sha256 = _write(store, order, stream, rows, shape, run, out, progress)
     except StoreChanged as changed:
         if checked:
             raise
@@ -808,6 +819,7 @@ def groups_per_part(rows: int, row_tokens: int) -> int:
 def _write(
     store: TokenStore,
     order: np.ndarray,
+    stream: Stream,
     rows: Rows,
     shape: tuple[int, int, bool],
     run: Run,
@@ -823,6 +835,8 @@ def _write(
     parts = out.parent / PARTS_NAME  # (removed with the folder where a build stops: fixed_sft.folder)
     parts.mkdir()
     sources = order[rows.units]
+    names = list(stream.values)  # (by number)
+    named = _objects(stream.ids)[rows.units], _objects([names[code] for code in stream.codes])[rows.units]
 
     def tasks() -> Iterator[WriteTask]:
         for number, start in enumerate(range(0, len(kept), part_rows)):
@@ -838,7 +852,10 @@ def _write(
                 cuts.head[chosen],
                 np.searchsorted(units, last),
                 cuts.tail[chosen],
+                rows.supervised[chosen],
                 rows.trainable[chosen],
+                named[0][units].tolist(),
+                named[1][units].tolist(),
                 start,
                 row_tokens,
                 eos_id,

@@ -5,11 +5,16 @@ that is damaged, stale or not as the conversations are is never trusted."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import synthetic
+import xxhash
 
 import fixed_sft.build as build_module
 import fixed_sft.kept as kept
@@ -17,6 +22,7 @@ import fixed_sft.parallel
 from fixed_sft.build import BuildConfig, build
 from fixed_sft.encode import Encoded
 from fixed_sft.order import permutation
+from fixed_sft.output import PARTS_NAME
 from fixed_sft.parallel import Indexed, Indexes, Stream
 from fixed_sft.store import SegmentWriter, TokenStore
 
@@ -74,21 +80,33 @@ def _index_files(token_store: Path) -> list[Path]:
     return sorted(token_store.glob("tokens/*/index-*.arrow"))
 
 
-@pytest.mark.parametrize("later", [{"seed": 4}, {"seed": 4, "rows": 20}, {"row_tokens": 300, "emit_boundaries": True}])
-def test_a_later_build_reads_the_index_the_store_keeps(later, corpus, kimi_dir, tmp_path, token_store, forks) -> None:
-    """The first build (its fill indexed every row) keeps the index; a later build reads
-    nothing back to index (no index pass), and its rows, manifest and Parquet bytes are
-    those of a build without the store."""
+LATER = {
+    "every row, another seed": ({"seed": 4}, []),
+    "every row, boundaries": ({"row_tokens": 300, "emit_boundaries": True}, []),
+    "half the rows": ({"seed": 4, "rows": 0.5}, []),
+    "a few rows": ({"seed": 4, "rows": 0.1}, [1]),  # (under a fourth of the tokens: the index pass, its prefix)
+}
+
+
+@pytest.mark.parametrize("case", LATER)
+def test_a_later_build_reads_the_index_the_store_keeps(case, corpus, kimi_dir, tmp_path, token_store, forks) -> None:
+    """The first build (its fill indexed every row) keeps the index; a later build of all
+    rows, or of rows that need a fourth of the source's tokens, reads nothing back to
+    index (no index pass), and its rows, manifest and Parquet bytes are those of a build
+    without the store. A build of fewer rows reads the prefix its rows need instead."""
     cfg = _config(corpus, kimi_dir)
-    build(cfg, tmp_path / "first")
+    rows = build(cfg, tmp_path / "first")["stats"]["rows"]
     (index,) = _index_files(token_store)
     assert forks["index passes"] == []
+    later, passes = LATER[case]
+    if "rows" in later:
+        later = {**later, "rows": int(rows * later["rows"])}
     other = dataclasses.replace(cfg, **later)
     expected = build(dataclasses.replace(other, no_cache=True, workers=1), tmp_path / "one")
     forks["packed"].clear()
     assert build(other, tmp_path / "later") == expected
     assert _files(tmp_path / "later") == _files(tmp_path / "one")
-    assert forks == {"index passes": [], "packed": ["packed"]}
+    assert forks == {"index passes": passes, "packed": ["packed"]}
     assert _index_files(token_store) == [index]
 
 
@@ -172,6 +190,42 @@ def test_an_index_not_as_the_conversations_are_gives_way(corpus, kimi_dir, tmp_p
     assert forks["packed"] == ["unheld"] and forks["index passes"] == []
 
 
+def _first_part_gives_way(state, task):
+    """``parallel.write``, but the first part gives way (a row not as the index cut it)."""
+    if Path(task.part).name == "00000000.parquet":
+        raise fixed_sft.parallel.StoreChanged("row 0: the token store's conversations differ from their index")
+    return _write(state, task)
+
+
+_write = fixed_sft.parallel.write
+_first_part_gives_way.__module__, _first_part_gives_way.__qualname__ = "fixed_sft.parallel", "write"  # (pickled)
+
+
+def test_a_part_written_after_the_pass_gave_way_is_not_left(
+    corpus, kimi_dir, tmp_path, token_store, forks, monkeypatch
+) -> None:
+    """Where the write pass gives way under a kept index, a worker may still be writing a
+    part as the pass removes their folder (it is made here again, after the removal, with
+    a part in it): the build packs in its own process, and leaves no part in its folder."""
+    cfg = _config(corpus, kimi_dir, row_tokens=64)
+    build(cfg, tmp_path / "first")
+    expected = build(dataclasses.replace(cfg, seed=4, no_cache=True, workers=1), tmp_path / "one")
+    forks["packed"].clear()
+    rmtree = shutil.rmtree
+
+    def late(path, *args, **kwargs):
+        rmtree(path, *args, **kwargs)
+        if Path(path).name == PARTS_NAME:
+            Path(path).mkdir()
+            (Path(path) / "00000003.parquet").write_bytes(b"PAR1")
+
+    monkeypatch.setattr(fixed_sft.parallel.shutil, "rmtree", late)
+    monkeypatch.setattr(fixed_sft.parallel, "write", _first_part_gives_way)  # (the workers fork after this)
+    assert build(dataclasses.replace(cfg, seed=4), tmp_path / "later") == expected
+    assert forks == {"index passes": [], "packed": ["unheld"]}
+    assert _files(tmp_path / "later") == _files(tmp_path / "one")
+
+
 def _stored(items: list[Encoded], folder: Path) -> TokenStore:
     folder.mkdir()
     writer = SegmentWriter(folder)
@@ -235,3 +289,151 @@ def test_an_index_of_other_copies_or_other_tokens_is_not_read(tmp_path) -> None:
     assert kept.read(again, order) is None
     missing = TokenStore(store.folder, len(items) + 1)  # (a row it does not hold)
     assert kept.key(missing) is None and kept.read(missing, np.arange(len(items) + 1)) is None
+
+
+def test_an_index_that_is_not_a_regular_file_is_not_read(tmp_path) -> None:
+    """The index is opened as the segments are: a FIFO in its place (which would block) or
+    a link (to a good index, or to a file without end) is not read."""
+    items = _items()
+    store = _stored(items, tmp_path / "entry")
+    order = np.arange(len(items))
+    kept.keep(store, Indexed.of(items))
+    (index,) = store.folder.glob("index-*.arrow")
+    good = tmp_path / "good.arrow"
+    index.rename(good)
+    signal.alarm(20)  # (a read that blocks fails the test)
+    try:
+        os.mkfifo(index)
+        assert kept.read(store, order) is None
+        index.unlink()
+        index.symlink_to(good)
+        assert kept.read(store, order) is None
+        index.unlink()
+        good.rename(index)
+        assert kept.read(store, order) is not None
+    finally:
+        signal.alarm(0)
+
+
+def _checked(body: bytes) -> bytes:
+    return body + xxhash.xxh3_128(body).digest()
+
+
+def test_an_index_of_another_shape_is_not_read_whatever_its_checksum(tmp_path) -> None:
+    """A file whose checksum matches but whose body is not an index as ``_encode`` writes
+    it (another schema, string offsets out of their buffer, a footer damaged) is not read,
+    and reading it raises nothing."""
+    items = _items()
+    store = _stored(items, tmp_path / "entry")
+    order = np.arange(len(items))
+    kept.keep(store, Indexed.of(items))
+    (index,) = store.folder.glob("index-*.arrow")
+    body = index.read_bytes()[:-16]
+    assert kept.read(store, order) is not None
+    # another schema: ids as numbers
+    batch = pa.ipc.open_file(pa.py_buffer(body)).get_batch(0)
+    ids = pa.array(np.arange(len(items)), pa.int64())
+    other = pa.RecordBatch.from_arrays([batch.column(0), ids, *batch.columns[2:]], names=batch.schema.names)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, other.schema) as writer:
+        writer.write_batch(other)
+    index.write_bytes(_checked(sink.getvalue().to_pybytes()))
+    assert kept.read(store, order) is None
+    # string offsets out of their buffer (uncompressed: the offset is in the file as written)
+    column = batch.column(1)
+    offsets = np.frombuffer(column.buffers()[1], np.int64).copy()
+    offsets[3] = 1 << 30
+    broken = pa.Array.from_buffers(pa.large_string(), len(column), [None, pa.py_buffer(offsets), column.buffers()[2]])
+    other = pa.RecordBatch.from_arrays([batch.column(0), broken, *batch.columns[2:]], schema=kept.SCHEMA)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, kept.SCHEMA) as writer:
+        writer.write_batch(other)
+    index.write_bytes(_checked(sink.getvalue().to_pybytes()))
+    assert kept.read(store, order) is None
+    # each byte of the footer flipped in turn, the checksum made anew
+    footer = len(body) - 6 - int.from_bytes(body[-10:-6], "little")
+    for at in range(footer, len(body)):
+        damaged = bytearray(body)
+        damaged[at] ^= 0xFF
+        index.write_bytes(_checked(bytes(damaged)))
+        kept.read(store, order)  # (None, or an index as sound as the checks make it: never an error)
+
+
+def test_an_index_with_other_invalid_reasons_is_not_read(tmp_path) -> None:
+    """An invalid row's id and reason are those of its record (the write pass reads no
+    invalid row to check them)."""
+    items = _items()
+    store = _stored(items, tmp_path / "entry")
+    whole = Indexed.of(items)
+    order = np.arange(len(items))
+    for field, value in (("invalid", "another reason"), ("ids", "another id")):
+        changed = list(getattr(whole, field))
+        changed[5] = value  # (row 5 is invalid)
+        kept.keep(store, whole._replace(**{field: changed}))
+        assert kept.read(store, order) is None, field
+    kept.keep(store, whole)
+    assert kept.read(store, order) is not None
+
+
+def test_an_index_that_fails_to_be_written_leaves_nothing(corpus, kimi_dir, tmp_path, token_store, forks, monkeypatch):
+    """Keeping the index is an optimisation: where it fails (ids of over 2 GiB, say), the
+    build goes on as without it, and leaves no temporary file."""
+
+    def fails(indexed):
+        raise pa.ArrowInvalid("offset overflow")
+
+    monkeypatch.setattr(kept, "_encode", fails)
+    cfg = _config(corpus, kimi_dir)
+    expected = build(dataclasses.replace(cfg, no_cache=True, workers=1), tmp_path / "one")
+    assert build(cfg, tmp_path / "first") == expected
+    (entry,) = token_store.glob("tokens/*")
+    assert [path.name for path in entry.iterdir() if not path.name.endswith(".seg")] == []
+
+
+@pytest.mark.parametrize("field", ["values", "ids"])
+def test_an_index_with_another_id_or_source_value_gives_way(
+    field, corpus, kimi_dir, tmp_path, token_store, forks
+) -> None:
+    """The write pass checks each conversation's id and ``source`` value against the index
+    (they decide repeated ids, and the card's source mix): one not the record's gives way."""
+    cfg = _config(corpus, kimi_dir, no_card=False)
+    build(cfg, tmp_path / "first")
+    (entry,) = token_store.glob("tokens/*")
+    store = TokenStore(entry, N)
+    read = kept.read(store, np.arange(N))
+    assert read is not None
+    whole = read.by_source()
+    assert whole is not None
+    changed = list(getattr(whole, field))
+    row = next(k for k, tokens in enumerate(whole.tokens.tolist()) if tokens > 0)
+    changed[row] = "another"
+    kept.keep(store, whole._replace(**{field: changed}))
+    store.close()
+    expected = build(dataclasses.replace(cfg, seed=4, no_cache=True, workers=1), tmp_path / "one")
+    forks["packed"].clear()
+    assert build(dataclasses.replace(cfg, seed=4), tmp_path / "later") == expected
+    assert _files(tmp_path / "later") == _files(tmp_path / "one")
+    assert forks == {"index passes": [], "packed": ["unheld"]}
+
+
+def test_no_more_of_an_index_is_read_than_its_conversations_allow(tmp_path, monkeypatch) -> None:
+    """A file larger than an index of the store's conversations can be (a metadata's bytes
+    each, a run per 2 tokens) is refused after reading one byte past that size."""
+    items = _items()
+    store = _stored(items, tmp_path / "entry")
+    kept.keep(store, Indexed.of(items))
+    (index,) = store.folder.glob("index-*.arrow")
+    with open(index, "r+b") as f:
+        f.truncate(1 << 30)  # (sparse)
+    asked: list[int] = []
+    real = kept.open_regular
+
+    def counted(path, follow_links=True):
+        opened = real(path, follow_links)
+        read = opened.read
+        opened.read = lambda size=-1: asked.append(size) or read(size)  # type: ignore[method-assign]
+        return opened
+
+    monkeypatch.setattr(kept, "open_regular", counted)
+    assert kept.read(store, np.arange(len(items))) is None
+    assert len(asked) == 1 and 0 < asked[0] < 1 << 22
