@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 import synthetic
 import xxhash
+from test_parallel import _stored
 
 import fixed_sft.build as build_module
 import fixed_sft.kept as kept
@@ -24,7 +25,7 @@ from fixed_sft.encode import Encoded
 from fixed_sft.order import permutation
 from fixed_sft.output import PARTS_NAME
 from fixed_sft.parallel import Indexed, Indexes, Stream
-from fixed_sft.store import SegmentWriter, TokenStore
+from fixed_sft.store import TokenStore
 
 N = 200
 
@@ -224,15 +225,6 @@ def test_a_part_written_after_the_pass_gave_way_is_not_left(
     assert build(dataclasses.replace(cfg, seed=4), tmp_path / "later") == expected
     assert forks == {"index passes": [], "packed": ["unheld"]}
     assert _files(tmp_path / "later") == _files(tmp_path / "one")
-
-
-def _stored(items: list[Encoded], folder: Path) -> TokenStore:
-    folder.mkdir()
-    writer = SegmentWriter(folder)
-    for item in items:
-        writer.add(item)
-    writer.flush()
-    return TokenStore(folder, len(items))
 
 
 def _items() -> list[Encoded]:
