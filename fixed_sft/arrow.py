@@ -40,11 +40,12 @@ def numbers(values: npt.ArrayLike, type: pa.DataType, valid: npt.ArrayLike | Non
     return pa.Array.from_buffers(type, len(array), [bitmap, data], null_count=nulls)
 
 
-def strings(values: Sequence[str | None]) -> pa.Array:
-    """``values`` as an Arrow string array (``None`` is null).
+def strings(values: Sequence[str | None], large: bool = False) -> pa.Array:
+    """``values`` as an Arrow string array (``None`` is null); ``large``: a large string
+    array (offsets of 64 bits: over 2 GiB of text).
 
-    >>> strings(["a", None, "bc"]).to_pylist()
-    ['a', None, 'bc']
+    >>> strings(["a", None, "bc"]).to_pylist(), strings(["d"], large=True).type
+    (['a', None, 'bc'], DataType(large_string))
     """
     encoded = [b"" if value is None else value.encode() for value in values]
     offsets = np.zeros(len(encoded) + 1, np.int64)
@@ -53,10 +54,10 @@ def strings(values: Sequence[str | None]) -> pa.Array:
     nulls = len(encoded) - int(np.count_nonzero(valid))
     bitmap = _bits(valid) if nulls else None
     data = pa.py_buffer(b"".join(encoded))
-    if offsets[-1] < 1 << 31:
+    if offsets[-1] < 1 << 31 and not large:
         return pa.Array.from_buffers(pa.string(), len(encoded), [bitmap, pa.py_buffer(offsets.astype(np.int32)), data])
-    large = pa.Array.from_buffers(pa.large_string(), len(encoded), [bitmap, pa.py_buffer(offsets), data])
-    return large.cast(pa.string())  # (raises: a string array holds under 2 GiB)
+    wide = pa.Array.from_buffers(pa.large_string(), len(encoded), [bitmap, pa.py_buffer(offsets), data])
+    return wide if large else wide.cast(pa.string())  # (raises: a string array holds under 2 GiB)
 
 
 def _bits(flags: np.ndarray) -> pa.Buffer:

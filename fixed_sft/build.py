@@ -979,12 +979,12 @@ def _build_with(config: BuildConfig, folder: Path, progress: bool, plotter: Plot
             """Have the card's plots of what the workers packed drawn while they write the
             rows, and what writes its header imported meanwhile."""
             if plotter is not None:
+                encoding.forks_done()  # (before any import here; the rows are written once they have)
                 from .card import import_soon
 
                 counted = _Tally(row_tokens=config.row_tokens)
                 counted.take(packed)
                 plotter.start(counted.plot_inputs(packed.rows))
-                encoding.forks_done()  # (as the rows are about to be written: they wait for it too)
                 import_soon()
 
         def read_directly(bar: Bar) -> parallel.Packed | None:

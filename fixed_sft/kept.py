@@ -59,19 +59,25 @@ SCHEMA = pa.schema(
 
 
 @cache
-def _code() -> bytes:
-    """The digest of ``VERSION`` and of the bytes of ``CODE_MODULES``."""
+def _code() -> bytes | None:
+    """The digest of ``VERSION`` and of the bytes of ``CODE_MODULES``; ``None`` where they
+    cannot be read (a package installed without its sources)."""
     digest = xxhash.xxh3_128(VERSION)
-    for name in CODE_MODULES:
-        digest.update((Path(__file__).parent / name).read_bytes())
+    try:
+        for name in CODE_MODULES:
+            digest.update((Path(__file__).parent / name).read_bytes())
+    except OSError:
+        return None
     return digest.digest()
 
 
 def key(store: TokenStore) -> str | None:
-    """The name of the index of what ``store`` holds now; ``None`` where it does not hold every source row."""
-    if not len(store.segment) or store.segment.min() < 0:
+    """The name of the index of what ``store`` holds now; ``None`` where it does not hold
+    every source row (or the code's bytes cannot be read)."""
+    code = _code()
+    if code is None or not len(store.segment) or store.segment.min() < 0:
         return None
-    return xxhash.xxh3_128(_code() + store.digest.tobytes()).hexdigest()
+    return xxhash.xxh3_128(code + store.digest.tobytes()).hexdigest()
 
 
 def keep(store: TokenStore, indexed: Indexed) -> None:
@@ -121,11 +127,14 @@ def read(store: TokenStore, order: np.ndarray) -> Indexes | None:
         if opened is None:
             return None
         with opened as f:
-            data = f.read(most + 1)
-    except OSError:
+            size = os.fstat(f.fileno()).st_size
+            if not CHECKSUM_BYTES < size <= most:
+                return None
+            data = f.read(size + 1)  # (all of it: one that grew since is not read)
+    except (OSError, MemoryError):
         return None
     body, checksum = data[:-CHECKSUM_BYTES], data[-CHECKSUM_BYTES:]
-    if not CHECKSUM_BYTES < len(data) <= most or xxhash.xxh3_128(body).digest() != checksum:
+    if len(data) != size or xxhash.xxh3_128(body).digest() != checksum:
         return None
     indexed = _decode(body, tokens)
     if indexed is None or not _invalid_as_stored(store, indexed):
@@ -164,10 +173,8 @@ def _encode(indexed: Indexed) -> pa.Buffer:
 
 def _large_strings(values: list[str | None]) -> pa.Array:
     """``values`` as an Arrow large string array, made ``STRINGS_AT_ONCE`` at a time."""
-    parts = [strings(values[start : start + STRINGS_AT_ONCE]) for start in range(0, len(values), STRINGS_AT_ONCE)]
-    return (
-        pa.concat_arrays([part.cast(pa.large_string()) for part in parts]) if parts else pa.nulls(0, pa.large_string())
-    )
+    parts = [strings(values[at : at + STRINGS_AT_ONCE], large=True) for at in range(0, len(values), STRINGS_AT_ONCE)]
+    return pa.concat_arrays(parts) if parts else pa.nulls(0, pa.large_string())
 
 
 def _decode(body: bytes, tokens: np.ndarray) -> Indexed | None:
@@ -196,6 +203,9 @@ def _decode(body: bytes, tokens: np.ndarray) -> Indexed | None:
             return None
         if not ((0 <= first) & (first < last) & (last <= within)).all():
             return None
+        same = np.repeat(np.arange(len(counts)), counts)  # (each run's conversation)
+        if ((same[1:] == same[:-1]) & (first[1:] <= last[:-1])).any():
+            return None  # (a conversation's runs in order, apart: as ``cuts.runs`` finds them)
         names = values.dictionary.to_pylist()
         return Indexed(
             tokens.copy(),

@@ -408,15 +408,16 @@ def test_an_index_with_another_id_or_source_value_gives_way(
     assert forks == {"index passes": [], "packed": ["unheld"]}
 
 
-def test_no_more_of_an_index_is_read_than_its_conversations_allow(tmp_path, monkeypatch) -> None:
+def test_an_index_larger_than_its_conversations_allow_is_not_read(tmp_path, monkeypatch) -> None:
     """A file larger than an index of the store's conversations can be (a metadata's bytes
-    each, a run per 2 tokens) is refused after reading one byte past that size."""
+    each, a run per 2 tokens) is refused by its size, unread; one that grows as it is
+    read is not read either. A good index is read whole, once."""
     items = _items()
     store = _stored(items, tmp_path / "entry")
+    order = np.arange(len(items))
     kept.keep(store, Indexed.of(items))
     (index,) = store.folder.glob("index-*.arrow")
-    with open(index, "r+b") as f:
-        f.truncate(1 << 30)  # (sparse)
+    good = index.read_bytes()
     asked: list[int] = []
     real = kept.open_regular
 
@@ -427,5 +428,48 @@ def test_no_more_of_an_index_is_read_than_its_conversations_allow(tmp_path, monk
         return opened
 
     monkeypatch.setattr(kept, "open_regular", counted)
-    assert kept.read(store, np.arange(len(items))) is None
-    assert len(asked) == 1 and 0 < asked[0] < 1 << 22
+    assert kept.read(store, order) is not None and asked == [len(good) + 1]
+    asked.clear()
+    with open(index, "r+b") as f:
+        f.truncate(1 << 40)  # (sparse: reading it would ask for a terabyte)
+    assert kept.read(store, order) is None and asked == []
+
+    def growing(path, follow_links=True):
+        opened = counted(path, follow_links)
+        with open(path, "ab") as f:
+            f.write(b"more")  # (after its size was taken)
+        return opened
+
+    index.write_bytes(good)
+    monkeypatch.setattr(kept, "open_regular", growing)
+    assert kept.read(store, order) is None
+
+
+def test_an_index_whose_runs_are_out_of_order_is_not_read(tmp_path) -> None:
+    """A conversation's supervised runs are in order and apart, as ``cuts.runs`` finds
+    them (packing's prefix sums take them so)."""
+    items = [Encoded(0, "a", np.arange(6, dtype=np.int32), np.array([1, 0, 1, 1, 0, 1], np.uint8), None, True)]
+    store = _stored(items, tmp_path / "entry")
+    whole = Indexed.of(items)
+    assert whole.begins.tolist() == [0, 2, 5] and whole.ends.tolist() == [1, 4, 6]
+    for begins, ends in (([2, 0, 5], [4, 1, 6]), ([0, 1, 5], [1, 4, 6]), ([0, 0, 5], [1, 4, 6])):
+        kept.keep(store, whole._replace(begins=np.array(begins, np.int32), ends=np.array(ends, np.int32)))
+        assert kept.read(store, np.arange(1)) is None, (begins, ends)
+    kept.keep(store, whole)
+    assert kept.read(store, np.arange(1)) is not None
+
+
+def test_without_the_code_s_sources_no_index_is_kept_or_read(tmp_path, monkeypatch) -> None:
+    """The index is named by the bytes of the code that reads it: where they cannot be read
+    (a package installed without its sources), none is kept or read, and nothing fails."""
+    items = _items()
+    store = _stored(items, tmp_path / "entry")
+    monkeypatch.setattr(kept, "CODE_MODULES", ("no-such-module.py",))
+    kept._code.cache_clear()
+    try:
+        kept.keep(store, Indexed.of(items))
+        assert kept.key(store) is None and kept.read(store, np.arange(len(items))) is None
+        assert list(store.folder.glob("index-*")) == []
+        kept.forget(store)
+    finally:
+        kept._code.cache_clear()
