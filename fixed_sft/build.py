@@ -496,8 +496,9 @@ def _pack_stored(
     many tokens (``_packs_stored_apart``). Else, or where the store holds one of
     them damaged, ``None``: the build packs in its own process (``fixed_sft.direct``, else
     one conversation at a time). An invalid conversation that stops the build raises its
-    error here. Where the fill just indexed
-    every source row (``indexes``), that index stands for the index pass."""
+    error here. The index pass is stood for by the index of every source row that the
+    fill just made (``indexes``), else by the one the store keeps (``fixed_sft.kept``);
+    the store keeps the one either gives, or an index pass over every row."""
     separator_id, encoding = setup
     if encoding.workers < PARALLEL_PACKING_WORKERS:
         return None  # (too few to pay)
