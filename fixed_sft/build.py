@@ -512,8 +512,8 @@ def _pack_stored(
     # stops at the rows asked), where the rows need a good part of the source. It is read
     # before the workers fork: 16 forks beside it made it 4x slower.
     tokens = int(np.maximum(store.tokens, 0).sum()) + len(store.tokens)
-    most = config.rows is None or config.rows * config.row_tokens * KEPT_INDEX_SHARE >= tokens
-    read = kept.read(store, order) if held.all() and indexes is None and most else None
+    large = config.rows is None or config.rows * config.row_tokens * KEPT_INDEX_SHARE >= tokens
+    read = kept.read(store, order) if held.all() and indexes is None and large else None
     run = encoding.fresh(config.rows, config.row_tokens).run if started else encoding.packers()
     with _cancelling_pool() as keeper:  # (the index kept while the rows are written: ``kept.keep`` raises nothing)
         checked = True

@@ -14,14 +14,16 @@ them (each covers that copy's bytes). A store that holds another copy of a row (
 again, or checked since), or other code, has another key, and does not read the file.
 The file ends with the XXH3-128 of its bytes. It is read only where it is a regular file
 of at most the size its conversations allow, and it matches its checksum and ``SCHEMA``,
-Arrow's full validation, and the records (the same tokens, runs within each conversation,
-an invalid reason just where the record has none, and each invalid row's id and reason as
-its record holds them). The write pass then reads each conversation it writes, checks
-its digest, and that its id, ``source`` value and each row's supervised tokens are the
-index's: one that does not match gives way to packing in this process, which finds a
-damaged one and encodes it again (``parallel.Unheld``). Like the segments' checksums, the
-file proves nothing against someone who writes both it and its checksum. The store is an
-optimisation only, and so is this file: rows are the same without it.
+Arrow's full validation, and the records: the same tokens; an invalid reason just where
+the record has no tokens (is invalid), and each invalid row's id and reason as its record
+holds them; each conversation's supervised runs in order, apart and within its tokens
+(as ``cuts.runs`` finds them: its [EOS] is never supervised). The write pass then reads
+each conversation it writes, checks its digest, and that its id, ``source`` value and
+each row's supervised tokens are the index's: one that does not match gives way to
+packing in this process, which finds a damaged one and encodes it again
+(``parallel.Unheld``). Like the segments' checksums, the file proves nothing against
+someone who writes both it and its checksum. The store is an optimisation only, and so is
+this file: rows are the same without it.
 """
 
 from __future__ import annotations
@@ -72,8 +74,8 @@ def _code() -> bytes | None:
 
 
 def key(store: TokenStore) -> str | None:
-    """The name of the index of what ``store`` holds now; ``None`` where it does not hold
-    every source row (or the code's bytes cannot be read)."""
+    """The key that names the index of what ``store`` holds now (``index-KEY.arrow``);
+    ``None`` where it does not hold every source row (or the code's bytes cannot be read)."""
     code = _code()
     if code is None or not len(store.segment) or store.segment.min() < 0:
         return None
@@ -83,7 +85,7 @@ def key(store: TokenStore) -> str | None:
 def keep(store: TokenStore, indexed: Indexed) -> None:
     """Write ``indexed`` (every source row's, in source order) as the index of what
     ``store`` holds now, in place of any other; nothing where it cannot be written (no
-    room, say, or ids of over 2 GiB): the store is an optimisation only."""
+    room, say, or ``source`` values of over 2 GiB): the store is an optimisation only."""
     draft = None
     try:
         name = key(store)
@@ -120,7 +122,7 @@ def read(store: TokenStore, order: np.ndarray) -> Indexes | None:
     if name is None:
         return None
     tokens = store.tokens
-    # (an index holds a conversation's metadata once, and at most a run per 2 tokens and its [EOS])
+    # (an index holds a conversation's metadata once, and at most a run per 2 tokens)
     most = int(store.meta.sum() + 4 * (np.maximum(tokens, 0) + 2).sum() + 64 * len(tokens)) + (1 << 20)
     try:
         opened = open_regular(store.folder / f"{PREFIX}{name}{SUFFIX}", follow_links=False)
@@ -130,10 +132,10 @@ def read(store: TokenStore, order: np.ndarray) -> Indexes | None:
             size = os.fstat(f.fileno()).st_size
             if not CHECKSUM_BYTES < size <= most:
                 return None
-            data = f.read(size + 1)  # (all of it: one that grew since is not read)
+            data = f.read(size)
     except (OSError, MemoryError):
         return None
-    body, checksum = data[:-CHECKSUM_BYTES], data[-CHECKSUM_BYTES:]
+    body, checksum = memoryview(data)[:-CHECKSUM_BYTES], data[-CHECKSUM_BYTES:]
     if len(data) != size or xxhash.xxh3_128(body).digest() != checksum:
         return None
     indexed = _decode(body, tokens)
@@ -177,10 +179,10 @@ def _large_strings(values: list[str | None]) -> pa.Array:
     return pa.concat_arrays(parts) if parts else pa.nulls(0, pa.large_string())
 
 
-def _decode(body: bytes, tokens: np.ndarray) -> Indexed | None:
+def _decode(body: memoryview, tokens: np.ndarray) -> Indexed | None:
     """The index an IPC file ``body`` holds (``_encode``), where it is one of conversations
-    of ``tokens`` (the records'): the same tokens, an invalid reason where one has none,
-    and supervised runs within each (and its [EOS]); else ``None``."""
+    of ``tokens`` (the records'): the same tokens, an invalid reason just where one has
+    none, each one's supervised runs in order, apart and within its tokens; else ``None``."""
     try:
         reader = pa.ipc.open_file(pa.py_buffer(body))
         if reader.num_record_batches != 1 or not reader.schema.equals(SCHEMA):
@@ -198,14 +200,14 @@ def _decode(body: bytes, tokens: np.ndarray) -> Indexed | None:
             return None
         counts = np.diff(to_numpy(begins.offsets))
         first, last = to_numpy(begins.values), to_numpy(ends.values)
-        within = np.repeat(np.maximum(tokens, 0) + 1, counts)
+        within = np.repeat(np.maximum(tokens, 0), counts)
         if counts[tokens < 0].any() or not len(first) == len(last) == len(within):
             return None
         if not ((0 <= first) & (first < last) & (last <= within)).all():
             return None
         same = np.repeat(np.arange(len(counts)), counts)  # (each run's conversation)
         if ((same[1:] == same[:-1]) & (first[1:] <= last[:-1])).any():
-            return None  # (a conversation's runs in order, apart: as ``cuts.runs`` finds them)
+            return None
         names = values.dictionary.to_pylist()
         return Indexed(
             tokens.copy(),
