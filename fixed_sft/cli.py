@@ -297,13 +297,17 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _earlier_rows(out: Path) -> str | None:
-    """The ``rows_sha256`` of the build at ``out`` that a build would replace, where one is."""
+    """The ``rows_sha256`` of the build at ``out`` that a build would replace, where one is
+    (``fixed_sft.verify``, which imports pyarrow.compute, only then: 25-30 ms)."""
     from .folder import is_build
     from .output import MANIFEST_NAME
+
+    if not is_build(out):
+        return None
     from .verify import read_manifest
 
     try:
-        rows = read_manifest(out / MANIFEST_NAME).get("rows_sha256") if is_build(out) else None
+        rows = read_manifest(out / MANIFEST_NAME).get("rows_sha256")
     except (OSError, ValueError, RecursionError, AttributeError):
         return None
     return rows if isinstance(rows, str) else None

@@ -86,3 +86,23 @@ def test_a_build_loads_no_pandas(kimi_dir, tmp_path) -> None:
         assert "fixed_sft.bands" in imported and "pandas" not in imported
         verify = [sys.executable, "-c", script, "verify", str(tmp_path / f"out-{workers}")]
         assert subprocess.run(verify, capture_output=True, text=True).returncode == 0
+
+
+def test_a_later_build_into_a_new_folder_loads_no_compute_functions(kimi_dir, tmp_path) -> None:
+    """pyarrow.compute (25-30 ms to import) is not on the path of a build from the token
+    store: it reads an earlier build's manifest (with ``fixed_sft.verify``, which needs
+    it) only where one is there to be replaced."""
+    write_parquet(conversations(20, seed=5), tmp_path / "source", rows_per_file=10)
+    script = (
+        "import sys; from fixed_sft.cli import main; code = main(sys.argv[1:]); "
+        "print(sorted(m for m in ('pyarrow.compute', 'fixed_sft.verify') if m in sys.modules)); sys.exit(code)"
+    )
+    args = ["build", "--source", str(tmp_path / "source"), "--tokenizer", str(kimi_dir), "--rows", "all"]
+    args += ["--row-tokens", "256", "--workers", "1", "--no-card", "--quiet", "--cache-dir", str(tmp_path / "store")]
+    loaded = []
+    for seed, out in (("1", "first"), ("2", "later"), ("3", "later")):  # (the last replaces the one before)
+        command = [sys.executable, "-c", script, *args, "--seed", seed, "--out", str(tmp_path / out)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-2000:]
+        loaded.append(result.stdout.splitlines()[-1])
+    assert loaded[1:] == ["[]", "['fixed_sft.verify', 'pyarrow.compute']"]
