@@ -168,31 +168,6 @@ def test_a_conversation_damaged_under_a_kept_index_is_encoded_again(
     assert not index.exists()
 
 
-def test_an_index_not_as_the_conversations_are_gives_way(corpus, kimi_dir, tmp_path, token_store, forks) -> None:
-    """An index kept whole, of the store's copies, whose supervised runs are not theirs (not
-    one a build writes): a row it cuts is not the row written, so the build gives way and
-    packs in its own process; the rows are those of a build without the store."""
-    cfg = _config(corpus, kimi_dir)
-    build(cfg, tmp_path / "first")
-    (entry,) = token_store.glob("tokens/*")
-    store = TokenStore(entry, N)
-    order = np.arange(N)
-    read = kept.read(store, order)
-    assert read is not None
-    whole = read.by_source()
-    assert whole is not None
-    longer = whole.ends - whole.begins > 1
-    kept.keep(store, whole._replace(ends=np.where(longer, whole.ends - 1, whole.ends)))
-    (index,) = _index_files(token_store)
-    store.close()
-    expected = build(dataclasses.replace(cfg, seed=4, no_cache=True, workers=1), tmp_path / "one")
-    forks["packed"].clear()
-    assert build(dataclasses.replace(cfg, seed=4), tmp_path / "later") == expected
-    assert _files(tmp_path / "later") == _files(tmp_path / "one")
-    assert forks["packed"] == ["unheld"] and forks["index passes"] == []
-    assert not index.exists()  # (forgotten)
-
-
 def _first_part_gives_way(state, task):
     """``parallel.write``, but the first part gives way (a row not as the index cut it)."""
     if Path(task.part).name == "00000000.parquet":
@@ -393,12 +368,23 @@ def test_an_index_that_fails_to_be_written_leaves_nothing(tmp_path, monkeypatch)
     assert sorted(path.name for path in store.folder.iterdir()) == before
 
 
-@pytest.mark.parametrize("field", ["values", "ids"])
-def test_an_index_with_another_id_or_source_value_gives_way(
-    field, corpus, kimi_dir, tmp_path, token_store, forks
-) -> None:
-    """The write pass checks each conversation's id and ``source`` value against the index
-    (they decide repeated ids, and the card's source mix): one not the record's gives way."""
+def _another(whole: Indexed, field: str) -> Indexed:
+    """``whole`` with its supervised runs cut short by a token (where longer than one),
+    or a valid conversation's id or ``source`` value another."""
+    if field == "runs":
+        return whole._replace(ends=np.where(whole.ends - whole.begins > 1, whole.ends - 1, whole.ends))
+    changed = list(getattr(whole, field))
+    changed[next(k for k, tokens in enumerate(whole.tokens.tolist()) if tokens > 0)] = "another"
+    return whole._replace(**{field: changed})
+
+
+@pytest.mark.parametrize("field", ["runs", "values", "ids"])
+def test_an_index_not_as_the_conversations_are_gives_way(field, corpus, kimi_dir, tmp_path, token_store, forks):
+    """An index kept whole, of the store's copies, whose supervised runs, ``source`` values
+    or ids are not theirs (not one a build writes): the write pass finds a row or a
+    conversation not as the index says, so the build gives way, packs in its own process
+    and forgets the index. The rows, manifest and card are those of a build without the
+    store (the values decide the card's source mix, the ids which repeat)."""
     cfg = _config(corpus, kimi_dir, no_card=False)
     build(cfg, tmp_path / "first")
     (entry,) = token_store.glob("tokens/*")
@@ -407,10 +393,7 @@ def test_an_index_with_another_id_or_source_value_gives_way(
     assert read is not None
     whole = read.by_source()
     assert whole is not None
-    changed = list(getattr(whole, field))
-    row = next(k for k, tokens in enumerate(whole.tokens.tolist()) if tokens > 0)
-    changed[row] = "another"
-    kept.keep(store, whole._replace(**{field: changed}))
+    kept.keep(store, _another(whole, field))
     (index,) = _index_files(token_store)
     store.close()
     expected = build(dataclasses.replace(cfg, seed=4, no_cache=True, workers=1), tmp_path / "one")
