@@ -118,12 +118,10 @@ class Stored(NamedTuple):
                     if meta is None or meta[2] is not None:
                         raise _damaged(int(index))
                     ids[position], values[position] = meta[0], meta[1]
-                starts = units.starts[low : high + 1] - units.starts[low]
-                first, last = runs(mask)
-                unit = np.searchsorted(starts, first, side="right") - 1
-                counts[self.valid[low:high]] = np.bincount(unit, minlength=high - low)
-                begins.append((first - starts[unit]).astype(np.int32))
-                ends.append((last - starts[unit]).astype(np.int32))
+                stretch, first, last = _unit_runs(mask, units.starts[low : high + 1] - units.starts[low])
+                counts[self.valid[low:high]] = stretch
+                begins.append(first)
+                ends.append(last)
         finally:
             reader.close()
         reader = SegmentReader(self.files)
@@ -136,6 +134,20 @@ class Stored(NamedTuple):
         finally:
             reader.close()
         return Indexed(tokens, ids, values, invalid, counts, np.concatenate(begins), np.concatenate(ends))
+
+
+def _unit_runs(mask: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The supervised runs of the units laid out in ``mask`` from ``starts`` (one more than
+    the units; each unit's [EOS], unsupervised, ends its last run): each unit's count of
+    runs, and where each run begins and ends within its unit.
+
+    >>> [a.tolist() for a in _unit_runs(np.array([1, 1, 0, 0, 1, 0], np.uint8), np.array([0, 3, 3, 6]))]
+    [[1, 0, 1], [0, 1], [2, 2]]
+    """
+    begins, ends = runs(mask)
+    unit = np.searchsorted(starts, begins, side="right") - 1
+    counts = np.bincount(unit, minlength=len(starts) - 1)
+    return counts, (begins - starts[unit]).astype(np.int32), (ends - starts[unit]).astype(np.int32)
 
 
 def _damaged(index: int) -> Unheld:
@@ -185,17 +197,7 @@ class Indexed(NamedTuple):
         sizes = np.array(tokens, np.int64) + 1  # (with its [EOS]; an invalid one: none)
         starts = np.concatenate([[0], np.cumsum(sizes)])
         flat = np.concatenate(masks) if masks else ZERO
-        begins, ends = runs(flat)
-        unit = np.searchsorted(starts, begins, side="right") - 1
-        return cls(
-            np.array(tokens, np.int64),
-            ids,
-            values,
-            invalid,
-            np.bincount(unit, minlength=len(tokens)),
-            (begins - starts[unit]).astype(np.int32),
-            (ends - starts[unit]).astype(np.int32),
-        )
+        return cls(np.array(tokens, np.int64), ids, values, invalid, *_unit_runs(flat, starts))
 
 
 class Block(NamedTuple):
